@@ -1,0 +1,50 @@
+"""The routing core: pure, synchronous and clock-free; used unchanged by simulator and gateway."""
+
+from prefixroute.core.errors import (
+    ConfigError,
+    NoReplicaAvailable,
+    PrefixrouteError,
+    RequestTooLarge,
+    UnknownPolicy,
+    UnknownWorkload,
+)
+from prefixroute.core.hashing import BlockHash, BlockHasher
+from prefixroute.core.index import PrefixIndex
+from prefixroute.core.load import LoadTracker, ReplicaLoad
+from prefixroute.core.policies import (
+    DEFAULT_POLICY,
+    POLICIES,
+    Policy,
+    RoutingContext,
+    make_policy,
+    parse_policy_list,
+    policy_names,
+)
+from prefixroute.core.router import Router
+from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "BlockHash",
+    "BlockHasher",
+    "ConfigError",
+    "Decision",
+    "DecisionReason",
+    "LoadTracker",
+    "NoReplicaAvailable",
+    "Policy",
+    "PrefixIndex",
+    "PrefixrouteError",
+    "ReplicaId",
+    "ReplicaLoad",
+    "RequestTooLarge",
+    "RequestView",
+    "Router",
+    "RoutingContext",
+    "UnknownPolicy",
+    "UnknownWorkload",
+    "make_policy",
+    "parse_policy_list",
+    "policy_names",
+]

@@ -1,0 +1,84 @@
+"""Routing policies and the only name -> class table.
+
+Each policy lives in its own module as a small class with a frozen config whose defaults are the
+source system's. The CLI, simulator and gateway all build policies through :func:`make_policy`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from prefixroute.core.errors import ConfigError, UnknownPolicy
+from prefixroute.core.policies._base import Policy, RoutingContext
+from prefixroute.core.policies.cache_aware import CacheAware, CacheAwareConfig
+from prefixroute.core.policies.consistent_hash import ConsistentHash, ConsistentHashConfig
+from prefixroute.core.policies.kv_cost import KVCost, KVCostConfig
+from prefixroute.core.policies.least_loaded import LeastLoaded, LeastLoadedConfig
+from prefixroute.core.policies.power_of_two import PowerOfTwo, PowerOfTwoConfig
+from prefixroute.core.policies.predicted_ttft import PredictedTTFT, PredictedTTFTConfig
+from prefixroute.core.policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from prefixroute.core.policies.random_pick import RandomConfig, RandomPick
+from prefixroute.core.policies.round_robin import RoundRobin, RoundRobinConfig
+from prefixroute.core.policies.weighted_scorer import WeightedScorer, WeightedScorerConfig
+
+DEFAULT_POLICY = "predicted_ttft"
+
+# name -> (policy class, config class). The only place a policy's name is looked up.
+POLICIES: dict[str, tuple[type[Any], type[Any]]] = {
+    "round_robin": (RoundRobin, RoundRobinConfig),
+    "random": (RandomPick, RandomConfig),
+    "least_loaded": (LeastLoaded, LeastLoadedConfig),
+    "power_of_two": (PowerOfTwo, PowerOfTwoConfig),
+    "consistent_hash": (ConsistentHash, ConsistentHashConfig),
+    "prefix_affinity": (PrefixAffinity, PrefixAffinityConfig),
+    "cache_aware": (CacheAware, CacheAwareConfig),
+    "weighted_scorer": (WeightedScorer, WeightedScorerConfig),
+    "kv_cost": (KVCost, KVCostConfig),
+    "predicted_ttft": (PredictedTTFT, PredictedTTFTConfig),
+}
+
+
+def policy_names() -> list[str]:
+    return list(POLICIES)
+
+
+def make_policy(name: str, **params: Any) -> Policy:
+    """A fresh policy by registry name, with config fields overridden by ``params``."""
+    try:
+        cls, config_cls = POLICIES[name]
+    except KeyError:
+        raise UnknownPolicy(
+            f"unknown policy {name!r}; valid: {', '.join(POLICIES)}"
+        ) from None
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = set(params) - fields
+    if unknown:
+        raise ConfigError(
+            f"policy {name!r} has no parameter {', '.join(sorted(unknown))}; "
+            f"valid: {', '.join(sorted(fields)) or 'none'}"
+        )
+    policy: Policy = cls(config=config_cls(**params))
+    return policy
+
+
+def parse_policy_list(spec: str) -> list[str]:
+    """``"a,b"`` -> ``["a", "b"]``, each checked against the registry."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise ConfigError("no policy given")
+    for n in names:
+        if n not in POLICIES:
+            raise UnknownPolicy(f"unknown policy {n!r}; valid: {', '.join(POLICIES)}")
+    return names
+
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICIES",
+    "Policy",
+    "RoutingContext",
+    "make_policy",
+    "parse_policy_list",
+    "policy_names",
+]

@@ -1,0 +1,74 @@
+"""What every policy sees and returns: the routing context and the policy protocol."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from prefixroute.core.index import PrefixIndex
+from prefixroute.core.load import LoadTracker, ReplicaLoad
+from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
+
+
+@dataclass(slots=True)
+class RoutingContext:
+    """Everything a policy may consult for one decision. Built by the router per request."""
+
+    request: RequestView
+    candidates: Sequence[ReplicaId]  # replicas that may take it (healthy, serving the model)
+    index: PrefixIndex
+    loads: LoadTracker
+    rng: random.Random
+    now: float  # seconds, the caller's clock
+    _matches: dict[ReplicaId, int] | None = field(default=None)
+
+    @property
+    def matches(self) -> dict[ReplicaId, int]:
+        """Matched blocks per candidate (0 when none); computed once, on first use."""
+        if self._matches is None:
+            found = self.index.match(self.request.block_hashes)
+            self._matches = {r: found.get(r, 0) for r in self.candidates}
+        return self._matches
+
+    def cached_tokens(self, replica: ReplicaId) -> int:
+        """Prompt tokens ``replica`` should find cached, as an engine counts them.
+
+        Engines never report the whole prompt cached: the last token is always recomputed to
+        produce logits, so the hit is capped at the full blocks inside ``prompt - 1`` units.
+        """
+        req = self.request
+        blocks = min(self.matches[replica], max(0, req.prompt_units - 1) // req.block_size)
+        return round(blocks * req.block_size * req.tokens_per_unit)
+
+    def load(self, replica: ReplicaId) -> ReplicaLoad:
+        return self.loads.get(replica)
+
+    def decide(self, replica: ReplicaId, reason: DecisionReason) -> Decision:
+        """A decision for ``replica`` with its predicted cached tokens filled in."""
+        return Decision(replica, reason, self.cached_tokens(replica))
+
+
+class Policy(Protocol):
+    """A routing policy: one deciding method, parameters in a frozen config."""
+
+    name: ClassVar[str]
+
+    def decide(self, ctx: RoutingContext) -> Decision:
+        """Choose one of ``ctx.candidates`` (never empty) and say why."""
+        ...
+
+
+def least_loaded_of(ctx: RoutingContext, replicas: Sequence[ReplicaId]) -> ReplicaId:
+    """The replica with fewest in-flight requests, then least queued prefill, ties at random."""
+    best_key: tuple[int, int] | None = None
+    best: list[ReplicaId] = []
+    for r in replicas:
+        load = ctx.load(r)
+        key = (load.in_flight, load.queued_prefill_tokens)
+        if best_key is None or key < best_key:
+            best_key, best = key, [r]
+        elif key == best_key:
+            best.append(r)
+    return best[0] if len(best) == 1 else ctx.rng.choice(best)

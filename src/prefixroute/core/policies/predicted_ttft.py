@@ -1,0 +1,73 @@
+"""predicted_ttft: prefixroute's default policy. Cache hit and queue, in one unit: seconds.
+
+For every candidate it predicts the time to first token if the request joined that replica now:
+
+    ttft(r) = (queued_prefill(r) + uncached(r)) / prefill_rate    # work ahead + ours
+            + steps(r) * decode_step_s   if r is decoding    # shared batches
+
+where ``uncached(r)`` is the prompt minus what the index says ``r`` has cached. A long match on a
+replica with a long queue loses to a short queue elsewhere exactly when the queue costs more than
+the recomputation saves: affinity yields to balance by arithmetic, not by a threshold. A hot
+prefix therefore spreads to a second replica once its first home is busy enough, and new or empty
+replicas win as soon as their empty queue beats everybody's cached prefix (cold start).
+
+Among replicas within ``tie_tolerance_s`` of the best prediction we prefer the longest match (it
+keeps the prefix in one place and leaves other caches free), then fewer in-flight requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from prefixroute.core.errors import ConfigError
+from prefixroute.core.policies._base import RoutingContext
+from prefixroute.core.types import Decision, DecisionReason, ReplicaId
+
+
+@dataclass(frozen=True, slots=True)
+class PredictedTTFTConfig:
+    prefill_tokens_per_s: float = 10_000.0  # replica prefill rate, tokens/s (the article's figure)
+    step_tokens: int = 2048  # engine token budget per batch step, tokens (chunked prefill)
+    decode_step_s: float = 0.015  # added to each batch step that also decodes, seconds
+    tie_tolerance_s: float = 0.002  # predictions this close count as equal, seconds
+
+    def __post_init__(self) -> None:
+        if self.prefill_tokens_per_s <= 0 or self.step_tokens < 1:
+            raise ConfigError("prefill_tokens_per_s and step_tokens must be positive")
+
+
+@dataclass(slots=True)
+class PredictedTTFT:
+    name: ClassVar[str] = "predicted_ttft"
+    config: PredictedTTFTConfig = field(default_factory=PredictedTTFTConfig)
+
+    def predict(self, ctx: RoutingContext, replica: ReplicaId) -> float:
+        """Predicted TTFT on ``replica``, seconds."""
+        cfg = self.config
+        load = ctx.load(replica)
+        work = load.queued_prefill_tokens + ctx.request.prompt_tokens - ctx.cached_tokens(replica)
+        ttft = work / cfg.prefill_tokens_per_s
+        if load.decoding > 0:
+            ttft += -(-work // cfg.step_tokens) * cfg.decode_step_s
+        return ttft
+
+    def decide(self, ctx: RoutingContext) -> Decision:
+        cfg = self.config
+        matches = ctx.matches
+        scored = [(self.predict(ctx, r), r) for r in ctx.candidates]
+        best_ttft = min(t for t, _ in scored)
+        near = [r for t, r in scored if t <= best_ttft + cfg.tie_tolerance_s]
+        top = max(matches[r] for r in near)
+        near = [r for r in near if matches[r] == top]
+        fewest = min(ctx.load(r).in_flight for r in near)
+        near = [r for r in near if ctx.load(r).in_flight == fewest]
+        chosen = near[0] if len(near) == 1 else ctx.rng.choice(near)
+        longest = max(matches.values())
+        if longest == 0:
+            reason = DecisionReason.LEAST_LOADED
+        elif matches[chosen] < longest:
+            reason = DecisionReason.HOT_SPOT_YIELD
+        else:
+            reason = DecisionReason.PREFIX_MATCH
+        return ctx.decide(chosen, reason)

@@ -1,0 +1,61 @@
+"""prefix_affinity: Ray Serve's PrefixCacheAffinityRouter.
+
+Source: ray-project/ray, ``python/ray/llm/_internal/serve/request_router/prefix_aware/``.
+
+1. If the highest minus the lowest queue length (ongoing requests) among candidates exceeds
+   ``imbalanced_threshold`` (strictly), ignore the cache: two random candidates.
+2. Otherwise find the longest prefix match. If ``matched / prompt`` (characters in Ray; our
+   hashing units here) is at least ``match_rate_threshold``, the set is the best-matching
+   replicas; below it, the replicas with the smallest trees (the most free cache).
+3. The lowest queue in the set wins; ties go to the first in candidate order.
+
+Ray builds its text by concatenating message contents without roles; we route on our own block
+hashes of the request (roles included), so the two can differ on chat prompts that share text but
+not roles. Ray's tree eviction is off by default; our index's LRU capacity stands in for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from prefixroute.core.policies._base import RoutingContext
+from prefixroute.core.types import Decision, DecisionReason, ReplicaId
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixAffinityConfig:
+    imbalanced_threshold: int = 10  # queue-length difference (requests) that disables affinity
+    match_rate_threshold: float = 0.1  # matched fraction of the prompt below which it is a miss
+
+
+@dataclass(slots=True)
+class PrefixAffinity:
+    name: ClassVar[str] = "prefix_affinity"
+    config: PrefixAffinityConfig = field(default_factory=PrefixAffinityConfig)
+
+    def decide(self, ctx: RoutingContext) -> Decision:
+        cfg = self.config
+        queues = [ctx.load(r).in_flight for r in ctx.candidates]
+        if max(queues) - min(queues) > cfg.imbalanced_threshold:
+            pair = ctx.rng.sample(list(ctx.candidates), min(2, len(ctx.candidates)))
+            return ctx.decide(_shortest_queue(ctx, pair), DecisionReason.LOAD_IMBALANCE)
+        matches = ctx.matches
+        longest = max(matches.values())
+        units = ctx.request.prompt_units
+        rate = longest * ctx.request.block_size / units if units else 0.0
+        pool: list[ReplicaId]
+        if longest > 0 and rate >= cfg.match_rate_threshold:
+            pool = [r for r in ctx.candidates if matches[r] == longest]
+            reason = DecisionReason.PREFIX_MATCH
+        else:
+            sizes = {r: ctx.index.blocks_of(r) for r in ctx.candidates}
+            smallest = min(sizes.values())
+            pool = [r for r in ctx.candidates if sizes[r] == smallest]
+            reason = DecisionReason.WEAK_MATCH
+        return ctx.decide(_shortest_queue(ctx, pool), reason)
+
+
+def _shortest_queue(ctx: RoutingContext, pool: list[ReplicaId]) -> ReplicaId:
+    """Ray's final pick: the strictly lowest queue, the first one on ties."""
+    return min(pool, key=lambda r: ctx.load(r).in_flight)

@@ -1,0 +1,127 @@
+"""The router: one policy, one prefix index, one load view, and the bookkeeping between them.
+
+Both the simulator and the gateway drive a :class:`Router` the same way::
+
+    view = router.view("req-1", tokens=ids, output_tokens=128)
+    decision = router.route(view, now)          # policy decides; index and load are updated
+    ...                                         # send it to decision.replica
+    router.first_token("req-1", now)            # prefill done
+    router.complete("req-1", now)               # finished, failed or cancelled
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from prefixroute.core.errors import ConfigError, NoReplicaAvailable
+from prefixroute.core.hashing import BlockHash, BlockHasher
+from prefixroute.core.index import PrefixIndex
+from prefixroute.core.load import LoadTracker
+from prefixroute.core.policies import Policy, RoutingContext
+from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
+
+CHARS_PER_TOKEN = 4.0  # rough characters per token for English text, to estimate token counts
+
+
+class Router:
+    """Routes request views among registered replicas with one policy."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        hasher: BlockHasher | None = None,
+        *,
+        index_capacity_blocks: int | None = None,
+        kv_block_size: int = 16,
+        seed: int = 0,
+    ) -> None:
+        self.policy = policy
+        self.hasher = hasher or BlockHasher()
+        self.index = PrefixIndex(index_capacity_blocks)
+        self.loads = LoadTracker(block_size=kv_block_size)
+        self.rng = random.Random(seed)
+        self._replicas: list[ReplicaId] = []
+
+    # --- replicas -------------------------------------------------------------------------
+    def add_replica(self, replica: ReplicaId, capacity_blocks: int | None = None) -> None:
+        """Register a replica; a new one has an empty index entry (cold start)."""
+        if replica not in self._replicas:
+            self._replicas.append(replica)
+        self.index.add_replica(replica, capacity_blocks)
+        self.loads.add_replica(replica)
+
+    def remove_replica(self, replica: ReplicaId) -> None:
+        """Stop routing to ``replica`` and forget what it cached."""
+        if replica in self._replicas:
+            self._replicas.remove(replica)
+        self.index.remove_replica(replica)
+        self.loads.remove_replica(replica)
+
+    @property
+    def replicas(self) -> list[ReplicaId]:
+        return list(self._replicas)
+
+    # --- requests -------------------------------------------------------------------------
+    def view(
+        self,
+        request_id: str,
+        *,
+        tokens: Sequence[int] | None = None,
+        text: str | None = None,
+        prompt_tokens: int | None = None,
+        output_tokens: int = 0,
+        session_id: str | None = None,
+        tenant: str | None = None,
+        model: str | None = None,
+        known: Sequence[BlockHash] = (),
+    ) -> RequestView:
+        """Build the request view: hash the prompt once (only blocks not in ``known``)."""
+        if (tokens is None) == (text is None):
+            raise ConfigError("a request view needs exactly one of tokens or text")
+        if tokens is not None:
+            hashes = self.hasher.hash_tokens(tokens, known)
+            units = len(tokens)
+            estimate = units
+        else:
+            assert text is not None
+            hashes = self.hasher.hash_text(text, known)
+            units = len(text)
+            estimate = max(1, round(units / CHARS_PER_TOKEN)) if units else 0
+        return RequestView(
+            request_id=request_id,
+            block_hashes=hashes,
+            block_size=self.hasher.block_size,
+            prompt_tokens=prompt_tokens if prompt_tokens is not None else estimate,
+            prompt_units=units,
+            output_tokens=output_tokens,
+            session_id=session_id,
+            tenant=tenant,
+            model=model,
+        )
+
+    def route(
+        self, request: RequestView, now: float, candidates: Sequence[ReplicaId] | None = None
+    ) -> Decision:
+        """Choose a replica for ``request`` among ``candidates`` (default: all registered).
+
+        The decision is recorded: the index learns that the replica now holds the prompt, and
+        the load view counts the request as in flight until :meth:`complete`.
+        """
+        pool = self._replicas if candidates is None else candidates
+        if not pool:
+            raise NoReplicaAvailable("no replica available to route to")
+        ctx = RoutingContext(request, pool, self.index, self.loads, self.rng, now)
+        if len(pool) == 1:
+            decision = ctx.decide(pool[0], DecisionReason.ONLY_CANDIDATE)
+        else:
+            decision = self.policy.decide(ctx)
+        self.index.insert(decision.replica, request.block_hashes)
+        self.loads.dispatch(request, decision, now)
+        return decision
+
+    def first_token(self, request_id: str, now: float) -> None:
+        self.loads.first_token(request_id, now)
+
+    def complete(self, request_id: str, now: float, output_tokens: int | None = None) -> None:
+        self.loads.complete(request_id, now, output_tokens)

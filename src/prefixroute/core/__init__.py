@@ -8,7 +8,7 @@ from prefixroute.core.errors import (
     UnknownPolicy,
     UnknownWorkload,
 )
-from prefixroute.core.hashing import BlockHash, BlockHasher
+from prefixroute.core.hashing import BlockHash, BlockHasher, TokenIds
 from prefixroute.core.index import PrefixIndex
 from prefixroute.core.load import LoadTracker, ReplicaLoad
 from prefixroute.core.policies import (
@@ -42,6 +42,7 @@ __all__ = [
     "RequestView",
     "Router",
     "RoutingContext",
+    "TokenIds",
     "UnknownPolicy",
     "UnknownWorkload",
     "make_policy",

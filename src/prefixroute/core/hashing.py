@@ -13,7 +13,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NewType
+from typing import Any, NewType, Protocol
 
 import xxhash
 
@@ -23,6 +23,18 @@ BlockHash = NewType("BlockHash", int)
 """A chained block hash; made only by :class:`BlockHasher`."""
 
 _xxh3 = xxhash.xxh3_64_intdigest
+
+
+class TokenArray(Protocol):
+    """A numpy-style array of token ids (anything with ``len`` and ``astype``)."""
+
+    def __len__(self) -> int: ...
+
+    def astype(self, dtype: str) -> Any: ...
+
+
+TokenIds = Sequence[int] | TokenArray
+"""Token ids as a list/tuple or a numpy array; both hash identically."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +52,7 @@ class BlockHasher:
         if self.block_size < 1:
             raise ConfigError(f"block size must be at least 1, got {self.block_size}")
 
-    def hash_tokens(
-        self, tokens: Sequence[int], known: Sequence[BlockHash] = ()
-    ) -> list[BlockHash]:
+    def hash_tokens(self, tokens: TokenIds, known: Sequence[BlockHash] = ()) -> list[BlockHash]:
         """Hash the full blocks of ``tokens``.
 
         ``known`` are hashes of this prompt's first blocks computed earlier (the previous turn of
@@ -51,7 +61,7 @@ class BlockHasher:
         # Token ids are hashed as little-endian uint32 whatever container holds them, so a list
         # and a numpy array of the same ids give the same hashes.
         astype = getattr(tokens, "astype", None)
-        data = astype("<u4").tobytes() if astype else array("I", tokens).tobytes()
+        data = astype("<u4").tobytes() if astype else array("I", tokens).tobytes()  # type: ignore[arg-type]
         return self._hash_bytes(memoryview(data), len(tokens), 4, known)
 
     def hash_text(self, text: str, known: Sequence[BlockHash] = ()) -> list[BlockHash]:

@@ -15,7 +15,7 @@ import random
 from collections.abc import Sequence
 
 from prefixroute.core.errors import ConfigError, NoReplicaAvailable
-from prefixroute.core.hashing import BlockHash, BlockHasher
+from prefixroute.core.hashing import BlockHash, BlockHasher, TokenIds
 from prefixroute.core.index import PrefixIndex
 from prefixroute.core.load import LoadTracker
 from prefixroute.core.policies import Policy, RoutingContext
@@ -67,7 +67,7 @@ class Router:
         self,
         request_id: str,
         *,
-        tokens: Sequence[int] | None = None,
+        tokens: TokenIds | None = None,
         text: str | None = None,
         prompt_tokens: int | None = None,
         output_tokens: int = 0,

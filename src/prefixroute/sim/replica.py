@@ -27,10 +27,9 @@ Engine rules modelled (vLLM v1 scheduler, simplified):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from prefixroute.core import BlockHash, BlockHasher, ConfigError, RequestTooLarge
+from prefixroute.core import BlockHash, BlockHasher, ConfigError, RequestTooLarge, TokenIds
 from prefixroute.sim.kv_cache import KVCache
 
 
@@ -55,7 +54,7 @@ class EngineRequest:
     """One request inside a replica."""
 
     request_id: str
-    tokens: Sequence[int]  # prompt token ids
+    tokens: TokenIds  # prompt token ids
     output_tokens: int  # tokens to generate (>= 1)
     arrival_s: float  # when the replica received it, seconds
     block_hashes: list[BlockHash] = field(default_factory=list)  # engine's hashes of full blocks
@@ -108,7 +107,7 @@ class ReplicaModel:
     # --- queue ----------------------------------------------------------------------------
     def submit(self, req: EngineRequest) -> None:
         """Queue a request (FIFO). Raises RequestTooLarge if it can never fit the cache."""
-        if req.output_tokens < 1 or not req.tokens:
+        if req.output_tokens < 1 or len(req.tokens) == 0:
             raise ConfigError("a request needs at least one prompt token and one output token")
         if self._blocks_needed(req) > self.config.kv_capacity_blocks:
             raise RequestTooLarge(

@@ -28,7 +28,7 @@ class RoutingContext:
     def matches(self) -> dict[ReplicaId, int]:
         """Matched blocks per candidate (0 when none); computed once, on first use."""
         if self._matches is None:
-            found = self.index.match(self.request.block_hashes)
+            found = self.index.match(self.request.block_hashes, self.candidates)
             self._matches = {r: found.get(r, 0) for r in self.candidates}
         return self._matches
 

@@ -1,0 +1,284 @@
+"""One simulated run: a workload, a router with one policy, and replicas on a kernel clock.
+
+The cluster drives the core exactly as the gateway does: ``Router.view`` once per request,
+``Router.route`` to choose, ``first_token`` and ``complete`` from the replica's step results.
+Replicas are :class:`ReplicaModel` instances advanced by kernel events.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from prefixroute.core import (
+    BlockHash,
+    BlockHasher,
+    Policy,
+    ReplicaId,
+    RequestTooLarge,
+    RequestView,
+    Router,
+)
+from prefixroute.sim.kernel import URGENT, Kernel
+from prefixroute.sim.replica import EngineRequest, ReplicaConfig, ReplicaModel
+from prefixroute.sim.workload import ClusterEvent, Session, Workload
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request (times in seconds from the start of the run)."""
+
+    request_id: str
+    session_id: str
+    turn: int  # 0-based turn index in its session
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    replica: str = ""
+    reason: str = ""
+    predicted_cached_tokens: int = 0  # what the router expected
+    cached_tokens: int = 0  # what the replica found
+    decision_ns: int = 0  # wall time of Router.route, nanoseconds
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    rerouted: int = 0  # times it was moved off a removed replica
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finish_s is None else self.finish_s - self.arrival_s
+
+
+@dataclass(slots=True)
+class ReplicaRecord:
+    replica: str
+    requests: int = 0
+    busy_s: float = 0.0
+    prefill_tokens: int = 0
+    cached_tokens: int = 0
+    evictions: int = 0
+    added_s: float = 0.0
+    removed_s: float | None = None
+
+
+@dataclass(slots=True)
+class RunResult:
+    policy: str
+    workload: str
+    block_size: int
+    duration_s: float  # simulated time until the last completion, seconds
+    records: list[RequestRecord]
+    replicas: list[ReplicaRecord]
+    index_blocks: int  # distinct blocks in the router's index at the end
+    index_evictions: int
+    events: int  # kernel events processed
+    wall_s: float  # wall-clock time of the run, seconds
+
+
+@dataclass(slots=True)
+class _Live:
+    model: ReplicaModel
+    stepping: bool = False
+    accepting: bool = True
+
+
+class ClusterSim:
+    """Runs one workload under one policy. Build a new one per run."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        replicas: int = 4,
+        replica_config: ReplicaConfig | None = None,
+        seed: int = 0,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.workload = workload
+        self.policy = policy
+        self.replicas = replicas
+        self.replica_config = replica_config or ReplicaConfig()
+        self.seed = seed
+        self.on_progress = on_progress  # called with the number of completed requests
+
+    def run(self) -> RunResult:
+        wall0 = time.perf_counter()
+        self._kernel = Kernel()
+        cfg = self.replica_config
+        self._router = Router(
+            self.policy,
+            BlockHasher(cfg.block_size),
+            index_capacity_blocks=cfg.kv_capacity_blocks,
+            kv_block_size=cfg.block_size,
+            seed=self.seed,
+        )
+        self._live: dict[ReplicaId, _Live] = {}
+        self._stats: dict[ReplicaId, ReplicaRecord] = {}
+        self._records: list[RequestRecord] = []
+        self._pending: dict[str, _Pending] = {}
+        self._done = 0
+        for i in range(self.replicas):
+            self._add_replica(ReplicaId(f"r{i}"))
+        for session in self.workload.sessions:
+            self._kernel.at(session.start_s, partial(self._arrive, session, 0, ()))
+        for ev in self.workload.cluster_events:
+            self._kernel.at(ev.at_s, partial(self._cluster_event, ev), URGENT)
+        self._kernel.run()
+        for rid, live in self._live.items():
+            self._close_stats(rid, live.model)
+        finish = [r.finish_s for r in self._records if r.finish_s is not None]
+        return RunResult(
+            policy=self.policy.name,
+            workload=self.workload.name,
+            block_size=cfg.block_size,
+            duration_s=max(finish, default=0.0),
+            records=self._records,
+            replicas=list(self._stats.values()),
+            index_blocks=len(self._router.index),
+            index_evictions=self._router.index.evictions,
+            events=self._kernel.processed,
+            wall_s=time.perf_counter() - wall0,
+        )
+
+    # --- cluster membership ---------------------------------------------------------------
+    def _add_replica(self, rid: ReplicaId) -> None:
+        self._live[rid] = _Live(ReplicaModel(self.replica_config))
+        self._stats[rid] = ReplicaRecord(rid, added_s=self._kernel.now)
+        self._router.add_replica(rid)
+
+    def _cluster_event(self, ev: ClusterEvent) -> None:
+        rid = ReplicaId(ev.replica)
+        if ev.action == "add" and rid not in self._live:
+            self._add_replica(rid)
+        elif ev.action == "remove" and rid in self._live and self._live[rid].accepting:
+            live = self._live[rid]
+            live.accepting = False
+            self._router.remove_replica(rid)
+            self._stats[rid].removed_s = self._kernel.now
+            # Requests not yet started move elsewhere; running ones drain where they are.
+            moved = list(live.model.waiting)
+            live.model.waiting.clear()
+            for req in moved:
+                p = self._pending[req.request_id]
+                p.record.rerouted += 1
+                self._router.complete(req.request_id, self._kernel.now, output_tokens=0)
+                self._dispatch(p)
+
+    def _close_stats(self, rid: ReplicaId, model: ReplicaModel) -> None:
+        st = self._stats[rid]
+        st.busy_s = model.busy_s
+        st.prefill_tokens = model.prefill_tokens
+        st.cached_tokens = model.cached_tokens
+        st.evictions = model.cache.evictions
+
+    # --- requests -------------------------------------------------------------------------
+    def _arrive(self, session: Session, turn: int, known: Sequence[BlockHash]) -> None:
+        t = session.turns[turn]
+        now = self._kernel.now
+        rec = RequestRecord(
+            request_id=f"{session.session_id}/{turn}",
+            session_id=session.session_id,
+            turn=turn,
+            arrival_s=now,
+            prompt_tokens=len(t.tokens),
+            output_tokens=t.output_tokens,
+        )
+        self._records.append(rec)
+        view = self._router.view(
+            rec.request_id,
+            tokens=t.tokens,
+            output_tokens=t.output_tokens,
+            session_id=session.session_id,
+            tenant=session.tenant,
+            known=known,
+        )
+        self._pending[rec.request_id] = _Pending(rec, view, session, turn)
+        self._dispatch(self._pending[rec.request_id])
+
+    def _accepting(self) -> list[ReplicaId]:
+        return [rid for rid, live in self._live.items() if live.accepting]
+
+    def _dispatch(self, p: _Pending) -> None:
+        now = self._kernel.now
+        t0 = time.perf_counter_ns()
+        decision = self._router.route(p.view, now, self._accepting())
+        p.record.decision_ns += time.perf_counter_ns() - t0
+        rid = decision.replica
+        p.record.replica = rid
+        p.record.reason = decision.reason.value
+        p.record.predicted_cached_tokens = decision.predicted_cached_tokens
+        turn = p.session.turns[p.turn]
+        req = EngineRequest(
+            p.record.request_id,
+            turn.tokens,
+            turn.output_tokens,
+            arrival_s=now,
+            block_hashes=list(p.view.block_hashes),
+        )
+        try:
+            self._live[rid].model.submit(req)
+        except RequestTooLarge:
+            # Counted as a failed request (no first token); the run goes on.
+            self._router.complete(p.record.request_id, now, output_tokens=0)
+            del self._pending[p.record.request_id]
+            return
+        self._stats[rid].requests += 1
+        self._kick(rid)
+
+    def _kick(self, rid: ReplicaId) -> None:
+        live = self._live[rid]
+        if not live.stepping:
+            live.stepping = True
+            self._kernel.after(0.0, lambda: self._begin(rid))
+
+    def _begin(self, rid: ReplicaId) -> None:
+        live = self._live[rid]
+        duration = live.model.begin_step(self._kernel.now)
+        if duration <= 0.0:
+            live.stepping = False
+            return
+        self._kernel.after(duration, lambda: self._end(rid))
+
+    def _end(self, rid: ReplicaId) -> None:
+        now = self._kernel.now
+        live = self._live[rid]
+        result = live.model.end_step(now)
+        for req in result.first_tokens:
+            rec = self._pending[req.request_id].record
+            rec.first_token_s = now
+            rec.cached_tokens = req.cached_tokens
+            self._router.first_token(req.request_id, now)
+        for req in result.finished:
+            p = self._pending.pop(req.request_id)
+            p.record.finish_s = now
+            self._router.complete(req.request_id, now)
+            nxt = p.turn + 1
+            if nxt < len(p.session.turns):
+                think = p.session.turns[nxt].think_s
+                known = tuple(p.view.block_hashes)
+                self._kernel.after(think, partial(self._arrive, p.session, nxt, known))
+            self._done += 1
+            if self.on_progress is not None:
+                self.on_progress(self._done)
+        if live.accepting:
+            m = live.model
+            self._router.loads.observe(
+                rid, kv_usage=m.kv_usage, num_waiting=m.num_waiting, num_running=m.num_running
+            )
+        if live.model.has_work():
+            self._begin(rid)
+        else:
+            live.stepping = False
+
+
+@dataclass(slots=True)
+class _Pending:
+    record: RequestRecord
+    view: RequestView
+    session: Session
+    turn: int

@@ -1,0 +1,160 @@
+"""Scores of one run: prefill work against the oracle floor, cache hits, latency, balance.
+
+The same :class:`PolicyMetrics` is produced by ``prefixroute simulate`` and ``prefixroute bench``
+so a simulated run and a live one compare line by line.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from prefixroute.core import BlockHash, BlockHasher
+from prefixroute.sim.cluster import RunResult
+from prefixroute.sim.workload import Workload
+
+DEFAULT_TTFT_SLO_S = 1.0  # seconds; goodput counts requests whose TTFT is within it
+
+
+def oracle_floor(workload: Workload, block_size: int) -> int:
+    """Prompt tokens that must be computed at least once, with one infinite cache.
+
+    Each distinct full block is computed once; partial tail blocks are always computed; and, as
+    in every engine, the last prompt token is always computed (hits are capped at ``prompt-1``).
+    """
+    hasher = BlockHasher(block_size)
+    seen: set[BlockHash] = set()
+    floor = 0
+    for session in sorted(workload.sessions, key=lambda s: s.start_s):
+        known: list[BlockHash] = []
+        for turn in session.turns:
+            known = hasher.hash_tokens(turn.tokens, known)
+            n = len(turn.tokens)
+            limit = max(0, n - 1) // block_size
+            hit = 0
+            while hit < limit and known[hit] in seen:
+                hit += 1
+            floor += n - hit * block_size
+            seen.update(known)
+    return floor
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan"), "mean": float("nan")}
+    arr = np.asarray(values) * 1000.0
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(arr.mean())}
+
+
+@dataclass(slots=True)
+class PolicyMetrics:
+    policy: str
+    workload: str
+    requests: int  # requests issued
+    completed: int  # requests that finished
+    prompt_tokens: int  # all prompt tokens, tokens
+    prefill_tokens: int  # prompt tokens computed by the replicas, tokens
+    cached_tokens: int  # prompt tokens reused from a replica's cache, tokens
+    oracle_floor: int | None  # minimum prefill with one infinite cache, tokens
+    floor_ratio: float | None  # prefill_tokens / oracle_floor
+    hit_rate: float  # cached / prompt tokens
+    predicted_cached_tokens: int  # what the router expected to be cached, tokens
+    stale_rate: float  # fraction of requests whose actual hit was below the prediction
+    ttft_ms: dict[str, float]  # p50/p90/p99/mean, milliseconds
+    e2e_ms: dict[str, float]
+    ttft_total_ms: float  # sum of every request's TTFT (the article's "whole conversation")
+    throughput_tok_s: float  # output tokens per second of run time
+    requests_per_s: float
+    goodput_rps: float  # completed requests per second whose TTFT met the SLO
+    slo_attainment: float  # fraction of requests meeting the TTFT SLO
+    ttft_slo_ms: float
+    duration_s: float  # run time (simulated or wall), seconds
+    per_replica_requests: dict[str, int]
+    per_replica_busy: dict[str, float]  # busy fraction of each replica's lifetime
+    evictions: int  # blocks evicted by the replicas (simulated runs), blocks
+    decision_us: dict[str, float]  # routing decision wall time p50/p99/mean, microseconds
+    reasons: dict[str, int]  # decisions by reason
+    turns: list[dict[str, Any]] = field(default_factory=list)  # per-request detail (small runs)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(
+    result: RunResult,
+    floor: int | None,
+    ttft_slo_s: float = DEFAULT_TTFT_SLO_S,
+    detail_limit: int = 12,
+) -> PolicyMetrics:
+    recs = result.records
+    done = [r for r in recs if r.finish_s is not None]
+    ttfts = [r.ttft_s for r in recs if r.ttft_s is not None]
+    prompt = sum(r.prompt_tokens for r in recs)
+    cached = sum(r.cached_tokens for r in recs if r.first_token_s is not None)
+    prefill = sum(r.prompt_tokens - r.cached_tokens for r in recs if r.first_token_s is not None)
+    duration = result.duration_s or 1e-9
+    good = sum(1 for r in done if (r.ttft_s or 0.0) <= ttft_slo_s)
+    decisions = [r.decision_ns / 1000.0 for r in recs if r.decision_ns]
+    dec = (
+        dict(zip(("p50", "p99"), map(float, np.percentile(decisions, [50, 99])), strict=True))
+        | {"mean": float(np.mean(decisions))}
+        if decisions
+        else {"p50": 0.0, "p99": 0.0, "mean": 0.0}
+    )
+    busy = {}
+    for rep in result.replicas:
+        end = rep.removed_s if rep.removed_s is not None else duration
+        life = max(end - rep.added_s, 1e-9)
+        busy[rep.replica] = min(1.0, rep.busy_s / life)
+    turns = []
+    if len(recs) <= detail_limit:
+        for r in recs:
+            turns.append(
+                {
+                    "request": r.request_id,
+                    "replica": r.replica,
+                    "reason": r.reason,
+                    "prompt_tokens": r.prompt_tokens,
+                    "cached_tokens": r.cached_tokens,
+                    "computed_tokens": r.prompt_tokens - r.cached_tokens,
+                    "predicted_cached_tokens": r.predicted_cached_tokens,
+                    "ttft_ms": None if r.ttft_s is None else r.ttft_s * 1000.0,
+                }
+            )
+    return PolicyMetrics(
+        policy=result.policy,
+        workload=result.workload,
+        requests=len(recs),
+        completed=len(done),
+        prompt_tokens=prompt,
+        prefill_tokens=prefill,
+        cached_tokens=cached,
+        oracle_floor=floor,
+        floor_ratio=prefill / floor if floor else None,
+        hit_rate=cached / prompt if prompt else 0.0,
+        predicted_cached_tokens=sum(r.predicted_cached_tokens for r in recs),
+        stale_rate=(
+            sum(1 for r in recs if r.cached_tokens < r.predicted_cached_tokens) / len(recs)
+            if recs
+            else 0.0
+        ),
+        ttft_ms=_percentiles(ttfts),
+        e2e_ms=_percentiles([r.e2e_s for r in done if r.e2e_s is not None]),
+        ttft_total_ms=sum(ttfts) * 1000.0,
+        throughput_tok_s=sum(r.output_tokens for r in done) / duration,
+        requests_per_s=len(done) / duration,
+        goodput_rps=good / duration,
+        slo_attainment=good / len(recs) if recs else 0.0,
+        ttft_slo_ms=ttft_slo_s * 1000.0,
+        duration_s=result.duration_s,
+        per_replica_requests={rep.replica: rep.requests for rep in result.replicas},
+        per_replica_busy=busy,
+        evictions=sum(rep.evictions for rep in result.replicas),
+        decision_us=dec,
+        reasons=dict(Counter(r.reason for r in recs)),
+        turns=turns,
+    )

@@ -1,0 +1,150 @@
+"""Presenting scores: a rich table on the terminal, JSON for machines, a matplotlib figure."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from prefixroute.sim.metrics import PolicyMetrics
+
+
+def _fmt_int(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def summary_table(metrics: Sequence[PolicyMetrics], title: str) -> Table:
+    """One row per policy: prefill work, cache hits, latency, balance, routing cost."""
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for col in (
+        "policy",
+        "prefill tok",
+        "cached tok",
+        "x floor",
+        "hit %",
+        "TTFT p50",
+        "p90",
+        "p99 ms",
+        "E2E p99 ms",
+        "goodput/s",
+        "evict",
+        "route µs p99",
+        "requests per replica",
+    ):
+        table.add_column(col, justify="left" if col.startswith(("policy", "req")) else "right")
+    for m in metrics:
+        table.add_row(
+            m.policy,
+            _fmt_int(m.prefill_tokens),
+            _fmt_int(m.cached_tokens),
+            "-" if m.floor_ratio is None else f"{m.floor_ratio:.2f}",
+            f"{100 * m.hit_rate:.1f}",
+            f"{m.ttft_ms['p50']:.0f}",
+            f"{m.ttft_ms['p90']:.0f}",
+            f"{m.ttft_ms['p99']:.0f}",
+            f"{m.e2e_ms['p99']:.0f}",
+            f"{m.goodput_rps:.2f}",
+            _fmt_int(m.evictions),
+            f"{m.decision_us['p99']:.0f}",
+            " ".join(str(v) for v in m.per_replica_requests.values()),
+        )
+    return table
+
+
+def turns_table(metrics: Sequence[PolicyMetrics]) -> Table | None:
+    """Per-request detail for small workloads (the article's worked examples)."""
+    if not metrics or not metrics[0].turns:
+        return None
+    table = Table(title="per request", title_justify="left", header_style="bold")
+    table.add_column("request")
+    table.add_column("prompt", justify="right")
+    for m in metrics:
+        table.add_column(f"{m.policy}: replica", justify="left")
+        table.add_column("cached", justify="right")
+        table.add_column("computed", justify="right")
+        table.add_column("TTFT ms", justify="right")
+    for i, first in enumerate(metrics[0].turns):
+        row = [str(first["request"]), f"{first['prompt_tokens']:,}"]
+        for m in metrics:
+            t = m.turns[i]
+            ttft = "-" if t["ttft_ms"] is None else f"{t['ttft_ms']:.0f}"
+            row += [t["replica"], f"{t['cached_tokens']:,}", f"{t['computed_tokens']:,}", ttft]
+        table.add_row(*row)
+    totals = ["total", f"{metrics[0].prompt_tokens:,}"]
+    for m in metrics:
+        totals += ["", f"{m.cached_tokens:,}", f"{m.prefill_tokens:,}", f"{m.ttft_total_ms:.0f}"]
+    table.add_row(*totals, style="bold")
+    return table
+
+
+def print_report(
+    metrics: Sequence[PolicyMetrics], title: str, console: Console | None = None
+) -> None:
+    console = console or Console()
+    detail = turns_table(metrics)
+    if detail is not None:
+        console.print(detail)
+    console.print(summary_table(metrics, title))
+    floor = metrics[0].oracle_floor if metrics else None
+    if floor is not None:
+        console.print(
+            f"oracle floor: {floor:,} prompt tokens must be computed at least once "
+            f"(of {metrics[0].prompt_tokens:,}); TTFT SLO for goodput: "
+            f"{metrics[0].ttft_slo_ms:.0f} ms"
+        )
+
+
+def write_json(metrics: Sequence[PolicyMetrics], out: IO[str], extra: dict[str, Any]) -> None:
+    json.dump({**extra, "policies": [m.to_json() for m in metrics]}, out, indent=2)
+    out.write("\n")
+
+
+def write_plot(
+    metrics: Sequence[PolicyMetrics], ttfts_ms: dict[str, list[float]], path: Path, title: str
+) -> None:
+    """TTFT CDF per policy (left) and requests per replica per policy (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for m in metrics:
+        values = np.sort(np.asarray(ttfts_ms.get(m.policy, [])))
+        if len(values):
+            ax1.plot(values, np.arange(1, len(values) + 1) / len(values), label=m.policy)
+    ax1.set_xscale("log")
+    ax1.set_xlabel("time to first token (ms, log scale)")
+    ax1.set_ylabel("fraction of requests")
+    ax1.set_title("TTFT CDF")
+    ax1.grid(True, alpha=0.3)
+    ax1.legend(fontsize=8)
+    replicas = sorted({r for m in metrics for r in m.per_replica_requests}, key=_replica_order)
+    width = 0.8 / max(1, len(metrics))
+    x = np.arange(len(replicas))
+    for i, m in enumerate(metrics):
+        ax2.bar(
+            x + i * width,
+            [m.per_replica_requests.get(r, 0) for r in replicas],
+            width,
+            label=m.policy,
+        )
+    ax2.set_xticks(x + width * (len(metrics) - 1) / 2, replicas)
+    ax2.set_ylabel("requests")
+    ax2.set_title("load per replica")
+    ax2.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _replica_order(name: str) -> tuple[int, str]:
+    digits = "".join(c for c in name if c.isdigit())
+    return (int(digits) if digits else 0, name)

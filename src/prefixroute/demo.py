@@ -1,4 +1,4 @@
-"""``prefixroute demo``: a newcomer's tour of the article's two worked examples and one larger run."""
+"""``prefixroute demo``: a tour of the article's two worked examples and one larger run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``prefixroute simulate``: score routing policies on a workload in the discrete-event simulator."""
+"""``prefixroute simulate``: score routing policies on a workload in the simulator."""
 
 from __future__ import annotations
 

@@ -6,12 +6,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.rule import Rule
 
 from prefixroute.core import DEFAULT_POLICY
 from prefixroute.sim.command import add_replica_arguments, replica_config_from
-from prefixroute.sim.report import print_report, write_plot
+from prefixroute.sim.report import make_console, print_report, write_plot
 from prefixroute.sim.runner import compare_policies
 from prefixroute.sim.workloads import make_workload
 
@@ -31,13 +30,13 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run, replicas=5)
 
 
-def _say(console: Console, title: str, text: str) -> None:
+def _say(console: Any, title: str, text: str) -> None:
     console.print(Rule(title))
     console.print(text.strip() + "\n")
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console = make_console()
     _say(
         console,
         "1. One five-turn conversation, five replicas",

@@ -7,12 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from prefixroute.core import DEFAULT_POLICY, ConfigError, parse_policy_list, policy_names
 from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S
 from prefixroute.sim.replica import ReplicaConfig
-from prefixroute.sim.report import print_report, write_json, write_plot
+from prefixroute.sim.report import make_console, print_report, write_json, write_plot
 from prefixroute.sim.runner import compare_policies
 from prefixroute.sim.workloads import make_workload, workload_names, workload_params
 
@@ -104,7 +102,7 @@ def parse_policy_params(items: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _print_list(console: Console) -> None:
+def _print_list(console: Any) -> None:
     for name in workload_names():
         console.print(f"[bold]{name}[/bold]")
         for key, (typ, default, help_) in workload_params(name).items():
@@ -112,7 +110,7 @@ def _print_list(console: Console) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console = make_console()
     if args.list:
         _print_list(console)
         return 0

@@ -13,6 +13,13 @@ from rich.table import Table
 from prefixroute.sim.metrics import PolicyMetrics
 
 
+def make_console() -> Console:
+    """A console for reports: the terminal's width, or a wide fixed width when piped."""
+    import sys
+
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
 def _fmt_int(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
 
@@ -84,7 +91,7 @@ def turns_table(metrics: Sequence[PolicyMetrics]) -> Table | None:
 def print_report(
     metrics: Sequence[PolicyMetrics], title: str, console: Console | None = None
 ) -> None:
-    console = console or Console()
+    console = console or make_console()
     detail = turns_table(metrics)
     if detail is not None:
         console.print(detail)

@@ -1,0 +1,105 @@
+"""mooncake: replay of a Mooncake production trace (kvcache-ai/Mooncake, FAST'25 release).
+
+Each trace row gives an arrival time (ms), input and output lengths and one hash id per 512-token
+block; two requests share their first k blocks exactly when their first k hash ids agree. We turn
+each hash id into a fixed block of ``block_tokens`` ids derived from the id (equal ids, equal
+blocks) and scale every length by ``block_tokens / 512``, cutting the last block to the scaled
+input length, so the trace's prefix structure survives at a fraction of the tokens.
+
+The trace rounds arrivals to ~3 s steps; replaying them as bursts would measure the rounding, so
+each arrival moves uniformly within ``jitter_s``. Trace time is then multiplied by ``time_scale``;
+left at 0 it is derived so the prompt tokens offered per second are ``load`` times the cluster's
+prefill capacity (70% of 4 replicas x 10,000 tokens/s by default), whatever the trace or limit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prefixroute.core import ConfigError
+from prefixroute.sim.workload import Session, Turn, Workload
+from prefixroute.sim.workloads._build import frozen
+from prefixroute.sim.workloads._config import check_non_negative, check_positive, param
+from prefixroute.sim.workloads._data import data_file
+
+TRACE_BLOCK = 512  # tokens per hash id in the Mooncake traces
+TRACES = ("conversation", "synthetic")
+
+
+@dataclass(frozen=True, slots=True)
+class MooncakeConfig:
+    trace: str = param("conversation", "which trace: conversation or synthetic")
+    path: str = param("", "a trace file to read instead (Mooncake JSON lines)")
+    limit: int = param(4000, "replay the trace's first requests only (0: all)")
+    block_tokens: int = param(32, "tokens per hash id (the trace's 512, scaled down)")
+    jitter_s: float = param(1.5, "arrivals move uniformly within +/- this, trace seconds")
+    load: float = param(0.7, "prompt tokens offered / capacity, when time_scale is 0")
+    capacity_tokens_per_s: float = param(40_000.0, "prefill capacity, tokens/s (4 x 10,000)")
+    time_scale: float = param(0.0, "replay time / trace time (0: derived from load)")
+
+    def __post_init__(self) -> None:
+        if self.trace not in TRACES and not self.path:
+            raise ConfigError(f"trace must be one of {', '.join(TRACES)}, got {self.trace!r}")
+        check_positive(self, "block_tokens", "load", "capacity_tokens_per_s")
+        check_non_negative(self, "limit", "jitter_s", "time_scale")
+
+
+def _read(path: Path, limit: int) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    try:
+        with path.open() as f:
+            for line in f:
+                if line.strip():
+                    rows.append(json.loads(line))
+                    if len(rows) == limit:
+                        break
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read Mooncake trace {path}: {exc}") from exc
+    return rows
+
+
+def build(config: MooncakeConfig, seed: int) -> Workload:
+    path = data_file(config.path, f"traces/{config.trace}_trace.jsonl")
+    rows = _read(path, config.limit)
+    if not rows:
+        raise ConfigError(f"trace {path} has no requests")
+    rng = np.random.default_rng(seed)
+    base = int(rng.integers(0, 2**31))  # seeds the ids; block of id h = base + h*bt + 0..bt-1
+    bt = config.block_tokens
+    offsets = np.arange(bt, dtype=np.int64)
+    prompts = []
+    for row in rows:
+        hash_ids = np.asarray(row["hash_ids"], dtype=np.int64)
+        n_in = min(math.ceil(int(str(row["input_length"])) * bt / TRACE_BLOCK), len(hash_ids) * bt)
+        blocks = (base + hash_ids[:, None] * bt + offsets[None, :]) % 2**32
+        prompts.append(frozen(blocks.ravel()[: max(1, n_in)].astype(np.uint32)))
+    outputs = [max(1, round(int(str(r["output_length"])) * bt / TRACE_BLOCK)) for r in rows]
+    trace_s = np.array([float(str(r["timestamp"])) / 1000 for r in rows])
+    arrival = np.maximum(0.0, trace_s + rng.uniform(-config.jitter_s, config.jitter_s, len(rows)))
+    arrival -= arrival.min()
+    scale = config.time_scale
+    if scale == 0:
+        span = float(arrival.max())
+        offered = sum(len(p) for p in prompts) / (config.load * config.capacity_tokens_per_s)
+        scale = offered / span if span > 0 else 1.0
+    order = np.argsort(arrival, kind="stable")
+    sessions = [
+        Session(
+            session_id=f"row{i}",
+            start_s=float(arrival[i] * scale),
+            turns=[Turn(tokens=prompts[i], output_tokens=outputs[i])],
+        )
+        for i in order
+    ]
+    return Workload(
+        name="mooncake",
+        sessions=sessions,
+        block_size=16,
+        description=f"Mooncake {path.stem} replay: {len(rows)} requests, {bt} tokens per hash "
+        f"id, time x{scale:.3g}",
+    )

@@ -1,0 +1,114 @@
+"""The replica model: prefill timing, cache hits at admission, batching, eviction, queueing."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixroute.core import ConfigError, RequestTooLarge
+from prefixroute.sim.replica import EngineRequest, ReplicaConfig, ReplicaModel, StepResult
+
+
+def drive(model: ReplicaModel, now: float = 0.0) -> tuple[float, list[StepResult]]:
+    results = []
+    while model.has_work():
+        d = model.begin_step(now)
+        assert d > 0
+        now += d
+        results.append(model.end_step(now))
+    return now, results
+
+
+def req(rid: str, tokens: list[int], out: int = 1, at: float = 0.0) -> EngineRequest:
+    return EngineRequest(rid, tokens, out, arrival_s=at)
+
+
+def test_prefill_time_is_tokens_over_rate() -> None:
+    m = ReplicaModel(ReplicaConfig(block_size=1, prefill_tokens_per_s=10_000))
+    r = req("a", list(range(400)))
+    m.submit(r)
+    drive(m)
+    assert r.first_token_s == pytest.approx(0.04)
+    assert r.cached_tokens == 0
+
+
+def test_second_request_reuses_prefix_but_recomputes_last_token() -> None:
+    m = ReplicaModel(ReplicaConfig(block_size=1))
+    m.submit(req("a", list(range(400))))
+    now, _ = drive(m)
+    again = req("b", list(range(400)), at=now)
+    longer = req("c", list(range(700)), at=now)
+    m.submit(again)
+    m.submit(longer)
+    drive(m, now)
+    assert again.cached_tokens == 399  # engines always compute the last prompt token
+    assert longer.cached_tokens == 400
+
+
+def test_block_granular_hits_round_down() -> None:
+    m = ReplicaModel(ReplicaConfig(block_size=16))
+    m.submit(req("a", list(range(700))))
+    now, _ = drive(m)
+    b = req("b", list(range(1000)), at=now)
+    m.submit(b)
+    drive(m, now)
+    assert b.cached_tokens == 688  # 43 full blocks of 16 out of 700 tokens
+
+
+def test_chunked_prefill_spreads_over_steps_and_decodes_share_them() -> None:
+    cfg = ReplicaConfig(block_size=16, step_tokens=256, decode_step_s=0.01)
+    m = ReplicaModel(cfg)
+    short = req("s", list(range(10)), out=5)
+    long = req("l", list(range(1000, 1600)), out=1)
+    m.submit(short)
+    m.submit(long)
+    _, results = drive(m)
+    assert long.first_token_s is not None and short.first_token_s is not None
+    # 610 prompt tokens need three 256-token steps; the decode of "s" rides along.
+    assert len([r for r in results if long in r.first_tokens]) == 1
+    assert long.first_token_s > 600 / cfg.prefill_tokens_per_s
+    assert short.generated == 5 and long.generated == 1
+
+
+def test_lru_eviction_under_pressure() -> None:
+    m = ReplicaModel(ReplicaConfig(block_size=1, kv_capacity_blocks=1000))
+    now = 0.0
+    for i in range(3):
+        m.submit(req(f"r{i}", list(range(i * 1000, i * 1000 + 600)), at=now))
+        now, _ = drive(m, now)
+    assert m.cache.evictions > 0
+    back = req("back", list(range(600)), at=now)
+    m.submit(back)
+    drive(m, now)
+    assert back.cached_tokens == 0  # the first prompt was evicted by the later ones
+
+
+def test_fifo_head_waits_for_blocks() -> None:
+    m = ReplicaModel(ReplicaConfig(block_size=1, kv_capacity_blocks=100, decode_step_s=0.01))
+    first = req("a", list(range(60)), out=20)
+    second = req("b", list(range(100, 160)), out=1)
+    m.submit(first)
+    m.submit(second)
+    drive(m)
+    assert second.start_s is not None and first.finish_s is not None
+    assert second.start_s >= first.finish_s  # did not fit until the first one released
+
+
+def test_bad_requests_are_refused() -> None:
+    m = ReplicaModel(ReplicaConfig(block_size=1, kv_capacity_blocks=10))
+    with pytest.raises(RequestTooLarge):
+        m.submit(req("big", list(range(20))))
+    with pytest.raises(ConfigError):
+        m.submit(req("empty", []))
+    with pytest.raises(ConfigError):
+        ReplicaConfig(kv_capacity_blocks=0)
+
+
+def test_abort_releases_blocks() -> None:
+    m = ReplicaModel(ReplicaConfig(block_size=1, kv_capacity_blocks=200))
+    m.submit(req("a", list(range(50)), out=100))
+    m.begin_step(0.0)
+    m.end_step(0.01)
+    assert m.cache.used > 0
+    assert m.abort("a")
+    assert m.cache.used == 0
+    assert not m.abort("a")

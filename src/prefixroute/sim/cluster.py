@@ -85,6 +85,7 @@ class _Live:
     model: ReplicaModel
     stepping: bool = False
     accepting: bool = True
+    generation: int = 0  # bumped when the planned step's end moves; stale end events are ignored
 
 
 class ClusterSim:
@@ -147,7 +148,8 @@ class ClusterSim:
 
     # --- cluster membership ---------------------------------------------------------------
     def _add_replica(self, rid: ReplicaId) -> None:
-        self._live[rid] = _Live(ReplicaModel(self.replica_config))
+        model = ReplicaModel(self.replica_config, fast_forward=True, report_decodes=False)
+        self._live[rid] = _Live(model)
         self._stats[rid] = ReplicaRecord(rid, added_s=self._kernel.now)
         self._router.add_replica(rid)
 
@@ -231,10 +233,16 @@ class ClusterSim:
         self._kick(rid)
 
     def _kick(self, rid: ReplicaId) -> None:
+        """New work for ``rid``: start stepping, or cut a long decode stretch short."""
         live = self._live[rid]
         if not live.stepping:
             live.stepping = True
-            self._kernel.after(0.0, lambda: self._begin(rid))
+            self._kernel.after(0.0, partial(self._begin, rid))
+            return
+        new_end = live.model.interrupt(self._kernel.now)
+        if new_end is not None:
+            live.generation += 1
+            self._kernel.at(new_end, partial(self._end, rid, live.generation))
 
     def _begin(self, rid: ReplicaId) -> None:
         live = self._live[rid]
@@ -242,11 +250,13 @@ class ClusterSim:
         if duration <= 0.0:
             live.stepping = False
             return
-        self._kernel.after(duration, lambda: self._end(rid))
+        self._kernel.after(duration, partial(self._end, rid, live.generation))
 
-    def _end(self, rid: ReplicaId) -> None:
+    def _end(self, rid: ReplicaId, generation: int) -> None:
         now = self._kernel.now
         live = self._live[rid]
+        if generation != live.generation:
+            return  # this step was cut short; its new end is scheduled
         result = live.model.end_step(now)
         for req in result.first_tokens:
             rec = self._pending[req.request_id].record

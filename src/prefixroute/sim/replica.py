@@ -19,6 +19,11 @@ Engine rules modelled (vLLM v1 scheduler, simplified):
   admission order (chunked prefill). A prompt's full blocks become cacheable once computed.
 * Step time = prefill tokens / prefill rate, plus ``decode_step_s`` when any request decodes.
   The prefill step that finishes a prompt also emits its first token.
+* With ``fast_forward``, a stretch of decode-only steps is planned as one step that lasts until
+  the next request finishes; :meth:`ReplicaModel.interrupt` cuts it at the next step boundary
+  when a request arrives, so the result equals stepping one by one, at a fraction of the events.
+  Decoding requests are kept in a heap by the step they finish at, so a step costs O(prefills +
+  finishes), not O(running requests), unless ``report_decodes`` asks for every token.
 * Only prompt blocks are cached: generated tokens come back re-tokenised inside a chat template
   in the next turn, so they rarely match the engine's blocks (and the article counts reuse of
   previous input only).
@@ -26,6 +31,8 @@ Engine rules modelled (vLLM v1 scheduler, simplified):
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -60,28 +67,34 @@ class EngineRequest:
     block_hashes: list[BlockHash] = field(default_factory=list)  # engine's hashes of full blocks
     cached_tokens: int = 0  # prompt tokens found cached at admission
     computed: int = 0  # prompt tokens whose KV exists (cached + prefilled so far)
-    generated: int = 0  # output tokens produced
+    generated: int = 0  # output tokens produced (kept current only with report_decodes)
     start_s: float | None = None  # admission (prefill start), seconds
     first_token_s: float | None = None
     finish_s: float | None = None
+    _prompt: int = 0  # len(tokens), cached
     _registered: int = 0  # leading full blocks already registered in the cache
     _cached: list[BlockHash] = field(default_factory=list)  # blocks it pins in the cache
     _anonymous: int = 0  # blocks it holds that carry no reusable hash
     _chunk: int = 0  # prompt tokens scheduled in the current step
+    _first_step: int = 0  # step number that produced its first token
+    _finish_step: int = 0  # step number that produces its last token
+
+    def __post_init__(self) -> None:
+        self._prompt = len(self.tokens)
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self.tokens)
+        return self._prompt
 
     @property
     def prefill_done(self) -> bool:
-        return self.computed >= self.prompt_tokens
+        return self.computed >= self._prompt
 
 
 @dataclass(slots=True)
 class StepResult:
     first_tokens: list[EngineRequest]  # prefill finished this step (first token emitted)
-    decoded: list[EngineRequest]  # produced one more output token this step
+    decoded: list[EngineRequest]  # produced more output this step (only with report_decodes)
     finished: list[EngineRequest]  # done; their blocks are released
 
 
@@ -89,15 +102,30 @@ class ReplicaModel:
     """A continuous-batching engine with a finite prefix cache."""
 
     def __init__(
-        self, config: ReplicaConfig | None = None, hash_seed: int = 0, record_events: bool = False
+        self,
+        config: ReplicaConfig | None = None,
+        hash_seed: int = 0,
+        record_events: bool = False,
+        *,
+        fast_forward: bool = False,
+        report_decodes: bool = True,
     ) -> None:
         self.config = config or ReplicaConfig()
         self.hasher = BlockHasher(self.config.block_size, hash_seed)
         self.cache = KVCache(self.config.kv_capacity_blocks, record_events=record_events)
+        self.fast_forward = fast_forward  # plan decode-only stretches as one step
+        self.report_decodes = report_decodes  # list every decoding request in each StepResult
         self.waiting: deque[EngineRequest] = deque()
-        self.running: list[EngineRequest] = []
-        self._step: list[EngineRequest] = []  # requests with work in the planned step
-        self._step_s = 0.0
+        self.running: list[EngineRequest] = []  # admitted, in admission order
+        self._prefilling: list[EngineRequest] = []  # admitted, prompt not done, in order
+        self._decoding: dict[EngineRequest, None] = {}  # prompt done, generating
+        self._finishing: list[tuple[int, int, EngineRequest]] = []  # (finish step, seq, req)
+        self._seq = 0
+        self._step_no = 0  # steps completed, steps
+        self._planned: list[EngineRequest] = []  # prefill work of the planned step
+        self._steps = 0  # decode steps the planned step stands for, steps
+        self._step_start = 0.0  # when the planned step began, seconds
+        self._step_s = 0.0  # its duration, seconds
         # Totals, since creation.
         self.prefill_tokens = 0  # prompt tokens computed, tokens
         self.cached_tokens = 0  # prompt tokens reused from cache, tokens
@@ -107,7 +135,7 @@ class ReplicaModel:
     # --- queue ----------------------------------------------------------------------------
     def submit(self, req: EngineRequest) -> None:
         """Queue a request (FIFO). Raises RequestTooLarge if it can never fit the cache."""
-        if req.output_tokens < 1 or len(req.tokens) == 0:
+        if req.output_tokens < 1 or req.prompt_tokens == 0:
             raise ConfigError("a request needs at least one prompt token and one output token")
         if self._blocks_needed(req) > self.config.kv_capacity_blocks:
             raise RequestTooLarge(
@@ -119,15 +147,17 @@ class ReplicaModel:
         self.waiting.append(req)
 
     def abort(self, request_id: str) -> bool:
-        """Drop a request wherever it is (client went away); its blocks are released."""
+        """Drop a request wherever it is (client went away); its blocks are released.
+
+        Call it between steps (after ``end_step``, before ``begin_step``), never inside one.
+        """
         for req in self.waiting:
             if req.request_id == request_id:
                 self.waiting.remove(req)
                 return True
         for req in self.running:
             if req.request_id == request_id:
-                self.running.remove(req)
-                self._release(req)
+                self._retire(req)
                 return True
         return False
 
@@ -151,60 +181,103 @@ class ReplicaModel:
     def begin_step(self, now: float) -> float:
         """Plan the next batch; returns its duration in seconds (0.0 when there is no work)."""
         cfg = self.config
-        budget = cfg.step_tokens
-        decoding = 0
-        step: list[EngineRequest] = []
-        for req in self.running:
-            if req.prefill_done:
-                decoding += 1
-                budget -= 1
-                step.append(req)
+        decoding = len(self._decoding)
+        budget = cfg.step_tokens - decoding
         prefill = 0
-        for req in self.running:
-            if not req.prefill_done and budget > 0:
-                req._chunk = min(budget, req.prompt_tokens - req.computed)
-                budget -= req._chunk
-                prefill += req._chunk
-                step.append(req)
+        planned: list[EngineRequest] = []
+        for req in self._prefilling:
+            if budget <= 0:
+                break
+            req._chunk = min(budget, req.prompt_tokens - req.computed)
+            budget -= req._chunk
+            prefill += req._chunk
+            planned.append(req)
         while budget > 0 and self.waiting and len(self.running) < cfg.max_running:
             if not self._admit(self.waiting[0], now):
                 break
             req = self.waiting.popleft()
             self.running.append(req)
+            self._prefilling.append(req)
             req._chunk = min(budget, req.prompt_tokens - req.computed)
             budget -= req._chunk
             prefill += req._chunk
-            step.append(req)
-        self._step = step
-        self._step_s = prefill / cfg.prefill_tokens_per_s + (cfg.decode_step_s if decoding else 0)
+            planned.append(req)
+        steps = 1 if decoding else 0
+        if self.fast_forward and decoding and not planned:
+            # Nothing but decodes until the next request finishes (or an arrival interrupts).
+            steps = max(1, self._finishing[0][0] - self._step_no) if self._finishing else 1
+        self._planned = planned
+        self._steps = steps
+        self._step_start = now
+        self._step_s = prefill / cfg.prefill_tokens_per_s + steps * cfg.decode_step_s
         return self._step_s
+
+    def interrupt(self, now: float) -> float | None:
+        """A request arrived during a fast-forwarded decode stretch: end it at the next step
+        boundary. Returns the planned step's new end time, or None if it is unchanged."""
+        if self._steps <= 1 or self._planned:
+            return None
+        d = self.config.decode_step_s
+        elapsed = max(1, math.ceil((now - self._step_start) / d - 1e-9))
+        if elapsed >= self._steps:
+            return None
+        self._steps = elapsed
+        end = max(self._step_start + elapsed * d, now)  # float rounding must not go back in time
+        self._step_s = end - self._step_start
+        return end
 
     def end_step(self, now: float) -> StepResult:
         """Apply the planned step at time ``now`` (its end)."""
         result = StepResult([], [], [])
         self.busy_s += self._step_s
-        for req in self._step:
+        if self._steps:
+            self._step_no += self._steps
+            if self.report_decodes:
+                for req in self._decoding:
+                    req.generated = self._step_no - req._first_step + 1
+                    result.decoded.append(req)
+        else:
+            self._step_no += 1  # a prefill-only step still counts as a step
+        step_no = self._step_no
+        for req in self._planned:
+            req.computed += req._chunk
+            self.prefill_tokens += req._chunk
+            req._chunk = 0
+            self._register(req)
             if req.prefill_done:
-                req.generated += 1
-                result.decoded.append(req)
-            else:
-                req.computed += req._chunk
-                self.prefill_tokens += req._chunk
-                req._chunk = 0
-                self._register(req)
-                if req.prefill_done:
-                    req.first_token_s = now
-                    req.generated = 1
-                    result.first_tokens.append(req)
-            if req.generated >= req.output_tokens:
-                req.finish_s = now
+                req.first_token_s = now
+                req.generated = 1
+                req._first_step = step_no
+                req._finish_step = step_no + req.output_tokens - 1
+                self._prefilling.remove(req)
+                result.first_tokens.append(req)
+                if req.output_tokens == 1:
+                    result.finished.append(req)
+                else:
+                    self._decoding[req] = None
+                    self._seq += 1
+                    heapq.heappush(self._finishing, (req._finish_step, self._seq, req))
+        finishing = self._finishing
+        while finishing and finishing[0][0] <= step_no:
+            _, _, req = heapq.heappop(finishing)
+            if req in self._decoding:
                 result.finished.append(req)
         for req in result.finished:
-            self.running.remove(req)
-            self._release(req)
+            req.generated = req.output_tokens
+            req.finish_s = now
+            self._retire(req)
             self.completed += 1
-        self._step = []
+        self._planned = []
+        self._steps = 0
         return result
+
+    def _retire(self, req: EngineRequest) -> None:
+        """Take a request out of the running batch and release its blocks."""
+        self.running.remove(req)
+        self._decoding.pop(req, None)
+        if req in self._prefilling:
+            self._prefilling.remove(req)
+        self._release(req)
 
     # --- cache ----------------------------------------------------------------------------
     def _blocks_needed(self, req: EngineRequest) -> int:

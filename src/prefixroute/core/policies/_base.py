@@ -23,6 +23,7 @@ class RoutingContext:
     rng: random.Random
     now: float  # seconds, the caller's clock
     _matches: dict[ReplicaId, int] | None = field(default=None)
+    _cached: dict[ReplicaId, int] | None = field(default=None)
 
     @property
     def matches(self) -> dict[ReplicaId, int]:
@@ -32,15 +33,23 @@ class RoutingContext:
             self._matches = {r: found.get(r, 0) for r in self.candidates}
         return self._matches
 
-    def cached_tokens(self, replica: ReplicaId) -> int:
-        """Prompt tokens ``replica`` should find cached, as an engine counts them.
+    @property
+    def cached(self) -> dict[ReplicaId, int]:
+        """Prompt tokens each candidate should find cached, as an engine counts them.
 
         Engines never report the whole prompt cached: the last token is always recomputed to
         produce logits, so the hit is capped at the full blocks inside ``prompt - 1`` units.
         """
-        req = self.request
-        blocks = min(self.matches[replica], max(0, req.prompt_units - 1) // req.block_size)
-        return round(blocks * req.block_size * req.tokens_per_unit)
+        if self._cached is None:
+            req = self.request
+            cap = max(0, req.prompt_units - 1) // req.block_size
+            scale = req.block_size * req.tokens_per_unit
+            self._cached = {r: round(min(m, cap) * scale) for r, m in self.matches.items()}
+        return self._cached
+
+    def cached_tokens(self, replica: ReplicaId) -> int:
+        """Prompt tokens ``replica`` should find cached (see :attr:`cached`)."""
+        return self.cached[replica]
 
     def load(self, replica: ReplicaId) -> ReplicaLoad:
         return self.loads.get(replica)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from prefixroute.core.errors import ConfigError
+from prefixroute.core.load import ReplicaLoad
 from prefixroute.core.policies._base import RoutingContext
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId
 
@@ -54,11 +55,13 @@ class PredictedTTFT:
 
     def predict(self, ctx: RoutingContext, replica: ReplicaId) -> float:
         """Predicted TTFT of this request on ``replica``, seconds."""
+        return self._ttft(ctx.load(replica), ctx.request.prompt_tokens - ctx.cached[replica])
+
+    def _ttft(self, load: ReplicaLoad, uncached: int) -> float:
         cfg = self.config
-        load = ctx.load(replica)
-        work = load.queued_prefill_tokens + ctx.request.prompt_tokens - ctx.cached_tokens(replica)
+        work = load.queued_prefill_tokens + uncached
         ttft = work / cfg.prefill_tokens_per_s
-        if load.decoding > 0:
+        if load.in_flight > load.prefilling:
             # Each batch step that carries our prefill also carries the decodes, and we arrive
             # on average halfway through a step already running.
             ttft += (-(-work // cfg.step_tokens) + 0.5) * cfg.decode_step_s
@@ -66,11 +69,13 @@ class PredictedTTFT:
 
     def cost_to_others(self, ctx: RoutingContext, replica: ReplicaId) -> float:
         """Delay this request's prefill imposes on other requests of ``replica``, seconds."""
+        return self._cost(ctx.load(replica), ctx.request.prompt_tokens - ctx.cached[replica])
+
+    def _cost(self, load: ReplicaLoad, uncached: int) -> float:
         cfg = self.config
-        uncached = ctx.request.prompt_tokens - ctx.cached_tokens(replica)
         # Chunked prefill puts our first chunk in the same steps as the last chunks of prompts
         # already prefilling there: each of them gets its first token that much later.
-        under_way = ctx.load(replica).prefilling * min(uncached, cfg.step_tokens)
+        under_way = load.prefilling * min(uncached, cfg.step_tokens)
         return (cfg.miss_penalty * uncached + cfg.interference * under_way) / (
             cfg.prefill_tokens_per_s
         )
@@ -78,13 +83,21 @@ class PredictedTTFT:
     def decide(self, ctx: RoutingContext) -> Decision:
         cfg = self.config
         matches = ctx.matches
-        scored = [(self.predict(ctx, r) + self.cost_to_others(ctx, r), r) for r in ctx.candidates]
-        best_ttft = min(t for t, _ in scored)
+        prompt = ctx.request.prompt_tokens
+        cached = ctx.cached
+        scored: list[tuple[float, ReplicaId]] = []
+        for r in ctx.candidates:
+            load = ctx.load(r)
+            uncached = prompt - cached[r]
+            scored.append((self._ttft(load, uncached) + self._cost(load, uncached), r))
+        best_ttft = min(scored)[0]
         near = [r for t, r in scored if t <= best_ttft + cfg.tie_tolerance_s]
-        top = max(matches[r] for r in near)
-        near = [r for r in near if matches[r] == top]
-        fewest = min(ctx.load(r).in_flight for r in near)
-        near = [r for r in near if ctx.load(r).in_flight == fewest]
+        if len(near) > 1:
+            top = max(matches[r] for r in near)
+            near = [r for r in near if matches[r] == top]
+        if len(near) > 1:
+            fewest = min(ctx.load(r).in_flight for r in near)
+            near = [r for r in near if ctx.load(r).in_flight == fewest]
         chosen = near[0] if len(near) == 1 else ctx.rng.choice(near)
         longest = max(matches.values())
         if longest == 0:

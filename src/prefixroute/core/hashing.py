@@ -23,6 +23,7 @@ BlockHash = NewType("BlockHash", int)
 """A chained block hash; made only by :class:`BlockHasher`."""
 
 _xxh3 = xxhash.xxh3_64_intdigest
+_MAX_TOKEN = 2**32 - 1
 
 
 class TokenArray(Protocol):
@@ -51,6 +52,8 @@ class BlockHasher:
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ConfigError(f"block size must be at least 1, got {self.block_size}")
+        if not 0 <= self.seed < 2**64:
+            raise ConfigError(f"hash seed must be in [0, 2**64), got {self.seed}")
 
     def hash_tokens(self, tokens: TokenIds, known: Sequence[BlockHash] = ()) -> list[BlockHash]:
         """Hash the full blocks of ``tokens``.
@@ -61,12 +64,21 @@ class BlockHasher:
         # Token ids are hashed as little-endian uint32 whatever container holds them, so a list
         # and a numpy array of the same ids give the same hashes.
         astype = getattr(tokens, "astype", None)
-        data = astype("<u4").tobytes() if astype else array("I", tokens).tobytes()  # type: ignore[arg-type]
+        try:
+            if astype is None:
+                data = array("I", tokens).tobytes()  # type: ignore[arg-type]
+            else:
+                if len(tokens) and (tokens.min() < 0 or tokens.max() > _MAX_TOKEN):  # type: ignore[union-attr]
+                    raise OverflowError
+                data = astype("<u4").tobytes()
+        except (OverflowError, TypeError) as exc:
+            raise ConfigError("token ids must be integers in [0, 2**32)") from exc
         return self._hash_bytes(memoryview(data), len(tokens), 4, known)
 
     def hash_text(self, text: str, known: Sequence[BlockHash] = ()) -> list[BlockHash]:
         """Hash the full blocks of ``text``, one unit per character (UTF-32 keeps width fixed)."""
-        data = text.encode("utf-32-le")
+        # surrogatepass: JSON may carry lone surrogates ("\ud800"); they hash, they don't fail.
+        data = text.encode("utf-32-le", "surrogatepass")
         return self._hash_bytes(memoryview(data), len(text), 4, known)
 
     def _hash_bytes(

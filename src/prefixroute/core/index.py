@@ -17,8 +17,9 @@ in Python, on every request. Instead each replica has
 A chain is stamped from its last block to its first, so a parent is always more recent than its
 children and eviction takes leaves first. Each replica's set of blocks is therefore closed under
 prefixes, and the longest match is found by binary search: a dozen probes per replica instead of a
-walk over every block. Removing single blocks (engine events) can break that closure, so a
-replica that had blocks removed is matched by a linear walk until it is cleared.
+walk over every block. Removing single blocks or inserting a chain that does not start at the root
+(engine events) can break that closure, so such a replica is matched by a linear walk until it is
+cleared.
 
 Stale queue entries are dropped when eviction reaches them; when no eviction happens for long,
 the queue is compacted once it holds four times the live entries, so memory stays bounded.
@@ -77,16 +78,25 @@ class PrefixIndex:
 
     def clear_replica(self, replica: ReplicaId) -> None:
         """Drop every entry of ``replica`` but keep it registered (an engine cleared its cache)."""
-        old = self._replicas[replica]
-        self._replicas[replica] = _ReplicaEntries(old.capacity)
+        old = self._replicas.get(replica)
+        if old is not None:
+            self._replicas[replica] = _ReplicaEntries(old.capacity)
 
     @property
     def replicas(self) -> list[ReplicaId]:
         return list(self._replicas)
 
     # --- updates --------------------------------------------------------------------------
-    def insert(self, replica: ReplicaId, block_hashes: Sequence[BlockHash]) -> int:
-        """Record that ``replica`` now holds this chain; returns how many entries were evicted."""
+    def insert(
+        self, replica: ReplicaId, block_hashes: Sequence[BlockHash], *, from_root: bool = True
+    ) -> int:
+        """Record that ``replica`` now holds this chain; returns how many entries were evicted.
+
+        ``from_root`` says the chain starts at a prompt's first block, as every routing decision
+        does. Engine events name only newly stored blocks, which continue an earlier chain: pass
+        ``from_root=False`` and the replica is matched by a linear walk from then on, because
+        stamping a continuation can leave a child more recent than its parent.
+        """
         entries = self._replicas.get(replica)
         if entries is None:
             self.add_replica(replica)
@@ -94,6 +104,8 @@ class PrefixIndex:
         n = len(block_hashes)
         if not n:
             return 0
+        if not from_root:
+            entries.gapped = True
         tail_first = block_hashes[::-1]
         ticks = range(entries.tick, entries.tick + n)
         entries.tick += n

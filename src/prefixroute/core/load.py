@@ -52,6 +52,7 @@ class ReplicaLoad:
 @dataclass(slots=True)
 class _InFlight:
     replica: ReplicaId
+    load: ReplicaLoad  # the load it was counted in (survives the replica's removal and re-adding)
     uncached_tokens: int  # predicted prefill work, tokens
     output_tokens: int  # expected output, tokens
     blocks: int  # KV blocks reserved in the view, blocks
@@ -89,12 +90,15 @@ class LoadTracker:
 
     def dispatch(self, request: RequestView, decision: Decision, now: float) -> None:
         """A request was sent to ``decision.replica``."""
+        if request.request_id in self._requests:
+            # A reused id: the earlier request is over as far as the load view can tell.
+            self.complete(request.request_id, now)
         uncached = max(0, request.prompt_tokens - decision.predicted_cached_tokens)
         blocks = -(-(request.prompt_tokens + request.output_tokens) // self.block_size)
-        self._requests[request.request_id] = _InFlight(
-            decision.replica, uncached, request.output_tokens, blocks
-        )
         load = self.get(decision.replica)
+        self._requests[request.request_id] = _InFlight(
+            decision.replica, load, uncached, request.output_tokens, blocks
+        )
         load.in_flight += 1
         load.prefilling += 1
         load.queued_prefill_tokens += uncached
@@ -106,11 +110,10 @@ class LoadTracker:
         if req is None or req.prefilled:
             return
         req.prefilled = True
-        load = self._loads.get(req.replica)
-        if load is not None:
-            load.prefilling -= 1
-            load.queued_prefill_tokens -= req.uncached_tokens
-            load._add_tokens(req.uncached_tokens, now)
+        load = req.load
+        load.prefilling -= 1
+        load.queued_prefill_tokens -= req.uncached_tokens
+        load._add_tokens(req.uncached_tokens, now)
 
     def complete(self, request_id: str, now: float, output_tokens: int | None = None) -> None:
         """The request ended, however it ended. Safe to call twice."""
@@ -118,13 +121,12 @@ class LoadTracker:
         req = self._requests.pop(request_id, None)
         if req is None:
             return
-        load = self._loads.get(req.replica)
-        if load is not None:
-            load.in_flight -= 1
-            load.active_blocks -= req.blocks
-            load.completed += 1
-            out = req.output_tokens if output_tokens is None else output_tokens
-            load._add_tokens(out, now)
+        load = req.load
+        load.in_flight -= 1
+        load.active_blocks -= req.blocks
+        load.completed += 1
+        out = req.output_tokens if output_tokens is None else output_tokens
+        load._add_tokens(out, now)
 
     def observe(
         self,

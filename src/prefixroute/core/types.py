@@ -46,8 +46,6 @@ class DecisionReason(StrEnum):
     LOAD_IMBALANCE = "load_imbalance"  # cluster imbalanced: affinity overridden by load
     BEST_SCORE = "best_score"  # weighted scorer's maximum
     LOWEST_COST = "lowest_cost"  # kv_cost's minimum
-    FASTEST_TTFT = "fastest_ttft"  # predicted TTFT won on a replica holding the prefix
-    COLD_FASTEST = "cold_fastest"  # predicted TTFT won on a replica without the prefix
     HOT_SPOT_YIELD = "hot_spot_yield"  # the best-cached replica was skipped to avoid a hot spot
     ONLY_CANDIDATE = "only_candidate"  # a single replica could take it
 

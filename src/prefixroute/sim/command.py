@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from prefixroute.core import DEFAULT_POLICY, ConfigError, parse_policy_list, policy_names
-from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S
+from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S, PolicyMetrics
 from prefixroute.sim.replica import ReplicaConfig
-from prefixroute.sim.report import make_console, print_report, write_json, write_plot
+from prefixroute.sim.report import (
+    make_console,
+    markdown_table,
+    print_report,
+    write_json,
+    write_plot,
+)
 from prefixroute.sim.runner import compare_policies
 from prefixroute.sim.workloads import make_workload, workload_names, workload_params
 
@@ -24,7 +31,9 @@ def add_parser(sub: Any) -> None:
         description="Simulate a cluster of replicas under one or more routing policies.",
     )
     add_replica_arguments(p)
-    p.add_argument("--workload", "-w", default="multi-turn", help="workload name (--list)")
+    p.add_argument(
+        "--workload", "-w", default="multi-turn", help="workload name, or 'all' (--list)"
+    )
     p.add_argument(
         "--policy",
         "-p",
@@ -50,6 +59,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for workload and routing")
     p.add_argument("--slo-ttft-ms", type=float, default=DEFAULT_TTFT_SLO_S * 1000)
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--markdown", action="store_true", help="print one markdown table")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="write TTFT CDF and load plot")
     p.add_argument("--list", action="store_true", help="list workloads and their parameters")
     p.set_defaults(run=run)
@@ -115,33 +125,55 @@ def run(args: argparse.Namespace) -> int:
         _print_list(console)
         return 0
     names = policy_names() if args.policy == "all" else parse_policy_list(args.policy)
-    workload = make_workload(args.workload, args.seed, parse_pairs(args.overrides, "--set"))
-    block_size = args.block_size or workload.block_size
-    cfg = replica_config_from(args, block_size)
     try:
         params = parse_policy_params(args.policy_param)
     except ValueError as exc:
         raise ConfigError(f"bad --policy-param value: {exc}") from exc
-    cmp = compare_policies(
-        workload,
-        names,
-        replicas=args.replicas,
-        replica_config=cfg,
-        seed=args.seed,
-        ttft_slo_s=args.slo_ttft_ms / 1000.0,
-        policy_params=params,
-        progress=sys.stderr.isatty() or not args.json,
-    )
-    title = (
-        f"{workload.name}: {workload.num_requests:,} requests, {args.replicas} replicas, "
-        f"block {block_size}, seed {args.seed}"
-    )
+    overrides = parse_pairs(args.overrides, "--set")
+    workloads = workload_names() if args.workload == "all" else [args.workload]
+    if len(workloads) > 1 and overrides:
+        raise ConfigError("--set applies to one workload; name it with --workload")
+    docs = []
+    rows: list[PolicyMetrics] = []
+    for name in workloads:
+        workload = make_workload(name, args.seed, overrides)
+        block_size = args.block_size or workload.block_size
+        cmp = compare_policies(
+            workload,
+            names,
+            replicas=args.replicas,
+            replica_config=replica_config_from(args, block_size),
+            seed=args.seed,
+            ttft_slo_s=args.slo_ttft_ms / 1000.0,
+            policy_params=params,
+            progress=sys.stderr.isatty() or not (args.json or args.markdown),
+        )
+        title = (
+            f"{workload.name}: {workload.num_requests:,} requests, {args.replicas} replicas, "
+            f"block {block_size}, seed {args.seed}"
+        )
+        rows.extend(cmp.metrics)
+        docs.append(cmp.json_header() | {"replicas": args.replicas} | {"policies": cmp.metrics})
+        if not (args.json or args.markdown):
+            print_report(cmp.metrics, title, console)
+        if args.plot:
+            plot = args.plot if len(workloads) == 1 else args.plot.with_stem(
+                f"{args.plot.stem}-{name}"
+            )
+            write_plot(cmp.metrics, cmp.ttfts_ms, plot, title)
+            if not (args.json or args.markdown):
+                console.print(f"plot written to {plot}")
     if args.json:
-        write_json(cmp.metrics, sys.stdout, cmp.json_header() | {"replicas": args.replicas})
-    else:
-        print_report(cmp.metrics, title, console)
-    if args.plot:
-        write_plot(cmp.metrics, cmp.ttfts_ms, args.plot, title)
-        if not args.json:
-            console.print(f"plot written to {args.plot}")
+        if len(docs) == 1:
+            doc = docs[0]
+            write_json(doc.pop("policies"), sys.stdout, doc)
+        else:
+            json.dump(
+                [d | {"policies": [m.to_json() for m in d["policies"]]} for d in docs],
+                sys.stdout,
+                indent=2,
+            )
+            sys.stdout.write("\n")
+    if args.markdown:
+        sys.stdout.write(markdown_table(rows))
     return 0

@@ -105,6 +105,29 @@ def print_report(
         )
 
 
+def markdown_table(metrics: Sequence[PolicyMetrics]) -> str:
+    """Workload x policy rows for the README: prefill vs floor, hit rate, TTFT, goodput."""
+    lines = [
+        "| workload | policy | prefill / floor | hit % | TTFT p50 ms | p90 | p99 | "
+        "E2E p99 ms | goodput/s | evictions |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    best: dict[str, float] = {}
+    for m in metrics:
+        best[m.workload] = min(best.get(m.workload, float("inf")), m.ttft_ms["p99"])
+    for m in metrics:
+        p99 = f"{m.ttft_ms['p99']:.0f}"
+        if m.ttft_ms["p99"] == best[m.workload]:
+            p99 = f"**{p99}**"
+        ratio = "-" if m.floor_ratio is None else f"{m.floor_ratio:.2f}"
+        lines.append(
+            f"| {m.workload} | {m.policy} | {ratio} | {100 * m.hit_rate:.1f} | "
+            f"{m.ttft_ms['p50']:.0f} | {m.ttft_ms['p90']:.0f} | {p99} | {m.e2e_ms['p99']:.0f} | "
+            f"{m.goodput_rps:.2f} | {m.evictions:,} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_json(metrics: Sequence[PolicyMetrics], out: IO[str], extra: dict[str, Any]) -> None:
     json.dump({**extra, "policies": [m.to_json() for m in metrics]}, out, indent=2)
     out.write("\n")

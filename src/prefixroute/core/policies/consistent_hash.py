@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import xxhash
 
+from prefixroute.core.errors import ConfigError
 from prefixroute.core.policies._base import RoutingContext
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId
 
@@ -24,6 +25,10 @@ def _h(key: str) -> int:
 @dataclass(frozen=True, slots=True)
 class ConsistentHashConfig:
     virtual_nodes: int = 100  # ring points per replica (Envoy's ring-hash default minimum is 1024)
+
+    def __post_init__(self) -> None:
+        if self.virtual_nodes < 1:
+            raise ConfigError("virtual_nodes must be at least 1")
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from prefixroute.core.errors import ConfigError
 from prefixroute.core.policies._base import RoutingContext
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId
 
@@ -26,6 +27,10 @@ class KVCostConfig:
     overlap_weight: float = 1.0  # Dynamo's overlap_score_weight
     temperature: float = 0.0  # 0 = deterministic argmin
     block_size: int = 16  # tokens per KV block in the cost, tokens
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.temperature < 0:
+            raise ConfigError("block_size must be >= 1 and temperature >= 0")
 
 
 @dataclass(slots=True)

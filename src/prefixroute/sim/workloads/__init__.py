@@ -25,7 +25,8 @@ from prefixroute.sim.workloads import (
     seed_shared_prompt,
     shared_prefix,
 )
-from prefixroute.sim.workloads._config import build_config, field_specs
+from prefixroute.sim.workloads._config import build_config as _build_config
+from prefixroute.sim.workloads._config import field_specs as _field_specs
 
 Builder = Callable[[Any, int], Workload]
 
@@ -55,7 +56,7 @@ def workload_names() -> list[str]:
 
 def workload_params(name: str) -> dict[str, tuple[type[Any], object, str]]:
     """name -> (type, default, help) of each of the workload's parameters, in declared order."""
-    return field_specs(_lookup(name)[1])
+    return _field_specs(_lookup(name)[1])
 
 
 def make_workload(name: str, seed: int = 0, overrides: Mapping[str, str] | None = None) -> Workload:
@@ -65,7 +66,7 @@ def make_workload(name: str, seed: int = 0, overrides: Mapping[str, str] | None 
     parameter or a bad value (both messages list the valid choices).
     """
     builder, config_cls = _lookup(name)
-    return builder(build_config(name, config_cls, overrides or {}), seed)
+    return builder(_build_config(name, config_cls, overrides or {}), seed)
 
 
 __all__ = ["WORKLOADS", "Builder", "make_workload", "workload_names", "workload_params"]

@@ -19,6 +19,8 @@ from prefixroute.core import PrefixrouteError
 COMMAND_MODULES = (
     "prefixroute.sim.command",
     "prefixroute.demo",
+    "prefixroute.gateway.command",
+    "prefixroute.emulate.command",
 )
 
 

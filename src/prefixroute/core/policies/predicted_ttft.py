@@ -73,6 +73,10 @@ class PredictedTTFT:
 
     def _cost(self, load: ReplicaLoad, uncached: int) -> float:
         cfg = self.config
+        if not load.in_flight:
+            # Nobody there to delay: an idle replica must not look worse than it is, or a
+            # replica that never received a shared prefix would never receive anything.
+            return 0.0
         # Chunked prefill puts our first chunk in the same steps as the last chunks of prompts
         # already prefilling there: each of them gets its first token that much later.
         under_way = load.prefilling * min(uncached, cfg.step_tokens)

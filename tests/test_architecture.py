@@ -31,9 +31,12 @@ CORE_FORBIDDEN = {
     "time",
 }
 # package -> packages of ours it must never import.
+# The emulator runs the simulator's replica model, so the gateway must not reach it either;
+# commands that wire several packages together live at the top level (serve.py, demo.py).
 NEVER_IMPORTS = {
-    "prefixroute.sim": ("prefixroute.gateway",),
-    "prefixroute.gateway": ("prefixroute.sim",),
+    "prefixroute.sim": ("prefixroute.gateway", "prefixroute.emulate", "prefixroute.bench"),
+    "prefixroute.gateway": ("prefixroute.sim", "prefixroute.emulate", "prefixroute.bench"),
+    "prefixroute.emulate": ("prefixroute.gateway", "prefixroute.bench"),
 }
 
 

@@ -19,8 +19,9 @@ from prefixroute.core import PrefixrouteError
 COMMAND_MODULES = (
     "prefixroute.sim.command",
     "prefixroute.demo",
-    "prefixroute.gateway.command",
+    "prefixroute.serve",
     "prefixroute.emulate.command",
+    "prefixroute.bench.command",
 )
 
 

@@ -79,6 +79,8 @@ class PolicyMetrics:
     decision_us: dict[str, float]  # routing decision wall time p50/p99/mean, microseconds
     reasons: dict[str, int]  # decisions by reason
     turns: list[dict[str, Any]] = field(default_factory=list)  # per-request detail (small runs)
+    itl_ms: dict[str, float] = field(default_factory=dict)  # inter-token latency (live runs)
+    errors: int = 0  # requests that failed (live runs)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

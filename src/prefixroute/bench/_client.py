@@ -1,0 +1,82 @@
+"""One streamed completion, timed: first token, gaps between tokens, end, and the usage block."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one request saw, in wall-clock seconds from when it was sent."""
+
+    status: int = 0  # HTTP status (0: no response)
+    ttft_s: float | None = None  # first token
+    e2e_s: float | None = None  # last byte
+    itl_s: list[float] = field(default_factory=list)  # gaps between content chunks
+    prompt_tokens: int | None = None  # from usage
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
+    completion_tokens: int | None = None
+    replica: str = ""  # x-prefixroute-replica, when a gateway answered
+    reason: str = ""  # x-prefixroute-reason
+    error: str | None = None  # set when the request failed
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status == 200 and self.ttft_s is not None
+
+
+async def stream_completion(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+) -> Outcome:
+    """POST ``body`` (with ``stream`` on) to ``url`` and time the SSE stream it returns."""
+    out = Outcome()
+    t0 = time.perf_counter()
+    last = t0
+    try:
+        async with session.post(url, json=body) as resp:
+            out.status = resp.status
+            out.replica = resp.headers.get("x-prefixroute-replica", "")
+            out.reason = resp.headers.get("x-prefixroute-reason", "")
+            if resp.status != 200:
+                out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return out
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    out.error = str(chunk["error"].get("message", chunk["error"]))
+                    break
+                now = time.perf_counter()
+                if _has_content(chunk):
+                    if out.ttft_s is None:
+                        out.ttft_s = now - t0
+                    else:
+                        out.itl_s.append(now - last)
+                    last = now
+                usage = chunk.get("usage")
+                if usage:
+                    out.prompt_tokens = usage.get("prompt_tokens")
+                    out.completion_tokens = usage.get("completion_tokens")
+                    details = usage.get("prompt_tokens_details") or {}
+                    out.cached_tokens = details.get("cached_tokens")
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    out.e2e_s = time.perf_counter() - t0
+    return out
+
+
+def _has_content(chunk: dict[str, Any]) -> bool:
+    for choice in chunk.get("choices") or ():
+        if choice.get("text") or (choice.get("delta") or {}).get("content"):
+            return True
+    return False

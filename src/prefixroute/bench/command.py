@@ -1,0 +1,132 @@
+"""``prefixroute bench``: replay a workload against a live deployment, scored like ``simulate``.
+
+Two ways to run it:
+
+* ``--url URL``: against a running gateway (or a single replica); one result row.
+* no ``--url``: start ``--emulate N`` emulated replicas and one gateway per ``--policy`` in this
+  process, all on 127.0.0.1, and compare the policies on the same workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefixroute.bench._replay import ReplayConfig, ReplayResult, itl_percentiles, replay
+from prefixroute.core import DEFAULT_POLICY, ConfigError, parse_policy_list
+from prefixroute.sim.command import parse_pairs
+from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S, PolicyMetrics, oracle_floor, summarize
+from prefixroute.sim.replica import ReplicaConfig
+from prefixroute.sim.report import make_console, print_report, write_json, write_plot
+from prefixroute.sim.runner import _LazyProgress
+from prefixroute.sim.workload import Workload
+from prefixroute.sim.workloads import make_workload
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "bench",
+        help="replay a workload against a live URL (or emulated replicas) and measure it",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--url", help="gateway or replica base URL; omit to run emulated replicas")
+    p.add_argument("--label", default="live", help="row label for a --url run")
+    p.add_argument("--model", help="the model field sent with each request")
+    p.add_argument("--workload", "-w", default="seed-conversation", help="simulator workload")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--policy", "-p", default=f"round_robin,cache_aware,{DEFAULT_POLICY}",
+        help="policies to compare on emulated replicas (comma list)",
+    )
+    p.add_argument("--emulate", "-n", type=int, default=4, help="emulated replicas (no --url)")
+    p.add_argument("--block-size", type=int, help="emulated replicas' KV block size, tokens")
+    p.add_argument("--kv-tokens", type=int, default=131_072, help="emulated KV cache, tokens")
+    p.add_argument(
+        "--time-scale", type=float, default=1.0,
+        help="wall seconds per workload second (0.1 replays 10x faster; emulated replicas "
+        "run 10x faster too, so reported times stay in workload seconds)",
+    )
+    p.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
+    p.add_argument("--slo-ttft-ms", type=float, default=DEFAULT_TTFT_SLO_S * 1000)
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--plot", type=Path, metavar="FILE.png")
+    p.set_defaults(run=run)
+
+
+def _metrics(result: ReplayResult, floor: int | None, slo_s: float) -> PolicyMetrics:
+    m = summarize(result.run, floor, slo_s)
+    m.itl_ms = itl_percentiles(result.itl_s)
+    m.errors = len(result.errors)
+    return m
+
+
+async def _run_url(args: argparse.Namespace, workload: Workload) -> list[ReplayResult]:
+    cfg = ReplayConfig(args.url, args.model, args.time_scale, args.timeout)
+    bar = _LazyProgress(workload.num_requests, f"{workload.name} -> {args.url}", True)
+    try:
+        return [await replay(workload, cfg, args.label, bar.update)]
+    finally:
+        bar.close()
+
+
+async def _run_emulated(args: argparse.Namespace, workload: Workload) -> list[ReplayResult]:
+    # Imported here: a --url run needs neither the emulator nor the gateway.
+    from prefixroute.emulate import EmulatorConfig, start_replicas
+    from prefixroute.gateway import Gateway, GatewayConfig
+
+    block = args.block_size or max(workload.block_size, 1)
+    engine = ReplicaConfig(kv_capacity_blocks=max(1, args.kv_tokens // block), block_size=block)
+    results = []
+    for policy in parse_policy_list(args.policy):
+        emulator = EmulatorConfig(engine, time_scale=args.time_scale)
+        cluster = await start_replicas(args.emulate, emulator)
+        try:
+            gw_cfg = GatewayConfig(port=0, replicas=tuple(cluster.urls), policy=policy)
+            async with Gateway(gw_cfg) as gw:
+                cfg = ReplayConfig(gw.url, args.model, args.time_scale, args.timeout)
+                bar = _LazyProgress(workload.num_requests, f"{workload.name} / {policy}", True)
+                try:
+                    results.append(await replay(workload, cfg, policy, bar.update))
+                finally:
+                    bar.close()
+        finally:
+            await cluster.stop()
+    return results
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.time_scale <= 0:
+        raise ConfigError("--time-scale must be positive")
+    if args.emulate < 1:
+        raise ConfigError("--emulate must be at least 1")
+    workload = make_workload(args.workload, args.seed, parse_pairs(args.overrides, "--set"))
+    runner = _run_url if args.url else _run_emulated
+    results = asyncio.run(runner(args, workload))
+    floor = oracle_floor(workload, args.block_size or workload.block_size)
+    metrics = [_metrics(r, floor, args.slo_ttft_ms / 1000.0) for r in results]
+    target = args.url or f"{args.emulate} emulated replicas behind the gateway"
+    title = f"bench {workload.name}: {workload.num_requests:,} requests -> {target}"
+    if args.json:
+        write_json(metrics, sys.stdout, {"workload": workload.name, "target": target})
+    else:
+        console = make_console()
+        print_report(metrics, title, console)
+        for m in metrics:
+            itl = m.itl_ms
+            extra = f", ITL p50 {itl['p50']:.1f} ms p99 {itl['p99']:.1f} ms" if itl else ""
+            console.print(f"{m.policy}: {m.errors} errors{extra}")
+        for r in results:
+            for err in r.errors[:3]:
+                console.print(f"  {r.run.policy}: {err}")
+    if args.plot:
+        ttfts = {
+            r.run.policy: [x.ttft_s * 1000 for x in r.run.records if x.ttft_s is not None]
+            for r in results
+        }
+        write_plot(metrics, ttfts, args.plot, title)
+    return 1 if any(m.errors for m in metrics) else 0

@@ -1,0 +1,27 @@
+"""An emulated vLLM-like replica: the simulator's replica model served over HTTP in real time.
+
+Start replicas in-process (tests, ``serve --emulate``, ``bench``)::
+
+    from prefixroute.emulate import EmulatorConfig, start_replicas
+    from prefixroute.sim.replica import ReplicaConfig
+
+    cluster = await start_replicas(4, EmulatorConfig(ReplicaConfig(block_size=1), time_scale=0.01))
+    cluster.urls          # ["http://127.0.0.1:40123", ...]
+    await cluster.stop()
+
+or from the command line: ``prefixroute emulate --port 8001``.
+"""
+
+from prefixroute.emulate._config import EmulatorConfig
+from prefixroute.emulate._server import EmulatedCluster, EmulatedReplica, start_replicas
+from prefixroute.emulate._tokenizer import count_tokens, render_chat, tokenize
+
+__all__ = [
+    "EmulatedCluster",
+    "EmulatedReplica",
+    "EmulatorConfig",
+    "count_tokens",
+    "render_chat",
+    "start_replicas",
+    "tokenize",
+]

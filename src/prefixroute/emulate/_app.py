@@ -1,0 +1,145 @@
+"""The emulated replica's aiohttp application: OpenAI endpoints over one engine loop.
+
+Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (plain or SSE stream),
+``GET /v1/models``, ``GET /health`` (200 while the engine runs, 503 otherwise) and
+``GET /metrics`` (Prometheus text, vLLM metric names).
+
+A request holds its place in the engine only while its handler runs: ``finally`` releases it,
+so a client that disconnects (the server runs with ``handler_cancellation``) frees its KV blocks
+at once, as vLLM aborts a request whose client went away.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from prefixroute.emulate._config import EmulatorConfig
+from prefixroute.emulate._engine import ABORTED, FINISHED, EngineLoop, EngineStopped, Generation
+from prefixroute.emulate._errors import InvalidRequest, error_middleware
+from prefixroute.emulate._metrics import make_registry
+from prefixroute.emulate._openai import (
+    Endpoint,
+    ResponseWriter,
+    error_event,
+    models_body,
+    parse_request,
+)
+from prefixroute.sim.replica import ReplicaModel
+
+CONFIG = web.AppKey("prefixroute.emulate.config", EmulatorConfig)
+ENGINE = web.AppKey("prefixroute.emulate.engine", EngineLoop)
+METRICS = web.AppKey("prefixroute.emulate.metrics", CollectorRegistry)
+STARTED = web.AppKey("prefixroute.emulate.started", int)  # unix time, for /v1/models
+
+MAX_BODY_BYTES = 64 * 1024 * 1024  # prompts of a few million characters still fit
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+
+
+def build_app(config: EmulatorConfig) -> web.Application:
+    """An application serving one emulated replica; its engine starts and stops with the app."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    engine = EngineLoop(ReplicaModel(config.engine, config.hash_seed), config.time_scale)
+    app[CONFIG] = config
+    app[ENGINE] = engine
+    app[METRICS] = make_registry(engine, config.model)
+    app[STARTED] = int(time.time())
+    app.cleanup_ctx.append(_engine_ctx)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
+    engine = app[ENGINE]
+    engine.start()
+    yield
+    await engine.stop()
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, Endpoint.COMPLETIONS)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, Endpoint.CHAT)
+
+
+async def _read_json(request: web.Request) -> object:
+    try:
+        return json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"malformed JSON body: {exc}") from exc
+
+
+async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    config, engine = request.app[CONFIG], request.app[ENGINE]
+    parsed = parse_request(endpoint, await _read_json(request), config.model)
+    writer = ResponseWriter(parsed, config.model)
+    gen = engine.submit(parsed.tokens, parsed.max_tokens)
+    try:
+        if parsed.stream:
+            return await _stream(request, writer, gen)
+        return await _whole(writer, gen)
+    finally:
+        engine.release(gen)
+
+
+async def _whole(writer: ResponseWriter, gen: Generation) -> web.Response:
+    generated = 0
+    while (item := await gen.queue.get()) != FINISHED:
+        if item == ABORTED:
+            raise EngineStopped("the engine stopped before the request finished")
+        generated = item
+    body = writer.body(generated, gen.cached_tokens)
+    return web.Response(body=body, content_type="application/json")
+
+
+async def _stream(
+    request: web.Request, writer: ResponseWriter, gen: Generation
+) -> web.StreamResponse:
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    await resp.prepare(request)
+    sent = 0
+    end: int | None = None
+    while end is None:
+        # Everything the engine produced since the last write goes out in one write.
+        items = [await gen.queue.get()]
+        while not gen.queue.empty():
+            items.append(gen.queue.get_nowait())
+        generated = max(items)
+        end = next((i for i in items if i < 0), None)
+        out = writer.token_events(sent, generated) if generated > sent else b""
+        sent = max(sent, generated)
+        if end == FINISHED:
+            out += writer.usage_event(sent, gen.cached_tokens)
+        elif end == ABORTED:
+            out += error_event("the engine stopped", "ServiceUnavailableError", 503)
+        await resp.write(out)
+    await resp.write_eof()
+    return resp
+
+
+async def models(request: web.Request) -> web.Response:
+    config = request.app[CONFIG]
+    engine_cfg = config.engine
+    max_len = engine_cfg.kv_capacity_blocks * engine_cfg.block_size
+    body = json.dumps(models_body(config.model, max_len, request.app[STARTED]))
+    return web.Response(text=body, content_type="application/json")
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200 if request.app[ENGINE].running else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,27 @@
+"""The emulated replica's settings: the engine model's, plus name, clock scale and address."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prefixroute.core import ConfigError
+from prefixroute.sim.replica import ReplicaConfig
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatorConfig:
+    engine: ReplicaConfig = field(default_factory=ReplicaConfig)  # the simulated engine
+    model: str = "emulated"  # model name served (``/v1/models``, ``model_name`` label)
+    time_scale: float = 1.0  # wall seconds per model second; 0.1 runs 10x faster than real time
+    host: str = "127.0.0.1"  # address to bind
+    port: int = 0  # port to bind; 0 picks a free one
+    hash_seed: int = 0  # seed of the engine's block hashes
+    shutdown_timeout_s: float = 5.0  # graceful stop: how long in-flight requests may finish, s
+
+    def __post_init__(self) -> None:
+        if self.time_scale <= 0:
+            raise ConfigError(f"time scale must be positive, got {self.time_scale}")
+        if not self.model:
+            raise ConfigError("the model name must not be empty")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"port out of range: {self.port}")

@@ -1,0 +1,64 @@
+"""vLLM-named Prometheus metrics for the emulated replica, read live from the engine at scrape.
+
+The names are vLLM v1's, so a scraper (or our gateway) that reads a real replica reads this one
+too: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
+(a fraction, 0..1, despite the name), ``vllm:prefix_cache_queries_total`` and
+``vllm:prefix_cache_hits_total`` (both in tokens), ``vllm:prompt_tokens_total`` and
+``vllm:generation_tokens_total``, each labelled ``model_name``.
+
+A collector reads the model when scraped instead of updating gauges on every step: the step loop
+stays free of metrics work, and the numbers can never drift from the engine's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from prefixroute.emulate._engine import EngineLoop
+
+
+class EngineCollector(Collector):
+    def __init__(self, engine: EngineLoop, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        eng = self.engine
+        model = eng.model
+        labels = [self.model_name]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric(labels, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric(labels, value)
+            return c
+
+        yield gauge(
+            "vllm:num_requests_running", "Requests in the running batch.", model.num_running
+        )
+        yield gauge(
+            "vllm:num_requests_waiting", "Requests waiting to be admitted.", model.num_waiting
+        )
+        yield gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", model.kv_usage
+        )
+        yield counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", eng.prefix_queries
+        )
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", eng.prefix_hits)
+        yield counter("vllm:prompt_tokens", "Prompt tokens admitted.", eng.prompt_tokens)
+        yield counter("vllm:generation_tokens", "Output tokens generated.", eng.generation_tokens)
+
+
+def make_registry(engine: EngineLoop, model_name: str) -> CollectorRegistry:
+    """A registry of this replica's own (never the process-global one)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(engine, model_name))
+    return registry

@@ -1,0 +1,201 @@
+"""OpenAI request parsing and response shapes, as vLLM's OpenAI server writes them.
+
+Shapes follow vLLM's ``CompletionResponse`` / ``ChatCompletionResponse`` and their stream
+chunks: compact JSON, ``usage`` with ``prompt_tokens_details.cached_tokens`` (what vLLM sends with
+``--enable-prompt-tokens-details``). A stream always ends with a usage chunk (``choices: []``)
+and ``data: [DONE]``, whatever ``stream_options.include_usage`` says, as vLLM does with
+``--enable-force-include-usage``: a router in front needs the cache hit of every request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from prefixroute.emulate._errors import InvalidRequest, ModelNotFound
+from prefixroute.emulate._tokenizer import filler, message_text, render_chat, tokenize
+
+DEFAULT_MAX_TOKENS = 16  # output tokens when the request does not say
+
+
+class Endpoint(StrEnum):
+    COMPLETIONS = "completions"
+    CHAT = "chat"
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    endpoint: Endpoint
+    tokens: list[int]  # prompt token ids (chat: the rendered template)
+    max_tokens: int  # output length, tokens
+    stream: bool
+
+
+def _dumps(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def parse_request(endpoint: Endpoint, body: object, served_model: str) -> ParsedRequest:
+    """Validate a request body; raises InvalidRequest (400) or ModelNotFound (404)."""
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != served_model:
+        raise ModelNotFound(f"The model `{model}` does not exist.")
+    if body.get("n") not in (None, 1):
+        raise InvalidRequest("only n=1 is supported", param="n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be a boolean", param="stream")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None and endpoint is Endpoint.CHAT:
+        max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise InvalidRequest("'max_tokens' must be a positive integer", param="max_tokens")
+    if endpoint is Endpoint.CHAT:
+        tokens = tokenize(render_chat(_messages(body.get("messages"))))
+    else:
+        tokens = _prompt_tokens(body.get("prompt"))
+    if not tokens:
+        raise InvalidRequest("the prompt is empty", param="prompt")
+    return ParsedRequest(endpoint, tokens, max_tokens, stream)
+
+
+def _messages(raw: object) -> list[tuple[str, str]]:
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequest("'messages' must be a non-empty list", param="messages")
+    out: list[tuple[str, str]] = []
+    for msg in raw:
+        if not isinstance(msg, Mapping) or not isinstance(msg.get("role"), str):
+            raise InvalidRequest("each message needs a string 'role'", param="messages")
+        try:
+            out.append((msg["role"], message_text(msg.get("content"))))
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="messages") from exc
+    return out
+
+
+def _prompt_tokens(prompt: object) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return tokenize(prompt)
+    if isinstance(prompt, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in prompt
+    ):
+        return list(prompt)
+    raise InvalidRequest(
+        "'prompt' must be a string or a list of token ids (one prompt per request)",
+        param="prompt",
+    )
+
+
+class ResponseWriter:
+    """Builds one request's response body or stream chunks."""
+
+    def __init__(self, parsed: ParsedRequest, model: str) -> None:
+        self.parsed = parsed
+        self.model = model
+        chat = parsed.endpoint is Endpoint.CHAT
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self._chat = chat
+
+    def usage(self, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+        prompt = len(self.parsed.tokens)
+        return {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        }
+
+    def _head(self, stream: bool) -> dict[str, Any]:
+        if self._chat:
+            obj = "chat.completion.chunk" if stream else "chat.completion"
+        else:
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    # --- non-streaming --------------------------------------------------------------------
+    def body(self, completion_tokens: int, cached_tokens: int) -> bytes:
+        text = filler(0, completion_tokens)
+        choice: dict[str, Any]
+        if self._chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+        out = self._head(stream=False)
+        out["choices"] = [choice]
+        out["usage"] = self.usage(completion_tokens, cached_tokens)
+        out["system_fingerprint"] = None
+        return _dumps(out).encode()
+
+    # --- streaming ------------------------------------------------------------------------
+    def token_events(self, start: int, stop: int) -> bytes:
+        """SSE events for output tokens ``start`` .. ``stop - 1`` (one event per token)."""
+        events: list[str] = []
+        if self._chat and start == 0:
+            events.append(self._chunk({"role": "assistant", "content": ""}, None))
+        last = self.parsed.max_tokens - 1
+        for i in range(start, stop):
+            finish = "length" if i == last else None
+            text = filler(i, i + 1)
+            events.append(self._chunk({"content": text} if self._chat else text, finish))
+        return "".join(events).encode()
+
+    def _chunk(self, delta: dict[str, str] | str, finish: str | None) -> str:
+        out = self._head(stream=True)
+        if isinstance(delta, dict):
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": delta, "logprobs": None}
+        choice["finish_reason"] = finish
+        choice["stop_reason"] = None
+        out["choices"] = [choice]
+        return f"data: {_dumps(out)}\n\n"
+
+    def usage_event(self, completion_tokens: int, cached_tokens: int) -> bytes:
+        out = self._head(stream=True)
+        out["choices"] = []
+        out["usage"] = self.usage(completion_tokens, cached_tokens)
+        return f"data: {_dumps(out)}\n\ndata: [DONE]\n\n".encode()
+
+
+def error_event(message: str, err_type: str, code: int) -> bytes:
+    """The event vLLM sends when a stream fails after it started, then ``[DONE]``."""
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+    return f"data: {_dumps(body)}\n\ndata: [DONE]\n\n".encode()
+
+
+def models_body(model: str, max_model_len: int, created: int) -> dict[str, Any]:
+    card = {
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": "prefixroute",
+        "root": model,
+        "parent": None,
+        "max_model_len": max_model_len,
+    }
+    return {"object": "list", "data": [card]}

@@ -1,0 +1,141 @@
+"""Running emulated replicas in-process: start on 127.0.0.1 ephemeral ports, stop or kill.
+
+Tests, ``prefixroute serve --emulate N`` and ``prefixroute bench`` all start replicas the same
+way, through :class:`EmulatedReplica` (one) or :class:`EmulatedCluster` (several), so the server
+settings, ``handler_cancellation`` included, are the same in tests and in production.
+
+``stop()`` is graceful (in-flight requests get ``shutdown_timeout_s`` to finish); ``kill()``
+imitates a crashed process: the listening socket closes and every open connection is reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from types import TracebackType
+
+from aiohttp import web
+
+from prefixroute.core import ConfigError
+from prefixroute.emulate._app import ENGINE, build_app
+from prefixroute.emulate._config import EmulatorConfig
+
+
+class EmulatedReplica:
+    """One emulated vLLM-like replica served by aiohttp in this process."""
+
+    def __init__(self, config: EmulatorConfig | None = None) -> None:
+        self.config = config or EmulatorConfig()
+        self.app = build_app(self.config)
+        self._runner: web.AppRunner | None = None
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:53211`` (available once started)."""
+        if self._url is None:
+            raise ConfigError("the emulated replica is not started")
+        return self._url
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    async def start(self) -> str:
+        """Bind and serve; returns the base URL."""
+        if self._runner is not None:
+            return self.url
+        runner = web.AppRunner(
+            self.app,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=self.config.shutdown_timeout_s,
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.config.host, self.config.port)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        host, port = runner.addresses[0][:2]
+        self._runner = runner
+        self._url = f"http://{host}:{port}"
+        return self._url
+
+    async def stop(self) -> None:
+        """Stop gracefully: no new connections, in-flight requests finish (up to the timeout)."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def kill(self) -> None:
+        """Stop abruptly, like a crashed process: close the socket, reset every connection."""
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        for site in list(runner.sites):
+            await site.stop()
+        server = runner.server
+        if server is not None:
+            for conn in server.connections:
+                if conn.transport is not None:
+                    conn.transport.abort()
+        await self.app[ENGINE].stop()
+        await asyncio.sleep(0)
+        await runner.cleanup()
+
+    async def __aenter__(self) -> EmulatedReplica:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+class EmulatedCluster:
+    """``n`` emulated replicas sharing one configuration (ports are picked per replica)."""
+
+    def __init__(self, n: int, config: EmulatorConfig | None = None) -> None:
+        if n < 1:
+            raise ConfigError(f"an emulated cluster needs at least one replica, got {n}")
+        base = config or EmulatorConfig()
+        # An explicit port is the first of ``n`` consecutive ports; 0 stays "any free port".
+        self.replicas = [
+            EmulatedReplica(dataclasses.replace(base, port=base.port + i if base.port else 0))
+            for i in range(n)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        return [r.url for r in self.replicas]
+
+    async def start(self) -> list[str]:
+        try:
+            for r in self.replicas:
+                await r.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self.urls
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(r.stop() for r in self.replicas))
+
+    async def __aenter__(self) -> EmulatedCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+async def start_replicas(n: int, config: EmulatorConfig | None = None) -> EmulatedCluster:
+    """Start ``n`` emulated replicas on 127.0.0.1 (free ports); stop them with ``.stop()``."""
+    cluster = EmulatedCluster(n, config)
+    await cluster.start()
+    return cluster

@@ -1,0 +1,108 @@
+"""``prefixroute emulate``: serve emulated replicas until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Coroutine
+from typing import Any
+
+from prefixroute.emulate._config import EmulatorConfig
+from prefixroute.emulate._server import EmulatedCluster
+from prefixroute.sim.replica import ReplicaConfig
+
+log = logging.getLogger("prefixroute.emulate")
+
+
+def add_parser(subparsers: Any) -> None:
+    d = ReplicaConfig()
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "emulate",
+        help="serve an emulated vLLM-like replica (OpenAI API, prefix cache, vLLM metrics)",
+        description="Serve emulated replicas: the simulator's replica model in real time behind "
+        "an OpenAI-compatible API, with usage.prompt_tokens_details.cached_tokens in every "
+        "response and vLLM-named Prometheus metrics on /metrics. Streams always end with a "
+        "usage chunk, as vLLM does with --enable-force-include-usage.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    p.add_argument(
+        "--port", type=int, default=8001, help="port; 0 = any free (default %(default)s)"
+    )
+    p.add_argument("--count", type=int, default=1, help="replicas on consecutive ports")
+    p.add_argument("--model", default="emulated", help="model name served (default %(default)s)")
+    p.add_argument("--kv-blocks", type=int, default=d.kv_capacity_blocks, help="KV cache, blocks")
+    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    p.add_argument(
+        "--prefill-rate", type=float, default=d.prefill_tokens_per_s, help="prefill tokens/s"
+    )
+    p.add_argument(
+        "--decode-step", type=float, default=d.decode_step_s, help="seconds per decode step"
+    )
+    p.add_argument("--step-tokens", type=int, default=d.step_tokens, help="token budget per step")
+    p.add_argument("--max-running", type=int, default=d.max_running, help="max batch, requests")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiply every duration (0.1 = ten times faster than real time)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="block-hash seed")
+    p.set_defaults(run=run)
+
+
+def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
+    engine = ReplicaConfig(
+        kv_capacity_blocks=args.kv_blocks,
+        block_size=args.block_size,
+        prefill_tokens_per_s=args.prefill_rate,
+        decode_step_s=args.decode_step,
+        step_tokens=args.step_tokens,
+        max_running=args.max_running,
+    )
+    return EmulatorConfig(
+        engine=engine,
+        model=args.model,
+        time_scale=args.time_scale,
+        host=args.host,
+        port=args.port,
+        hash_seed=args.seed,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = config_from_args(args)
+    run_until_signal(_serve(EmulatedCluster(args.count, config)))
+    return 0
+
+
+async def _serve(cluster: EmulatedCluster) -> None:
+    urls = await cluster.start()
+    try:
+        for url in urls:
+            log.info("emulated replica serving %s", url)
+        await _wait_for_signal()
+    finally:
+        await cluster.stop()
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def run_until_signal(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on uvloop when installed, else asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)

@@ -1,0 +1,181 @@
+"""The gateway's errors and the one table that maps every error to a status and a JSON body.
+
+Hierarchy (core errors first; gateway errors below ``GatewayError``)::
+
+    PrefixrouteError                      500 anything else we raise on purpose
+    ├── ConfigError                       400 a bad value in a request (or in an admin call)
+    ├── NoReplicaAvailable                503 no healthy replica serves the request
+    ├── RequestTooLarge                   400
+    └── GatewayError                      500
+        ├── BadRequest                    400 a request we cannot route
+        │   └── InvalidJSON               400 the body is not JSON
+        ├── Unauthorized                  401 admin call without the right bearer token
+        ├── NotFound                      404 an unknown admin resource
+        │   └── ModelNotFound             404 no replica serves the requested model
+        ├── Conflict                      409 adding a replica twice
+        ├── PayloadTooLarge               413 body over --max-body-bytes
+        ├── TooManyRequests               429 over --max-in-flight (Retry-After)
+        ├── Overloaded                    503 every candidate at its in-flight cap (Retry-After)
+        ├── ShuttingDown                  503 the gateway is draining for shutdown (Retry-After)
+        └── UpstreamError                 502 the replica failed before its response started
+            └── UpstreamTimeout           504 the replica did not answer in time
+
+aiohttp's own HTTP exceptions (an unknown path, a wrong method) keep their status. The lookup
+walks the exception's MRO, so a subclass without its own row gets its parent's. The middleware
+is the outermost layer: whatever escapes a handler becomes a JSON error, never a traceback.
+Once a streamed response has started the status cannot change; the relay ends such streams
+with an SSE error event itself, so no error ever reaches this table after the first byte.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from prefixroute.core import ConfigError, NoReplicaAvailable, PrefixrouteError, RequestTooLarge
+
+log = logging.getLogger(__name__)
+
+
+class GatewayError(PrefixrouteError):
+    """Base of the errors the gateway raises on purpose."""
+
+
+class BadRequest(GatewayError):
+    """The request cannot be routed as sent."""
+
+
+class InvalidJSON(BadRequest):
+    """The body is not valid JSON."""
+
+
+class Unauthorized(GatewayError):
+    """An admin call without the right bearer token."""
+
+
+class NotFound(GatewayError):
+    """An unknown resource (an admin replica id)."""
+
+
+class ModelNotFound(NotFound):
+    """No registered replica serves the requested model."""
+
+
+class Conflict(GatewayError):
+    """The resource exists already."""
+
+
+class PayloadTooLarge(GatewayError):
+    """The request body is larger than the configured limit."""
+
+
+class TooManyRequests(GatewayError):
+    """The gateway is at its total in-flight cap."""
+
+
+class Overloaded(GatewayError):
+    """Every candidate replica is at its in-flight cap."""
+
+
+class ShuttingDown(GatewayError):
+    """The gateway is shutting down and takes no new requests."""
+
+
+class UpstreamError(GatewayError):
+    """The replica failed (refused, reset, 5xx) before any response byte was relayed."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """The replica did not connect or answer within the configured timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSpec:
+    status: int  # HTTP status
+    type: str  # OpenAI error ``type``
+    code: str  # OpenAI error ``code``
+    retry_after: bool = False  # add Retry-After
+
+
+ERROR_TABLE: dict[type[BaseException], ErrorSpec] = {
+    PrefixrouteError: ErrorSpec(500, "internal_error", "internal_error"),
+    ConfigError: ErrorSpec(400, "invalid_request_error", "invalid_value"),
+    RequestTooLarge: ErrorSpec(400, "invalid_request_error", "context_length_exceeded"),
+    NoReplicaAvailable: ErrorSpec(503, "service_unavailable", "no_replica_available", True),
+    BadRequest: ErrorSpec(400, "invalid_request_error", "invalid_request"),
+    InvalidJSON: ErrorSpec(400, "invalid_request_error", "invalid_json"),
+    Unauthorized: ErrorSpec(401, "authentication_error", "invalid_api_key"),
+    NotFound: ErrorSpec(404, "invalid_request_error", "not_found"),
+    ModelNotFound: ErrorSpec(404, "invalid_request_error", "model_not_found"),
+    Conflict: ErrorSpec(409, "invalid_request_error", "conflict"),
+    PayloadTooLarge: ErrorSpec(413, "invalid_request_error", "request_too_large"),
+    TooManyRequests: ErrorSpec(429, "rate_limit_error", "too_many_requests", True),
+    Overloaded: ErrorSpec(503, "service_unavailable", "replicas_overloaded", True),
+    ShuttingDown: ErrorSpec(503, "service_unavailable", "shutting_down", True),
+    UpstreamError: ErrorSpec(502, "upstream_error", "bad_gateway"),
+    UpstreamTimeout: ErrorSpec(504, "upstream_error", "upstream_timeout"),
+}
+INTERNAL = ErrorSpec(500, "internal_error", "internal_error")
+
+
+def spec_for(exc: BaseException) -> ErrorSpec:
+    """The table row of the nearest class on ``exc``'s MRO (the catch-all row otherwise)."""
+    for cls in type(exc).__mro__:
+        spec = ERROR_TABLE.get(cls)
+        if spec is not None:
+            return spec
+    return INTERNAL
+
+
+_compact = functools.partial(json.dumps, separators=(",", ":"))
+
+
+def error_body(message: str, err_type: str, code: str | int | None) -> dict[str, object]:
+    return {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+
+
+def error_response(exc: BaseException, retry_after_s: int) -> web.Response:
+    """The JSON response for ``exc``."""
+    if isinstance(exc, web.HTTPException):  # aiohttp's own: unknown route, wrong method
+        body = error_body(exc.reason, "invalid_request_error", None)
+        return web.json_response(body, status=exc.status, dumps=_compact)
+    spec = spec_for(exc)
+    # Never show a foreign exception's text: it may carry internals.
+    message = str(exc) if isinstance(exc, PrefixrouteError) else "internal error"
+    headers = {"Retry-After": str(retry_after_s)} if spec.retry_after else None
+    body = error_body(message, spec.type, spec.code)
+    return web.json_response(body, status=spec.status, headers=headers, dumps=_compact)
+
+
+Observer = Callable[[web.Request, web.StreamResponse], None]
+
+
+def make_error_middleware(retry_after_s: int, observe: Observer | None = None) -> Middleware:
+    """The outermost middleware: maps errors, then shows ``observe`` the final response."""
+
+    @web.middleware
+    async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            response = error_response(exc, retry_after_s)
+        except Exception as exc:
+            if spec_for(exc).status == 500:
+                log.exception("unhandled error on %s %s", request.method, request.path)
+            response = error_response(exc, retry_after_s)
+        if observe is not None:
+            try:
+                observe(request, response)
+            except Exception:  # metrics must never turn a good response into an error
+                log.exception("response observer failed")
+        return response
+
+    return error_middleware

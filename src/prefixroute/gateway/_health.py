@@ -1,0 +1,118 @@
+"""Active health checks: probe every replica's ``/health`` each interval, learn its models.
+
+A probe is one GET with a short total timeout; any answer but 200 is a failure. A replica whose
+models are not known yet, or that is coming back, also gets ``GET /v1/models``, so requests that
+name a model reach only replicas that serve it. Results go to the registry, which decides.
+A healthy replica's ``/metrics`` is scraped in the same round for the engine's own load
+(``_scrape``); a replica without one (404) is not asked again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from prefixroute.gateway._config import GatewayConfig
+from prefixroute.gateway._registry import ReplicaRecord, ReplicaRegistry
+from prefixroute.gateway._scrape import parse_engine_load
+
+log = logging.getLogger(__name__)
+
+
+class HealthChecker:
+    def __init__(
+        self, registry: ReplicaRegistry, session: aiohttp.ClientSession, config: GatewayConfig
+    ) -> None:
+        self.registry = registry
+        self.session = session
+        self.config = config
+        self._timeout = aiohttp.ClientTimeout(total=config.health_timeout_s)
+        self._task: asyncio.Task[None] | None = None
+        self._no_metrics: set[str] = set()  # replicas whose /metrics answered 404
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="health")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            try:
+                await self.check_all()
+            except Exception:  # a bug here must not end health checking for good
+                log.exception("health check round failed")
+
+    async def check_all(self, first: bool = False) -> None:
+        await asyncio.gather(*(self.check(record, first) for record in self.registry))
+
+    async def check(self, record: ReplicaRecord, first: bool = False) -> bool:
+        """Probe one replica (and learn its models when needed); returns whether it answered.
+
+        ``first``: the replica was just registered (see ``ReplicaRegistry.record_probe``).
+        """
+        ok = await self._probe(record)
+        if ok and (record.models is None or not record.healthy):
+            await self.refresh_models(record)
+        if ok and self.config.scrape_metrics and record.url not in self._no_metrics:
+            await self.scrape(record)
+        self.registry.record_probe(record.id, ok, time.monotonic(), first)
+        return ok
+
+    async def scrape(self, record: ReplicaRecord) -> None:
+        try:
+            async with self.session.get(record.url + "/metrics", timeout=self._timeout) as resp:
+                if resp.status == 404:
+                    self._no_metrics.add(record.url)
+                if resp.status != 200:
+                    return
+                text = (await resp.read()).decode("utf-8", "replace")
+        except (aiohttp.ClientError, TimeoutError):
+            return
+        load = parse_engine_load(text)
+        if record.id in self.registry.router.replicas:
+            self.registry.router.loads.observe(
+                record.id,
+                kv_usage=load.kv_usage,
+                num_waiting=load.num_waiting,
+                num_running=load.num_running,
+            )
+
+    async def _probe(self, record: ReplicaRecord) -> bool:
+        try:
+            async with self.session.get(record.url + "/health", timeout=self._timeout) as resp:
+                await resp.read()
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def refresh_models(self, record: ReplicaRecord) -> None:
+        try:
+            async with self.session.get(record.url + "/v1/models", timeout=self._timeout) as resp:
+                if resp.status != 200:
+                    return
+                body = json.loads(await resp.read())
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return
+        cards = _cards(body)
+        if cards is not None:
+            self.registry.set_models(record.id, cards)
+
+
+def _cards(body: object) -> list[Mapping[str, Any]] | None:
+    if not isinstance(body, Mapping) or not isinstance(body.get("data"), list):
+        return None
+    return [c for c in body["data"] if isinstance(c, Mapping) and isinstance(c.get("id"), str)]

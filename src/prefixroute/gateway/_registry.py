@@ -1,0 +1,216 @@
+"""The replica registry: which replicas exist, what they serve, and whether they may get traffic.
+
+State machine of one replica (``failure_threshold`` = F, ``eject_s`` = E)::
+
+    healthy --F consecutive failures (requests or probes)--> unhealthy (out for at least E s)
+    unhealthy --a successful /health probe after E s--> healthy
+    any --admin drain--> draining (no new requests; in-flight ones finish)
+
+A request that succeeds resets the failure count; a probe that succeeds does not, so a replica
+whose ``/health`` answers while its completions fail still gets taken out. A new replica (at
+start or through the admin API) is probed at once: if it answers it takes traffic from the next
+request, without waiting for a probe period (policies see it cold, with an empty index, and fall
+back to load); if not, it starts unhealthy and comes in with its first successful probe.
+
+Pure bookkeeping, no I/O: probes live in ``_health``. The registry is the only place that makes
+:class:`ReplicaId` values (normalised base URLs), and it keeps the router's replica set in step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from prefixroute.core import ConfigError, NoReplicaAvailable, ReplicaId, Router
+from prefixroute.gateway._config import GatewayConfig
+from prefixroute.gateway._errors import Conflict, ModelNotFound, NotFound, Overloaded
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaStatus(StrEnum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    DRAINING = "draining"
+
+
+@dataclass(slots=True)
+class ReplicaRecord:
+    id: ReplicaId  # normalised base URL, e.g. "http://10.0.0.11:8000"
+    models: frozenset[str] | None = None  # model ids from /v1/models; None until known
+    model_cards: tuple[Mapping[str, Any], ...] = ()  # the /v1/models entries as sent
+    healthy: bool = True  # may get traffic (unless draining)
+    draining: bool = False  # drained by the admin: no new requests
+    failures: int = 0  # consecutive failures (requests and probes)
+    out_until: float = 0.0  # monotonic time before which it stays out, seconds
+    total_failures: int = 0  # failures since registration
+
+    @property
+    def url(self) -> str:
+        return str(self.id)
+
+    @property
+    def status(self) -> ReplicaStatus:
+        if self.draining:
+            return ReplicaStatus.DRAINING
+        return ReplicaStatus.HEALTHY if self.healthy else ReplicaStatus.UNHEALTHY
+
+    def serves(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+def normalize_url(url: str) -> ReplicaId:
+    """``http(s)://host:port[/prefix]`` without a trailing slash; raises ConfigError."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"a replica URL must be http(s)://host[:port], got {url!r}")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"a replica URL takes no query or fragment: {url!r}")
+    netloc = parts.netloc.lower()
+    return ReplicaId(f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}")
+
+
+class ReplicaRegistry:
+    """Replicas by id, kept in step with the router's replica set."""
+
+    def __init__(self, router: Router, config: GatewayConfig) -> None:
+        self.router = router
+        self.config = config
+        self._records: dict[ReplicaId, ReplicaRecord] = {}
+
+    # --- membership -----------------------------------------------------------------------
+    def add(self, url: str) -> ReplicaRecord:
+        rid = normalize_url(url)
+        if rid in self._records:
+            raise Conflict(f"replica {rid} is already registered")
+        record = self._records[rid] = ReplicaRecord(rid)
+        self.router.add_replica(rid)
+        log.info("replica %s added", rid)
+        return record
+
+    def remove(self, rid: ReplicaId) -> ReplicaRecord:
+        """Forget ``rid`` (no new requests; the ones in flight finish and are accounted)."""
+        record = self.get(rid)
+        in_flight = self.in_flight(rid)
+        del self._records[rid]
+        self.router.remove_replica(rid)
+        log.info("replica %s removed (%d requests still in flight)", rid, in_flight)
+        return record
+
+    def drain(self, rid: ReplicaId) -> ReplicaRecord:
+        record = self.get(rid)
+        if not record.draining:
+            record.draining = True
+            log.info("replica %s draining (%d in flight)", rid, self.in_flight(rid))
+        return record
+
+    def get(self, rid: ReplicaId) -> ReplicaRecord:
+        try:
+            return self._records[rid]
+        except KeyError:
+            raise NotFound(f"no replica {rid}") from None
+
+    def find(self, ref: str) -> ReplicaRecord:
+        """A record by its id as written in an admin path (URL-quoted or not)."""
+        try:
+            rid = normalize_url(unquote(ref))
+        except ConfigError as exc:
+            raise NotFound(f"no replica {ref!r}") from exc
+        return self.get(rid)
+
+    def __iter__(self) -> Iterator[ReplicaRecord]:
+        return iter(list(self._records.values()))
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def in_flight(self, rid: ReplicaId) -> int:
+        """Requests in flight on ``rid``, from the router's own load accounting."""
+        return self.router.loads.get(rid).in_flight if rid in self._records else 0
+
+    # --- routing --------------------------------------------------------------------------
+    def candidates(self, model: str | None, exclude: Sequence[ReplicaId] = ()) -> list[ReplicaId]:
+        """Replicas that may take a request for ``model`` now.
+
+        Raises ModelNotFound (no replica serves the model at all), NoReplicaAvailable (none
+        healthy) or Overloaded (every healthy one at its in-flight cap).
+        """
+        records = list(self._records.values())
+        if model is not None:
+            records = [r for r in records if r.serves(model)]
+            if not records and self._records:
+                raise ModelNotFound(f"the model {model!r} is not served by any replica")
+        ready = [r.id for r in records if r.healthy and not r.draining and r.id not in exclude]
+        if not ready:
+            raise NoReplicaAvailable("no healthy replica available for this request")
+        cap = self.config.max_in_flight_per_replica
+        loads = self.router.loads
+        free = [rid for rid in ready if loads.get(rid).in_flight < cap]
+        if not free:
+            raise Overloaded("every replica is at its in-flight limit; retry later")
+        return free
+
+    def model_cards(self) -> list[Mapping[str, Any]]:
+        """The union of the replicas' ``/v1/models`` entries, first seen wins per id."""
+        seen: dict[str, Mapping[str, Any]] = {}
+        for record in self._records.values():
+            for card in record.model_cards:
+                seen.setdefault(str(card.get("id")), card)
+        return list(seen.values())
+
+    # --- health ---------------------------------------------------------------------------
+    def record_success(self, rid: ReplicaId) -> None:
+        record = self._records.get(rid)
+        if record is not None:
+            record.failures = 0
+
+    def record_failure(self, rid: ReplicaId, now: float, why: str) -> None:
+        record = self._records.get(rid)
+        if record is None:
+            return
+        record.failures += 1
+        record.total_failures += 1
+        if record.healthy and record.failures >= self.config.failure_threshold:
+            record.healthy = False
+            record.out_until = now + self.config.eject_s
+            log.warning("replica %s taken out after %d failures (%s)", rid, record.failures, why)
+
+    def record_probe(self, rid: ReplicaId, ok: bool, now: float, first: bool = False) -> None:
+        """A probe's result. A replica that fails its very first probe starts out of rotation
+        (it comes in with the first probe that succeeds), instead of failing requests first."""
+        record = self._records.get(rid)
+        if record is None:
+            return
+        if not ok and first:
+            record.failures += 1
+            record.total_failures += 1
+            record.healthy = False
+            record.out_until = now
+        elif not ok:
+            self.record_failure(rid, now, "health probe failed")
+        elif not record.healthy and now >= record.out_until:
+            record.healthy = True
+            record.failures = 0
+            log.info("replica %s is healthy again", rid)
+
+    def set_models(self, rid: ReplicaId, cards: Sequence[Mapping[str, Any]]) -> None:
+        record = self._records.get(rid)
+        if record is not None:
+            record.model_cards = tuple(cards)
+            record.models = frozenset(str(c.get("id")) for c in cards)
+
+    def describe(self, record: ReplicaRecord) -> dict[str, Any]:
+        """The admin API's view of one replica."""
+        return {
+            "id": record.url,
+            "url": record.url,
+            "status": record.status.value,
+            "models": sorted(record.models) if record.models is not None else None,
+            "in_flight": self.in_flight(record.id),
+            "consecutive_failures": record.failures,
+            "total_failures": record.total_failures,
+        }

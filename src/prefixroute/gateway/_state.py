@@ -1,0 +1,34 @@
+"""The gateway's per-app objects, kept under one typed ``AppKey``.
+
+Everything is built by :func:`prefixroute.gateway.build_app` and handed down; there is no
+module-level state. ``proxy`` and ``health`` need the app's one ``ClientSession``, which exists
+only between startup and cleanup, so they are filled in by the session's ``cleanup_ctx``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from prefixroute.core import Router
+from prefixroute.gateway._config import GatewayConfig
+from prefixroute.gateway._health import HealthChecker
+from prefixroute.gateway._limits import Limits
+from prefixroute.gateway._metrics import GatewayMetrics
+from prefixroute.gateway._proxy import Proxy
+from prefixroute.gateway._registry import ReplicaRegistry
+
+
+@dataclass(slots=True)
+class GatewayState:
+    config: GatewayConfig
+    router: Router
+    registry: ReplicaRegistry
+    metrics: GatewayMetrics
+    limits: Limits
+    proxy: Proxy | None = None  # set while the app runs
+    health: HealthChecker | None = None  # set while the app runs
+
+
+STATE = web.AppKey("prefixroute.gateway.state", GatewayState)

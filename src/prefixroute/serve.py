@@ -1,0 +1,144 @@
+"""``prefixroute serve``: run the gateway until SIGINT/SIGTERM, then drain and stop.
+
+With no replica given (flags or config file), it starts ``--emulate N`` emulated replicas in
+this process and says so: the self-contained default that ``make demo`` can use. This command
+module is the only part of the gateway package that knows the emulator exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+from collections.abc import Coroutine
+from typing import Any
+
+from prefixroute.core import DEFAULT_POLICY, policy_names
+from prefixroute.emulate import EmulatedCluster, EmulatorConfig
+from prefixroute.gateway import CONFIG_HELP, Gateway, GatewayConfig, build_config, load_toml
+
+log = logging.getLogger("prefixroute.gateway")
+
+TOKEN_ENV = "PREFIXROUTE_ADMIN_TOKEN"
+
+
+def add_parser(subparsers: Any) -> None:
+    d = GatewayConfig()
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="run the prefix-aware gateway in front of OpenAI-compatible replicas",
+        description="An OpenAI-compatible gateway that routes each request to the replica "
+        "most likely to hold its prefix (or per --policy). Settings come from flags, then "
+        "--config, then defaults.",
+        epilog=CONFIG_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--host", help=f"address to bind (default {d.host})")
+    p.add_argument("--port", type=int, help=f"port to bind (default {d.port})")
+    p.add_argument(
+        "--replica", action="append", dest="replicas", metavar="URL", help="replica base URL"
+    )
+    p.add_argument(
+        "--policy", choices=policy_names(), help=f"routing policy (default {DEFAULT_POLICY})"
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML config file")
+    p.add_argument("--admin-token", help=f"bearer token of /admin/* (or ${TOKEN_ENV})")
+    p.add_argument(
+        "--emulate",
+        type=int,
+        default=4,
+        metavar="N",
+        help="with no replicas given, start N emulated replicas in-process (default 4)",
+    )
+    p.add_argument("--emulate-time-scale", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--block-chars", type=int, help=f"characters per routing block ({d.block_chars})"
+    )
+    p.add_argument("--max-body-bytes", type=int, help=f"request body limit ({d.max_body_bytes})")
+    p.add_argument("--max-in-flight", type=int, help=f"gateway in-flight cap ({d.max_in_flight})")
+    p.add_argument(
+        "--max-in-flight-per-replica",
+        type=int,
+        help=f"per-replica in-flight cap ({d.max_in_flight_per_replica})",
+    )
+    p.add_argument("--connect-timeout", type=float, dest="connect_timeout_s", help="seconds")
+    p.add_argument(
+        "--read-timeout", type=float, dest="read_timeout_s", help="upstream silence limit, s"
+    )
+    p.add_argument(
+        "--health-interval", type=float, dest="health_interval_s", help="probe period, s"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log every request (no text)")
+    p.set_defaults(run=run)
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    file_settings = load_toml(args.config) if args.config else {}
+    token = args.admin_token or os.environ.get(TOKEN_ENV) or None
+    return build_config(
+        file_settings,
+        host=args.host,
+        port=args.port,
+        replicas=args.replicas,
+        policy=args.policy,
+        admin_token=token,
+        block_chars=args.block_chars,
+        max_body_bytes=args.max_body_bytes,
+        max_in_flight=args.max_in_flight,
+        max_in_flight_per_replica=args.max_in_flight_per_replica,
+        connect_timeout_s=args.connect_timeout_s,
+        read_timeout_s=args.read_timeout_s,
+        health_interval_s=args.health_interval_s,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    level = logging.DEBUG if args.verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = config_from_args(args)  # errors (ConfigError) surface before anything starts
+    run_until_signal(_serve(config, args.emulate, args.emulate_time_scale))
+    return 0
+
+
+async def _serve(config: GatewayConfig, emulate: int, time_scale: float) -> None:
+    cluster: EmulatedCluster | None = None
+    if not config.replicas:
+        cluster = EmulatedCluster(emulate, EmulatorConfig(time_scale=time_scale))
+        urls = await cluster.start()
+        log.info("no replicas given: started %d emulated replicas: %s", emulate, ", ".join(urls))
+        config = dataclasses.replace(config, replicas=tuple(urls))
+    gateway = Gateway(config)
+    try:
+        url = await gateway.start()
+        log.info(
+            "gateway serving %s (policy %s, %d replicas)", url, config.policy, len(config.replicas)
+        )
+        await _wait_for_signal()
+        log.info("draining in-flight requests (up to %.0f s)", config.shutdown_timeout_s)
+    finally:
+        await gateway.stop()
+        if cluster is not None:
+            await cluster.stop()
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def run_until_signal(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on uvloop when installed, else asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)

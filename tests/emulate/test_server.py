@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from prefixroute.cli import build_parser
+from prefixroute.core import ConfigError
+from prefixroute.emulate import EmulatedCluster, EmulatedReplica, EmulatorConfig, start_replicas
+from prefixroute.emulate.command import config_from_args
+
+
+async def test_cluster_starts_on_distinct_ports_and_stops() -> None:
+    cluster = await start_replicas(3, EmulatorConfig(time_scale=0.01))
+    urls = cluster.urls
+    assert len(set(urls)) == 3 and all(u.startswith("http://127.0.0.1:") for u in urls)
+    await cluster.stop()
+    async with aiohttp.ClientSession() as s:
+        with pytest.raises(aiohttp.ClientConnectorError):
+            await s.get(urls[0] + "/health")
+
+
+async def test_kill_resets_open_connections() -> None:
+    replica = EmulatedReplica(EmulatorConfig(time_scale=1.0))
+    await replica.start()
+    async with aiohttp.ClientSession() as s:
+        resp = await s.post(
+            replica.url + "/v1/completions", json={"prompt": "a", "max_tokens": 500, "stream": True}
+        )
+        try:
+            await resp.content.readuntil(b"\n\n")
+            await replica.kill()
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.content.read()
+        finally:
+            resp.close()
+        assert not replica.running
+
+
+def test_bad_settings() -> None:
+    with pytest.raises(ConfigError):
+        EmulatorConfig(time_scale=0)
+    with pytest.raises(ConfigError):
+        EmulatedCluster(0)
+    with pytest.raises(ConfigError):
+        _ = EmulatedReplica().url  # not started
+
+
+def test_command_line_mirrors_the_replica_config() -> None:
+    args = build_parser().parse_args(
+        ["emulate", "--kv-blocks", "100", "--block-size", "4", "--time-scale", "0.5",
+         "--model", "m", "--port", "0", "--prefill-rate", "5000", "--decode-step", "0.01",
+         "--step-tokens", "512", "--max-running", "8"]
+    )  # fmt: skip
+    cfg = config_from_args(args)
+    assert (cfg.model, cfg.time_scale, cfg.port) == ("m", 0.5, 0)
+    e = cfg.engine
+    assert (e.kv_capacity_blocks, e.block_size, e.step_tokens, e.max_running) == (100, 4, 512, 8)
+    assert (e.prefill_tokens_per_s, e.decode_step_s) == (5000, 0.01)

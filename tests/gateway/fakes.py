@@ -1,0 +1,119 @@
+"""Fake replicas for gateway tests: a handler function behind a real socket (no patching).
+
+``FakeReplica`` serves whatever its handler returns and records the requests it saw.
+``SilentReplica`` accepts TCP connections, reads, and never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+MODEL = "emulated"
+
+
+def completion_body(cached: int = 0, prompt: int = 10) -> bytes:
+    return json.dumps(
+        {
+            "id": "cmpl-fake",
+            "object": "text_completion",
+            "created": 0,
+            "model": MODEL,
+            "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": 1,
+                "total_tokens": prompt + 1,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
+        }
+    ).encode()
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class FakeReplica:
+    handler: Handler | None = None  # None: answer a fixed completion
+    failing: bool = False  # when set: /health and everything else answer 500
+    models: tuple[str, ...] = (MODEL,)
+    seen: list[Seen] = field(default_factory=list)
+    url: str = ""
+    _runner: web.AppRunner | None = None
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        if self.failing:
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        if request.path == "/health":
+            return web.Response()
+        if request.path == "/v1/models":
+            cards = [{"id": m, "object": "model"} for m in self.models]
+            return web.json_response({"object": "list", "data": cards})
+        body = await request.read()
+        self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), body))
+        if self.handler is not None:
+            return await self.handler(request)
+        return web.Response(body=completion_body(), content_type="application/json")
+
+
+class SilentReplica:
+    """Answers ``GET /health``; accepts every other request and never sends a byte of it."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if not head.startswith(b"GET /health "):
+                    break  # hang: read whatever comes, answer nothing
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+            while await reader.read(65536):
+                pass
+
+    async def stop(self) -> None:
+        for w in self._writers:
+            w.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

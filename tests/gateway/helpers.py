@@ -1,0 +1,98 @@
+"""Client-side helpers for gateway tests: send one request, read it to the end, summarise."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from prefixroute.emulate import EmulatedCluster, EmulatorConfig
+from prefixroute.gateway import Gateway, GatewayConfig
+from prefixroute.sim.replica import ReplicaConfig
+
+# Block size 1 makes cache counts token-exact; time runs 100x faster than real time.
+FAST_REPLICA = EmulatorConfig(ReplicaConfig(block_size=1), time_scale=0.01)
+# Fast health checking so ejection and readmission take tens of milliseconds.
+FAST_GATEWAY = GatewayConfig(
+    port=0,
+    health_interval_s=0.05,
+    health_timeout_s=0.2,
+    eject_s=0.1,
+    read_timeout_s=5.0,
+    connect_timeout_s=1.0,
+    shutdown_timeout_s=5.0,
+)
+
+ClusterFactory = Callable[..., Awaitable[EmulatedCluster]]
+GatewayFactory = Callable[..., Awaitable[Gateway]]
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: Any  # parsed JSON (plain), or the list of parsed data events (stream)
+    usage: dict[str, Any] | None
+    done: bool  # a stream ended with data: [DONE] (plain: always True)
+    error: dict[str, Any] | None  # an error body or error event
+    text: str  # assistant text (completion text or chat content)
+
+    @property
+    def uncached(self) -> int:
+        assert self.usage is not None, self
+        return int(
+            self.usage["prompt_tokens"] - self.usage["prompt_tokens_details"]["cached_tokens"]
+        )
+
+    @property
+    def complete(self) -> bool:
+        return self.status == 200 and self.done and self.error is None and self.usage is not None
+
+
+def parse_stream(raw: str) -> tuple[list[Any], bool]:
+    events: list[Any] = []
+    done = False
+    for block in raw.split("\n\n"):
+        for line in block.splitlines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                done = True
+            else:
+                events.append(json.loads(payload))
+    return events, done
+
+
+async def send(
+    session: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any], **kw: Any
+) -> Reply:
+    async with session.post(url + path, json=body, **kw) as resp:
+        raw = await resp.text()
+        headers = dict(resp.headers)
+        if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+            events, done = parse_stream(raw)
+            usage = next((e["usage"] for e in reversed(events) if e.get("usage")), None)
+            error = next((e["error"] for e in events if "error" in e), None)
+            text = "".join(
+                c.get("text") or c.get("delta", {}).get("content") or ""
+                for e in events
+                for c in e.get("choices", [])
+            )
+            return Reply(resp.status, headers, events, usage, done, error, text)
+        obj = json.loads(raw) if raw else None
+        error = obj.get("error") if isinstance(obj, dict) else None
+        usage = obj.get("usage") if isinstance(obj, dict) else None
+        text = ""
+        if isinstance(obj, dict) and obj.get("choices"):
+            c = obj["choices"][0]
+            text = c.get("text") or c.get("message", {}).get("content") or ""
+        return Reply(resp.status, headers, obj, usage, True, error, text)
+
+
+def words(n: int) -> str:
+    """The article's prompts: ``w0 w1 ... w{n-1}``; each is a prefix of any longer one."""
+    return " ".join(f"w{i}" for i in range(n))

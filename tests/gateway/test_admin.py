@@ -1,0 +1,107 @@
+"""The admin API: bearer token, list / add / drain / remove, new replicas get traffic at once."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import aiohttp
+
+from .helpers import ClusterFactory, GatewayFactory, send
+
+TOKEN = "s3cret-admin-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def test_wrong_or_missing_token_is_401(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    cluster = await make_cluster(1)
+    gw = await make_gateway(cluster.urls, admin_token=TOKEN)
+    bad = [
+        {},
+        {"Authorization": "Bearer wrong-token"},
+        {"Authorization": TOKEN},
+        {"Authorization": f"Basic {TOKEN}"},
+    ]
+    for headers in bad:
+        async with session.get(gw.url + "/admin/replicas", headers=headers) as resp:
+            assert resp.status == 401
+            assert (await resp.json())["error"]["type"] == "authentication_error"
+        async with session.post(
+            gw.url + "/admin/replicas", json={"url": "http://127.0.0.1:1"}, headers=headers
+        ) as resp:
+            assert resp.status == 401
+    assert len(gw.registry) == 1
+
+
+async def test_admin_api_is_absent_without_a_token(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    cluster = await make_cluster(1)
+    gw = await make_gateway(cluster.urls)
+    async with session.get(gw.url + "/admin/replicas", headers=AUTH) as resp:
+        assert resp.status == 404
+
+
+async def test_list_add_drain_remove(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    cluster = await make_cluster(2)
+    first, second = cluster.urls
+    gw = await make_gateway([first], admin_token=TOKEN, policy="round_robin")
+    api = gw.url + "/admin/replicas"
+
+    async with session.get(api, headers=AUTH) as resp:
+        listed = (await resp.json())["replicas"]
+    assert [(r["url"], r["status"], r["models"]) for r in listed] == [
+        (first, "healthy", ["emulated"])
+    ]
+
+    async with session.post(api, json={"url": second + "/"}, headers=AUTH) as resp:
+        assert resp.status == 201
+        added = (await resp.json())["replica"]
+    assert added["url"] == second and added["status"] == "healthy"
+    async with session.post(api, json={"url": second}, headers=AUTH) as resp:
+        assert resp.status == 409
+    async with session.post(api, json={"url": "ftp://x"}, headers=AUTH) as resp:
+        assert resp.status == 400
+
+    # The new replica takes traffic from the next request on.
+    served = [
+        (await send(session, gw.url, "/v1/completions", {"prompt": "a"})).headers[
+            "x-prefixroute-replica"
+        ]
+        for _ in range(4)
+    ]
+    assert set(served) == {first, second}
+
+    async with session.post(f"{api}/{quote(first, safe='')}/drain", headers=AUTH) as resp:
+        assert resp.status == 200
+        assert (await resp.json())["replica"]["status"] == "draining"
+    for _ in range(3):
+        r = await send(session, gw.url, "/v1/completions", {"prompt": "a"})
+        assert r.headers["x-prefixroute-replica"] == second
+
+    async with session.delete(f"{api}/{quote(second, safe='')}", headers=AUTH) as resp:
+        assert resp.status == 200
+    async with session.delete(f"{api}/{quote(second, safe='')}", headers=AUTH) as resp:
+        assert resp.status == 404
+    async with session.get(api, headers=AUTH) as resp:
+        assert [r["url"] for r in (await resp.json())["replicas"]] == [first]
+    r = await send(session, gw.url, "/v1/completions", {"prompt": "a"})
+    assert r.status == 503  # the only replica left is draining
+
+
+async def test_a_replica_that_does_not_answer_starts_out(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    cluster = await make_cluster(1)
+    gw = await make_gateway(cluster.urls, admin_token=TOKEN)
+    async with session.post(
+        gw.url + "/admin/replicas", json={"url": "http://127.0.0.1:9"}, headers=AUTH
+    ) as resp:
+        assert resp.status == 201
+        assert (await resp.json())["replica"]["status"] == "unhealthy"
+    for _ in range(3):
+        r = await send(session, gw.url, "/v1/completions", {"prompt": "a"})
+        assert r.complete and r.headers["x-prefixroute-replica"] == cluster.urls[0]

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import pytest
+
+from prefixroute.core import NoReplicaAvailable, ReplicaId, Router, make_policy
+from prefixroute.gateway import GatewayConfig, ReplicaRegistry, ReplicaStatus
+from prefixroute.gateway._errors import Conflict, ModelNotFound, NotFound, Overloaded
+from prefixroute.gateway._registry import normalize_url
+
+A, B = "http://a:1", "http://b:2"
+
+
+def _registry(**settings: object) -> ReplicaRegistry:
+    config = GatewayConfig(failure_threshold=2, eject_s=10.0, **settings)  # type: ignore[arg-type]
+    registry = ReplicaRegistry(Router(make_policy("round_robin")), config)
+    registry.add(A)
+    registry.add(B)
+    return registry
+
+
+def test_urls_are_normalised() -> None:
+    assert normalize_url("HTTP://Host:80/") == "http://host:80"
+    assert normalize_url("https://h/prefix/") == "https://h/prefix"
+    for bad in ("h:80", "ftp://h", "http://h?x=1", "http://"):
+        with pytest.raises(Exception, match="replica URL"):
+            normalize_url(bad)
+
+
+def test_membership_keeps_the_router_in_step() -> None:
+    reg = _registry()
+    assert reg.router.replicas == [A, B]
+    with pytest.raises(Conflict):
+        reg.add(A + "/")
+    reg.remove(ReplicaId(A))
+    assert reg.router.replicas == [B]
+    with pytest.raises(NotFound):
+        reg.find("http%3A%2F%2Fa%3A1")
+    assert reg.find("http%3A%2F%2Fb%3A2").url == B
+
+
+def test_failures_eject_and_probes_readmit_after_eject_time() -> None:
+    reg = _registry()
+    a = reg.get(ReplicaId(A))
+    reg.record_failure(a.id, now=0.0, why="x")
+    reg.record_success(a.id)  # a success resets the count
+    reg.record_failure(a.id, now=1.0, why="x")
+    assert a.status is ReplicaStatus.HEALTHY
+    reg.record_failure(a.id, now=2.0, why="x")
+    assert a.status is ReplicaStatus.UNHEALTHY
+    assert reg.candidates(None) == [B]
+    reg.record_probe(a.id, ok=True, now=5.0)  # too early: out for eject_s
+    assert a.status is ReplicaStatus.UNHEALTHY
+    reg.record_probe(a.id, ok=True, now=12.5)
+    assert a.status is ReplicaStatus.HEALTHY and a.failures == 0
+
+
+def test_candidates_by_model_health_and_cap() -> None:
+    reg = _registry(max_in_flight_per_replica=1)
+    reg.set_models(ReplicaId(A), [{"id": "m1"}])
+    reg.set_models(ReplicaId(B), [{"id": "m1"}, {"id": "m2"}])
+    assert reg.candidates("m2") == [B]
+    assert reg.candidates("m1", exclude=[ReplicaId(B)]) == [A]
+    with pytest.raises(ModelNotFound):
+        reg.candidates("m3")
+    reg.drain(ReplicaId(B))
+    with pytest.raises(NoReplicaAvailable):
+        reg.candidates("m2")
+    view = reg.router.view("r1", text="x")
+    reg.router.route(view, 0.0, [ReplicaId(A)])
+    with pytest.raises(Overloaded):
+        reg.candidates("m1")
+    reg.router.complete("r1", 1.0)
+    assert reg.candidates("m1") == [A]
+    assert sorted(c["id"] for c in reg.model_cards()) == ["m1", "m2"]
+
+
+def test_remove_and_re_add_with_requests_in_flight() -> None:
+    reg = _registry()
+    a = ReplicaId(A)
+    reg.router.route(reg.router.view("r1", text="x"), 0.0, [a])
+    reg.remove(a)
+    assert a not in reg.router.replicas
+    reg.add(A)  # back while "r1" still runs: its completion must not touch the new load
+    reg.router.complete("r1", 1.0)
+    assert reg.in_flight(a) == 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import random
 import time
 import tracemalloc
 from collections import OrderedDict
@@ -43,7 +42,7 @@ def bench_hashing(rng: np.random.Generator) -> None:
         tokens = rng.integers(0, 2**31, n, dtype=np.uint32)
         ours = _median_us(lambda t=tokens: hasher.hash_tokens(t), 50)
         base = _median_us(lambda t=tokens: sha256_chain(t, BLOCK), 50)
-        text = "".join(chr(97 + int(x) % 26) for x in tokens[: n // 1]) * 4
+        text = "".join(chr(97 + int(x) % 26) for x in tokens) * 4
         chars = _median_us(lambda s=text: BlockHasher(64).hash_text(s), 50)
         print(
             f"  {n:>6} tokens: {ours:8.1f} µs ({n / ours:6.1f} Mtok/s)  sha256 {base:8.1f} µs"
@@ -60,17 +59,17 @@ def _median_us(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
     return float(np.median(times)) / 1000.0
 
 
-def filled_router(policy: str, rng: random.Random) -> tuple[Router, list[list[int]]]:
+def filled_router(policy: str, rng: np.random.Generator) -> tuple[Router, list[np.ndarray]]:
     """A router whose index holds ~1M blocks over 16 replicas, built from shared-prefix chains."""
     router = Router(make_policy(policy), BlockHasher(BLOCK), seed=1)
     for i in range(REPLICAS):
         router.add_replica(ReplicaId(f"r{i}"))
-    systems = [[rng.randrange(2**31) for _ in range(2_048)] for _ in range(64)]
-    per_chain = 4_096  # tokens
+    systems = [rng.integers(0, 2**31, 2_048, dtype=np.uint32) for _ in range(64)]
     i = 0
     while len(router.index) < INDEX_BLOCKS:
-        sys_prompt = systems[i % len(systems)]
-        tokens = sys_prompt + [rng.randrange(2**31) for _ in range(per_chain - len(sys_prompt))]
+        tokens = np.concatenate(
+            [systems[i % len(systems)], rng.integers(0, 2**31, 2_048, dtype=np.uint32)]
+        )
         view = router.view(f"fill{i}", tokens=tokens)
         router.index.insert(ReplicaId(f"r{i % REPLICAS}"), view.block_hashes)
         i += 1
@@ -79,20 +78,30 @@ def filled_router(policy: str, rng: random.Random) -> tuple[Router, list[list[in
 
 def bench_decisions() -> None:
     print(f"\n## decision time: {REPLICAS} replicas, index of {INDEX_BLOCKS:,} blocks (µs)")
-    rng = random.Random(7)
+    print("   (Router.route: policy + index match + index insert + load bookkeeping; the prompt")
+    print("    is hashed once beforehand, in Router.view, and timed above)")
+    rng = np.random.default_rng(7)
     router, systems = filled_router("round_robin", rng)
     print(f"  index: {len(router.index):,} distinct blocks, {router.index.entries:,} entries")
     baseline: dict[int, float] = {}
-    for policy in ("round_robin", "least_loaded", "cache_aware", "prefix_affinity",
-                   "weighted_scorer", "kv_cost", "predicted_ttft"):
+    policies = (
+        "round_robin",
+        "least_loaded",
+        "cache_aware",
+        "prefix_affinity",
+        "weighted_scorer",
+        "kv_cost",
+        "predicted_ttft",
+    )
+    for policy in policies:
         router.policy = make_policy(policy)
         row = []
         for n in PROMPTS:
             times = []
             for k in range(300):
-                sys_prompt = systems[k % len(systems)]
-                tokens = sys_prompt + [rng.randrange(2**31) for _ in range(n - len(sys_prompt))]
-                view = router.view(f"{policy}{n}-{k}", tokens=tokens[:n])
+                head = systems[k % len(systems)][: min(n, 2_048)]
+                tail = rng.integers(0, 2**31, max(0, n - len(head)), dtype=np.uint32)
+                view = router.view(f"{policy}{n}-{k}", tokens=np.concatenate([head, tail]))
                 t0 = time.perf_counter_ns()
                 router.route(view, now=float(k))
                 times.append(time.perf_counter_ns() - t0)
@@ -107,8 +116,8 @@ def bench_decisions() -> None:
 
 def bench_memory() -> None:
     print("\n## index memory per block (tracemalloc), 200k blocks over 16 replicas")
-    rng = random.Random(3)
-    chains = [[rng.randrange(2**31) for _ in range(1_024)] for _ in range(3_125)]
+    rng = np.random.default_rng(3)
+    chains = [rng.integers(0, 2**31, 1_024, dtype=np.uint32) for _ in range(3_125)]
     hasher = BlockHasher(BLOCK)
     hashed = [hasher.hash_tokens(c) for c in chains]
     blocks = sum(len(h) for h in hashed)

@@ -232,3 +232,16 @@ def test_dispatching_a_live_request_id_again_does_not_leak_load() -> None:
     tracker.complete("a", now=1.0)
     tracker.complete("a", now=1.0)
     assert_idle(tracker, R0)  # today: in_flight == 1 forever
+
+
+def test_arrival_rate_and_mean_uncached_decay() -> None:
+    tracker = LoadTracker()
+    for i in range(10):
+        view = RequestView(f"a{i}", (), 1, 300, 300)
+        tracker.dispatch(view, Decision(ReplicaId("r0"), DecisionReason.LEAST_LOADED, 100), 0.0)
+    load = tracker[ReplicaId("r0")]
+    assert load.arrival_rate(0.0) == pytest.approx(10 / THROUGHPUT_WINDOW_S)
+    assert load.mean_uncached() == pytest.approx(200)
+    assert load.arrival_rate(THROUGHPUT_WINDOW_S) == pytest.approx(
+        10 / THROUGHPUT_WINDOW_S / math.e
+    )

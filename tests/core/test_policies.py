@@ -478,7 +478,8 @@ def miss_penalty(policy: str = "predicted_ttft") -> float:
 def pure_ttft() -> dict[str, Any]:
     """Parameters that make predicted_ttft score plain predicted TTFT (no extra penalties)."""
     fields = {f.name for f in dataclasses.fields(POLICIES["predicted_ttft"][1])}
-    return {knob: 0.0 for knob in ("miss_penalty", "interference") if knob in fields}
+    knobs = ("miss_penalty", "interference", "arrivals")
+    return {knob: 0.0 for knob in knobs if knob in fields}
 
 
 @pytest.mark.parametrize(("queued", "stays"), [(900, True), (1100, False), (5000, False)])
@@ -650,3 +651,18 @@ def test_parse_policy_list() -> None:
         parse_policy_list(" , ")
     with pytest.raises(UnknownPolicy, match="nope"):
         parse_policy_list("round_robin,nope")
+
+
+def test_predicted_ttft_sends_a_long_cold_prompt_where_fewer_requests_arrive() -> None:
+    # Equal queues (one decoding request each), but R0 has received many short requests
+    # lately: their chunks would ride along in the later steps of a 5,000-token prefill.
+    router = make_router("predicted_ttft", n=2)
+    busy(router, R0, prompt=100, prefilled=True)
+    busy(router, R1, prompt=100, prefilled=True)
+    for i in range(20):  # recent arrivals on R0, already finished
+        rid = f"recent{i}"
+        view = RequestView(rid, (), 1, 200, 200)
+        router.loads.dispatch(view, Decision(R0, DecisionReason.LEAST_LOADED, 0), 0.0)
+        router.loads.complete(rid, 0.0)
+    d = route(router, tokens(5_000, start=70_000))
+    assert d.replica == R1

@@ -31,6 +31,9 @@ class ReplicaLoad:
     num_running: int | None = None  # requests in the engine's running batch
     _tokens_acc: float = 0.0  # decayed sum of tokens processed, tokens
     _tokens_at: float = 0.0  # time of the last decay, seconds
+    _arrivals_acc: float = 0.0  # decayed count of requests dispatched here, requests
+    _uncached_acc: float = 0.0  # decayed sum of their predicted uncached tokens, tokens
+    _arrivals_at: float = 0.0  # time of the last decay, seconds
 
     @property
     def decoding(self) -> int:
@@ -42,6 +45,21 @@ class ReplicaLoad:
         return self._tokens_acc * math.exp(-(now - self._tokens_at) / THROUGHPUT_WINDOW_S) / (
             THROUGHPUT_WINDOW_S
         )
+
+    def arrival_rate(self, now: float) -> float:
+        """Recent requests dispatched here per second, exponentially decayed."""
+        decay = math.exp(-(now - self._arrivals_at) / THROUGHPUT_WINDOW_S)
+        return self._arrivals_acc * decay / THROUGHPUT_WINDOW_S
+
+    def mean_uncached(self) -> float:
+        """Mean predicted uncached tokens of recent requests dispatched here, tokens."""
+        return self._uncached_acc / self._arrivals_acc if self._arrivals_acc else 0.0
+
+    def _add_arrival(self, uncached: int, now: float) -> None:
+        decay = math.exp(-(now - self._arrivals_at) / THROUGHPUT_WINDOW_S)
+        self._arrivals_acc = self._arrivals_acc * decay + 1.0
+        self._uncached_acc = self._uncached_acc * decay + uncached
+        self._arrivals_at = now
 
     def _add_tokens(self, tokens: int, now: float) -> None:
         decay = math.exp(-(now - self._tokens_at) / THROUGHPUT_WINDOW_S)
@@ -102,6 +120,7 @@ class LoadTracker:
         load.in_flight += 1
         load.prefilling += 1
         load.queued_prefill_tokens += uncached
+        load._add_arrival(uncached, now)
         load.active_blocks += blocks
 
     def first_token(self, request_id: str, now: float) -> None:

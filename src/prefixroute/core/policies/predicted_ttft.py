@@ -5,6 +5,9 @@ For every candidate it predicts the time to first token if the request joined th
     ttft(r) = (queued_prefill(r) + uncached(r)) / prefill_rate    # work ahead + ours
             + steps(r) * decode_step_s   if r is decoding    # shared batches
             + decode_step_s / 2          if r is decoding    # rest of the step in progress
+            + arrival_rate(r) * ttft * mean_uncached(r) / prefill_rate
+                                         if our prompt spans several steps (chunks of requests
+                                         arriving meanwhile share those steps)
 
 where ``uncached(r)`` is the prompt minus what the index says ``r`` has cached. A long match on a
 replica with a long queue loses to a short queue elsewhere exactly when the queue costs more than
@@ -42,6 +45,7 @@ class PredictedTTFTConfig:
     tie_tolerance_s: float = 0.002  # predictions this close count as equal, seconds
     miss_penalty: float = 0.5  # weight of our uncached tokens as work later arrivals wait for
     interference: float = 1.0  # weight of the delay our first chunk adds to prefills under way
+    arrivals: float = 1.0  # weight of the chunks that later arrivals add to our prefill steps
 
     def __post_init__(self) -> None:
         if self.prefill_tokens_per_s <= 0 or self.step_tokens < 1:
@@ -55,9 +59,10 @@ class PredictedTTFT:
 
     def predict(self, ctx: RoutingContext, replica: ReplicaId) -> float:
         """Predicted TTFT of this request on ``replica``, seconds."""
-        return self._ttft(ctx.load(replica), ctx.request.prompt_tokens - ctx.cached[replica])
+        load = ctx.load(replica)
+        return self._ttft(load, ctx.request.prompt_tokens - ctx.cached[replica], ctx.now)
 
-    def _ttft(self, load: ReplicaLoad, uncached: int) -> float:
+    def _ttft(self, load: ReplicaLoad, uncached: int, now: float) -> float:
         cfg = self.config
         work = load.queued_prefill_tokens + uncached
         ttft = work / cfg.prefill_tokens_per_s
@@ -65,6 +70,12 @@ class PredictedTTFT:
             # Each batch step that carries our prefill also carries the decodes, and we arrive
             # on average halfway through a step already running.
             ttft += (-(-work // cfg.step_tokens) + 0.5) * cfg.decode_step_s
+        if cfg.arrivals and uncached > cfg.step_tokens:
+            # A prompt longer than one step shares its later steps with requests that arrive
+            # meanwhile (they are admitted into the leftover budget): at this replica's recent
+            # arrival rate, that many more chunks will ride along before our first token.
+            more = load.arrival_rate(now) * ttft * load.mean_uncached()
+            ttft += cfg.arrivals * more / cfg.prefill_tokens_per_s
         return ttft
 
     def cost_to_others(self, ctx: RoutingContext, replica: ReplicaId) -> float:
@@ -93,7 +104,7 @@ class PredictedTTFT:
         for r in ctx.candidates:
             load = ctx.load(r)
             uncached = prompt - cached[r]
-            scored.append((self._ttft(load, uncached) + self._cost(load, uncached), r))
+            scored.append((self._ttft(load, uncached, ctx.now) + self._cost(load, uncached), r))
         best_ttft = min(scored)[0]
         near = [r for t, r in scored if t <= best_ttft + cfg.tie_tolerance_s]
         if len(near) > 1:

@@ -73,3 +73,22 @@ def test_unknown_policy_and_workload_are_one_line_errors(
     assert "nope" in capsys.readouterr().err
     assert main(["simulate", "--workload", "multi-turn", "--set", "bogus=1"]) == 2
     assert "bogus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--block-size", "0"], "--block-size"),
+        (["--replicas", "0"], "--replicas"),
+        (["--policy-param", "cache_aware.cache_threshold=0.5"], "does not run"),
+        (["-p", "cache_aware", "--policy-param", "cache_aware.nope=1"], "no parameter nope"),
+        (["-p", "cache_aware", "--policy-param", "cache_aware.cache_threshold=x"], "bad"),
+        (["-w", "seed-conversation", "--plot", "/proc/no/such.png"], "cannot write plot"),
+    ],
+)
+def test_bad_simulate_flags_are_one_line_errors(
+    capsys: pytest.CaptureFixture[str], args: list[str], needle: str
+) -> None:
+    assert main(["simulate", *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err

@@ -79,7 +79,7 @@ async def _run_emulated(args: argparse.Namespace, workload: Workload) -> list[Re
     from prefixroute.emulate import EmulatorConfig, start_replicas
     from prefixroute.gateway import Gateway, GatewayConfig
 
-    block = args.block_size or max(workload.block_size, 1)
+    block = args.block_size or workload.block_size
     engine = ReplicaConfig(kv_capacity_blocks=max(1, args.kv_tokens // block), block_size=block)
     results = []
     for policy in parse_policy_list(args.policy):
@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--time-scale must be positive")
     if args.emulate < 1:
         raise ConfigError("--emulate must be at least 1")
+    if args.block_size is not None and args.block_size < 1:
+        raise ConfigError(f"--block-size must be at least 1, got {args.block_size}")
     workload = make_workload(args.workload, args.seed, parse_pairs(args.overrides, "--set"))
     runner = _run_url if args.url else _run_emulated
     results = asyncio.run(runner(args, workload))

@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prefixroute.core import DEFAULT_POLICY, ConfigError, parse_policy_list, policy_names
+from prefixroute.core import (
+    DEFAULT_POLICY,
+    ConfigError,
+    make_policy,
+    parse_policy_list,
+    policy_names,
+)
 from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S, PolicyMetrics
 from prefixroute.sim.replica import ReplicaConfig
 from prefixroute.sim.report import (
@@ -78,6 +84,8 @@ def add_replica_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def replica_config_from(args: argparse.Namespace, block_size: int) -> ReplicaConfig:
+    if block_size < 1:
+        raise ConfigError(f"--block-size must be at least 1, got {block_size}")
     if args.replicas < 1:
         raise ConfigError("--replicas must be at least 1")
     if args.kv_tokens < block_size:
@@ -129,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
         params = parse_policy_params(args.policy_param)
     except ValueError as exc:
         raise ConfigError(f"bad --policy-param value: {exc}") from exc
+    for policy, fields in params.items():
+        if policy not in names:
+            raise ConfigError(f"--policy-param names {policy!r}, which --policy does not run")
+        make_policy(policy, **fields)  # unknown fields and bad values fail here, before running
     overrides = parse_pairs(args.overrides, "--set")
     workloads = workload_names() if args.workload == "all" else [args.workload]
     if len(workloads) > 1 and overrides:
@@ -137,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     rows: list[PolicyMetrics] = []
     for name in workloads:
         workload = make_workload(name, args.seed, overrides)
-        block_size = args.block_size or workload.block_size
+        block_size = workload.block_size if args.block_size is None else args.block_size
         cmp = compare_policies(
             workload,
             names,

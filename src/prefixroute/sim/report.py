@@ -10,6 +10,7 @@ from typing import IO, Any
 from rich.console import Console
 from rich.table import Table
 
+from prefixroute.core import ConfigError
 from prefixroute.sim.metrics import PolicyMetrics
 
 
@@ -170,9 +171,13 @@ def write_plot(
     ax2.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise ConfigError(f"cannot write plot {path}: {exc.strerror or exc}") from exc
+    finally:
+        plt.close(fig)
 
 
 def _replica_order(name: str) -> tuple[int, str]:

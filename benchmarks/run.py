@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-BENCHES = ("core_bench", "sim_bench", "gateway_overhead", "policy_sweep")
+BENCHES = ("core_bench", "sim_bench", "gateway_overhead", "policy_sweep", "precise_bench")
 
 
 def main() -> int:

@@ -37,6 +37,12 @@ NEVER_IMPORTS = {
     "prefixroute.sim": ("prefixroute.gateway", "prefixroute.emulate", "prefixroute.bench"),
     "prefixroute.gateway": ("prefixroute.sim", "prefixroute.emulate", "prefixroute.bench"),
     "prefixroute.emulate": ("prefixroute.gateway", "prefixroute.bench"),
+    "prefixroute.events": (
+        "prefixroute.sim",
+        "prefixroute.gateway",
+        "prefixroute.emulate",
+        "prefixroute.bench",
+    ),
 }
 
 
@@ -153,6 +159,9 @@ def test_the_scan_sees_the_core() -> None:
         "prefixroute.core.router",
         "prefixroute.core.policies",
         "prefixroute.core.policies._base",
+        "prefixroute.core.speculative",
+        "prefixroute.events",
+        "prefixroute.events._subscriber",
     } <= KNOWN
 
 

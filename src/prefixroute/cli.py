@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "prefixroute.sim.command",
     "prefixroute.demo",
     "prefixroute.serve",
+    "prefixroute.keys",
     "prefixroute.emulate.command",
     "prefixroute.bench.command",
 )

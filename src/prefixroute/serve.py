@@ -47,6 +47,16 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--config", metavar="FILE", help="TOML config file")
     p.add_argument("--admin-token", help=f"bearer token of /admin/* (or ${TOKEN_ENV})")
+    p.add_argument("--admin-host", help="address of the admin listener (with --admin-port)")
+    p.add_argument(
+        "--admin-port", type=int, help="serve /admin/* on this port only, not on --port"
+    )
+    p.add_argument(
+        "--log-bodies",
+        action="store_true",
+        default=None,
+        help="debug only: log request and response bodies (prompt and completion text)",
+    )
     p.add_argument(
         "--emulate",
         type=int,
@@ -72,6 +82,32 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--health-interval", type=float, dest="health_interval_s", help="probe period, s"
     )
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="local Hugging Face tokenizer dir (tokenizer.json, tokenizer_config.json): key "
+        "requests by the engines' token ids in --kv-block-size blocks (never downloads)",
+    )
+    p.add_argument(
+        "--kv-block-size",
+        type=int,
+        help=f"the replicas' KV block size, tokens (default {d.kv_block_size})",
+    )
+    p.add_argument(
+        "--kv-events",
+        action="append",
+        metavar="URL=SPEC",
+        help="precise mode: follow this replica's KV events; SPEC is bind:ADDR (engines connect "
+        "to us: vLLM endpoint tcp://GATEWAY:PORT) or connect:ADDR (vLLM binds tcp://*:PORT), "
+        "optionally ,replay=ADDR; once per replica; needs --tokenizer",
+    )
+    p.add_argument(
+        "--speculative-ttl",
+        type=float,
+        dest="speculative_ttl_s",
+        help=f"precise mode: seconds a routing decision counts as cached before its events "
+        f"arrive (default {d.speculative_ttl_s})",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log every request (no text)")
     p.set_defaults(run=run)
 
@@ -93,6 +129,13 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         connect_timeout_s=args.connect_timeout_s,
         read_timeout_s=args.read_timeout_s,
         health_interval_s=args.health_interval_s,
+        admin_host=args.admin_host,
+        admin_port=args.admin_port,
+        log_bodies=args.log_bodies,
+        tokenizer=args.tokenizer,
+        kv_block_size=args.kv_block_size,
+        kv_events=args.kv_events,
+        speculative_ttl_s=args.speculative_ttl_s,
     )
 
 
@@ -114,9 +157,16 @@ async def _serve(config: GatewayConfig, emulate: int, time_scale: float) -> None
     gateway = Gateway(config)
     try:
         url = await gateway.start()
+        mode = "precise" if config.precise else "tokens" if config.tokenizer else "approximate"
         log.info(
-            "gateway serving %s (policy %s, %d replicas)", url, config.policy, len(config.replicas)
+            "gateway serving %s (policy %s, %d replicas, %s mode)",
+            url,
+            config.policy,
+            len(config.replicas),
+            mode,
         )
+        if config.admin_port is not None:
+            log.info("admin API on its own listener: %s", gateway.admin_url)
         await _wait_for_signal()
         log.info("draining in-flight requests (up to %.0f s)", config.shutdown_timeout_s)
     finally:

@@ -169,3 +169,22 @@ def test_text_with_a_lone_surrogate_from_json_hashes() -> None:
 
     text = json.loads('"ab\\ud800c"')  # JSON allows unpaired \\u escapes
     assert len(BlockHasher(block_size=1).hash_text(text)) == 4
+
+
+@given(head=token_lists, tail=token_lists, block_size=block_sizes)
+def test_a_continuation_from_a_parent_extends_the_chain(
+    head: list[int], tail: list[int], block_size: int
+) -> None:
+    """What an engine event needs: new blocks hashed after a known parent, not from the root."""
+    hasher = BlockHasher(block_size=block_size)
+    whole = head[: len(head) // block_size * block_size]
+    first = hasher.hash_tokens(whole)
+    rest = hasher.hash_tokens(tail, parent=first[-1] if first else None)
+    assert first + rest == hasher.hash_tokens(whole + tail)
+
+
+def test_parent_none_starts_at_the_seed() -> None:
+    hasher = BlockHasher(block_size=2, seed=7)
+    assert hasher.hash_tokens([1, 2], parent=None) == hasher.hash_tokens([1, 2])
+    assert hasher.hash_tokens([1, 2], parent=BlockHash(7)) == hasher.hash_tokens([1, 2])
+    assert hasher.hash_tokens([1, 2], parent=BlockHash(8)) != hasher.hash_tokens([1, 2])

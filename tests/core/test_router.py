@@ -10,6 +10,7 @@ from prefixroute.core import (
     BlockHash,
     BlockHasher,
     ConfigError,
+    Decision,
     DecisionReason,
     NoReplicaAvailable,
     PrefixrouteError,
@@ -190,3 +191,75 @@ def test_index_capacity_bounds_every_replica() -> None:
         router.route(router.view(f"q{i}", tokens=list(range(i * 1000, i * 1000 + 80))), 0.0)
     assert all(router.index.blocks_of(r) <= 50 for r in router.replicas)
     assert router.index.evictions > 0
+
+
+def burst(ttl: float | None) -> tuple[Router, list[Decision]]:
+    """Six requests sharing a 4,000-token prefix, all in flight at once, no events yet."""
+    router = Router(
+        make_policy("prefix_affinity"),
+        BlockHasher(block_size=4),
+        insert_on_route=False,
+        speculative_ttl_s=ttl,
+    )
+    for r in NAMES[:3]:
+        router.add_replica(r)
+    prefix = list(range(4000))
+    chosen = []
+    for i in range(6):
+        view = router.view(f"b{i}", tokens=prefix + [1000 + i] * 8, output_tokens=8)
+        chosen.append(router.route(view, now=0.01 * i))
+    return router, chosen
+
+
+def test_precise_mode_leaves_the_index_to_events_and_covers_a_burst_speculatively() -> None:
+    """insert_on_route=False: decisions do not touch the index; a speculative entry keeps a burst
+    sharing a new prefix together until it expires. Without one the burst scatters."""
+    router, chosen = burst(ttl=2.0)
+    assert router.index.entries == 0  # nothing inserted on route
+    assert len({d.replica for d in chosen}) == 1
+    assert [d.predicted_cached_tokens for d in chosen] == [0] + [4000] * 5
+    assert all(d.reason is DecisionReason.PREFIX_MATCH for d in chosen[1:])
+    # Past the TTL, with no events, the router no longer believes it.
+    view = router.view("late", tokens=list(range(4000)) + [7] * 8, output_tokens=8)
+    assert router.route(view, now=5.0).predicted_cached_tokens == 0
+    _, scattered = burst(ttl=None)
+    assert len({d.replica for d in scattered}) == 3
+
+
+def test_precise_mode_trusts_the_index_fed_by_events() -> None:
+    router = Router(make_policy("predicted_ttft"), BlockHasher(block_size=4), insert_on_route=False)
+    for r in NAMES[:3]:
+        router.add_replica(r)
+    tokens = list(range(40))
+    router.index.insert(NAMES[2], router.hasher.hash_tokens(tokens[:32]))  # as events would
+    decision = router.route(router.view("x", tokens=tokens), now=0.0)
+    assert decision.replica == NAMES[2]
+    assert decision.predicted_cached_tokens == 32
+    assert router.index.blocks_of(NAMES[2]) == 8
+    assert router.speculative is None
+
+
+def test_a_seeded_view_matches_only_its_own_seed() -> None:
+    """Per-tenant key spaces: identical prompts under different seeds never share a block."""
+    router = make_router("predicted_ttft", n=2)
+    tokens = list(range(400))
+    plain = router.view("p", tokens=tokens)
+    a = router.view("a", tokens=tokens, seed=11, tenant="a")
+    assert router.view("d", tokens=tokens, seed=None).block_hashes == plain.block_hashes
+    assert set(a.block_hashes).isdisjoint(plain.block_hashes)
+    assert set(a.block_hashes).isdisjoint(router.view("b", tokens=tokens, seed=12).block_hashes)
+    assert router.view("t", text="x" * 40, seed=11).block_hashes != router.view(
+        "u", text="x" * 40
+    ).block_hashes
+    first = router.route(a, now=0.0)
+    again = router.route(router.view("a2", tokens=tokens + [1], seed=11), now=0.1)
+    assert again.replica == first.replica and again.predicted_cached_tokens == 400
+    stranger = router.route(router.view("b2", tokens=tokens, seed=12), now=0.2)
+    assert stranger.predicted_cached_tokens == 0
+    # ``known`` hashes from the same seed are reused, and give the same chain.
+    longer = tokens + list(range(1000, 1100))
+    assert router.view("k", tokens=longer, seed=11, known=a.block_hashes).block_hashes == (
+        router.view("k2", tokens=longer, seed=11).block_hashes
+    )
+    with pytest.raises(ConfigError):
+        router.view("bad", tokens=tokens, seed=-1)

@@ -177,3 +177,28 @@ async def test_disconnect_aborts_the_request(session: aiohttp.ClientSession) -> 
                 if 'vllm:num_requests_running{model_name="emulated"} 0.0' in text:
                     break
                 await asyncio.sleep(0.02)
+
+
+async def test_cache_salt_separates_cached_prefixes(
+    replica: EmulatedReplica, session: aiohttp.ClientSession
+) -> None:
+    """As vLLM: the same prompt hits only under the same salt (and unsalted only unsalted)."""
+    url = replica.url + "/v1/completions"
+    prompt = " ".join(f"w{i}" for i in range(50))
+
+    async def cached(salt: str | None) -> int:
+        body: dict[str, Any] = {"prompt": prompt, "max_tokens": 1}
+        if salt is not None:
+            body["cache_salt"] = salt
+        status, raw = await _post(session, url, body)
+        assert status == 200, raw
+        return int(json.loads(raw)["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    assert await cached("tenant-a") == 0
+    assert await cached("tenant-a") == 49  # a hit stops one token short, as vLLM's does
+    assert await cached("tenant-b") == 0
+    assert await cached(None) == 0
+    assert await cached(None) == 49
+    for bad in ("", 3, ["x"]):
+        status, raw = await _post(session, url, {"prompt": prompt, "cache_salt": bad})
+        assert status == 400 and "cache_salt" in raw

@@ -39,8 +39,9 @@ async def make_gateway() -> AsyncIterator[GatewayFactory]:
     gateways: list[Gateway] = []
 
     async def make(replicas: list[str], **settings: Any) -> Gateway:
+        tokenizer = settings.pop("tokenizer_object", None)
         config = dataclasses.replace(FAST_GATEWAY, replicas=tuple(replicas), **settings)
-        gw = Gateway(config)
+        gw = Gateway(config, tokenizer=tokenizer)
         await gw.start()
         gateways.append(gw)
         return gw

@@ -96,3 +96,8 @@ async def send(
 def words(n: int) -> str:
     """The article's prompts: ``w0 w1 ... w{n-1}``; each is a prefix of any longer one."""
     return " ".join(f"w{i}" for i in range(n))
+
+
+# For tests that are not about health checking: probes that tolerate a loaded machine, so a slow
+# probe never takes the only replica out in the middle of a test (make_gateway(..., **STEADY)).
+STEADY: dict[str, Any] = {"health_timeout_s": 5.0, "failure_threshold": 1000}

@@ -112,3 +112,34 @@ def test_abort_releases_blocks() -> None:
     assert m.abort("a")
     assert m.cache.used == 0
     assert not m.abort("a")
+
+
+def test_recorded_stored_blocks_carry_parent_and_tokens() -> None:
+    """What an engine's BlockStored event needs: hash, parent hash and the block's tokens."""
+    m = ReplicaModel(ReplicaConfig(block_size=4, step_tokens=8), record_events=True)
+    tokens = list(range(100, 118))  # 4 full blocks and a tail, prefilled over three steps
+    m.submit(req("a", tokens))
+    drive(m)
+    stored = m.take_stored_blocks()
+    hashes = m.hasher.hash_tokens(tokens)
+    assert [b.block_hash for b in stored] == hashes
+    assert [b.parent for b in stored] == [None, *hashes[:-1]]
+    assert [b.tokens for b in stored] == [tokens[i : i + 4] for i in range(0, 16, 4)]
+    assert m.take_stored_blocks() == []
+    m.submit(req("b", tokens))  # a full hit: nothing new is stored
+    drive(m)
+    assert m.take_stored_blocks() == []
+
+
+def test_stored_blocks_need_record_events_and_reset_clears_the_cache() -> None:
+    m = ReplicaModel(ReplicaConfig(block_size=2))
+    with pytest.raises(ConfigError):
+        m.take_stored_blocks()
+    m.submit(req("a", list(range(10))))
+    drive(m)
+    assert m.cache.cached_blocks == 5
+    assert m.reset_prefix_cache()
+    assert m.cache.cached_blocks == 0 and m.cache.free == m.cache.capacity
+    m.submit(req("b", list(range(10))))
+    m.begin_step(0.0)  # b is running: a reset is refused, as vLLM refuses it
+    assert not m.reset_prefix_cache()

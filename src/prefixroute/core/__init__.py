@@ -21,6 +21,7 @@ from prefixroute.core.policies import (
     policy_names,
 )
 from prefixroute.core.router import Router
+from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "RequestView",
     "Router",
     "RoutingContext",
+    "SpeculativeEntries",
     "TokenIds",
     "UnknownPolicy",
     "UnknownWorkload",

@@ -55,11 +55,21 @@ class BlockHasher:
         if not 0 <= self.seed < 2**64:
             raise ConfigError(f"hash seed must be in [0, 2**64), got {self.seed}")
 
-    def hash_tokens(self, tokens: TokenIds, known: Sequence[BlockHash] = ()) -> list[BlockHash]:
+    def hash_tokens(
+        self,
+        tokens: TokenIds,
+        known: Sequence[BlockHash] = (),
+        *,
+        parent: BlockHash | None = None,
+    ) -> list[BlockHash]:
         """Hash the full blocks of ``tokens``.
 
         ``known`` are hashes of this prompt's first blocks computed earlier (the previous turn of
         a conversation); they are trusted, not recomputed, so a new turn hashes only its new blocks.
+        ``parent`` continues a chain: ``tokens`` follow the block whose hash it is (an engine's
+        KV event names only newly stored blocks and their parent), so
+        ``hash_tokens(b, parent=hash_tokens(a)[-1]) == hash_tokens(a + b)[len(a) // size:]``
+        when ``a`` is whole blocks.
         """
         # Token ids are hashed as little-endian uint32 whatever container holds them, so a list
         # and a numpy array of the same ids give the same hashes.
@@ -73,7 +83,7 @@ class BlockHasher:
                 data = astype("<u4").tobytes()
         except (OverflowError, TypeError) as exc:
             raise ConfigError("token ids must be integers in [0, 2**32)") from exc
-        return self._hash_bytes(memoryview(data), len(tokens), 4, known)
+        return self._hash_bytes(memoryview(data), len(tokens), 4, known, parent)
 
     def hash_text(self, text: str, known: Sequence[BlockHash] = ()) -> list[BlockHash]:
         """Hash the full blocks of ``text``, one unit per character (UTF-32 keeps width fixed)."""
@@ -82,13 +92,18 @@ class BlockHasher:
         return self._hash_bytes(memoryview(data), len(text), 4, known)
 
     def _hash_bytes(
-        self, data: memoryview, units: int, width: int, known: Sequence[BlockHash]
+        self,
+        data: memoryview,
+        units: int,
+        width: int,
+        known: Sequence[BlockHash],
+        parent: BlockHash | None = None,
     ) -> list[BlockHash]:
         n_blocks = units // self.block_size
         step = self.block_size * width
         out: list[BlockHash] = list(known[:n_blocks])
-        parent = out[-1] if out else self.seed
+        chain: int = out[-1] if out else (self.seed if parent is None else parent)
         for start in range(len(out) * step, n_blocks * step, step):
-            parent = _xxh3(data[start : start + step], parent)
-            out.append(BlockHash(parent))
+            chain = _xxh3(data[start : start + step], chain)
+            out.append(BlockHash(chain))
         return out

@@ -7,10 +7,17 @@ Both the simulator and the gateway drive a :class:`Router` the same way::
     ...                                         # send it to decision.replica
     router.first_token("req-1", now)            # prefill done
     router.complete("req-1", now)               # finished, failed or cancelled
+
+Approximate mode (the default) records every decision in the index: the index is the router's
+own picture of the caches. Precise mode (``insert_on_route=False``) leaves the index to the
+engines' KV events, fed by an adapter through the index's plain methods, and with
+``speculative_ttl_s`` records each decision as a short-lived speculative entry instead, which
+covers the requests routed before their events arrive (see :mod:`prefixroute.core.speculative`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 
@@ -19,6 +26,7 @@ from prefixroute.core.hashing import BlockHash, BlockHasher, TokenIds
 from prefixroute.core.index import PrefixIndex
 from prefixroute.core.load import LoadTracker
 from prefixroute.core.policies import Policy, RoutingContext
+from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 
 CHARS_PER_TOKEN = 4.0  # rough characters per token for English text, to estimate token counts
@@ -35,12 +43,18 @@ class Router:
         index_capacity_blocks: int | None = None,
         kv_block_size: int = 16,
         seed: int = 0,
+        insert_on_route: bool = True,
+        speculative_ttl_s: float | None = None,
     ) -> None:
         self.policy = policy
         self.hasher = hasher or BlockHasher()
         self.index = PrefixIndex(index_capacity_blocks)
         self.loads = LoadTracker(block_size=kv_block_size)
         self.rng = random.Random(seed)
+        self.insert_on_route = insert_on_route  # False: the index is fed by engine events
+        self.speculative = (
+            SpeculativeEntries(speculative_ttl_s) if speculative_ttl_s is not None else None
+        )
         self._replicas: list[ReplicaId] = []
 
     # --- replicas -------------------------------------------------------------------------
@@ -57,6 +71,8 @@ class Router:
             self._replicas.remove(replica)
         self.index.remove_replica(replica)
         self.loads.remove_replica(replica)
+        if self.speculative is not None:
+            self.speculative.remove_replica(replica)
 
     @property
     def replicas(self) -> list[ReplicaId]:
@@ -75,17 +91,24 @@ class Router:
         tenant: str | None = None,
         model: str | None = None,
         known: Sequence[BlockHash] = (),
+        seed: int | None = None,
     ) -> RequestView:
-        """Build the request view: hash the prompt once (only blocks not in ``known``)."""
+        """Build the request view: hash the prompt once (only blocks not in ``known``).
+
+        ``seed`` replaces the hasher's seed for this request: a tenant's own key space, whose
+        hashes never equal those made with another seed, so its requests match only its own
+        index entries (``known`` must come from the same seed).
+        """
         if (tokens is None) == (text is None):
             raise ConfigError("a request view needs exactly one of tokens or text")
+        hasher = self.hasher if seed is None else dataclasses.replace(self.hasher, seed=seed)
         if tokens is not None:
-            hashes = self.hasher.hash_tokens(tokens, known)
+            hashes = hasher.hash_tokens(tokens, known)
             units = len(tokens)
             estimate = units
         else:
             assert text is not None
-            hashes = self.hasher.hash_text(text, known)
+            hashes = hasher.hash_text(text, known)
             units = len(text)
             estimate = max(1, round(units / CHARS_PER_TOKEN)) if units else 0
         return RequestView(
@@ -105,18 +128,24 @@ class Router:
     ) -> Decision:
         """Choose a replica for ``request`` among ``candidates`` (default: all registered).
 
-        The decision is recorded: the index learns that the replica now holds the prompt, and
-        the load view counts the request as in flight until :meth:`complete`.
+        The decision is recorded: the index learns that the replica now holds the prompt (or,
+        in precise mode, a speculative entry says so for a while), and the load view counts the
+        request as in flight until :meth:`complete`.
         """
         pool = self._replicas if candidates is None else candidates
         if not pool:
             raise NoReplicaAvailable("no replica available to route to")
-        ctx = RoutingContext(request, pool, self.index, self.loads, self.rng, now)
+        ctx = RoutingContext(
+            request, pool, self.index, self.loads, self.rng, now, self.speculative
+        )
         if len(pool) == 1:
             decision = ctx.decide(pool[0], DecisionReason.ONLY_CANDIDATE)
         else:
             decision = self.policy.decide(ctx)
-        self.index.insert(decision.replica, request.block_hashes)
+        if self.insert_on_route:
+            self.index.insert(decision.replica, request.block_hashes)
+        if self.speculative is not None:
+            self.speculative.add(decision.replica, request.block_hashes, now)
         self.loads.dispatch(request, decision, now)
         return decision
 

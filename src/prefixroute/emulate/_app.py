@@ -2,7 +2,11 @@
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (plain or SSE stream),
 ``GET /v1/models``, ``GET /health`` (200 while the engine runs, 503 otherwise) and
-``GET /metrics`` (Prometheus text, vLLM metric names).
+``GET /metrics`` (Prometheus text, vLLM metric names) and ``POST /reset_prefix_cache`` (vLLM's
+dev-mode endpoint: drops every cached prefix unless requests are running).
+
+With ``kv_events`` set, the replica publishes its KV-cache changes after every step on a ZMQ
+socket, in vLLM's wire format (``_kv_events``), and a reset publishes ``AllBlocksCleared``.
 
 A request holds its place in the engine only while its handler runs: ``finally`` releases it,
 so a client that disconnects (the server runs with ``handler_cancellation``) frees its KV blocks
@@ -22,6 +26,7 @@ from prometheus_client.registry import CollectorRegistry
 from prefixroute.emulate._config import EmulatorConfig
 from prefixroute.emulate._engine import ABORTED, FINISHED, EngineLoop, EngineStopped, Generation
 from prefixroute.emulate._errors import InvalidRequest, error_middleware
+from prefixroute.emulate._kv_events import KVEventBridge
 from prefixroute.emulate._metrics import make_registry
 from prefixroute.emulate._openai import (
     Endpoint,
@@ -30,12 +35,14 @@ from prefixroute.emulate._openai import (
     models_body,
     parse_request,
 )
+from prefixroute.events import EventPublisher
 from prefixroute.sim.replica import ReplicaModel
 
 CONFIG = web.AppKey("prefixroute.emulate.config", EmulatorConfig)
 ENGINE = web.AppKey("prefixroute.emulate.engine", EngineLoop)
 METRICS = web.AppKey("prefixroute.emulate.metrics", CollectorRegistry)
 STARTED = web.AppKey("prefixroute.emulate.started", int)  # unix time, for /v1/models
+EVENTS = web.AppKey("prefixroute.emulate.kv_events", KVEventBridge)  # only with kv_events
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # prompts of a few million characters still fit
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -44,18 +51,37 @@ SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contro
 def build_app(config: EmulatorConfig) -> web.Application:
     """An application serving one emulated replica; its engine starts and stops with the app."""
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
-    engine = EngineLoop(ReplicaModel(config.engine, config.hash_seed), config.time_scale)
+    endpoint = config.kv_events_endpoint
+    model = ReplicaModel(config.engine, config.hash_seed, record_events=endpoint is not None)
+    engine = EngineLoop(model, config.time_scale)
+    if endpoint is not None:
+        bridge = app[EVENTS] = KVEventBridge(model, EventPublisher(endpoint))
+        engine.after_step = bridge.flush
     app[CONFIG] = config
     app[ENGINE] = engine
     app[METRICS] = make_registry(engine, config.model)
     app[STARTED] = int(time.time())
+    app.cleanup_ctx.append(_events_ctx)
     app.cleanup_ctx.append(_engine_ctx)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     return app
+
+
+async def _events_ctx(app: web.Application) -> AsyncIterator[None]:
+    bridge = app.get(EVENTS)
+    if bridge is None:
+        yield
+        return
+    await bridge.publisher.start()
+    try:
+        yield
+    finally:
+        await bridge.publisher.stop()
 
 
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -76,7 +102,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def _read_json(request: web.Request) -> object:
     try:
         return json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # nested too deep: a 400
         raise InvalidRequest(f"malformed JSON body: {exc}") from exc
 
 
@@ -84,7 +110,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     config, engine = request.app[CONFIG], request.app[ENGINE]
     parsed = parse_request(endpoint, await _read_json(request), config.model)
     writer = ResponseWriter(parsed, config.model)
-    gen = engine.submit(parsed.tokens, parsed.max_tokens)
+    gen = engine.submit(parsed.tokens, parsed.max_tokens, parsed.cache_salt)
     try:
         if parsed.stream:
             return await _stream(request, writer, gen)
@@ -134,6 +160,15 @@ async def models(request: web.Request) -> web.Response:
     max_len = engine_cfg.kv_capacity_blocks * engine_cfg.block_size
     body = json.dumps(models_body(config.model, max_len, request.app[STARTED]))
     return web.Response(text=body, content_type="application/json")
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """Drop every cached prefix; ``{"success": false}`` while requests are running."""
+    ok = request.app[ENGINE].model.reset_prefix_cache()
+    bridge = request.app.get(EVENTS)
+    if ok and bridge is not None:
+        bridge.cleared()
+    return web.json_response({"success": ok})
 
 
 async def health(request: web.Request) -> web.Response:

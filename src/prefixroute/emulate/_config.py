@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prefixroute.core import ConfigError
+from prefixroute.events import EventEndpoint
 from prefixroute.sim.replica import ReplicaConfig
 
 
@@ -17,6 +18,13 @@ class EmulatorConfig:
     port: int = 0  # port to bind; 0 picks a free one
     hash_seed: int = 0  # seed of the engine's block hashes
     shutdown_timeout_s: float = 5.0  # graceful stop: how long in-flight requests may finish, s
+    # Publish KV events as vLLM does: "bind:tcp://127.0.0.1:*", "connect:tcp://host:5557", or a
+    # bare vLLM-style address (a wildcard host binds); optional ",replay=ADDR". None: no events.
+    kv_events: str | None = None
+
+    @property
+    def kv_events_endpoint(self) -> EventEndpoint | None:
+        return EventEndpoint.for_publisher(self.kv_events) if self.kv_events else None
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
@@ -25,3 +33,4 @@ class EmulatorConfig:
             raise ConfigError("the model name must not be empty")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port out of range: {self.port}")
+        _ = self.kv_events_endpoint  # a malformed spec fails here

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import xxhash
 
 from prefixroute.core import ConfigError, PrefixrouteError
 from prefixroute.sim.replica import EngineRequest, ReplicaModel, StepResult
@@ -51,11 +54,17 @@ class Generation:
 class EngineLoop:
     """Drives one :class:`ReplicaModel` in real time."""
 
-    def __init__(self, model: ReplicaModel, time_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        model: ReplicaModel,
+        time_scale: float = 1.0,
+        after_step: Callable[[], None] | None = None,
+    ) -> None:
         if time_scale <= 0:
             raise ConfigError(f"time scale must be positive, got {time_scale}")
         self.model = model
         self.time_scale = time_scale  # wall seconds per model second
+        self.after_step = after_step  # called after each applied step (KV events go out here)
         self.prefix_queries = 0  # prompt tokens looked up at admission, tokens
         self.prefix_hits = 0  # of those, tokens found cached, tokens
         self.prompt_tokens = 0  # prompt tokens of admitted requests, tokens
@@ -87,12 +96,24 @@ class EngineLoop:
         return self._task is not None and self._failed is None
 
     # --- requests -------------------------------------------------------------------------
-    def submit(self, tokens: Sequence[int], output_tokens: int) -> Generation:
-        """Queue a prompt; raises RequestTooLarge / ConfigError from the model, EngineStopped."""
+    def submit(
+        self, tokens: Sequence[int], output_tokens: int, cache_salt: str | None = None
+    ) -> Generation:
+        """Queue a prompt; raises RequestTooLarge / ConfigError from the model, EngineStopped.
+
+        ``cache_salt`` salts the prompt's block hashes as vLLM does (the salt enters the first
+        block's hash, and the chain carries it to every later block): prompts with different
+        salts, or one salted and one not, never share a cached block.
+        """
         if not self.running:
             raise EngineStopped("the engine is not running")
         loop = asyncio.get_running_loop()
         req = EngineRequest(f"req-{next(self._ids)}", tokens, output_tokens, self._now(loop))
+        if cache_salt is not None:
+            hasher = self.model.hasher
+            salt = cache_salt.encode("utf-8", "surrogatepass")
+            salted = dataclasses.replace(hasher, seed=xxhash.xxh3_64_intdigest(salt, hasher.seed))
+            req.block_hashes = salted.hash_tokens(tokens)
         self.model.submit(req)
         gen = Generation(req)
         self._gens[req.request_id] = gen
@@ -137,6 +158,8 @@ class EngineLoop:
                 finally:
                     self._in_step = False
                     self._apply_deferred_aborts()
+                if self.after_step is not None:
+                    self.after_step()  # before the handlers hear of it, as an engine publishes
                 self._publish(result)
         except asyncio.CancelledError:
             raise

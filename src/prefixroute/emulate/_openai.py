@@ -34,6 +34,7 @@ class ParsedRequest:
     tokens: list[int]  # prompt token ids (chat: the rendered template)
     max_tokens: int  # output length, tokens
     stream: bool
+    cache_salt: str | None = None  # vLLM's: salts the prompt's block hashes (tenant isolation)
 
 
 def _dumps(obj: object) -> str:
@@ -65,7 +66,12 @@ def parse_request(endpoint: Endpoint, body: object, served_model: str) -> Parsed
         tokens = _prompt_tokens(body.get("prompt"))
     if not tokens:
         raise InvalidRequest("the prompt is empty", param="prompt")
-    return ParsedRequest(endpoint, tokens, max_tokens, stream)
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise InvalidRequest(  # vLLM's own check and message
+            "Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt"
+        )
+    return ParsedRequest(endpoint, tokens, max_tokens, stream, salt)
 
 
 def _messages(raw: object) -> list[tuple[str, str]]:

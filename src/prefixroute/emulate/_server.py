@@ -17,7 +17,7 @@ from types import TracebackType
 from aiohttp import web
 
 from prefixroute.core import ConfigError
-from prefixroute.emulate._app import ENGINE, build_app
+from prefixroute.emulate._app import ENGINE, EVENTS, build_app
 from prefixroute.emulate._config import EmulatorConfig
 
 
@@ -40,6 +40,17 @@ class EmulatedReplica:
     @property
     def running(self) -> bool:
         return self._runner is not None
+
+    @property
+    def kv_events_address(self) -> str | None:
+        """The KV-event socket's address once started (a bound ``*`` port resolved)."""
+        bridge = self.app.get(EVENTS)
+        return bridge.publisher.address if bridge is not None else None
+
+    @property
+    def kv_events_replay_address(self) -> str | None:
+        bridge = self.app.get(EVENTS)
+        return bridge.publisher.replay_address if bridge is not None else None
 
     async def start(self) -> str:
         """Bind and serve; returns the base URL."""
@@ -103,8 +114,16 @@ class EmulatedCluster:
             raise ConfigError(f"an emulated cluster needs at least one replica, got {n}")
         base = config or EmulatorConfig()
         # An explicit port is the first of ``n`` consecutive ports; 0 stays "any free port".
+        # KV-event ports are offset the same way (wildcard ports stay wildcards).
+        endpoint = base.kv_events_endpoint
         self.replicas = [
-            EmulatedReplica(dataclasses.replace(base, port=base.port + i if base.port else 0))
+            EmulatedReplica(
+                dataclasses.replace(
+                    base,
+                    port=base.port + i if base.port else 0,
+                    kv_events=str(endpoint.with_port_offset(i)) if endpoint else None,
+                )
+            )
             for i in range(n)
         ]
 

@@ -50,6 +50,13 @@ def add_parser(subparsers: Any) -> None:
         help="multiply every duration (0.1 = ten times faster than real time)",
     )
     p.add_argument("--seed", type=int, default=0, help="block-hash seed")
+    p.add_argument(
+        "--kv-events-endpoint",
+        metavar="SPEC",
+        help="publish KV events as vLLM does: bind:ADDR or connect:ADDR, or a vLLM-style address "
+        "(tcp://*:5557 binds, tcp://host:5557 connects), optionally ,replay=ADDR; with --count, "
+        "replica i uses port + i",
+    )
     p.set_defaults(run=run)
 
 
@@ -69,6 +76,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         host=args.host,
         port=args.port,
         hash_seed=args.seed,
+        kv_events=args.kv_events_endpoint,
     )
 
 
@@ -80,10 +88,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(cluster: EmulatedCluster) -> None:
-    urls = await cluster.start()
+    await cluster.start()
     try:
-        for url in urls:
-            log.info("emulated replica serving %s", url)
+        for replica in cluster.replicas:
+            events = replica.kv_events_address
+            log.info(
+                "emulated replica serving %s%s",
+                replica.url,
+                f" (KV events {replica.config.kv_events} -> {events})" if events else "",
+            )
         await _wait_for_signal()
     finally:
         await cluster.stop()

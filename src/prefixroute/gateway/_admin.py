@@ -4,44 +4,79 @@
     POST   /admin/replicas                  body {"url": "http://host:port"} -> 201 {"replica": ...}
     POST   /admin/replicas/{id}/drain       no new requests; in-flight ones finish -> 200
     DELETE /admin/replicas/{id}             forget it (its in-flight requests still finish) -> 200
+    GET    /admin/tenants                   {"default_limits": {...}, "tenants": [...]}
+    GET    /admin/tenants/{name}            {"tenant": {limits, in_flight, bucket levels}}
+    PUT    /admin/tenants/{name}/limits     body: limit fields (null: the config's) -> 200
+    DELETE /admin/tenants/{name}/limits     back to the config file's limits -> 200
 
 ``{id}`` is the replica's URL, URL-quoted (``http%3A%2F%2F10.0.0.11%3A8000``) or as is. Every
 call needs ``Authorization: Bearer <token>`` with the token given at start; the comparison is
-constant-time (``hmac.compare_digest``). Without a token the admin API is not mounted at all.
-A replica added here is probed at once and, if it answers, takes traffic from the next request.
+constant-time (``hmac.compare_digest`` of digests, which hides the length too). Without a
+token the admin API is not mounted at all; with ``admin_port`` it is served only on its own
+listener (:func:`build_admin_app`). A replica added here is probed at once and, if it answers,
+takes traffic from the next request. Limits set here last until the gateway stops.
 """
 
 from __future__ import annotations
 
-import hmac
+import time
 from collections.abc import Mapping
 
 from aiohttp import web
 
 from prefixroute.core import ConfigError
-from prefixroute.gateway._errors import BadRequest, Unauthorized
+from prefixroute.gateway._auth import bearer_token, secrets_equal
+from prefixroute.gateway._errors import BadRequest, Unauthorized, make_error_middleware
+from prefixroute.gateway._expect import add_catch_all, expect_handler
+from prefixroute.gateway._request_id import make_request_id_middleware
 from prefixroute.gateway._requests import parse_body
 from prefixroute.gateway._state import STATE, GatewayState
+from prefixroute.gateway._tenant_config import (
+    LIMIT_NAMES,
+    check_tenant_name,
+    limits_from,
+)
+from prefixroute.gateway._tenants import TENANTS
 
 MAX_ADMIN_BODY = 64 * 1024  # bytes
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_get("/admin/replicas", list_replicas)
-    app.router.add_post("/admin/replicas", add_replica)
-    app.router.add_post(r"/admin/replicas/{ref:.+}/drain", drain_replica)
-    app.router.add_delete(r"/admin/replicas/{ref:.+}", remove_replica)
+    eh = expect_handler  # aiohttp's default can fail (see _expect)
+    app.router.add_get("/admin/replicas", list_replicas, expect_handler=eh)
+    app.router.add_post("/admin/replicas", add_replica, expect_handler=eh)
+    app.router.add_post(r"/admin/replicas/{ref:.+}/drain", drain_replica, expect_handler=eh)
+    app.router.add_delete(r"/admin/replicas/{ref:.+}", remove_replica, expect_handler=eh)
+    app.router.add_get("/admin/tenants", list_tenants, expect_handler=eh)
+    app.router.add_get("/admin/tenants/{name}", get_tenant, expect_handler=eh)
+    app.router.add_put("/admin/tenants/{name}/limits", set_tenant_limits, expect_handler=eh)
+    app.router.add_delete("/admin/tenants/{name}/limits", reset_tenant_limits, expect_handler=eh)
+
+
+def build_admin_app(main: web.Application) -> web.Application:
+    """The admin API alone, sharing ``main``'s state, for a listener of its own."""
+    state = main[STATE]
+    app = web.Application(
+        middlewares=[
+            make_request_id_middleware(),
+            make_error_middleware(state.config.retry_after_s),
+        ],
+        client_max_size=MAX_ADMIN_BODY,
+    )
+    app[STATE] = state
+    app[TENANTS] = main[TENANTS]
+    add_routes(app)
+    add_catch_all(app)
+    return app
 
 
 def _authorize(request: web.Request) -> GatewayState:
     state = request.app[STATE]
     token = state.config.admin_token
-    given = request.headers.get("Authorization", "")
-    scheme, _, credential = given.partition(" ")
-    ok = token is not None and scheme.lower() == "bearer"
-    # Compare even when the scheme is wrong, so timing does not tell which part failed.
-    match = hmac.compare_digest(credential.strip().encode(), (token or "").encode())
-    if not (ok and match):
+    given = bearer_token(request.headers.get("Authorization", ""))
+    # Compare even when no token came, so timing does not tell which part failed.
+    match = secrets_equal(given or "", token or "")
+    if not (token is not None and given is not None and match):
         raise Unauthorized("a valid admin bearer token is required")
     return state
 
@@ -80,3 +115,52 @@ async def remove_replica(request: web.Request) -> web.Response:
     described = state.registry.describe(record)
     state.registry.remove(record.id)
     return web.json_response({"replica": described})
+
+
+async def list_tenants(request: web.Request) -> web.Response:
+    _authorize(request)
+    tenants, now = request.app[TENANTS], time.monotonic()
+    body = {
+        "default_limits": tenants.config.default_limits.as_dict(),
+        "tenants": [tenants.describe(name, now) for name in tenants.names()],
+    }
+    return web.json_response(body)
+
+
+async def get_tenant(request: web.Request) -> web.Response:
+    _authorize(request)
+    name = _tenant_name(request)
+    return web.json_response({"tenant": request.app[TENANTS].describe(name, time.monotonic())})
+
+
+async def set_tenant_limits(request: web.Request) -> web.Response:
+    """Override a tenant's limits; fields not given (or null) fall back to the config's."""
+    _authorize(request)
+    name = _tenant_name(request)
+    if request.content_length is not None and request.content_length > MAX_ADMIN_BODY:
+        raise BadRequest("admin request body too large")
+    body = parse_body(await request.read())
+    if not isinstance(body, Mapping):
+        raise BadRequest(f"the body must be an object with any of: {', '.join(LIMIT_NAMES)}")
+    try:
+        limits = limits_from({k: v for k, v in body.items() if v is not None}, "limits")
+    except ConfigError as exc:
+        raise BadRequest(str(exc)) from exc
+    tenants, now = request.app[TENANTS], time.monotonic()
+    tenants.set_limits(name, limits, now)
+    return web.json_response({"tenant": tenants.describe(name, now)})
+
+
+async def reset_tenant_limits(request: web.Request) -> web.Response:
+    _authorize(request)
+    name = _tenant_name(request)
+    tenants, now = request.app[TENANTS], time.monotonic()
+    tenants.set_limits(name, None, now)
+    return web.json_response({"tenant": tenants.describe(name, now)})
+
+
+def _tenant_name(request: web.Request) -> str:
+    try:
+        return check_tenant_name(request.match_info["name"])
+    except ConfigError as exc:
+        raise BadRequest(str(exc)) from exc

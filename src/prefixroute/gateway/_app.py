@@ -5,8 +5,14 @@ messages), ``GET /v1/models`` (the union of the replicas' models), any other ``/
 to a replica chosen on load alone), ``GET /health``, ``GET /metrics`` and, with an admin token,
 ``/admin/replicas``.
 
-A handler does four things: parse (``_requests``), ask the core and proxy (``_proxy``), and the
-accounting rides on the router's dispatch / first token / complete calls. One ``ClientSession``
+A handler does four things: parse (``_requests``, and ``_tokenize`` with a tokenizer), ask the
+core and proxy (``_proxy``), and the accounting rides on the router's dispatch / first token /
+complete calls.
+
+Modes: by default the router keys requests on characters and its index records its own
+decisions (approximate). ``--tokenizer`` keys them on the engine's token ids in blocks of
+``kv_block_size``. ``--kv-events`` (precise mode) also leaves the index to the replicas' KV
+events (``_precise``) and covers fresh decisions with speculative entries. One ``ClientSession``
 lives in ``cleanup_ctx`` with explicit timeouts: connect, and ``sock_read`` (the longest silence
 between two upstream reads) but no total, which would cut long streams. On shutdown aiohttp stops
 accepting, the gateway refuses new requests on open connections, in-flight requests finish
@@ -16,41 +22,73 @@ accepting, the gateway refuses new requests on open connections, in-flight reque
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from prefixroute.core import BlockHasher, Router, make_policy
+from prefixroute.core import BlockHasher, ConfigError, ReplicaId, Router, make_policy
+from prefixroute.events import EventEndpoint
 from prefixroute.gateway import _admin
+from prefixroute.gateway._bodylog import LOG_BODIES
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import InvalidJSON, make_error_middleware
+from prefixroute.gateway._expect import add_catch_all, expect_handler
 from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._limits import Limits
 from prefixroute.gateway._metrics import GatewayMetrics
+from prefixroute.gateway._precise import PreciseMode
 from prefixroute.gateway._proxy import OUTCOME, Proxy
-from prefixroute.gateway._registry import ReplicaRegistry
+from prefixroute.gateway._registry import ReplicaRegistry, normalize_url
+from prefixroute.gateway._request_id import make_request_id_middleware
 from prefixroute.gateway._requests import EMPTY_KEY, Endpoint, RouteKey, parse_body, route_key
 from prefixroute.gateway._state import STATE, GatewayState
+from prefixroute.gateway._tenants import TENANTS, Tenants, make_tenant_middleware
+from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
+
+# Tokenizer threads: all cores but one, which stays with the event loop (on 2 cores one thread
+# kept the loop's longest stall at ~5 ms beside 8k-token prompts; two threads: ~15 ms).
+TOKENIZE_WORKERS = max(1, (os.cpu_count() or 2) - 1)
 
 
-def build_app(config: GatewayConfig) -> web.Application:
-    """A gateway application for ``config`` (its replicas are registered, not yet probed)."""
+def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -> web.Application:
+    """A gateway application for ``config`` (its replicas are registered, not yet probed).
+
+    ``tokenizer`` overrides ``config.tokenizer`` (tests pass one that matches their replicas).
+    """
+    if tokenizer is None and config.tokenizer is not None:
+        tokenizer = HFTokenizer(config.tokenizer)
+    if config.precise and tokenizer is None:
+        raise ConfigError("precise mode (--kv-events) needs --tokenizer: events carry token ids")
     router = Router(
         make_policy(config.policy, **config.policy_params),
-        BlockHasher(config.block_chars),
-        index_capacity_blocks=config.index_capacity_blocks,
+        BlockHasher(config.kv_block_size if tokenizer is not None else config.block_chars),
+        # The engines report their evictions in precise mode: no capacity of our own.
+        index_capacity_blocks=None if config.precise else config.index_capacity_blocks,
         kv_block_size=config.kv_block_size,
         seed=config.seed,
+        insert_on_route=not config.precise,
+        speculative_ttl_s=config.speculative_ttl_s if config.precise else None,
     )
     registry = ReplicaRegistry(router, config)
     for url in config.replicas:
         registry.add(url)
     metrics = GatewayMetrics(router, registry)
     state = GatewayState(
-        config, router, registry, metrics, Limits(config.max_in_flight, config.max_body_bytes)
-    )
+        config, router, registry, metrics,
+        Limits(config.max_in_flight, config.max_body_bytes, config.client_body_timeout_s),
+    )  # fmt: skip
+    tenants = Tenants(config.tenancy, config.upstream_api_key, metrics.registry)
+    if tokenizer is not None:
+        state.tokenizer = TokenizerPool(
+            tokenizer, TOKENIZE_WORKERS, metrics.tokenize_seconds.observe,
+            metrics.tokenize_failures.inc,
+        )  # fmt: skip
+    if config.precise:
+        state.precise = PreciseMode(router, _event_endpoints(config, registry))
+        metrics.watch_precise(state.precise)
 
     def observe(request: web.Request, response: web.StreamResponse) -> None:
         if request.path.startswith("/v1/") and request.path != "/v1/models":
@@ -59,21 +97,58 @@ def build_app(config: GatewayConfig) -> web.Application:
             metrics.count_request(replica, response.status, reason)
 
     app = web.Application(
-        middlewares=[make_error_middleware(config.retry_after_s, observe)],
+        middlewares=[
+            make_request_id_middleware(),  # outermost: every answer carries its request id
+            make_error_middleware(config.retry_after_s, observe),
+            make_tenant_middleware(tenants),  # who, and may they: 401 / 429 as JSON errors
+        ],
         client_max_size=config.max_body_bytes,
     )
     app[STATE] = state
+    app[TENANTS] = tenants
+    app[LOG_BODIES] = config.log_bodies
+    app.cleanup_ctx.append(_events_ctx)
     app.cleanup_ctx.append(_session_ctx)
     app.on_shutdown.append(_refuse_new)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_get("/v1/models", models)
-    app.router.add_route("*", "/v1/{tail:.+}", passthrough)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics_handler)
-    if config.admin_token is not None:
-        _admin.add_routes(app)
+    # Every route gets our expect handler: aiohttp's default can fail (see _expect).
+    eh = expect_handler
+    app.router.add_post("/v1/completions", completions, expect_handler=eh)
+    app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=eh)
+    app.router.add_get("/v1/models", models, expect_handler=eh)
+    app.router.add_route("*", "/v1/{tail:.+}", passthrough, expect_handler=eh)
+    app.router.add_get("/health", health, expect_handler=eh)
+    app.router.add_get("/metrics", metrics_handler, expect_handler=eh)
+    if config.admin_token is not None and config.admin_port is None:
+        _admin.add_routes(app)  # else on its own listener (``Gateway`` runs build_admin_app)
+    add_catch_all(app)
     return app
+
+
+def _event_endpoints(
+    config: GatewayConfig, registry: ReplicaRegistry
+) -> dict[ReplicaId, EventEndpoint]:
+    known = {record.id for record in registry}
+    out: dict[ReplicaId, EventEndpoint] = {}
+    for url, endpoint in config.kv_event_endpoints().items():
+        rid = normalize_url(url)
+        if rid not in known:
+            raise ConfigError(f"KV events given for {url}, which is not a configured replica")
+        out[rid] = endpoint
+    return out
+
+
+async def _events_ctx(app: web.Application) -> AsyncIterator[None]:
+    """KV-event subscribers (precise mode) and the tokenizer threads, for the app's lifetime."""
+    state = app[STATE]
+    if state.precise is not None:
+        await state.precise.start()
+    try:
+        yield
+    finally:
+        if state.precise is not None:
+            await state.precise.stop()
+        if state.tokenizer is not None:
+            state.tokenizer.shutdown()
 
 
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -119,7 +194,12 @@ async def _proxied(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
     state, proxy = _state(request)
     with state.limits.admit():
         body = await state.limits.read_body(request)
-        key = route_key(endpoint, body) if endpoint is not Endpoint.OTHER else _other_key(body)
+        if endpoint is Endpoint.OTHER:
+            key = _other_key(body)
+        else:
+            key = route_key(endpoint, body)
+            if state.tokenizer is not None:
+                key = await state.tokenizer.key(key)
         return await proxy.forward(request, body, endpoint, key)
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from prefixroute.core import DEFAULT_POLICY, ConfigError, make_policy
+from prefixroute.events import EventEndpoint
+from prefixroute.gateway._tenant_config import TenancyConfig, tenancy_from_toml
 
 CONFIG_HELP = """\
 config file (--config FILE, TOML): every GatewayConfig field by name, the replica list and
@@ -22,6 +24,12 @@ the policy's parameters. Flags given on the command line override the file.
     admin_token = "change-me"          # or --admin-token / $PREFIXROUTE_ADMIN_TOKEN
     block_chars = 64                   # characters per routing block
     read_timeout_s = 300.0
+    # Precise mode: the replicas' own KV events and token-exact keys (docs/vllm.md).
+    # tokenizer = "/models/llama/"     # local HF tokenizer dir (never downloaded)
+    # kv_block_size = 16               # the engines' --block-size
+    # kv_events = ["http://10.0.0.11:8000=connect:tcp://10.0.0.11:5557",
+    #              "http://10.0.0.12:8000=bind:tcp://0.0.0.0:5602"]
+    # speculative_ttl_s = 2.0          # seconds a decision counts before its events
 
     [policy_params]                    # fields of the policy's config dataclass
     prefill_tokens_per_s = 12000.0
@@ -32,9 +40,25 @@ the policy's parameters. Flags given on the command line override the file.
     [[replicas]]
     url = "http://10.0.0.12:8000"
 
+Tenants, API keys, limits and isolation (docs/security.md has the whole reference; the
+admin API can listen on its own address: admin_host, admin_port):
+
+    [tenancy]
+    isolation = true                   # per-tenant prefix keys and vLLM cache_salt
+    cache_salt_secret = "a long random string"
+    [tenancy.default_limits]
+    requests_per_second = 20
+    prompt_tokens_per_minute = 1000000
+    max_in_flight = 64
+    [[tenancy.tenants]]
+    name = "team-a"
+    api_key_sha256 = ["fa703e12fd6be9fd7f09e60202dfb96aaf1efa0d384639c6e17747bc2bfc2a17"]
+    requests_per_second = 5
+
 Other fields: max_body_bytes, max_in_flight, max_in_flight_per_replica, retry_after_s,
 connect_timeout_s, health_interval_s, health_timeout_s, scrape_metrics, failure_threshold,
-eject_s, shutdown_timeout_s, index_capacity_blocks, kv_block_size, seed.
+eject_s, shutdown_timeout_s, index_capacity_blocks, kv_block_size, seed,
+client_header_timeout_s, client_body_timeout_s, log_bodies, upstream_api_key, admin_host.
 """
 
 
@@ -46,9 +70,11 @@ class GatewayConfig:
     policy: str = DEFAULT_POLICY  # routing policy, by registry name
     policy_params: Mapping[str, Any] = field(default_factory=dict)  # policy config overrides
     admin_token: str | None = None  # bearer token of /admin/*; None disables the admin API
+    admin_host: str | None = None  # address of a separate admin listener (default: host)
+    admin_port: int | None = None  # port of a separate admin listener; None: /admin/* on port
     block_chars: int = 64  # characters (or token ids) per routing block
     index_capacity_blocks: int | None = 16384  # prefix-index entries per replica, blocks
-    kv_block_size: int = 16  # replicas' tokens per KV block, for the load view
+    kv_block_size: int = 16  # replicas' tokens per KV block (load view; token-mode key blocks)
     max_body_bytes: int = 8 * 1024 * 1024  # largest request body accepted, bytes (else 413)
     max_in_flight: int = 4096  # requests the gateway handles at once (else 429)
     max_in_flight_per_replica: int = 512  # requests in flight per replica (all full: 503)
@@ -61,7 +87,32 @@ class GatewayConfig:
     failure_threshold: int = 3  # consecutive failures that take a replica out
     eject_s: float = 5.0  # shortest time out after failures, seconds
     shutdown_timeout_s: float = 30.0  # graceful shutdown: in-flight requests may finish, s
+    client_header_timeout_s: float = 60.0  # a connection's next request must arrive within, s
+    client_body_timeout_s: float = 60.0  # a request body must arrive within, s (else 408)
+    log_bodies: bool = False  # debug: log request and response bodies (prompts!) at INFO
+    upstream_api_key: str | None = None  # sent to replicas as the bearer token (vLLM --api-key)
+    tenancy: TenancyConfig = field(default_factory=TenancyConfig)  # tenants, keys, limits
     seed: int = 0  # router randomness (tie breaks)
+    tokenizer: str | None = None  # local HF tokenizer dir: key requests by engine token blocks
+    kv_events: tuple[str, ...] = ()  # "REPLICA_URL=bind|connect:ADDR[,replay=ADDR]" per replica
+    speculative_ttl_s: float = 2.0  # precise mode: how long a decision counts as cached, s
+
+    @property
+    def precise(self) -> bool:
+        """Precise mode: the prefix index follows the replicas' KV events."""
+        return bool(self.kv_events)
+
+    def kv_event_endpoints(self) -> dict[str, EventEndpoint]:
+        """``kv_events`` parsed: replica URL (as written) -> endpoint; raises ConfigError."""
+        out: dict[str, EventEndpoint] = {}
+        for item in self.kv_events:
+            url, sep, spec = item.partition("=")
+            if not sep or not url.strip():
+                raise ConfigError(f"--kv-events takes REPLICA_URL=bind|connect:ADDR, got {item!r}")
+            if url.strip() in out:
+                raise ConfigError(f"two KV-event streams for replica {url.strip()}")
+            out[url.strip()] = EventEndpoint.parse(spec)
+        return out
 
     def __post_init__(self) -> None:
         positive = {
@@ -87,6 +138,19 @@ class GatewayConfig:
             raise ConfigError(f"port out of range: {self.port}")
         if self.admin_token is not None and len(self.admin_token) < 8:
             raise ConfigError("the admin token must be at least 8 characters")
+        if not self.speculative_ttl_s > 0:
+            raise ConfigError("speculative_ttl_s must be positive")
+        self.kv_event_endpoints()  # malformed specs fail here, at start
+        if self.admin_port is not None and not 0 <= self.admin_port < 65536:
+            raise ConfigError(f"admin port out of range: {self.admin_port}")
+        if self.admin_host is not None and self.admin_port is None:
+            raise ConfigError("admin_host needs admin_port (a separate admin listener)")
+        if self.admin_port is not None and self.admin_token is None:
+            raise ConfigError("admin_port needs an admin token: without one there is no admin API")
+        if not (self.client_header_timeout_s > 0 and self.client_body_timeout_s > 0):
+            raise ConfigError("client_header_timeout_s and client_body_timeout_s must be positive")
+        if not isinstance(self.tenancy, TenancyConfig):
+            raise ConfigError("tenancy must be a TenancyConfig (a [tenancy] table in the file)")
         make_policy(self.policy, **self.policy_params)  # unknown names fail here, at start
 
 
@@ -106,6 +170,10 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     for key, value in raw.items():
         if key == "replicas":
             out["replicas"] = tuple(_replica_url(path, item) for item in value)
+        elif key == "tenancy":
+            out[key] = tenancy_from_toml(value, str(path))
+        elif key == "kv_events":
+            out[key] = tuple(value) if isinstance(value, list) else value
         elif key in _FIELDS:
             out[key] = value
         else:
@@ -127,8 +195,8 @@ def build_config(file_settings: Mapping[str, Any], **overrides: Any) -> GatewayC
     for key, value in overrides.items():
         if value is None:
             continue
-        if key == "replicas":
-            settings["replicas"] = tuple(settings.get("replicas", ())) + tuple(value)
+        if key in ("replicas", "kv_events"):
+            settings[key] = tuple(settings.get(key, ())) + tuple(value)
         else:
             settings[key] = value
     try:

@@ -9,12 +9,14 @@ Hierarchy (core errors first; gateway errors below ``GatewayError``)::
     └── GatewayError                      500
         ├── BadRequest                    400 a request we cannot route
         │   └── InvalidJSON               400 the body is not JSON
-        ├── Unauthorized                  401 admin call without the right bearer token
+        ├── Unauthorized                  401 missing or wrong API key / admin bearer token
+        ├── RequestTimeout                408 the client sent its body too slowly
         ├── NotFound                      404 an unknown admin resource
         │   └── ModelNotFound             404 no replica serves the requested model
         ├── Conflict                      409 adding a replica twice
         ├── PayloadTooLarge               413 body over --max-body-bytes
         ├── TooManyRequests               429 over --max-in-flight (Retry-After)
+        │   └── RateLimited               429 a tenant over one of its limits (names it)
         ├── Overloaded                    503 every candidate at its in-flight cap (Retry-After)
         ├── ShuttingDown                  503 the gateway is draining for shutdown (Retry-After)
         └── UpstreamError                 502 the replica failed before its response started
@@ -32,6 +34,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,7 +59,11 @@ class InvalidJSON(BadRequest):
 
 
 class Unauthorized(GatewayError):
-    """An admin call without the right bearer token."""
+    """A request without a valid API key, or an admin call without the right bearer token."""
+
+
+class RequestTimeout(GatewayError):
+    """The client did not send its whole request body within the configured time."""
 
 
 class NotFound(GatewayError):
@@ -77,6 +84,16 @@ class PayloadTooLarge(GatewayError):
 
 class TooManyRequests(GatewayError):
     """The gateway is at its total in-flight cap."""
+
+
+class RateLimited(TooManyRequests):
+    """A tenant is over one of its limits; the body names the limit, Retry-After says when."""
+
+    def __init__(self, message: str, limit: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit  # the limit's config name, e.g. "requests_per_second"
+        # Whole seconds, at least 1 (Retry-After takes an integer); None: the configured default.
+        self.retry_after_s = None if retry_after_s is None else max(1, math.ceil(retry_after_s))
 
 
 class Overloaded(GatewayError):
@@ -111,11 +128,13 @@ ERROR_TABLE: dict[type[BaseException], ErrorSpec] = {
     BadRequest: ErrorSpec(400, "invalid_request_error", "invalid_request"),
     InvalidJSON: ErrorSpec(400, "invalid_request_error", "invalid_json"),
     Unauthorized: ErrorSpec(401, "authentication_error", "invalid_api_key"),
+    RequestTimeout: ErrorSpec(408, "invalid_request_error", "request_timeout"),
     NotFound: ErrorSpec(404, "invalid_request_error", "not_found"),
     ModelNotFound: ErrorSpec(404, "invalid_request_error", "model_not_found"),
     Conflict: ErrorSpec(409, "invalid_request_error", "conflict"),
     PayloadTooLarge: ErrorSpec(413, "invalid_request_error", "request_too_large"),
     TooManyRequests: ErrorSpec(429, "rate_limit_error", "too_many_requests", True),
+    RateLimited: ErrorSpec(429, "rate_limit_error", "rate_limit_exceeded", True),
     Overloaded: ErrorSpec(503, "service_unavailable", "replicas_overloaded", True),
     ShuttingDown: ErrorSpec(503, "service_unavailable", "shutting_down", True),
     UpstreamError: ErrorSpec(502, "upstream_error", "bad_gateway"),
@@ -148,8 +167,12 @@ def error_response(exc: BaseException, retry_after_s: int) -> web.Response:
     spec = spec_for(exc)
     # Never show a foreign exception's text: it may carry internals.
     message = str(exc) if isinstance(exc, PrefixrouteError) else "internal error"
+    if isinstance(exc, RateLimited) and exc.retry_after_s is not None:
+        retry_after_s = exc.retry_after_s
     headers = {"Retry-After": str(retry_after_s)} if spec.retry_after else None
     body = error_body(message, spec.type, spec.code)
+    if isinstance(exc, RateLimited):
+        body["error"]["limit"] = exc.limit  # type: ignore[index]
     return web.json_response(body, status=spec.status, headers=headers, dumps=_compact)
 
 

@@ -8,28 +8,46 @@ Per request (updated as requests end):
   ``prefixroute_actual_cached_tokens_total{replica}``: the router's prediction and the replica's
   reported ``cached_tokens``, both counted only for responses that reported usage, so the two
   are comparable; ``prefixroute_usage_missing_total{replica}`` counts the rest.
+* ``prefixroute_cache_predictions_total{replica, outcome}``: each of those responses judged
+  ``exact`` (predicted == reported), ``over`` (predicted more than the replica had: a stale
+  decision) or ``under``; the stale-decision rate is ``over / sum``.
 * ``prefixroute_decision_seconds``: time to hash the prompt and decide, seconds.
+* ``prefixroute_tokenize_seconds`` and ``prefixroute_tokenize_failures_total`` (with a
+  tokenizer): the cost of one prompt's tokenization in its worker thread, seconds.
 * ``prefixroute_retries_total{reason}``, ``prefixroute_upstream_failures_total{replica, kind}``.
 
 Read live at scrape: ``prefixroute_in_flight{replica}`` (the router's own load accounting),
 ``prefixroute_replica_healthy{replica}``, ``prefixroute_prefix_index_blocks`` (distinct
 blocks), ``prefixroute_prefix_index_entries`` and ``prefixroute_prefix_index_evictions_total``.
+In precise mode also ``prefixroute_speculative_entries`` and, per replica, the KV-event streams:
+``prefixroute_kv_event_batches_total``, ``prefixroute_kv_events_total{type}``,
+``prefixroute_kv_event_gaps_total``, ``prefixroute_kv_event_replayed_total``,
+``prefixroute_kv_event_resyncs_total{cause}`` (gap, restart, cleared),
+``prefixroute_kv_event_decode_errors_total``, ``prefixroute_kv_event_blocks_total{kind}``
+(stored, removed, orphan, skipped) and ``prefixroute_kv_event_stream_state{state}`` (1 for the
+current one of waiting, live, resyncing).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from prefixroute.core import Router
+from prefixroute.events import StreamState
 from prefixroute.gateway._registry import ReplicaRegistry
+
+if TYPE_CHECKING:
+    from prefixroute.gateway._precise import PreciseMode
 
 # Decisions take microseconds to a few milliseconds (long prompts hash more blocks).
 DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
+# Tokenizing a prompt: ~2 microseconds a token (a 1,700-token prompt: a few milliseconds).
+TOKENIZE_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.5)
 
 
 class GatewayMetrics:
@@ -58,6 +76,24 @@ class GatewayMetrics:
             "prefixroute_usage_missing",
             "Responses without usage.prompt_tokens_details.cached_tokens.",
             ["replica"],
+            registry=r,
+        )
+        self.cache_predictions = Counter(
+            "prefixroute_cache_predictions",
+            "Responses with usage, by whether the predicted cached tokens were exact, over "
+            "(a stale decision) or under the replica's report.",
+            ["replica", "outcome"],
+            registry=r,
+        )
+        self.tokenize_seconds = Histogram(
+            "prefixroute_tokenize_seconds",
+            "Time to tokenize one prompt (chat template included) in a worker thread, seconds.",
+            buckets=TOKENIZE_BUCKETS,
+            registry=r,
+        )
+        self.tokenize_failures = Counter(
+            "prefixroute_tokenize_failures",
+            "Prompts that could not be tokenized (routed on their text instead).",
             registry=r,
         )
         self.decision_seconds = Histogram(
@@ -99,6 +135,12 @@ class GatewayMetrics:
             return
         self._child(self.predicted_cached, replica).inc(predicted)
         self._child(self.actual_cached, replica).inc(actual)
+        outcome = "exact" if predicted == actual else "over" if predicted > actual else "under"
+        self._child(self.cache_predictions, replica, outcome).inc()
+
+    def watch_precise(self, precise: PreciseMode) -> None:
+        """Report precise mode's event streams (read at scrape)."""
+        self.registry.register(_EventCollector(precise))
 
 
 class _LiveCollector(Collector):
@@ -137,3 +179,55 @@ class _LiveCollector(Collector):
             "Prefix-index entries evicted by per-replica capacity.",
             index.evictions,
         )
+
+
+class _EventCollector(Collector):
+    """Precise mode's KV-event streams, read from the subscribers at scrape time."""
+
+    def __init__(self, precise: PreciseMode) -> None:
+        self.precise = precise
+
+    def collect(self) -> Iterator[Metric]:
+        def counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, labels=["replica", *labels])
+
+        batches = counter("prefixroute_kv_event_batches", "KV-event batches applied.")
+        events = counter("prefixroute_kv_events", "KV events applied, by type.", "type")
+        gaps = counter("prefixroute_kv_event_gaps", "Sequence gaps (lost batches).")
+        replayed = counter("prefixroute_kv_event_replayed", "Batches recovered by replay.")
+        resyncs = counter(
+            "prefixroute_kv_event_resyncs", "Replica entries cleared, by cause.", "cause"
+        )
+        errors = counter("prefixroute_kv_event_decode_errors", "Undecodable messages.")
+        blocks = counter("prefixroute_kv_event_blocks", "Blocks in KV events, by fate.", "kind")
+        state = GaugeMetricFamily(
+            "prefixroute_kv_event_stream_state",
+            "1 for the stream's current state (waiting, live, resyncing).",
+            labels=["replica", "state"],
+        )
+        router = self.precise.router
+        speculative = router.speculative
+        for replica, sub in self.precise.subscribers.items():
+            st, ix = sub.stats, sub.indexer.stats
+            batches.add_metric([replica], st.batches)
+            events.add_metric([replica, "BlockStored"], ix.stored_events)
+            events.add_metric([replica, "BlockRemoved"], ix.removed_events)
+            events.add_metric([replica, "AllBlocksCleared"], ix.cleared_events)
+            gaps.add_metric([replica], st.gaps)
+            replayed.add_metric([replica], st.replayed)
+            for cause in ("gap", "restart", "cleared"):
+                resyncs.add_metric([replica, cause], st.resyncs.get(cause, 0))
+            errors.add_metric([replica], st.decode_errors)
+            blocks.add_metric([replica, "stored"], ix.stored_blocks)
+            blocks.add_metric([replica, "removed"], ix.removed_blocks)
+            blocks.add_metric([replica, "orphan"], ix.orphan_blocks)
+            blocks.add_metric([replica, "skipped"], ix.skipped_blocks)
+            for s in StreamState:
+                state.add_metric([replica, s.value], 1.0 if sub.state is s else 0.0)
+        yield from (batches, events, gaps, replayed, resyncs, errors, blocks, state)
+        if speculative is not None:
+            yield GaugeMetricFamily(
+                "prefixroute_speculative_entries",
+                "(replica, block) speculative entries not yet expired.",
+                len(speculative),
+            )

@@ -12,6 +12,7 @@ that fails is reported to the registry, which takes it out after repeated failur
 
 from __future__ import annotations
 
+import io
 import itertools
 import logging
 import time
@@ -21,6 +22,7 @@ import aiohttp
 from aiohttp import web
 
 from prefixroute.core import Decision, NoReplicaAvailable, ReplicaId, RequestView, Router
+from prefixroute.gateway._bodylog import log_request_body, log_response_body
 from prefixroute.gateway._errors import GatewayError, Overloaded, UpstreamError
 from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._registry import ReplicaRegistry
@@ -30,16 +32,19 @@ from prefixroute.gateway._relay import (
     is_event_stream,
     relay_plain,
     relay_stream,
-    request_headers,
     upstream_error,
 )
+from prefixroute.gateway._request_id import REQUEST_ID_HEADER, request_id_of
 from prefixroute.gateway._requests import Endpoint, RouteKey
+from prefixroute.gateway._tenants import TENANT_SCOPE, upstream_headers
 
 log = logging.getLogger(__name__)
 
 REPLICA_HEADER = "x-prefixroute-replica"
 REASON_HEADER = "x-prefixroute-reason"
+PREDICTED_HEADER = "x-prefixroute-predicted-cached-tokens"  # the decision's prediction, tokens
 MAX_ATTEMPTS = 2  # the first try and one retry
+LARGE_BODY = 1024 * 1024  # bytes; aiohttp's threshold for sending bytes in one write
 
 
 class _Status5xx(UpstreamError):
@@ -75,10 +80,15 @@ class Proxy:
         self, request: web.Request, body: bytes, endpoint: Endpoint, key: RouteKey
     ) -> web.StreamResponse:
         outcome = request[OUTCOME] = RequestOutcome()
-        rid = f"gw-{next(self._ids)}"
+        rid = f"{request_id_of(request) or 'gw'}-{next(self._ids)}"  # unique for the router
+        scope = request.get(TENANT_SCOPE)
+        seed, body = scope.isolate(endpoint, body) if scope is not None else (None, body)
+        log_request_body(request, body)
         started = time.perf_counter()
-        view = self._view(rid, key)
+        view = self._view(rid, key, seed, scope.tenant.name if scope is not None else None)
         hash_s = time.perf_counter() - started
+        if scope is not None:
+            scope.charge_prompt(view.prompt_tokens)
         failed: list[ReplicaId] = []
         last: UpstreamError | None = None
         for attempt in range(MAX_ATTEMPTS):
@@ -108,23 +118,34 @@ class Proxy:
             finally:
                 self.router.complete(rid, time.monotonic())
             self._account(rid, endpoint, decision, result)
+            log_response_body(request, result.response)
             return result.response
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _view(self, rid: str, key: RouteKey) -> RequestView:
+    def _view(
+        self, rid: str, key: RouteKey, seed: int | None = None, tenant: str | None = None
+    ) -> RequestView:
+        """``seed``: the tenant's own key space under isolation (None: the common one)."""
         if key.tokens is not None:
             return self.router.view(
-                rid, tokens=key.tokens, output_tokens=key.max_tokens, model=key.model
-            )
+                rid, tokens=key.tokens, output_tokens=key.max_tokens, model=key.model,
+                tenant=tenant, seed=seed,
+            )  # fmt: skip
         return self.router.view(
-            rid, text=key.text or "", output_tokens=key.max_tokens, model=key.model
-        )
+            rid, text=key.text or "", output_tokens=key.max_tokens, model=key.model,
+            tenant=tenant, seed=seed,
+        )  # fmt: skip
 
     async def _attempt(
         self, request: web.Request, body: bytes, decision: Decision, rid: str, can_retry: bool
     ) -> RelayResult:
         replica = decision.replica
-        extra = {REPLICA_HEADER: replica, REASON_HEADER: decision.reason.value}
+        extra = {
+            REPLICA_HEADER: replica,
+            REASON_HEADER: decision.reason.value,
+            REQUEST_ID_HEADER: request_id_of(request) or rid,
+            PREDICTED_HEADER: str(decision.predicted_cached_tokens),
+        }
         url = replica + request.rel_url.raw_path_qs
 
         def first_token() -> None:
@@ -132,7 +153,7 @@ class Proxy:
 
         try:
             async with self.session.request(
-                request.method, url, data=body or None, headers=request_headers(request.headers)
+                request.method, url, data=_payload(body), headers=upstream_headers(request)
             ) as resp:
                 if resp.status >= 500 and can_retry:
                     raise _Status5xx(f"replica {replica} answered {resp.status}")
@@ -171,6 +192,15 @@ class Proxy:
             decision.predicted_cached_tokens,
             result.cached_tokens,
         )
+
+
+def _payload(body: bytes) -> bytes | io.BytesIO | None:
+    """The body as aiohttp should send it: bytes are written in one go, which aiohttp warns
+    about past 1 MiB (it would hold the loop), so larger ones go as a stream, a fresh one per
+    attempt so that a retry sends it again from the start."""
+    if len(body) > LARGE_BODY:
+        return io.BytesIO(body)
+    return body or None
 
 
 def _kind(exc: BaseException) -> str:

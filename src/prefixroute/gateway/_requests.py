@@ -9,6 +9,9 @@ tokenizer, and a character prefix is a token prefix for any tokenizer, up to the
 
 Completions are keyed on their prompt: a string in character mode, a list of token ids in token
 mode. For a batch of prompts the first one decides (one request goes to one replica).
+
+With a tokenizer (``--tokenizer``), ``_tokenize`` turns a text key into the engine's token ids
+before routing; the key keeps the chat messages and ``add_special_tokens`` for that.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from prefixroute.gateway._errors import BadRequest, InvalidJSON
+from prefixroute.gateway._jsondepth import MAX_DEPTH, too_deep
 
 
 class Endpoint(StrEnum):
@@ -34,6 +38,8 @@ class RouteKey:
     model: str | None  # requested model; None = any replica
     stream: bool  # the client asked for an SSE stream
     max_tokens: int  # requested output length, tokens (0 when not given)
+    messages: list[Mapping[str, object]] | None = None  # chat messages, for a tokenizer
+    add_special_tokens: bool | None = None  # vLLM's request field; None = the endpoint default
 
 
 EMPTY_KEY = RouteKey("", None, None, False, 0)
@@ -41,9 +47,12 @@ EMPTY_KEY = RouteKey("", None, None, False, 0)
 
 def parse_body(body: bytes) -> object:
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidJSON(f"the request body is not valid JSON: {exc}") from exc
+    if too_deep(body, obj):  # see _jsondepth: deep bodies fail later, elsewhere
+        raise InvalidJSON(f"the request body nests more than {MAX_DEPTH} levels deep")
+    return obj
 
 
 def route_key(endpoint: Endpoint, body: bytes) -> RouteKey:
@@ -58,11 +67,16 @@ def route_key(endpoint: Endpoint, body: bytes) -> RouteKey:
     max_tokens = obj.get("max_tokens", obj.get("max_completion_tokens", 0))
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
         max_tokens = 0  # the replica validates; the router only uses it as a hint
+    special = obj.get("add_special_tokens")
+    special = special if isinstance(special, bool) else None
     if endpoint is Endpoint.CHAT:
-        return RouteKey(chat_text(obj.get("messages")), None, model, stream, max_tokens)
+        messages = obj.get("messages")
+        chat = chat_text(messages)  # validates: a non-empty list of objects
+        assert isinstance(messages, list)
+        return RouteKey(chat, None, model, stream, max_tokens, messages, special)
     if endpoint is Endpoint.COMPLETIONS:
         text, tokens = _prompt(obj.get("prompt"))
-        return RouteKey(text, tokens, model, stream, max_tokens)
+        return RouteKey(text, tokens, model, stream, max_tokens, None, special)
     return RouteKey("", None, model, stream, max_tokens)
 
 

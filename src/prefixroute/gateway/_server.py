@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import TracebackType
 
 from aiohttp import web
 
-from prefixroute.core import ConfigError, Router
+from prefixroute.core import ConfigError, ReplicaId, Router
+from prefixroute.events import EventSubscriber
+from prefixroute.gateway._admin import build_admin_app
 from prefixroute.gateway._app import build_app
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._registry import ReplicaRegistry
 from prefixroute.gateway._state import STATE
+from prefixroute.gateway._tokenize import PromptTokenizer
 
 
 class Gateway:
@@ -19,13 +23,22 @@ class Gateway:
     ``handler_cancellation`` is on, in tests and in production alike: a client that disconnects
     cancels its handler, which closes the upstream request and releases its accounting.
     ``stop()`` drains: no new connections, in-flight requests get ``shutdown_timeout_s``.
+
+    Slow clients: aiohttp's keep-alive timer, set to ``client_header_timeout_s``, closes a
+    connection whose next request has not fully arrived in time, the first request included
+    (aiohttp >= 3.14 arms it at connect); a slow body gets a 408 after ``client_body_timeout_s``.
+    With ``admin_port`` the admin API listens on an address of its own.
     """
 
-    def __init__(self, config: GatewayConfig | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig | None = None, *, tokenizer: PromptTokenizer | None = None
+    ) -> None:
         self.config = config or GatewayConfig()
-        self.app = build_app(self.config)
+        self.app = build_app(self.config, tokenizer)
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
+        self._admin_runner: web.AppRunner | None = None
+        self._admin_url: str | None = None
 
     @property
     def url(self) -> str:
@@ -35,6 +48,11 @@ class Gateway:
         return self._url
 
     @property
+    def admin_url(self) -> str:
+        """Base URL of the admin API: its own listener with ``admin_port``, else ``url``."""
+        return self._admin_url if self._admin_url is not None else self.url
+
+    @property
     def router(self) -> Router:
         return self.app[STATE].router
 
@@ -42,28 +60,52 @@ class Gateway:
     def registry(self) -> ReplicaRegistry:
         return self.app[STATE].registry
 
+    @property
+    def event_streams(self) -> Mapping[ReplicaId, EventSubscriber]:
+        """Precise mode's KV-event subscriber per replica (empty in the other modes)."""
+        precise = self.app[STATE].precise
+        return precise.subscribers if precise is not None else {}
+
     async def start(self) -> str:
         if self._runner is not None:
             return self.url
+        cfg = self.config
+        self._runner, self._url = await self._listen(self.app, cfg.host, cfg.port)
+        if cfg.admin_port is not None:
+            try:
+                admin = build_admin_app(self.app)
+                self._admin_runner, self._admin_url = await self._listen(
+                    admin, cfg.admin_host or cfg.host, cfg.admin_port
+                )
+            except BaseException:
+                await self.stop()
+                raise
+        return self._url
+
+    async def _listen(
+        self, app: web.Application, host: str, port: int
+    ) -> tuple[web.AppRunner, str]:
         runner = web.AppRunner(
-            self.app,
+            app,
             handler_cancellation=True,
             access_log=None,
             shutdown_timeout=self.config.shutdown_timeout_s,
+            keepalive_timeout=self.config.client_header_timeout_s,
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.config.host, self.config.port)
+            site = web.TCPSite(runner, host, port)
             await site.start()
         except BaseException:
             await runner.cleanup()
             raise
-        host, port = runner.addresses[0][:2]
-        self._runner = runner
-        self._url = f"http://{host}:{port}"
-        return self._url
+        bound_host, bound_port = runner.addresses[0][:2]
+        return runner, f"http://{bound_host}:{bound_port}"
 
     async def stop(self) -> None:
+        admin, self._admin_runner, self._admin_url = self._admin_runner, None, None
+        if admin is not None:
+            await admin.cleanup()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()

@@ -16,8 +16,10 @@ from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._limits import Limits
 from prefixroute.gateway._metrics import GatewayMetrics
+from prefixroute.gateway._precise import PreciseMode
 from prefixroute.gateway._proxy import Proxy
 from prefixroute.gateway._registry import ReplicaRegistry
+from prefixroute.gateway._tokenize import TokenizerPool
 
 
 @dataclass(slots=True)
@@ -29,6 +31,8 @@ class GatewayState:
     limits: Limits
     proxy: Proxy | None = None  # set while the app runs
     health: HealthChecker | None = None  # set while the app runs
+    tokenizer: TokenizerPool | None = None  # with a tokenizer: token-exact keys
+    precise: PreciseMode | None = None  # precise mode: the KV-event subscribers
 
 
 STATE = web.AppKey("prefixroute.gateway.state", GatewayState)

@@ -92,6 +92,17 @@ class KVCache:
             self.stored.append(h)
         return True
 
+    def reset(self) -> bool:
+        """Drop every cached block, as vLLM's ``reset_prefix_cache``; False (nothing done) while
+        any block is in use. Drops are not recorded as removals: the caller reports a reset."""
+        if self.used:
+            return False
+        self.free = self.capacity
+        self._refs.clear()
+        self._idle.clear()
+        self.stored, self.removed = [], []
+        return True
+
     def release(self, cached: Sequence[BlockHash], anonymous: int) -> None:
         """A request ends: unpin its cached blocks (tail first into the LRU) and free the rest."""
         self.free += anonymous

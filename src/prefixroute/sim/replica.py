@@ -91,6 +91,15 @@ class EngineRequest:
         return self.computed >= self._prompt
 
 
+@dataclass(frozen=True, slots=True)
+class StoredBlock:
+    """A block that became reusable, as an engine's KV event reports it (``record_events``)."""
+
+    block_hash: BlockHash  # the engine's hash of the block
+    parent: BlockHash | None  # hash of the block before it in its prompt; None for the first
+    tokens: list[int]  # its token ids, ``block_size`` of them
+
+
 @dataclass(slots=True)
 class StepResult:
     first_tokens: list[EngineRequest]  # prefill finished this step (first token emitted)
@@ -113,6 +122,8 @@ class ReplicaModel:
         self.config = config or ReplicaConfig()
         self.hasher = BlockHasher(self.config.block_size, hash_seed)
         self.cache = KVCache(self.config.kv_capacity_blocks, record_events=record_events)
+        # With record_events: blocks made reusable since the last take_stored_blocks().
+        self._stored_blocks: list[StoredBlock] | None = [] if record_events else None
         self.fast_forward = fast_forward  # plan decode-only stretches as one step
         self.report_decodes = report_decodes  # list every decoding request in each StepResult
         self.waiting: deque[EngineRequest] = deque()
@@ -306,16 +317,42 @@ class ReplicaModel:
     def _register(self, req: EngineRequest) -> None:
         """Make the prompt's newly computed full blocks reusable."""
         full = min(req.computed // self.config.block_size, len(req.block_hashes))
-        for h in req.block_hashes[req._registered : full]:
+        stored = self._stored_blocks
+        for i in range(req._registered, full):
+            h = req.block_hashes[i]
             if self.cache.register(h):
                 req._cached.append(h)
                 req._anonymous -= 1
+                if stored is not None:
+                    stored.append(self._stored_block(req, i))
         req._registered = full
+
+    def _stored_block(self, req: EngineRequest, i: int) -> StoredBlock:
+        bs = self.config.block_size
+        parent = req.block_hashes[i - 1] if i else None
+        chunk = req.tokens[i * bs : (i + 1) * bs]  # type: ignore[index]  # a list or an array
+        return StoredBlock(req.block_hashes[i], parent, [int(t) for t in chunk])
 
     def _release(self, req: EngineRequest) -> None:
         self.cache.release(req._cached, req._anonymous)
         req._cached = []
         req._anonymous = 0
+
+    def take_stored_blocks(self) -> list[StoredBlock]:
+        """Blocks stored since the last call, with parent and tokens (needs ``record_events``)."""
+        if self._stored_blocks is None:
+            raise ConfigError("the replica model records cache events only with record_events")
+        stored, self._stored_blocks = self._stored_blocks, []
+        return stored
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's ``/reset_prefix_cache``); False while requests run,
+        as vLLM refuses then. Pending event records are dropped with the blocks."""
+        if self.running or not self.cache.reset():
+            return False
+        if self._stored_blocks is not None:
+            self._stored_blocks = []
+        return True
 
     def take_cache_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """Blocks stored and removed since the last call (for engine-style KV events)."""

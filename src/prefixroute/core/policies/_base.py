@@ -9,6 +9,7 @@ from typing import ClassVar, Protocol
 
 from prefixroute.core.index import PrefixIndex
 from prefixroute.core.load import LoadTracker, ReplicaLoad
+from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 
 
@@ -22,14 +23,24 @@ class RoutingContext:
     loads: LoadTracker
     rng: random.Random
     now: float  # seconds, the caller's clock
+    speculative: SpeculativeEntries | None = None  # recent decisions not yet in the index
     _matches: dict[ReplicaId, int] | None = field(default=None)
     _cached: dict[ReplicaId, int] | None = field(default=None)
 
     @property
     def matches(self) -> dict[ReplicaId, int]:
-        """Matched blocks per candidate (0 when none); computed once, on first use."""
+        """Matched blocks per candidate (0 when none); computed once, on first use.
+
+        With speculative entries, a replica's match is the longer of what the index knows and
+        what recent decisions sent it (precise mode: events not arrived yet).
+        """
         if self._matches is None:
-            found = self.index.match(self.request.block_hashes, self.candidates)
+            hashes = self.request.block_hashes
+            found = self.index.match(hashes, self.candidates)
+            if self.speculative is not None:
+                for r, m in self.speculative.match(hashes, self.candidates, self.now).items():
+                    if m > found.get(r, 0):
+                        found[r] = m
             self._matches = {r: found.get(r, 0) for r in self.candidates}
         return self._matches
 

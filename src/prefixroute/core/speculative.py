@@ -1,0 +1,105 @@
+"""Speculative entries: where the router just sent a prefix, until the engine says so itself.
+
+In precise mode the prefix index holds only what the engines reported in their KV events, and a
+request's events come after the engine has scheduled its prefill: milliseconds to seconds after
+the routing decision. A burst of requests sharing a new prefix would find it nowhere and scatter
+by load, each replica computing the same prefix. A speculative entry stands in for those events:
+the decision's blocks count as held by the chosen replica for ``ttl_s`` seconds, and by then the
+engine's own events (or their absence, after an eviction or a failure) have taken over.
+
+Entries are never confirmed or cancelled one by one; they expire. The clock is the caller's
+``now`` (seconds), passed to every call, so the structure stays deterministic and testable.
+
+Every decision records a whole chain from the prompt's first block, and a chain's blocks all
+get the same expiry, so a block's parent expires no earlier than the block: each replica's set
+stays closed under prefixes and the longest match is found by binary search, as in the index.
+Expired entries are dropped lazily from a queue in expiry order (expiries only grow when ``now``
+does), each dropped only if no later decision refreshed it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from prefixroute.core.errors import ConfigError
+from prefixroute.core.hashing import BlockHash
+from prefixroute.core.types import ReplicaId
+
+DEFAULT_TTL_S = 2.0  # seconds: longer than a prefill's wait for its first events, on purpose
+
+
+@dataclass(slots=True)
+class SpeculativeEntries:
+    """Block hash -> replica entries that expire ``ttl_s`` seconds after the decision."""
+
+    ttl_s: float = DEFAULT_TTL_S  # seconds an entry lives
+    _until: dict[ReplicaId, dict[BlockHash, float]] = field(default_factory=dict)  # expiry, s
+    _queue: deque[tuple[float, ReplicaId, Sequence[BlockHash]]] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if not self.ttl_s > 0:
+            raise ConfigError(f"the speculative entry TTL must be positive, got {self.ttl_s}")
+
+    def add(self, replica: ReplicaId, block_hashes: Sequence[BlockHash], now: float) -> None:
+        """``replica`` was just sent a prompt with these blocks."""
+        self.expire(now)
+        if not block_hashes:
+            return
+        until = now + self.ttl_s
+        self._until.setdefault(replica, {}).update(dict.fromkeys(block_hashes, until))
+        self._queue.append((until, replica, block_hashes))
+
+    def expire(self, now: float) -> None:
+        """Drop every entry whose time is up at ``now``."""
+        queue, entries = self._queue, self._until
+        while queue and queue[0][0] <= now:
+            until, replica, hashes = queue.popleft()
+            held = entries.get(replica)
+            if held is None:
+                continue
+            for h in hashes:
+                if held.get(h) == until:  # not refreshed by a later decision
+                    del held[h]
+            if not held:
+                del entries[replica]
+
+    def match(
+        self, block_hashes: Sequence[BlockHash], replicas: Iterable[ReplicaId], now: float
+    ) -> dict[ReplicaId, int]:
+        """Longest live speculative prefix per replica, in blocks; no match means absent."""
+        self.expire(now)
+        result: dict[ReplicaId, int] = {}
+        n = len(block_hashes)
+        if not n or not self._until:
+            return result
+        first, last = block_hashes[0], block_hashes[-1]
+        for replica in replicas:
+            held = self._until.get(replica)
+            if held is None or first not in held:
+                continue
+            if last in held:
+                result[replica] = n
+                continue
+            lo, hi = 1, n - 1  # block_hashes[lo - 1] is held, block_hashes[hi] is not
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if block_hashes[mid] in held:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            result[replica] = lo
+        return result
+
+    def remove_replica(self, replica: ReplicaId) -> None:
+        """Forget ``replica``'s entries (it left, or its cache was reset)."""
+        self._until.pop(replica, None)
+
+    def blocks_of(self, replica: ReplicaId) -> int:
+        """Live-or-not-yet-dropped entries of ``replica``, blocks."""
+        return len(self._until.get(replica, ()))
+
+    def __len__(self) -> int:
+        """(replica, block) entries not yet dropped."""
+        return sum(len(held) for held in self._until.values())

@@ -1,0 +1,59 @@
+"""KV events from inference engines: vLLM's wire format, a subscriber per replica, the indexer.
+
+The adapter between engines and the routing core (STYLE rule 12). Engines publish what their
+prefix caches store and evict; this package decodes it (``decode_batch``), follows each
+replica's stream (``EventSubscriber``: sequence numbers, replay, resync) and applies it to the
+router's :class:`~prefixroute.core.PrefixIndex` through its plain methods (``PreciseIndexer``),
+keyed by our own hashes of the token ids the events carry. The core never sees a socket, a
+frame or an engine hash. ``EventPublisher`` speaks the same protocol for emulated engines.
+"""
+
+from prefixroute.events._endpoint import EventEndpoint
+from prefixroute.events._errors import BadEndpoint, EventDecodeError, EventStreamError
+from prefixroute.events._indexer import IndexerStats, PreciseIndexer
+from prefixroute.events._publisher import EventPublisher
+from prefixroute.events._sequence import SeqOutcome, SequenceTracker
+from prefixroute.events._subscriber import EventSubscriber, StreamState, StreamStats
+from prefixroute.events._wire import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    ExternalBlockHash,
+    KVCacheEvent,
+    KVEvent,
+    KVEventBatch,
+    decode_batch,
+    encode_batch,
+    pack_frames,
+    unpack_frames,
+)
+
+__all__ = [
+    "MEDIUM_GPU",
+    "AllBlocksCleared",
+    "BadEndpoint",
+    "BlockRemoved",
+    "BlockStored",
+    "EventBatch",
+    "EventDecodeError",
+    "EventEndpoint",
+    "EventPublisher",
+    "EventStreamError",
+    "EventSubscriber",
+    "ExternalBlockHash",
+    "IndexerStats",
+    "KVCacheEvent",
+    "KVEvent",
+    "KVEventBatch",
+    "PreciseIndexer",
+    "SeqOutcome",
+    "SequenceTracker",
+    "StreamState",
+    "StreamStats",
+    "decode_batch",
+    "encode_batch",
+    "pack_frames",
+    "unpack_frames",
+]

@@ -1,0 +1,146 @@
+"""One replica's KV events applied to the router's prefix index, keyed by OUR hashes.
+
+We never reproduce an engine's hash function (vLLM's depends on its version, its hash algorithm
+and ``PYTHONHASHSEED``). A ``BlockStored`` event carries the token ids of the blocks it stores
+and the engine hash of the block before them, so we hash the token ids with the router's own
+:class:`BlockHasher`, chained from our hash of that parent block. A request routed later hashes
+its prompt's token ids the same way, so its hashes meet the engine's blocks in the index.
+
+The engine hash -> our hash map (one per replica) resolves parents and translates
+``BlockRemoved`` events. An event whose parent we never saw (we joined the stream late, lost
+batches, or skipped the parent) cannot be placed in a chain: its blocks are counted as orphans
+and left out, which under-predicts, never over-predicts.
+
+Blocks that tokens alone do not identify are left out too: another medium than the GPU cache
+(CPU or storage offload tiers), LoRA adapters, and extra keys (multimodal inputs, cache salt),
+whose hashes differ from a plain prompt's with the same tokens. So are blocks of another block
+size than ours: the request side could never produce their keys.
+
+Copies: an engine may hold two physical blocks with one hash (two requests computed the same
+prefix at once) and report each eviction. We keep one entry per hash, so the first eviction
+removes it while a copy may remain: again an under-prediction, and rare in vLLM v1, which
+caches blocks when it schedules them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from prefixroute.core import BlockHash, BlockHasher, PrefixIndex, ReplicaId
+from prefixroute.events._wire import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    ExternalBlockHash,
+    KVEventBatch,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class IndexerStats:
+    """Counts since creation, for /metrics."""
+
+    stored_events: int = 0  # BlockStored events received
+    removed_events: int = 0  # BlockRemoved events received
+    cleared_events: int = 0  # AllBlocksCleared events received
+    stored_blocks: int = 0  # blocks indexed from BlockStored
+    removed_blocks: int = 0  # blocks dropped on BlockRemoved
+    orphan_blocks: int = 0  # stored blocks whose parent we never saw: not indexed
+    skipped_blocks: int = 0  # stored blocks tokens do not identify (medium, LoRA, keys, size)
+    unknown_removals: int = 0  # BlockRemoved for a hash we do not hold
+
+
+class PreciseIndexer:
+    """Keeps ``replica``'s entries in ``index`` equal to what its engine reported."""
+
+    def __init__(self, replica: ReplicaId, index: PrefixIndex, hasher: BlockHasher) -> None:
+        self.replica = replica
+        self.index = index
+        self.hasher = hasher
+        self.stats = IndexerStats()
+        self._ours: dict[ExternalBlockHash, BlockHash] = {}  # engine hash -> our hash
+        self._warned_size = False
+
+    def apply(self, batch: KVEventBatch) -> None:
+        """Apply a batch's events in order."""
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                self._stored(event)
+            elif isinstance(event, BlockRemoved):
+                self._removed(event)
+            else:
+                assert isinstance(event, AllBlocksCleared)
+                self.stats.cleared_events += 1
+                self.clear()
+
+    def clear(self) -> None:
+        """Forget everything this replica reported (a reset, a gap, a restart)."""
+        self._ours.clear()
+        self.index.clear_replica(self.replica)
+
+    def __len__(self) -> int:
+        """Engine blocks currently mapped."""
+        return len(self._ours)
+
+    # --- events ---------------------------------------------------------------------------
+    def _stored(self, event: BlockStored) -> None:
+        stats = self.stats
+        stats.stored_events += 1
+        n = len(event.block_hashes)
+        if not self._identified_by_tokens(event):
+            stats.skipped_blocks += n
+            return
+        parent: BlockHash | None = None
+        if event.parent_block_hash is not None:
+            parent = self._ours.get(event.parent_block_hash)
+            if parent is None:
+                stats.orphan_blocks += n
+                return
+        ours = self.hasher.hash_tokens(event.token_ids, parent=parent)
+        if len(ours) != n:  # token count does not match the block count
+            stats.skipped_blocks += n
+            return
+        self._ours.update(zip(event.block_hashes, ours, strict=True))
+        if self.replica in self.index.replicas:  # a replica removed meanwhile stays removed
+            self.index.insert(self.replica, ours, from_root=parent is None)
+        stats.stored_blocks += n
+
+    def _removed(self, event: BlockRemoved) -> None:
+        stats = self.stats
+        stats.removed_events += 1
+        if event.medium not in (None, MEDIUM_GPU):
+            return
+        ours: list[BlockHash] = []
+        for engine_hash in event.block_hashes:
+            h = self._ours.pop(engine_hash, None)
+            if h is None:
+                stats.unknown_removals += 1
+            else:
+                ours.append(h)
+        if ours:
+            self.index.remove_blocks(self.replica, ours)
+            stats.removed_blocks += len(ours)
+
+    def _identified_by_tokens(self, event: BlockStored) -> bool:
+        if event.block_size != self.hasher.block_size:
+            if not self._warned_size:
+                self._warned_size = True
+                log.error(
+                    "replica %s reports %d-token blocks but the gateway hashes %d-token "
+                    "blocks: its events cannot match requests (set the KV block size)",
+                    self.replica,
+                    event.block_size,
+                    self.hasher.block_size,
+                )
+            return False
+        return (
+            event.medium in (None, MEDIUM_GPU)
+            and event.lora_id is None
+            and event.lora_name is None
+            and event.group_idx in (None, 0)
+            and (event.extra_keys is None or all(k is None for k in event.extra_keys))
+        )

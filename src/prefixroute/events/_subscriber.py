@@ -1,0 +1,244 @@
+"""One replica's KV-event stream: a ZMQ SUB socket read by an asyncio task.
+
+Each message goes through three steps: its sequence number is checked, its payload decoded, its
+events applied to the replica's :class:`PreciseIndexer`. What goes wrong is handled so that the
+index never trusts entries the engine may no longer hold:
+
+* **A gap** (numbers skipped: the PUB socket dropped batches, or we were slow). With a replay
+  endpoint we ask the engine for the missing batches (vLLM's ROUTER protocol: send the first
+  missing number; receive ``[topic, seq, payload]`` up to an end marker, sequence -1) and apply
+  them in order.
+  Without one, or when the replay does not cover the gap, we clear the replica's entries and
+  mark it resyncing.
+* **A restart** (a number not above the last: a new engine counts from 0 again). Its cache
+  started empty, so we clear and carry on from the new stream.
+* **AllBlocksCleared** clears the replica's entries, and after it we are exactly in step again.
+
+State: ``waiting`` until the first batch; ``live`` while the stream is known to be complete;
+``resyncing`` after we cleared for a gap or joined a stream late, meaning the engine may hold
+blocks it told us about before we listened. Those entries are rebuilt as the engine stores them
+again; an AllBlocksCleared or a fresh engine (sequence 0) makes the replica ``live`` again.
+
+A payload that does not decode is counted and skipped; the stream goes on. The socket and the
+replay socket come from one ``zmq.asyncio.Context`` owned by whoever starts subscribers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import zmq
+import zmq.asyncio
+
+from prefixroute.core import ReplicaId
+from prefixroute.events._endpoint import EventEndpoint
+from prefixroute.events._errors import BadEndpoint, EventDecodeError
+from prefixroute.events._indexer import PreciseIndexer
+from prefixroute.events._sequence import SeqOutcome, SequenceTracker
+from prefixroute.events._wire import (
+    END_SEQ,
+    AllBlocksCleared,
+    KVEventBatch,
+    decode_batch,
+    decode_seq,
+    unpack_frames,
+)
+
+log = logging.getLogger(__name__)
+
+REPLAY_TIMEOUT_S = 1.0  # seconds to wait for each replayed batch before giving up
+RCV_HWM = 100_000  # messages queued in our socket before ZMQ drops (vLLM's own default)
+
+
+class StreamState(StrEnum):
+    WAITING = "waiting"  # no batch received yet
+    LIVE = "live"  # every batch since a known-empty cache (or since start at seq 0) applied
+    RESYNCING = "resyncing"  # cleared after a gap or a late join: rebuilding from new events
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """Counts since creation, for /metrics."""
+
+    batches: int = 0  # batches applied (replayed ones included)
+    events: int = 0  # events in those batches
+    gaps: int = 0  # times sequence numbers were skipped
+    missed: int = 0  # batches lost to gaps (replayed or not)
+    replayed: int = 0  # batches recovered through the replay socket
+    replay_failures: int = 0  # gaps the replay did not close
+    restarts: int = 0  # sequence resets (publisher restarted)
+    resyncs: dict[str, int] = field(default_factory=dict)  # entries cleared, by cause
+    decode_errors: int = 0  # messages that were not KV-event batches
+
+
+class EventSubscriber:
+    """Reads one replica's KV events into its indexer until stopped."""
+
+    def __init__(
+        self,
+        endpoint: EventEndpoint,
+        indexer: PreciseIndexer,
+        context: zmq.asyncio.Context,
+        *,
+        replay_timeout_s: float = REPLAY_TIMEOUT_S,
+    ) -> None:
+        self.endpoint = endpoint
+        self.indexer = indexer
+        self.context = context
+        self.replay_timeout_s = replay_timeout_s
+        self.stats = StreamStats()
+        self.state = StreamState.WAITING
+        self.sequence = SequenceTracker()
+        self.address: str | None = None  # the bound or connected address, once started
+        self._socket: zmq.asyncio.Socket | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def replica(self) -> ReplicaId:
+        return self.indexer.replica
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Bind or connect, and start reading. Raises BadEndpoint if the address is unusable."""
+        if self._task is not None:
+            return
+        sock = self.context.socket(zmq.SUB)
+        try:
+            sock.setsockopt(zmq.RCVHWM, RCV_HWM)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
+            self.address = _attach(sock, self.endpoint.address, self.endpoint.bind)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        self._socket = sock
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"kv-events {self.replica}"
+        )
+        log.info("KV events of %s: %s", self.replica, self.endpoint)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        sock, self._socket = self._socket, None
+        if sock is not None:
+            sock.close(linger=0)
+
+    # --- the stream -----------------------------------------------------------------------
+    async def _run(self) -> None:
+        assert self._socket is not None
+        sock = self._socket
+        while True:
+            frames = await sock.recv_multipart()
+            try:
+                await self.receive(frames)
+            except EventDecodeError as exc:
+                self.stats.decode_errors += 1
+                log.warning("KV events of %s: %s", self.replica, exc)
+
+    async def receive(self, frames: list[bytes]) -> None:
+        """Handle one published message (sequence check, replay or resync, then apply)."""
+        _, seq, payload = unpack_frames(frames)
+        batch = decode_batch(payload)  # a bad payload leaves the sequence untouched
+        missing = self.sequence.missing(seq)
+        outcome = self.sequence.observe(seq)
+        if outcome is SeqOutcome.FIRST:
+            # A stream that starts at 0 is a fresh engine with an empty cache; any other number
+            # means it ran before we listened and may hold blocks we never heard of.
+            self.state = StreamState.LIVE if seq == 0 else StreamState.RESYNCING
+        elif outcome is SeqOutcome.GAP:
+            self.stats.gaps += 1
+            self.stats.missed += len(missing)
+            if not await self._replay(missing):
+                self._resync("gap")
+        elif outcome is SeqOutcome.RESTART:
+            self.stats.restarts += 1
+            self._resync("restart")
+            if seq == 0:
+                self.state = StreamState.LIVE
+        self._apply(batch)
+
+    def _apply(self, batch: KVEventBatch) -> None:
+        self.stats.batches += 1
+        self.stats.events += len(batch.events)
+        cleared = any(isinstance(e, AllBlocksCleared) for e in batch.events)
+        self.indexer.apply(batch)
+        if cleared:
+            self.stats.resyncs["cleared"] = self.stats.resyncs.get("cleared", 0) + 1
+            self.state = StreamState.LIVE  # the engine is empty, and so are we
+
+    def _resync(self, cause: str) -> None:
+        self.indexer.clear()
+        self.stats.resyncs[cause] = self.stats.resyncs.get(cause, 0) + 1
+        self.state = StreamState.RESYNCING
+        log.warning("KV events of %s: %s; entries cleared, resyncing", self.replica, cause)
+
+    async def _replay(self, missing: range) -> bool:
+        """Fetch and apply the ``missing`` batches; False if the replay did not close the gap."""
+        if self.endpoint.replay is None or not missing:
+            return False
+        sock = self.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        got: dict[int, bytes] = {}
+        try:
+            sock.connect(self.endpoint.replay)
+            await sock.send_multipart([b"", missing.start.to_bytes(8, "big")])
+            while True:
+                if not await sock.poll(self.replay_timeout_s * 1000):
+                    break
+                reply = _replay_reply(await sock.recv_multipart())
+                if reply is None or reply[0] == END_SEQ:
+                    break
+                seq, payload = reply
+                if seq in missing:
+                    got[seq] = payload
+            if len(got) != len(missing):
+                self.stats.replay_failures += 1
+                return False
+            for seq in missing:
+                self._apply(decode_batch(got[seq]))
+        except (zmq.ZMQError, EventDecodeError) as exc:
+            self.stats.replay_failures += 1
+            log.warning("KV events of %s: replay failed: %s", self.replica, exc)
+            return False
+        finally:
+            sock.close(linger=0)
+        self.stats.replayed += len(missing)
+        return True
+
+
+def _replay_reply(frames: list[bytes]) -> tuple[int, bytes] | None:
+    """``(seq, payload)`` from a replay reply, None if malformed.
+
+    After the DEALER's empty delimiter, vLLM 0.32 sends ``[topic, seq, payload]`` (its end
+    marker: ``[b"", -1, b""]``); earlier versions sent ``[seq, payload]``. Both are read.
+    """
+    rest = frames[1:] if frames and frames[0] == b"" else frames
+    if len(rest) == 3:
+        rest = rest[1:]
+    if len(rest) != 2:
+        return None
+    try:
+        return decode_seq(rest[0]), rest[1]
+    except EventDecodeError:
+        return None
+
+
+def _attach(sock: zmq.asyncio.Socket, address: str, bind: bool) -> str:
+    """Bind or connect; returns the address in use (a bound ``*`` port resolved)."""
+    try:
+        if not bind:
+            sock.connect(address)
+            return address
+        sock.bind(address)
+    except zmq.ZMQError as exc:
+        raise BadEndpoint(f"cannot {'bind' if bind else 'connect'} {address}: {exc}") from exc
+    last = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return last.decode() if isinstance(last, bytes) else address

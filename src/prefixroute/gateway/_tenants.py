@@ -1,0 +1,284 @@
+"""Tenants at runtime: who sent a request, what it may still do, and its own prefix-key space.
+
+**Who.** The tenant middleware runs for every path but ``/health``, ``/metrics`` and
+``/admin/*``, so anything not listed there is denied by default:
+
+* API keys configured (any ``api_key_sha256``): the request must carry
+  ``Authorization: Bearer <key>`` with one of them (else 401), and the key's owner is the
+  tenant. The tenant header is ignored, so a key holder cannot claim another tenant.
+* No keys: the tenant header (``x-tenant-id`` by default) names the tenant, as sent. That mode
+  is for a gateway behind an authenticating proxy that sets the header; without the header the
+  request belongs to the default tenant.
+
+**Limits.** The tenant's limiter admits the request (in-flight cap, request rate) and holds
+its slot until the handler returns; the proxy charges the prompt-token budget once the prompt
+is hashed (the estimate is the router's own). A 429 names the limit.
+
+**Isolation** (``[tenancy] isolation = true``). Each tenant has a salt: the configured
+``cache_salt``, or ``base64url(HMAC-SHA256(secret, name))`` (43 characters, 256 bits, as vLLM
+asks). Its router seed is the first 8 bytes of the salt's SHA-256, so the router's block hashes
+of one tenant never equal another's, and the salt goes to the replica as ``cache_salt`` (vLLM
+mixes it into the first block's hash, so the engine keeps the tenants' blocks apart too). The
+gateway owns that field: a client's own ``cache_salt`` is replaced. A request whose routing text
+starts with one of ``shareable_prefixes`` is shared instead: hashed with the common seed and
+sent with no salt (vLLM salts a whole prompt or nothing: see docs/security.md for what that
+shares).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+from multidict import CIMultiDict
+from prometheus_client import Counter
+from prometheus_client.registry import CollectorRegistry
+
+from prefixroute.gateway._auth import KeyTable, bearer_token
+from prefixroute.gateway._errors import BadRequest, RateLimited, Unauthorized
+from prefixroute.gateway._ratelimit import TenantLimiter
+from prefixroute.gateway._relay import request_headers
+from prefixroute.gateway._request_id import REQUEST_ID_HEADER, request_id_of
+from prefixroute.gateway._requests import Endpoint, chat_text
+from prefixroute.gateway._tenant_config import TENANT_NAME, TenancyConfig, TenantLimits
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # never need a key (nor does /admin/*: its token)
+_SALT_CONTEXT = b"prefixroute cache_salt v1\x00"
+
+
+@dataclass(slots=True, eq=False)
+class Tenant:
+    name: str
+    salt: str  # the cache_salt its requests carry upstream (with isolation)
+    seed: int  # the router's hash seed for its prompts: its own key space
+    limiter: TenantLimiter
+
+
+class Tenants:
+    """The tenants known to one gateway: identification, limits, salts."""
+
+    def __init__(
+        self,
+        config: TenancyConfig,
+        upstream_api_key: str | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.upstream_api_key = upstream_api_key  # sent to replicas instead of the client's key
+        self.keys = KeyTable(config.tenants)
+        secret = config.cache_salt_secret
+        if secret is None and config.isolation:
+            log.warning(
+                "tenant isolation without tenancy.cache_salt_secret: salts are random for this "
+                "process, so replicas' cached prefixes are not reused across gateway restarts"
+            )
+        self._secret = secret.encode() if secret is not None else secrets.token_bytes(32)
+        self._overrides: dict[str, TenantLimits] = {}  # set through the admin API
+        self._live: OrderedDict[str, Tenant] = OrderedDict()  # least recently used first
+        self.rejections = Counter(
+            "prefixroute_tenant_rejections",
+            "Requests refused by tenant checks, by the limit or check that refused them.",
+            ["limit"],
+            registry=registry,
+        )
+
+    # --- who ------------------------------------------------------------------------------
+    def identify(self, headers: Mapping[str, str]) -> str:
+        """The tenant of a request; raises Unauthorized or BadRequest."""
+        if len(self.keys):
+            tenant = self.keys.tenant_of(bearer_token(headers.get("Authorization", "")))
+            if tenant is None:
+                self.rejections.labels("api_key").inc()
+                raise Unauthorized("a valid API key is required (Authorization: Bearer <key>)")
+            return tenant
+        named = headers.get(self.config.header)
+        if named is None:
+            return self.config.default_tenant
+        if not TENANT_NAME.fullmatch(named):
+            raise BadRequest(
+                f"the {self.config.header} header must be 1-64 letters, digits or ._:@- "
+                "(starting with a letter or digit)"
+            )
+        return named
+
+    def get(self, name: str, now: float) -> Tenant:
+        """The live tenant ``name``, made on first use; the least recently used idle ones are
+        forgotten past ``max_tenants`` (a forgotten tenant comes back with full buckets)."""
+        tenant = self._live.get(name)
+        if tenant is not None:
+            self._live.move_to_end(name)
+            return tenant
+        if len(self._live) >= self.config.max_tenants:
+            self._forget_one()
+        salt = self._salt(name)
+        seed = int.from_bytes(hashlib.sha256(salt.encode()).digest()[:8], "little")
+        tenant = Tenant(name, salt, seed, TenantLimiter(name, self.limits_of(name), now))
+        self._live[name] = tenant
+        return tenant
+
+    def _forget_one(self) -> None:
+        for name, tenant in self._live.items():
+            if tenant.limiter.in_flight == 0:
+                del self._live[name]
+                return
+        # All busy: keep them; the gateway's own in-flight cap bounds how many that can be.
+
+    def _salt(self, name: str) -> str:
+        spec = self.config.spec(name)
+        if spec is not None and spec.cache_salt is not None:
+            return spec.cache_salt
+        mac = hmac.new(self._secret, _SALT_CONTEXT + name.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+    # --- limits ---------------------------------------------------------------------------
+    def limits_of(self, name: str) -> TenantLimits:
+        """Effective limits: the admin's override, else the tenant's entry, over the defaults."""
+        override = self._overrides.get(name)
+        if override is not None:
+            return override.over(self.config.default_limits)
+        spec = self.config.spec(name)
+        own = spec.limits if spec is not None else TenantLimits()
+        return own.over(self.config.default_limits)
+
+    def set_limits(self, name: str, limits: TenantLimits | None, now: float) -> TenantLimits:
+        """Override a tenant's limits (None: back to the config's); returns the effective."""
+        if limits is None:
+            self._overrides.pop(name, None)
+        else:
+            self._overrides[name] = limits
+        effective = self.limits_of(name)
+        live = self._live.get(name)
+        if live is not None:
+            live.limiter.configure(effective, now)
+        return effective
+
+    def describe(self, name: str, now: float) -> dict[str, Any]:
+        live = self._live.get(name)
+        if live is not None:
+            out = live.limiter.describe(now)
+        else:
+            out = {"limits": self.limits_of(name).as_dict(), "in_flight": 0}
+        spec = self.config.spec(name)
+        out["name"] = name
+        out["configured"] = spec is not None
+        out["api_keys"] = len(spec.api_key_sha256) if spec is not None else 0
+        out["overridden"] = name in self._overrides
+        return out
+
+    def names(self) -> list[str]:
+        """Configured, overridden and live tenants."""
+        seen = dict.fromkeys([t.name for t in self.config.tenants])
+        seen.update(dict.fromkeys(self._overrides))
+        seen.update(dict.fromkeys(self._live))
+        return list(seen)
+
+    def live_count(self) -> int:
+        return len(self._live)
+
+
+@dataclass(slots=True)
+class TenantScope:
+    """A request's tenant, as the proxy uses it."""
+
+    tenant: Tenant
+    tenants: Tenants
+
+    def isolate(self, endpoint: Endpoint, body: bytes) -> tuple[int | None, bytes]:
+        """The router seed for this request (None: the common one) and the body to send."""
+        cfg = self.tenants.config
+        if not cfg.isolation or endpoint is Endpoint.OTHER:
+            return None, body
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return self.tenant.seed, body  # unreachable: routing parsed it already
+        if not isinstance(obj, dict):
+            return self.tenant.seed, body
+        shared = bool(cfg.shareable_prefixes) and _routing_text(endpoint, obj).startswith(
+            cfg.shareable_prefixes
+        )
+        if shared:
+            obj.pop("cache_salt", None)
+        else:
+            obj["cache_salt"] = self.tenant.salt
+        return (None if shared else self.tenant.seed), _dumps(obj)
+
+    def charge_prompt(self, tokens: int) -> None:
+        try:
+            self.tenant.limiter.charge_prompt(tokens, time.monotonic())
+        except RateLimited as exc:
+            self.tenants.rejections.labels(exc.limit).inc()
+            raise
+
+
+TENANT_SCOPE = web.RequestKey("prefixroute.tenant", TenantScope)
+TENANTS = web.AppKey("prefixroute.gateway.tenants", Tenants)
+
+
+def make_tenant_middleware(tenants: Tenants) -> Middleware:
+    """Identify the tenant, admit it for the handler's duration, and leave its scope behind."""
+
+    @web.middleware
+    async def tenant_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS or request.path.startswith("/admin/"):
+            return await handler(request)
+        now = time.monotonic()
+        tenant = tenants.get(tenants.identify(request.headers), now)
+        try:
+            tenant.limiter.admit(now)
+        except RateLimited as exc:
+            tenants.rejections.labels(exc.limit).inc()
+            raise
+        request[TENANT_SCOPE] = TenantScope(tenant, tenants)
+        try:
+            return await handler(request)
+        finally:
+            tenant.limiter.release()
+
+    return tenant_middleware
+
+
+def upstream_headers(request: web.Request) -> CIMultiDict[str]:
+    """The headers a replica gets: the client's (less hop-by-hop ones), the request id, and
+    the gateway's own upstream key in place of a client key the gateway itself checked."""
+    headers = request_headers(request.headers)
+    rid = request_id_of(request)
+    if rid:
+        headers[REQUEST_ID_HEADER] = rid
+    scope = request.get(TENANT_SCOPE)
+    tenants = scope.tenants if scope is not None else None
+    if tenants is not None and tenants.upstream_api_key is not None:
+        headers["Authorization"] = f"Bearer {tenants.upstream_api_key}"
+    elif tenants is not None and len(tenants.keys):
+        headers.popall("Authorization", None)  # the client's key was for us, not the replica
+    return headers
+
+
+def _routing_text(endpoint: Endpoint, obj: Mapping[str, Any]) -> str:
+    """The text the router keys this request on (as ``_requests`` renders it)."""
+    if endpoint is Endpoint.CHAT:
+        return chat_text(obj.get("messages"))
+    prompt = obj.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else ""
+
+
+def _dumps(obj: object) -> bytes:
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in the JSON): keep it escaped
+        return json.dumps(obj, separators=(",", ":")).encode()

@@ -1,0 +1,144 @@
+"""Tests for prefixroute.events._indexer: engine events -> our index, keyed by token ids."""
+
+from __future__ import annotations
+
+from prefixroute.core import BlockHash, BlockHasher, PrefixIndex, ReplicaId
+from prefixroute.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    PreciseIndexer,
+    decode_batch,
+    unpack_frames,
+)
+from prefixroute.gateway import HFTokenizer
+
+from .fixture import TOKENIZER, load
+
+R = ReplicaId("r")
+BS = 4
+
+
+def stored(
+    tokens: list[int], parent: int | None, hashes: list[int] | None = None, **kw: object
+) -> BlockStored:
+    n = len(tokens) // BS
+    fields: dict[str, object] = {"lora_id": None, "medium": "GPU", "lora_name": None, **kw}
+    return BlockStored(  # type: ignore[arg-type]
+        hashes if hashes is not None else [1000 + i for i in range(n)],
+        parent,
+        tokens,
+        int(fields.pop("block_size", BS)),  # type: ignore[call-overload]
+        **fields,
+    )
+
+
+def batch(*events: BlockStored | BlockRemoved | AllBlocksCleared) -> KVEventBatch:
+    return KVEventBatch(ts=0.0, events=list(events))
+
+
+def make() -> tuple[PrefixIndex, PreciseIndexer, BlockHasher]:
+    index, hasher = PrefixIndex(), BlockHasher(BS)
+    index.add_replica(R)
+    return index, PreciseIndexer(R, index, hasher), hasher
+
+
+def test_blocks_are_keyed_by_our_hash_of_their_tokens_not_the_engines() -> None:
+    index, ix, hasher = make()
+    tokens = list(range(12))
+    ix.apply(batch(stored(tokens[:8], None, [0xAA, 0xBB])))  # engine hashes: arbitrary
+    ix.apply(batch(stored(tokens[8:], 0xBB, [0xCC])))  # a continuation, parent named
+    ours = hasher.hash_tokens(tokens)
+    assert index.match(ours) == {R: 3}
+    assert ix.stats.stored_blocks == 3 and ix.stats.orphan_blocks == 0
+    assert not index.holds(R, BlockHash(0xAA))
+
+
+def test_removal_maps_engine_hashes_to_ours() -> None:
+    index, ix, hasher = make()
+    tokens = list(range(12))
+    ix.apply(batch(stored(tokens, None, [1, 2, 3])))
+    ix.apply(batch(BlockRemoved([3, 99], "GPU")))  # 99 was never stored
+    assert index.match(hasher.hash_tokens(tokens)) == {R: 2}
+    ix.apply(batch(BlockRemoved([1], "GPU")))  # the root: nothing matches from the start
+    assert index.match(hasher.hash_tokens(tokens)) == {}
+    assert ix.stats.removed_blocks == 2 and ix.stats.unknown_removals == 1
+    assert len(ix) == 1
+
+
+def test_an_event_whose_parent_we_never_saw_is_left_out() -> None:
+    index, ix, _ = make()
+    ix.apply(batch(stored(list(range(8)), 12345)))
+    assert index.blocks_of(R) == 0
+    assert ix.stats.orphan_blocks == 2
+
+
+def test_all_blocks_cleared_forgets_the_replica() -> None:
+    index, ix, hasher = make()
+    ix.apply(batch(stored(list(range(8)), None, [1, 2])))
+    ix.apply(batch(AllBlocksCleared(), stored(list(range(50, 54)), None, [7])))
+    assert index.blocks_of(R) == 1
+    assert index.match(hasher.hash_tokens(list(range(50, 54)))) == {R: 1}
+    ix.apply(batch(stored(list(range(8, 12)), 2)))  # parent 2 was cleared: an orphan now
+    assert ix.stats.orphan_blocks == 1 and ix.stats.cleared_events == 1
+
+
+def test_blocks_tokens_do_not_identify_are_skipped() -> None:
+    index, ix, _ = make()
+    t = list(range(4))
+    ix.apply(
+        batch(
+            stored(t, None, [1], medium="CPU"),  # an offload tier
+            stored(t, None, [2], lora_name="adapter"),
+            stored(t, None, [3], lora_id=7),
+            stored(t, None, [4], extra_keys=[("salt",)]),  # cache_salt / multimodal
+            stored(t, None, [5], group_idx=1),
+            stored(t * 2, None, [6], block_size=8),  # another block size than ours
+            stored(t[:3], None, [8]),  # tokens do not fill the blocks named
+        )
+    )
+    assert index.blocks_of(R) == 0
+    assert ix.stats.skipped_blocks == 7
+    ix.apply(batch(stored(t, None, [9], extra_keys=[None])))  # vLLM's "no extra keys"
+    assert index.blocks_of(R) == 1
+
+
+def test_a_replica_removed_from_the_index_is_not_brought_back() -> None:
+    index, ix, _ = make()
+    index.remove_replica(R)
+    ix.apply(batch(stored(list(range(4)), None)))
+    assert R not in index.replicas
+
+
+def test_on_real_vllm_events_our_prediction_equals_vllms_cached_tokens() -> None:
+    """Replay the recorded stream into the indexer; before each recorded request, predict its
+    cached tokens from our index (hashing our tokenization of its prompt) and compare with what
+    vLLM reported in that request's usage."""
+    rec = load()
+    tokenizer = HFTokenizer(TOKENIZER)
+    index, hasher = PrefixIndex(), BlockHasher(rec.block_size)
+    index.add_replica(R)
+    ix = PreciseIndexer(R, index, hasher)
+    applied = 0
+    compared = 0
+    for request in rec.requests:
+        for frames in rec.messages[applied : request["messages_before"]]:
+            ix.apply(decode_batch(unpack_frames(frames)[2]))
+        applied = max(applied, request["messages_before"])
+        usage = request["usage"]
+        if usage is None:  # /reset_prefix_cache
+            continue
+        body = request["body"]
+        if "messages" in body:
+            tokens = tokenizer.encode_chat(body["messages"])
+        else:
+            tokens = tokenizer.encode_prompt(body["prompt"])
+        assert len(tokens) == usage["prompt_tokens"]  # tokenized exactly as vLLM did
+        hashes = hasher.hash_tokens(tokens)
+        matched = index.match(hashes).get(R, 0)
+        predicted = min(matched, (len(tokens) - 1) // rec.block_size) * rec.block_size
+        assert predicted == usage["prompt_tokens_details"]["cached_tokens"], request
+        compared += 1
+    assert compared >= 4
+    assert ix.stats.orphan_blocks == 0 and ix.stats.removed_blocks > 0

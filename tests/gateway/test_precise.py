@@ -1,0 +1,231 @@
+"""Precise mode end to end: emulated replicas publish KV events; the gateway follows them.
+
+Each replica publishes its cache changes in vLLM's wire format; the gateway subscribes (in either
+direction), keys requests by the replicas' own token ids (``WordTokenizer``) and routes on what
+the events say. Emulated replicas hash blocks with another seed than the gateway, so nothing
+depends on the engine's hashes, only on the token ids the events carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from prefixroute.core import ConfigError, ReplicaId
+from prefixroute.emulate import EmulatedReplica, EmulatorConfig
+from prefixroute.events import StreamState
+from prefixroute.gateway import Gateway, GatewayConfig, load_toml
+from prefixroute.sim.replica import ReplicaConfig
+
+from .fakes import WordTokenizer
+from .helpers import ClusterFactory, GatewayFactory, Reply, send
+
+BS = 16  # the replicas' KV block size, tokens
+TURNS = (400, 700, 1000, 1400, 1700)  # the article's conversation, words per prompt
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def replica_config(**kw: Any) -> EmulatorConfig:
+    engine = ReplicaConfig(block_size=BS, kv_capacity_blocks=4096)
+    return EmulatorConfig(engine, time_scale=kw.pop("time_scale", 0.01), hash_seed=777, **kw)
+
+
+async def until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+async def precise_cluster(
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    n: int,
+    gateway_binds: bool,
+    time_scale: float = 0.01,
+    **settings: Any,
+) -> tuple[list[EmulatedReplica], Gateway]:
+    """``n`` replicas and a precise gateway whose event streams are connected and in step."""
+    if gateway_binds:  # the replicas connect to ports the gateway binds
+        ports = [free_port() for _ in range(n)]
+        replicas = []
+        for p in ports:
+            config = replica_config(kv_events=f"connect:tcp://127.0.0.1:{p}", time_scale=time_scale)
+            replicas += (await make_cluster(1, config)).replicas
+        specs = [f"{r.url}=bind:tcp://127.0.0.1:{p}" for r, p in zip(replicas, ports, strict=True)]
+    else:  # the replicas bind; the gateway connects
+        config = replica_config(kv_events="bind:tcp://127.0.0.1:*", time_scale=time_scale)
+        replicas = (await make_cluster(n, config)).replicas
+        specs = [f"{r.url}=connect:{r.kv_events_address}" for r in replicas]
+    gw = await make_gateway(
+        [r.url for r in replicas],
+        kv_events=tuple(specs),
+        kv_block_size=BS,
+        tokenizer_object=WordTokenizer(),
+        **settings,
+    )
+    # Reset each replica until its AllBlocksCleared gets through: connected, and in step.
+    for replica in replicas:
+        stream = gw.event_streams[ReplicaId(replica.url)]
+        while stream.state is not StreamState.LIVE:
+            async with session.post(replica.url + "/reset_prefix_cache") as resp:
+                assert (await resp.json())["success"]
+            await asyncio.sleep(0.01)
+    return replicas, gw
+
+
+def batches(gw: Gateway) -> int:
+    return sum(s.stats.batches for s in gw.event_streams.values())
+
+
+@pytest.mark.parametrize("gateway_binds", [False, True], ids=["replicas-bind", "gateway-binds"])
+async def test_the_conversation_follows_the_engines_events(
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    gateway_binds: bool,
+) -> None:
+    """Speculative entries live 1 ms here, so every match comes from the replicas' events: the
+    predicted cached tokens equal what the replicas then report, turn after turn."""
+    _, gw = await precise_cluster(
+        make_cluster, make_gateway, session, 3, gateway_binds, speculative_ttl_s=0.001
+    )
+    messages: list[dict[str, str]] = []
+    replies: list[Reply] = []
+    start = 0
+    for n in TURNS:
+        messages.append({"role": "user", "content": " ".join(f"w{i}" for i in range(start, n))})
+        start = n
+        before = batches(gw)
+        body = {"model": "emulated", "messages": messages, "max_tokens": 4}
+        reply = await send(session, gw.url, "/v1/chat/completions", body)
+        assert reply.complete, reply
+        replies.append(reply)
+        messages.append({"role": "assistant", "content": reply.text})
+        await until(lambda b=before: batches(gw) > b)  # the turn's blocks are reported
+    assert len({r.headers["x-prefixroute-replica"] for r in replies}) == 1
+    cached = [r.usage["prompt_tokens_details"]["cached_tokens"] for r in replies if r.usage]
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:])
+    predicted = [int(r.headers["x-prefixroute-predicted-cached-tokens"]) for r in replies]
+    assert predicted == cached
+    text = await metrics(session, gw.url)
+    assert metric(text, "prefixroute_cache_predictions_total", outcome="exact") == len(TURNS)
+    assert metric(text, "prefixroute_predicted_cached_tokens_total") == sum(cached)
+    assert metric(text, "prefixroute_actual_cached_tokens_total") == sum(cached)
+    assert metric(text, "prefixroute_kv_event_gaps_total") == 0
+    assert metric(text, "prefixroute_kv_events_total", type="BlockStored") >= len(TURNS)
+    assert metric(text, "prefixroute_tokenize_seconds_count") == len(TURNS)
+    assert gw.router.index.entries > 0
+    assert gw.router.speculative is not None
+
+
+async def test_a_burst_sharing_a_prefix_lands_on_one_replica_before_any_event(
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+) -> None:
+    """Real time (prefill takes ~0.1 s), so the burst is routed before the first events come
+    back: only the speculative entries keep it together. With them off, it scatters."""
+    system = " ".join(f"sys{i}" for i in range(1000))
+
+    async def burst(ttl: float) -> set[str]:
+        _, gw = await precise_cluster(
+            make_cluster, make_gateway, session, 3, False, time_scale=1.0,
+            policy="prefix_affinity", speculative_ttl_s=ttl,
+        )  # fmt: skip
+        before = batches(gw)
+        bodies = [
+            {"model": "emulated", "prompt": f"{system} user{u} asks", "max_tokens": 1}
+            for u in range(8)
+        ]
+        replies = await asyncio.gather(
+            *(send(session, gw.url, "/v1/completions", b) for b in bodies)
+        )
+        await until(lambda: batches(gw) > before)  # the events do come, after the routing
+        assert all(r.complete for r in replies)
+        return {r.headers["x-prefixroute-replica"] for r in replies}
+
+    assert len(await burst(ttl=2.0)) == 1
+    assert len(await burst(ttl=1e-6)) > 1
+
+
+async def test_precise_mode_needs_a_tokenizer_and_known_replicas() -> None:
+    url = "http://127.0.0.1:9"
+    spec = f"{url}=connect:tcp://127.0.0.1:9"
+    with pytest.raises(ConfigError, match="tokenizer"):
+        Gateway(GatewayConfig(replicas=(url,), kv_events=(spec,)))
+    with pytest.raises(ConfigError, match="not a configured replica"):
+        Gateway(
+            GatewayConfig(replicas=(url,), kv_events=("http://other:1=bind:tcp://127.0.0.1:*",)),
+            tokenizer=WordTokenizer(),
+        )
+    with pytest.raises(ConfigError):
+        GatewayConfig(replicas=(url,), kv_events=("no-equals-sign",))
+    with pytest.raises(ConfigError):
+        GatewayConfig(replicas=(url,), kv_events=(f"{url}=listen:tcp://x:1",))
+    with pytest.raises(ConfigError):
+        GatewayConfig(speculative_ttl_s=0)
+
+
+async def metrics(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url + "/metrics") as resp:
+        return await resp.text()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        series, _, label_text = head.partition("{")
+        if series != name:
+            continue
+        if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+
+
+def test_precise_settings_from_toml_and_flags(tmp_path: Path) -> None:
+    import argparse
+
+    from prefixroute.serve import add_parser, config_from_args
+
+    path = tmp_path / "gw.toml"
+    path.write_text(
+        'replicas = ["http://a:1", "http://b:1"]\n'
+        'tokenizer = "/models/m"\n'
+        "kv_block_size = 32\n"
+        'kv_events = ["http://a:1=bind:tcp://0.0.0.0:5601"]\n'
+    )
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(
+        [
+            "serve", "--config", str(path), "--speculative-ttl", "0.5",
+            "--kv-events", "http://b:1=connect:tcp://b:5602,replay=tcp://b:5702",
+        ]
+    )  # fmt: skip
+    config = config_from_args(args)
+    assert config.precise and config.tokenizer == "/models/m" and config.kv_block_size == 32
+    assert config.speculative_ttl_s == 0.5
+    endpoints = config.kv_event_endpoints()
+    assert list(endpoints) == ["http://a:1", "http://b:1"]
+    assert endpoints["http://b:1"].replay == "tcp://b:5702"
+    assert load_toml(path)["kv_events"] == ("http://a:1=bind:tcp://0.0.0.0:5601",)

@@ -8,15 +8,12 @@ module is the only part of the gateway package that knows the emulator exists.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
-import signal
-from collections.abc import Coroutine
 from typing import Any
 
+from prefixroute._serving import run_until_signal, wait_for_signal
 from prefixroute.core import DEFAULT_POLICY, policy_names
 from prefixroute.emulate import EmulatedCluster, EmulatorConfig
 from prefixroute.gateway import CONFIG_HELP, Gateway, GatewayConfig, build_config, load_toml
@@ -167,28 +164,9 @@ async def _serve(config: GatewayConfig, emulate: int, time_scale: float) -> None
         )
         if config.admin_port is not None:
             log.info("admin API on its own listener: %s", gateway.admin_url)
-        await _wait_for_signal()
+        await wait_for_signal()
         log.info("draining in-flight requests (up to %.0f s)", config.shutdown_timeout_s)
     finally:
         await gateway.stop()
         if cluster is not None:
             await cluster.stop()
-
-
-async def _wait_for_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-
-
-def run_until_signal(main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main`` on uvloop when installed, else asyncio's default loop."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
-        uvloop.run(main)

@@ -16,6 +16,7 @@ from types import TracebackType
 
 from aiohttp import web
 
+from prefixroute._serving import listen
 from prefixroute.core import ConfigError
 from prefixroute.emulate._app import ENGINE, EVENTS, build_app
 from prefixroute.emulate._config import EmulatorConfig
@@ -56,22 +57,10 @@ class EmulatedReplica:
         """Bind and serve; returns the base URL."""
         if self._runner is not None:
             return self.url
-        runner = web.AppRunner(
-            self.app,
-            handler_cancellation=True,
-            access_log=None,
-            shutdown_timeout=self.config.shutdown_timeout_s,
+        cfg = self.config
+        self._runner, self._url = await listen(
+            self.app, cfg.host, cfg.port, shutdown_timeout_s=cfg.shutdown_timeout_s
         )
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, self.config.host, self.config.port)
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        host, port = runner.addresses[0][:2]
-        self._runner = runner
-        self._url = f"http://{host}:{port}"
         return self._url
 
     async def stop(self) -> None:

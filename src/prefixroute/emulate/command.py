@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
-import signal
-from collections.abc import Coroutine
 from typing import Any
 
+from prefixroute._serving import run_until_signal, wait_for_signal
 from prefixroute.emulate._config import EmulatorConfig
 from prefixroute.emulate._server import EmulatedCluster
 from prefixroute.sim.replica import ReplicaConfig
@@ -97,25 +94,6 @@ async def _serve(cluster: EmulatedCluster) -> None:
                 replica.url,
                 f" (KV events {replica.config.kv_events} -> {events})" if events else "",
             )
-        await _wait_for_signal()
+        await wait_for_signal()
     finally:
         await cluster.stop()
-
-
-async def _wait_for_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-
-
-def run_until_signal(main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main`` on uvloop when installed, else asyncio's default loop."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
-        uvloop.run(main)

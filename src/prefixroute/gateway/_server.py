@@ -7,6 +7,7 @@ from types import TracebackType
 
 from aiohttp import web
 
+from prefixroute._serving import listen
 from prefixroute.core import ConfigError, ReplicaId, Router
 from prefixroute.events import EventSubscriber
 from prefixroute.gateway._admin import build_admin_app
@@ -85,22 +86,13 @@ class Gateway:
     async def _listen(
         self, app: web.Application, host: str, port: int
     ) -> tuple[web.AppRunner, str]:
-        runner = web.AppRunner(
+        return await listen(
             app,
-            handler_cancellation=True,
-            access_log=None,
-            shutdown_timeout=self.config.shutdown_timeout_s,
-            keepalive_timeout=self.config.client_header_timeout_s,
+            host,
+            port,
+            shutdown_timeout_s=self.config.shutdown_timeout_s,
+            keepalive_timeout_s=self.config.client_header_timeout_s,
         )
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, host, port)
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        bound_host, bound_port = runner.addresses[0][:2]
-        return runner, f"http://{bound_host}:{bound_port}"
 
     async def stop(self) -> None:
         admin, self._admin_runner, self._admin_url = self._admin_runner, None, None

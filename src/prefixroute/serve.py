@@ -105,6 +105,12 @@ def add_parser(subparsers: Any) -> None:
         help=f"precise mode: seconds a routing decision counts as cached before its events "
         f"arrive (default {d.speculative_ttl_s})",
     )
+    p.add_argument(
+        "--sync-redis",
+        metavar="URL",
+        help="several instances (approximate mode): share routing decisions through this "
+        "Redis (redis://HOST:PORT/DB); Redis down means local-only routing, not errors",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log every request (no text)")
     p.set_defaults(run=run)
 
@@ -133,6 +139,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         kv_block_size=args.kv_block_size,
         kv_events=args.kv_events,
         speculative_ttl_s=args.speculative_ttl_s,
+        sync_redis=args.sync_redis,
     )
 
 
@@ -155,6 +162,8 @@ async def _serve(config: GatewayConfig, emulate: int, time_scale: float) -> None
     try:
         url = await gateway.start()
         mode = "precise" if config.precise else "tokens" if config.tokenizer else "approximate"
+        if config.sync_redis is not None:
+            mode += f", sharing decisions through {config.sync_redis}"
         log.info(
             "gateway serving %s (policy %s, %d replicas, %s mode)",
             url,

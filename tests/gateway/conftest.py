@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -11,6 +12,7 @@ from prefixroute.emulate import EmulatedCluster, EmulatorConfig, start_replicas
 from prefixroute.gateway import Gateway
 
 from .helpers import FAST_GATEWAY, FAST_REPLICA, ClusterFactory, GatewayFactory
+from .redis_server import RedisServer
 
 
 @pytest.fixture
@@ -49,3 +51,11 @@ async def make_gateway() -> AsyncIterator[GatewayFactory]:
     yield make
     for gw in gateways:
         await gw.stop()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()

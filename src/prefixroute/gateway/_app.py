@@ -12,7 +12,8 @@ complete calls.
 Modes: by default the router keys requests on characters and its index records its own
 decisions (approximate). ``--tokenizer`` keys them on the engine's token ids in blocks of
 ``kv_block_size``. ``--kv-events`` (precise mode) also leaves the index to the replicas' KV
-events (``_precise``) and covers fresh decisions with speculative entries. One ``ClientSession``
+events (``_precise``) and covers fresh decisions with speculative entries. ``--sync-redis``
+shares approximate-mode decisions with other instances (``_sync``). One ``ClientSession``
 lives in ``cleanup_ctx`` with explicit timeouts: connect, and ``sock_read`` (the longest silence
 between two upstream reads) but no total, which would cut long streams. On shutdown aiohttp stops
 accepting, the gateway refuses new requests on open connections, in-flight requests finish
@@ -45,6 +46,7 @@ from prefixroute.gateway._registry import ReplicaRegistry, normalize_url
 from prefixroute.gateway._request_id import make_request_id_middleware
 from prefixroute.gateway._requests import EMPTY_KEY, Endpoint, RouteKey, parse_body, route_key
 from prefixroute.gateway._state import STATE, GatewayState
+from prefixroute.gateway._sync import RouteSync
 from prefixroute.gateway._tenants import TENANTS, Tenants, make_tenant_middleware
 from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
 
@@ -89,6 +91,8 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
     if config.precise:
         state.precise = PreciseMode(router, _event_endpoints(config, registry))
         metrics.watch_precise(state.precise)
+    if config.sync_redis is not None:
+        state.sync = RouteSync(config.sync_redis, config.sync_channel, router, metrics.registry)
 
     def observe(request: web.Request, response: web.StreamResponse) -> None:
         if request.path.startswith("/v1/") and request.path != "/v1/models":
@@ -138,13 +142,18 @@ def _event_endpoints(
 
 
 async def _events_ctx(app: web.Application) -> AsyncIterator[None]:
-    """KV-event subscribers (precise mode) and the tokenizer threads, for the app's lifetime."""
+    """KV-event subscribers (precise mode), decision sharing (sync_redis) and the tokenizer
+    threads, for the app's lifetime."""
     state = app[STATE]
     if state.precise is not None:
         await state.precise.start()
+    if state.sync is not None:
+        await state.sync.start()  # never fails: an unreachable Redis is retried in background
     try:
         yield
     finally:
+        if state.sync is not None:
+            await state.sync.stop()
         if state.precise is not None:
             await state.precise.stop()
         if state.tokenizer is not None:
@@ -167,7 +176,8 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),  # forward the client's
         raise_for_status=False,
     )
-    state.proxy = Proxy(session, state.router, state.registry, state.metrics)
+    on_route = state.sync.publish if state.sync is not None else None
+    state.proxy = Proxy(session, state.router, state.registry, state.metrics, on_route)
     state.health = HealthChecker(state.registry, session, cfg)
     try:
         await state.health.check_all(first=True)  # learn models; silent replicas start out

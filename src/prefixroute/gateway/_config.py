@@ -30,6 +30,9 @@ the policy's parameters. Flags given on the command line override the file.
     # kv_events = ["http://10.0.0.11:8000=connect:tcp://10.0.0.11:5557",
     #              "http://10.0.0.12:8000=bind:tcp://0.0.0.0:5602"]
     # speculative_ttl_s = 2.0          # seconds a decision counts before its events
+    # Several approximate-mode instances: share routing decisions (docs/deployment.md).
+    # sync_redis = "redis://10.0.0.5:6379/0"
+    # sync_channel = "prefixroute:routed"  # one channel per gateway fleet
 
     [policy_params]                    # fields of the policy's config dataclass
     prefill_tokens_per_s = 12000.0
@@ -96,6 +99,8 @@ class GatewayConfig:
     tokenizer: str | None = None  # local HF tokenizer dir: key requests by engine token blocks
     kv_events: tuple[str, ...] = ()  # "REPLICA_URL=bind|connect:ADDR[,replay=ADDR]" per replica
     speculative_ttl_s: float = 2.0  # precise mode: how long a decision counts as cached, s
+    sync_redis: str | None = None  # redis:// URL: share routing decisions with other instances
+    sync_channel: str = "prefixroute:routed"  # Redis PUB/SUB channel of the decisions
 
     @property
     def precise(self) -> bool:
@@ -141,6 +146,16 @@ class GatewayConfig:
         if not self.speculative_ttl_s > 0:
             raise ConfigError("speculative_ttl_s must be positive")
         self.kv_event_endpoints()  # malformed specs fail here, at start
+        if self.sync_redis is not None:
+            if not self.sync_redis.startswith(("redis://", "rediss://", "unix://")):
+                raise ConfigError(f"sync_redis must be a redis:// URL, got {self.sync_redis!r}")
+            if self.precise:
+                raise ConfigError(
+                    "sync_redis is for approximate mode: in precise mode every instance "
+                    "follows the engines' KV events, which already agree"
+                )
+            if not self.sync_channel:
+                raise ConfigError("sync_channel must not be empty")
         if self.admin_port is not None and not 0 <= self.admin_port < 65536:
             raise ConfigError(f"admin port out of range: {self.admin_port}")
         if self.admin_host is not None and self.admin_port is None:

@@ -5,6 +5,10 @@ index holds only what the engines reported. Each subscriber feeds one replica's 
 :class:`~prefixroute.events.PreciseIndexer` over the router's index and hasher. All of them share
 one ZMQ context, created when the app starts and terminated when it stops.
 
+Several gateway instances need nothing more: each one subscribes to every engine (the engines
+bind, the gateways connect; ZMQ's PUB socket fans each batch out), so all of them build the same
+index from the same events (docs/deployment.md). Only the speculative entries stay per instance.
+
 Replicas added later through the admin API get no event stream: precise mode's streams are
 configured at start, one per replica (they are engine settings, not discoverable).
 """

@@ -16,12 +16,20 @@ import io
 import itertools
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
-from prefixroute.core import Decision, NoReplicaAvailable, ReplicaId, RequestView, Router
+from prefixroute.core import (
+    BlockHash,
+    Decision,
+    NoReplicaAvailable,
+    ReplicaId,
+    RequestView,
+    Router,
+)
 from prefixroute.gateway._bodylog import log_request_body, log_response_body
 from prefixroute.gateway._errors import GatewayError, Overloaded, UpstreamError
 from prefixroute.gateway._metrics import GatewayMetrics
@@ -69,8 +77,11 @@ class Proxy:
         router: Router,
         registry: ReplicaRegistry,
         metrics: GatewayMetrics,
+        on_route: Callable[[ReplicaId, Sequence[BlockHash]], None] | None = None,
     ) -> None:
+        """``on_route`` hears every decision (``_sync`` shares them); it must not block."""
         self.session = session
+        self.on_route = on_route
         self.router = router
         self.registry = registry
         self.metrics = metrics
@@ -102,6 +113,8 @@ class Proxy:
             decision = self.router.route(view, time.monotonic(), candidates)
             self.metrics.decision_seconds.observe(time.perf_counter() - t0 + hash_s)
             hash_s = 0.0
+            if self.on_route is not None:
+                self.on_route(decision.replica, view.block_hashes)
             outcome.replica, outcome.reason = decision.replica, decision.reason.value
             can_retry = attempt + 1 < MAX_ATTEMPTS and len(candidates) > 1
             try:

@@ -19,6 +19,7 @@ from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._precise import PreciseMode
 from prefixroute.gateway._proxy import Proxy
 from prefixroute.gateway._registry import ReplicaRegistry
+from prefixroute.gateway._sync import RouteSync
 from prefixroute.gateway._tokenize import TokenizerPool
 
 
@@ -33,6 +34,7 @@ class GatewayState:
     health: HealthChecker | None = None  # set while the app runs
     tokenizer: TokenizerPool | None = None  # with a tokenizer: token-exact keys
     precise: PreciseMode | None = None  # precise mode: the KV-event subscribers
+    sync: RouteSync | None = None  # sync_redis: decisions shared with other instances
 
 
 STATE = web.AppKey("prefixroute.gateway.state", GatewayState)

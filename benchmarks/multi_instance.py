@@ -1,0 +1,191 @@
+"""Several gateway instances behind a round-robin balancer: cache hit rate with and without
+sharing decisions through Redis (``--sync-redis``). Under three minutes.
+
+``.venv/bin/python benchmarks/multi_instance.py [--sessions N] [--time-scale S]``
+
+Setup, all on 127.0.0.1: four emulated replicas; one or three gateways in front of them (the
+default policy and settings, seed included, as a user would deploy identical instances); and in
+front of those a minimal round-robin HTTP balancer that sends each request to the next instance
+in turn, as nginx's default upstream or a Kubernetes Service (without session affinity) would.
+Consecutive turns of a conversation therefore reach different instances. The client is the
+``prefixroute bench`` replayer on the multi-turn workload, pointed at the balancer in every row,
+so each row pays the same extra hop.
+
+Hit rate = cached prompt tokens / prompt tokens, both as the emulated replicas report them in
+each response's usage. The baseline is one instance behind the same balancer. The sharing row
+needs ``redis-server`` on the PATH (started here on a free port, no persistence).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from contextlib import AsyncExitStack
+
+import aiohttp
+from aiohttp import web
+
+from prefixroute.bench import ReplayConfig, replay
+from prefixroute.emulate import EmulatorConfig, start_replicas
+from prefixroute.gateway import Gateway, GatewayConfig
+from prefixroute.sim.replica import ReplicaConfig
+from prefixroute.sim.workload import Workload
+from prefixroute.sim.workloads import make_workload
+
+REPLICAS = 4
+KV_TOKENS = 131_072  # per emulated replica, as `prefixroute bench`
+
+
+class RoundRobinFront:
+    """A balancer with no affinity: request i goes to upstream i mod n; bodies stream through."""
+
+    def __init__(self, upstreams: list[str]) -> None:
+        self.upstreams = itertools.cycle(upstreams)
+        self.session: aiohttp.ClientSession | None = None
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        )
+        app = web.Application()
+        app.router.add_post("/v1/{tail:.+}", self.forward)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        assert self.session is not None
+        body = await request.read()
+        upstream = next(self.upstreams) + request.path
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        async with self.session.post(upstream, data=body, headers=headers) as resp:
+            out = web.StreamResponse(status=resp.status)
+            for name, value in resp.headers.items():
+                if name.lower().startswith("x-prefixroute") or name.lower() == "content-type":
+                    out.headers[name] = value
+            await out.prepare(request)
+            async for chunk in resp.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+        if self.session is not None:
+            await self.session.close()
+
+
+class RedisProcess:
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("redis-server not found (Debian: apt-get install -y redis-server)")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.dir = tempfile.TemporaryDirectory()
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir.name],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.dir.cleanup()
+
+
+async def sync_connected(url: str) -> bool:
+    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
+        return "prefixroute_sync_connected 1.0" in await resp.text()
+
+
+async def run_row(
+    workload: Workload, instances: int, sync: str | None, time_scale: float
+) -> tuple[float, int, int]:
+    """(hit rate, requests, errors) for ``instances`` gateways behind the round-robin front."""
+    engine = ReplicaConfig(kv_capacity_blocks=KV_TOKENS // workload.block_size,
+                           block_size=workload.block_size)  # fmt: skip
+    async with AsyncExitStack() as stack:
+        cluster = await start_replicas(REPLICAS, EmulatorConfig(engine, time_scale=time_scale))
+        stack.push_async_callback(cluster.stop)
+        gateways = []
+        for _ in range(instances):
+            cfg = GatewayConfig(port=0, replicas=tuple(cluster.urls), sync_redis=sync)
+            gateways.append(await stack.enter_async_context(Gateway(cfg)))
+        if sync is not None:  # every instance subscribed before the first request
+            while not all([await sync_connected(gw.url) for gw in gateways]):
+                await asyncio.sleep(0.01)
+        front = RoundRobinFront([gw.url for gw in gateways])
+        await front.start()
+        stack.push_async_callback(front.stop)
+        result = await replay(workload, ReplayConfig(front.url, time_scale=time_scale), "row")
+    records = result.run.records
+    prompt = sum(r.prompt_tokens for r in records if r.finish_s is not None)
+    cached = sum(r.cached_tokens for r in records if r.finish_s is not None)
+    return cached / max(1, prompt), len(records), len(result.errors)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    overrides = {"sessions": str(args.sessions), "think_mean_s": str(args.think_s)}
+    workload = make_workload("multi-turn", args.seed, overrides)
+    redis = RedisProcess()
+    try:
+        rows = [
+            ("1 instance (baseline)", 1, None),
+            ("3 instances, no sharing", 3, None),
+            ("3 instances, Redis sharing", 3, redis.url),
+        ]
+        print(f"multi-turn: {workload.num_requests} requests in {args.sessions} conversations, "
+              f"{REPLICAS} emulated replicas, time scale {args.time_scale}")  # fmt: skip
+        print("| setup | hit rate | vs 1 instance (points) | requests | errors | wall s |")
+        print("|---|---|---|---|---|---|")
+        base: float | None = None
+        for label, n, sync in rows:
+            t = time.perf_counter()
+            hit, requests, errors = await run_row(workload, n, sync, args.time_scale)
+            base = hit if base is None else base
+            print(f"| {label} | {hit:.1%} | {(hit - base) * 100:+.1f} | {requests} | {errors} | "
+                  f"{time.perf_counter() - t:.0f} |", flush=True)  # fmt: skip
+    finally:
+        redis.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", type=int, default=120, help="conversations (default 120)")
+    p.add_argument("--think-s", type=float, default=5.0, help="mean think time, workload s")
+    p.add_argument("--time-scale", type=float, default=0.2, help="wall s per workload s")
+    p.add_argument("--seed", type=int, default=0)
+    asyncio.run(main_async(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Approximate mode across instances: share routing decisions through Redis PUB/SUB.
+
+Each instance's index records only its own decisions, so behind a round-robin balancer a
+conversation's second turn reaches an instance that never saw the first and may land on a cold
+replica. With ``sync_redis`` every decision is published as (instance, replica, block hashes) on
+one channel, and every instance applies the others' decisions to its own index with the same
+``index.insert`` its router uses: the indexes converge on the union of all decisions.
+
+Why PUB/SUB and not a Redis Stream: a decision is useful for seconds (until the next turn), a
+late one is harmless and a lost one costs one cache miss, so there is nothing worth storing or
+replaying; PUB/SUB keeps no data in Redis and needs no trimming. What it loses: messages sent
+while an instance is disconnected, and an instance that starts later begins with an empty index.
+
+Nothing here is on the request path. :meth:`RouteSync.publish` puts the message in a bounded
+queue and returns; a full queue (Redis slow or down) drops its oldest message and counts it.
+A publisher task drains the queue in pipelined batches, a subscriber task applies what others
+sent. Redis down, at start or mid-run, costs only the sharing: both tasks retry with
+exponential backoff, and routing goes on from the local index meanwhile. Decisions are
+encoded as msgpack arrays with the hashes as little-endian uint64 bytes (8 bytes a block).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import logging
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+
+import msgspec
+import redis.asyncio as aioredis
+from prometheus_client import Counter, Gauge
+from prometheus_client.registry import CollectorRegistry
+from redis.exceptions import RedisError
+
+from prefixroute.core import BlockHash, ReplicaId, Router
+
+log = logging.getLogger(__name__)
+
+QUEUE_SIZE = 4096  # decisions waiting to be published; more are dropped
+BATCH = 256  # decisions sent in one pipeline
+BACKOFF_MIN_S = 0.05  # first reconnect delay, seconds
+BACKOFF_MAX_S = 2.0  # longest reconnect delay, seconds
+SOCKET_TIMEOUT_S = 2.0  # connect and command timeout, seconds
+POLL_S = 1.0  # longest wait for one subscriber message, seconds
+
+
+# One connection's work: runs until Redis fails; calls its argument once the link is up.
+_Work = Callable[["aioredis.Redis", Callable[[], None]], Awaitable[None]]
+
+
+class Routed(msgspec.Struct, array_like=True, frozen=True):
+    """One routing decision as it travels: ``[instance, replica, hashes]`` in msgpack."""
+
+    instance: str  # the publishing instance's id (its own messages are ignored)
+    replica: str  # replica id (normalized base URL): instances must name replicas alike
+    hashes: bytes  # the request's block hashes, little-endian uint64, root first
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Routed)
+
+
+def encode(instance: str, replica: ReplicaId, hashes: Sequence[BlockHash]) -> bytes:
+    packed = array.array("Q", hashes)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return _encoder.encode(Routed(instance, replica, packed.tobytes()))
+
+
+def decode(payload: bytes) -> tuple[str, ReplicaId, list[BlockHash]]:
+    """``(instance, replica, hashes)``; raises ``msgspec.DecodeError`` or ``ValueError``."""
+    msg = _decoder.decode(payload)
+    packed = array.array("Q")
+    packed.frombytes(msg.hashes)  # ValueError unless a whole number of 8-byte hashes
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return msg.instance, ReplicaId(msg.replica), [BlockHash(h) for h in packed]
+
+
+class SyncMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.published = Counter(
+            "prefixroute_sync_published",
+            "Routing decisions published to the other instances.",
+            registry=registry,
+        )
+        self.applied = Counter(
+            "prefixroute_sync_applied",
+            "Other instances' routing decisions applied to this instance's index.",
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "prefixroute_sync_dropped",
+            "Routing decisions not published because the queue was full (Redis slow or down).",
+            registry=registry,
+        )
+        self.errors = Counter(
+            "prefixroute_sync_errors",
+            "Sync failures: redis (connection lost or refused, timeouts), decode, internal.",
+            ["kind"],
+            registry=registry,
+        )
+        self.connected = Gauge(
+            "prefixroute_sync_connected",
+            "1 while subscribed to the other instances' decisions, else 0 (local-only routing).",
+            registry=registry,
+        )
+
+
+class RouteSync:
+    """Publishes this instance's decisions and applies the others', for the app's lifetime."""
+
+    def __init__(
+        self,
+        url: str,
+        channel: str,
+        router: Router,
+        registry: CollectorRegistry,
+        instance_id: str | None = None,
+    ) -> None:
+        self.url = url
+        self.channel = channel
+        self.router = router
+        self.instance_id = instance_id or uuid.uuid4().hex[:16]
+        self.metrics = SyncMetrics(registry)
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_SIZE)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._connected = False
+        self._unsent: list[bytes] = []  # a batch whose connection failed: sent on the next one
+
+    @property
+    def connected(self) -> bool:
+        """Subscribed: the others' decisions reach this instance's index."""
+        return self._connected
+
+    def _set_connected(self, up: bool) -> None:
+        self._connected = up
+        self.metrics.connected.set(1 if up else 0)
+
+    def publish(self, replica: ReplicaId, hashes: Sequence[BlockHash]) -> None:
+        """Queue one decision for the others; never blocks, never raises."""
+        if not hashes or not self._tasks:
+            return
+        if self._queue.full():  # Redis slow or down: the oldest decision is the least useful
+            self._queue.get_nowait()
+            self.metrics.dropped.inc()
+        self._queue.put_nowait(encode(self.instance_id, replica, hashes))
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._forever(self._publish_some), name="sync-publisher"),
+            asyncio.create_task(self._forever(self._subscribe), name="sync-subscriber"),
+        ]
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._set_connected(False)
+
+    def _client(self) -> aioredis.Redis:
+        # No retries of our own inside redis-py: a failure goes back to _forever's backoff.
+        return aioredis.Redis.from_url(
+            self.url,
+            socket_timeout=SOCKET_TIMEOUT_S,
+            socket_connect_timeout=SOCKET_TIMEOUT_S,
+            retry=None,
+            health_check_interval=30,  # PING an idle subscription: finds a silently dead link
+        )
+
+    async def _forever(self, work: _Work) -> None:
+        """Run ``work`` with a fresh client; on a Redis failure wait (backoff) and start again."""
+        delay = BACKOFF_MIN_S
+
+        def up() -> None:
+            nonlocal delay
+            delay = BACKOFF_MIN_S
+
+        while True:
+            client = self._client()
+            try:
+                await work(client, up)
+            except (RedisError, OSError) as exc:
+                self.metrics.errors.labels("redis").inc()
+                # Warn once per outage; the retries that follow are logged at debug level.
+                level = logging.WARNING if delay == BACKOFF_MIN_S else logging.DEBUG
+                log.log(level, "sync through Redis failed (%s); routing local-only", exc)
+            except Exception:  # a bug must not end the sharing for good: log it, start over
+                self.metrics.errors.labels("internal").inc()
+                log.exception("sync: unexpected error; restarting")
+            finally:
+                if work == self._subscribe:
+                    self._set_connected(False)
+                await client.aclose()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+    async def _publish_some(self, client: aioredis.Redis, up: Callable[[], None]) -> None:
+        while True:
+            batch, self._unsent = self._unsent or [await self._queue.get()], []
+            while len(batch) < BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            self._unsent = batch  # until Redis took it; a failure leaves it for the next try
+            async with client.pipeline(transaction=False) as pipe:
+                for payload in batch:
+                    pipe.publish(self.channel, payload)
+                await pipe.execute()
+            self._unsent = []
+            up()
+            self.metrics.published.inc(len(batch))
+
+    async def _subscribe(self, client: aioredis.Redis, up: Callable[[], None]) -> None:
+        async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
+            await pubsub.subscribe(self.channel)
+            self._set_connected(True)
+            up()
+            log.info("sync: subscribed to %s on %s", self.channel, self.url)
+            while True:
+                message = await pubsub.get_message(timeout=POLL_S)
+                if message is not None and message.get("type") == "message":
+                    self._apply(message["data"])
+
+    def _apply(self, payload: bytes) -> None:
+        try:
+            instance, replica, hashes = decode(payload)
+        except (msgspec.DecodeError, ValueError):
+            self.metrics.errors.labels("decode").inc()
+            return
+        if instance == self.instance_id or replica not in self.router.replicas:
+            return  # our own (already in the index), or a replica this instance doesn't route to
+        self.router.index.insert(replica, hashes)
+        self.metrics.applied.inc()

@@ -1,0 +1,98 @@
+"""Precise mode with several gateway instances: each subscribes to every engine's events.
+
+The engines bind their PUB sockets and every gateway connects to all of them (ZMQ fans each
+batch out to every subscriber), so three instances hold the same index without talking to each
+other. A conversation whose turns reach different instances stays on its replica, and every
+instance predicts exactly the cached tokens the replica then reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from prefixroute.core import ReplicaId
+from prefixroute.events import StreamState
+from prefixroute.gateway import Gateway
+
+from .fakes import WordTokenizer
+from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, send
+from .test_precise import BS, TURNS, batches, metric, metrics, replica_config, until
+
+INSTANCES = 3
+
+
+async def precise_fleet(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> list[Gateway]:
+    config = replica_config(kv_events="bind:tcp://127.0.0.1:*")
+    replicas = (await make_cluster(3, config)).replicas
+    specs = tuple(f"{r.url}=connect:{r.kv_events_address}" for r in replicas)
+    gws = [
+        await make_gateway(
+            [r.url for r in replicas], kv_events=specs, kv_block_size=BS, seed=i,
+            tokenizer_object=WordTokenizer(), speculative_ttl_s=0.001, **STEADY,
+        )  # fmt: skip
+        for i in range(INSTANCES)
+    ]
+    # Reset each replica until every instance's stream from it is live (connected, in step).
+    for replica in replicas:
+        rid = ReplicaId(replica.url)
+        while any(gw.event_streams[rid].state is not StreamState.LIVE for gw in gws):
+            async with session.post(replica.url + "/reset_prefix_cache") as resp:
+                assert (await resp.json())["success"]
+            await asyncio.sleep(0.01)
+    return gws
+
+
+async def test_three_instances_follow_the_same_events(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    gws = await precise_fleet(make_cluster, make_gateway, session)
+    messages: list[dict[str, str]] = []
+    replies: list[Reply] = []
+    start = 0
+    for turn, n in enumerate(TURNS):
+        messages.append({"role": "user", "content": " ".join(f"w{i}" for i in range(start, n))})
+        start = n
+        before = [batches(gw) for gw in gws]
+        gw = gws[turn % INSTANCES]  # round robin over the instances
+        body = {"model": "emulated", "messages": messages, "max_tokens": 4}
+        reply = await send(session, gw.url, "/v1/chat/completions", body)
+        assert reply.complete, reply
+        replies.append(reply)
+        messages.append({"role": "assistant", "content": reply.text})
+        for g, b in zip(gws, before, strict=True):  # every instance hears the turn's blocks
+            await until(lambda g=g, b=b: batches(g) > b)
+    assert len({r.headers["x-prefixroute-replica"] for r in replies}) == 1
+    cached = [r.usage["prompt_tokens_details"]["cached_tokens"] for r in replies if r.usage]
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:])
+    predicted = [int(r.headers["x-prefixroute-predicted-cached-tokens"]) for r in replies]
+    assert predicted == cached  # whichever instance routed the turn
+    # The same next turn asked of each instance: the same replica and the same prediction,
+    # equal to what the replica reports.
+    messages.append({"role": "user", "content": "and then?"})
+    body = {"model": "emulated", "messages": messages, "max_tokens": 4}
+    again: list[Reply] = []
+    for i, gw in enumerate(gws):
+        before = [batches(g) for g in gws]
+        reply = await send(session, gw.url, "/v1/chat/completions", body)
+        assert reply.complete and reply.usage is not None, reply
+        again.append(reply)
+        for g, b in zip(gws, before, strict=True):  # the first stores the new blocks; the
+            if i == 0:  # repeats store nothing new, so they publish nothing
+                await until(lambda g=g, b=b: batches(g) > b)
+    assert {r.headers["x-prefixroute-replica"] for r in again} == {
+        replies[0].headers["x-prefixroute-replica"]
+    }
+    for reply in again:
+        assert reply.usage is not None
+        reported = reply.usage["prompt_tokens_details"]["cached_tokens"]
+        assert int(reply.headers["x-prefixroute-predicted-cached-tokens"]) == reported > 0
+    # The three indexes agree: same entries per replica, and each one's match is the same.
+    index_sizes = {tuple(gw.router.index.blocks_of(r) for r in gw.router.replicas) for gw in gws}
+    assert len(index_sizes) == 1
+    for gw in gws:
+        text = await metrics(session, gw.url)
+        assert metric(text, "prefixroute_kv_event_gaps_total") == 0

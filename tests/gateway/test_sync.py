@@ -1,0 +1,214 @@
+"""Several approximate-mode instances sharing their decisions through a real Redis.
+
+Three gateways front the same emulated replicas; a conversation's turns go to them in turn, as a
+round-robin balancer would send them. Each gateway has its own seed, so without sharing the
+second turn reaches an instance that knows nothing of the first (it predicts no cached tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import pytest
+
+from prefixroute.core import BlockHash, ConfigError, ReplicaId
+from prefixroute.gateway import Gateway, GatewayConfig
+
+from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, send
+from .redis_server import RedisServer
+from .test_precise import metric, metrics
+
+TURNS = 4
+
+
+async def until_async(cond: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await cond():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def gauge(session: aiohttp.ClientSession, gw: Gateway, name: str) -> float:
+    return metric(await metrics(session, gw.url), name)
+
+
+async def fleet(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, redis_url: str | None
+) -> list[Gateway]:
+    cluster = await make_cluster(3)
+    urls = [r.url for r in cluster.replicas]
+    return [await make_gateway(urls, seed=i, sync_redis=redis_url, **STEADY) for i in range(3)]
+
+
+async def all_connected(session: aiohttp.ClientSession, gws: list[Gateway], up: bool) -> None:
+    async def check() -> bool:
+        values = [await gauge(session, gw, "prefixroute_sync_connected") for gw in gws]
+        return all(v == (1.0 if up else 0.0) for v in values)
+
+    await until_async(check)
+
+
+async def conversation(
+    session: aiohttp.ClientSession, gws: list[Gateway], name: str, shared: bool
+) -> list[Reply]:
+    """``TURNS`` turns, turn i at instance i % 3; with ``shared``, each turn waits until the
+    other instances applied the previous decision (in production: the user's think time)."""
+    messages: list[dict[str, str]] = []
+    replies: list[Reply] = []
+    for turn in range(TURNS):
+        words = " ".join(f"{name}{turn}w{i}" for i in range(300))
+        messages.append({"role": "user", "content": words})
+        gw = gws[turn % len(gws)]
+        others = [g for g in gws if g is not gw]
+        before = [await gauge(session, g, "prefixroute_sync_applied_total") for g in others]
+        body = {"model": "emulated", "messages": messages, "max_tokens": 4}
+        reply = await send(session, gw.url, "/v1/chat/completions", body)
+        assert reply.complete, reply
+        replies.append(reply)
+        messages.append({"role": "assistant", "content": reply.text})
+        if shared:
+
+            async def applied(others: list[Gateway] = others, before: list[float] = before) -> bool:
+                now = [await gauge(session, g, "prefixroute_sync_applied_total") for g in others]
+                return all(n > b for n, b in zip(now, before, strict=True))
+
+            await until_async(applied)
+    return replies
+
+
+def predicted(replies: list[Reply]) -> list[int]:
+    return [int(r.headers["x-prefixroute-predicted-cached-tokens"]) for r in replies]
+
+
+def replicas(replies: list[Reply]) -> set[str]:
+    return {r.headers["x-prefixroute-replica"] for r in replies}
+
+
+async def test_turns_at_three_instances_land_on_one_replica_with_sharing(
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    gws = await fleet(make_cluster, make_gateway, redis_server.url)
+    await all_connected(session, gws, up=True)
+    replies = await conversation(session, gws, "a", shared=True)
+    assert len(replicas(replies)) == 1
+    assert predicted(replies)[0] == 0 and all(p > 0 for p in predicted(replies)[1:])
+    cached = [r.usage["prompt_tokens_details"]["cached_tokens"] for r in replies if r.usage]
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:])
+    text = await metrics(session, gws[0].url)
+    assert metric(text, "prefixroute_sync_published_total") >= 2  # turns 1 and 4
+    assert metric(text, "prefixroute_sync_errors_total") == 0
+
+
+async def test_without_sharing_the_next_instance_knows_nothing(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    gws = await fleet(make_cluster, make_gateway, None)
+    replies = await conversation(session, gws, "b", shared=False)
+    assert predicted(replies)[:3] == [0, 0, 0]  # each instance sees the conversation first
+
+
+async def test_redis_down_means_local_only_and_sharing_resumes_after_restart(
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    gws = await fleet(make_cluster, make_gateway, redis_server.url)
+    await all_connected(session, gws, up=True)
+    await conversation(session, gws, "c", shared=True)
+    redis_server.stop()
+    await all_connected(session, gws, up=False)
+    down = await conversation(session, gws, "d", shared=False)  # every request still succeeds
+    assert predicted(down)[:3] == [0, 0, 0]  # local-only: nothing arrives from the others
+    text = await metrics(session, gws[0].url)
+    assert metric(text, "prefixroute_sync_errors_total") > 0
+    redis_server.start()  # same port: the instances reconnect by themselves (backoff)
+    await all_connected(session, gws, up=True)
+    replies = await conversation(session, gws, "e", shared=True)
+    assert len(replicas(replies)) == 1
+    assert all(p > 0 for p in predicted(replies)[1:])
+
+
+async def test_redis_down_at_start_is_no_error(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    from .redis_server import free_port
+
+    gws = await fleet(make_cluster, make_gateway, f"redis://127.0.0.1:{free_port()}/0")
+    replies = await conversation(session, gws, "f", shared=False)
+    assert all(r.complete for r in replies)
+    text = await metrics(session, gws[0].url)
+    assert metric(text, "prefixroute_sync_connected") == 0
+
+
+def test_sync_settings() -> None:
+    with pytest.raises(ConfigError, match="redis://"):
+        GatewayConfig(sync_redis="localhost:6379")
+    with pytest.raises(ConfigError, match="approximate mode"):
+        GatewayConfig(
+            replicas=("http://127.0.0.1:9",),
+            kv_events=("http://127.0.0.1:9=connect:tcp://127.0.0.1:9",),
+            sync_redis="redis://127.0.0.1:6379",
+        )
+    assert GatewayConfig(sync_redis="redis://10.0.0.5:6379/1").sync_channel == "prefixroute:routed"
+
+
+def test_sync_settings_from_toml_and_flags(tmp_path: Path) -> None:
+    import argparse
+
+    from prefixroute.serve import add_parser, config_from_args
+
+    path = tmp_path / "gw.toml"
+    path.write_text('sync_redis = "redis://a:6379/0"\nsync_channel = "fleet-a"\n')
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    config = config_from_args(parser.parse_args(["serve", "--config", str(path)]))
+    assert (config.sync_redis, config.sync_channel) == ("redis://a:6379/0", "fleet-a")
+    args = parser.parse_args(["serve", "--config", str(path), "--sync-redis", "redis://b:1"])
+    assert config_from_args(args).sync_redis == "redis://b:1"
+
+
+def test_decisions_encode_compactly() -> None:
+    from prefixroute.gateway._sync import decode, encode
+
+    hashes = [BlockHash(h) for h in (0, 1, 2**64 - 1, 12345678901234567890)]
+    payload = encode("me", ReplicaId("http://r:1"), hashes)
+    assert len(payload) < 8 * len(hashes) + 32
+    assert decode(payload) == ("me", ReplicaId("http://r:1"), hashes)
+    with pytest.raises((msgspec.DecodeError, ValueError)):
+        decode(b"\x93\xa2me\xa1r\xc4\x03abc")  # 3 bytes: not a whole hash
+
+
+async def test_a_full_queue_drops_the_oldest_decision_and_never_blocks() -> None:
+    from prometheus_client.registry import CollectorRegistry
+
+    from prefixroute.core import Router, make_policy
+    from prefixroute.gateway._sync import QUEUE_SIZE, RouteSync
+
+    from .redis_server import free_port
+
+    router = Router(make_policy("round_robin"))
+    registry = CollectorRegistry()
+    sync = RouteSync(f"redis://127.0.0.1:{free_port()}/0", "c", router, registry)
+
+    def dropped() -> float:
+        return registry.get_sample_value("prefixroute_sync_dropped_total") or 0.0
+
+    sync.publish(ReplicaId("r"), [BlockHash(1)])  # not started: nothing is queued
+    assert dropped() == 0
+    await sync.start()
+    try:
+        for i in range(QUEUE_SIZE + 10):
+            sync.publish(ReplicaId("r"), [BlockHash(i)])
+        assert dropped() >= 10 - 1  # the publisher may hold one
+        assert not sync.connected
+    finally:
+        await sync.stop()

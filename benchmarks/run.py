@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-BENCHES = ("core_bench", "sim_bench", "gateway_overhead", "policy_sweep", "precise_bench")
+BENCHES = (
+    "core_bench", "sim_bench", "gateway_overhead", "policy_sweep", "precise_bench", "scale_sim"
+)
 
 
 def main() -> int:

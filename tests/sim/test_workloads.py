@@ -162,6 +162,23 @@ def test_mooncake_preserves_prefix_sharing(trace: str) -> None:
     assert any(len(k) > 1 for k in by_ids)  # the check covered deep prefixes too
 
 
+@needs_traces
+def test_mooncake_copies_repeat_the_trace_without_sharing_across_copies() -> None:
+    n = 100
+    one = make_workload("mooncake", overrides={"limit": str(n)})
+    two = make_workload("mooncake", overrides={"limit": str(n), "copies": "2"})
+    assert two.num_requests == 2 * n
+    tokens = {int(s.session_id.removeprefix("row")): s.turns[0].tokens for s in two.sessions}
+    first = {int(s.session_id.removeprefix("row")): s.turns[0].tokens for s in one.sessions}
+    for i in range(n):
+        assert np.array_equal(tokens[i], first[i])  # copy 0 is the trace itself
+        assert len(tokens[n + i]) == len(tokens[i])
+    # Requests share their first block within a copy (a shared system prompt), never across.
+    heads = [{tokens[c * n + i][:32].tobytes() for i in range(n)} for c in (0, 1)]
+    assert heads[0].isdisjoint(heads[1])
+    assert len(heads[0]) < n and len(heads[1]) == len(heads[0])
+
+
 def test_mooncake_explicit_path_scales_lengths(tmp_path: Path) -> None:
     rows = [
         {"timestamp": 0, "input_length": 1000, "output_length": 100, "hash_ids": [7, 8]},

@@ -123,6 +123,7 @@ class ClusterSim:
         self._records: list[RequestRecord] = []
         self._pending: dict[str, _Pending] = {}
         self._done = 0
+        self._accepting_ids: list[ReplicaId] | None = None  # cache of _accepting()
         for i in range(self.replicas):
             self._add_replica(ReplicaId(f"r{i}"))
         for session in self.workload.sessions:
@@ -150,6 +151,7 @@ class ClusterSim:
     def _add_replica(self, rid: ReplicaId) -> None:
         model = ReplicaModel(self.replica_config, fast_forward=True, report_decodes=False)
         self._live[rid] = _Live(model)
+        self._accepting_ids = None
         self._stats[rid] = ReplicaRecord(rid, added_s=self._kernel.now)
         self._router.add_replica(rid)
 
@@ -160,6 +162,7 @@ class ClusterSim:
         elif ev.action == "remove" and rid in self._live and self._live[rid].accepting:
             live = self._live[rid]
             live.accepting = False
+            self._accepting_ids = None
             self._router.remove_replica(rid)
             self._stats[rid].removed_s = self._kernel.now
             # Requests not yet started move elsewhere; running ones drain where they are.
@@ -203,7 +206,10 @@ class ClusterSim:
         self._dispatch(self._pending[rec.request_id])
 
     def _accepting(self) -> list[ReplicaId]:
-        return [rid for rid, live in self._live.items() if live.accepting]
+        """Replicas taking new requests, in order of addition; rebuilt only when one changes."""
+        if self._accepting_ids is None:
+            self._accepting_ids = [rid for rid, live in self._live.items() if live.accepting]
+        return self._accepting_ids
 
     def _dispatch(self, p: _Pending) -> None:
         now = self._kernel.now

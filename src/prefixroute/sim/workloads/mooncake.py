@@ -10,6 +10,12 @@ The trace rounds arrivals to ~3 s steps; replaying them as bursts would measure 
 each arrival moves uniformly within ``jitter_s``. Trace time is then multiplied by ``time_scale``;
 left at 0 it is derived so the prompt tokens offered per second are ``load`` times the cluster's
 prefill capacity (70% of 4 replicas x 10,000 tokens/s by default), whatever the trace or limit.
+
+``copies`` replays the trace that many times at once, as that many independent user populations:
+copy c adds ``c * (largest hash id + 1)`` to every hash id, so requests share prefixes within a
+copy exactly as in the trace and never across copies, and each copy draws its own jitter. The
+12,031-row conversation trace tiled 84 times gives the 1,000,000-request scale run
+(``benchmarks/scale_sim.py``); set ``capacity_tokens_per_s`` to the cluster's prefill rate.
 """
 
 from __future__ import annotations
@@ -41,11 +47,12 @@ class MooncakeConfig:
     load: float = param(0.7, "prompt tokens offered / capacity, when time_scale is 0")
     capacity_tokens_per_s: float = param(40_000.0, "prefill capacity, tokens/s (4 x 10,000)")
     time_scale: float = param(0.0, "replay time / trace time (0: derived from load)")
+    copies: int = param(1, "replay the trace this many times at once, hash ids offset per copy")
 
     def __post_init__(self) -> None:
         if self.trace not in TRACES and not self.path:
             raise ConfigError(f"trace must be one of {', '.join(TRACES)}, got {self.trace!r}")
-        check_positive(self, "block_tokens", "load", "capacity_tokens_per_s")
+        check_positive(self, "block_tokens", "load", "capacity_tokens_per_s", "copies")
         check_non_negative(self, "limit", "jitter_s", "time_scale")
 
 
@@ -72,15 +79,22 @@ def build(config: MooncakeConfig, seed: int) -> Workload:
     base = int(rng.integers(0, 2**31))  # seeds the ids; block of id h = base + h*bt + 0..bt-1
     bt = config.block_tokens
     offsets = np.arange(bt, dtype=np.int64)
+    ids = [np.asarray(row["hash_ids"], dtype=np.int64) for row in rows]
+    stride = 1 + max((int(a.max()) for a in ids if a.size), default=0)  # hash ids per copy
     prompts = []
-    for row in rows:
-        hash_ids = np.asarray(row["hash_ids"], dtype=np.int64)
-        n_in = min(math.ceil(int(str(row["input_length"])) * bt / TRACE_BLOCK), len(hash_ids) * bt)
-        blocks = (base + hash_ids[:, None] * bt + offsets[None, :]) % 2**32
-        prompts.append(frozen(blocks.ravel()[: max(1, n_in)].astype(np.uint32)))
+    for copy in range(config.copies):
+        for row, row_ids in zip(rows, ids, strict=True):
+            hash_ids = row_ids + copy * stride
+            n_in = min(
+                math.ceil(int(str(row["input_length"])) * bt / TRACE_BLOCK), len(hash_ids) * bt
+            )
+            blocks = (base + hash_ids[:, None] * bt + offsets[None, :]) % 2**32
+            prompts.append(frozen(blocks.ravel()[: max(1, n_in)].astype(np.uint32)))
     outputs = [max(1, round(int(str(r["output_length"])) * bt / TRACE_BLOCK)) for r in rows]
-    trace_s = np.array([float(str(r["timestamp"])) / 1000 for r in rows])
-    arrival = np.maximum(0.0, trace_s + rng.uniform(-config.jitter_s, config.jitter_s, len(rows)))
+    outputs *= config.copies
+    trace_s = np.tile([float(str(r["timestamp"])) / 1000 for r in rows], config.copies)
+    jitter = rng.uniform(-config.jitter_s, config.jitter_s, len(trace_s))
+    arrival = np.maximum(0.0, trace_s + jitter)
     arrival -= arrival.min()
     scale = config.time_scale
     if scale == 0:
@@ -100,6 +114,7 @@ def build(config: MooncakeConfig, seed: int) -> Workload:
         name="mooncake",
         sessions=sessions,
         block_size=16,
-        description=f"Mooncake {path.stem} replay: {len(rows)} requests, {bt} tokens per hash "
-        f"id, time x{scale:.3g}",
+        description=f"Mooncake {path.stem} replay: {len(rows)} requests"
+        + (f" x {config.copies} copies" if config.copies > 1 else "")
+        + f", {bt} tokens per hash id, time x{scale:.3g}",
     )

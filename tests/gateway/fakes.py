@@ -41,6 +41,17 @@ def completion_body(cached: int = 0, prompt: int = 10) -> bytes:
     ).encode()
 
 
+def held_until(release: asyncio.Event) -> Handler:
+    """A handler that answers a plain completion only once ``release`` is set, so the tests can
+    hold requests in flight."""
+
+    async def held(request: web.Request) -> web.StreamResponse:
+        await release.wait()
+        return web.Response(body=completion_body(), content_type="application/json")
+
+    return held
+
+
 @dataclass
 class Seen:
     method: str

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from prefixroute.gateway import Gateway
 
-from .fakes import FakeReplica, completion_body
+from .fakes import FakeReplica, completion_body, held_until
 from .helpers import FAST_GATEWAY, FAST_REPLICA, ClusterFactory, GatewayFactory, send, words
 
 
@@ -172,12 +172,7 @@ async def test_health(make_gateway: GatewayFactory, session: aiohttp.ClientSessi
 
 async def test_in_flight_caps(make_gateway: GatewayFactory, session: aiohttp.ClientSession) -> None:
     release = asyncio.Event()
-
-    async def slow(request: web.Request) -> web.StreamResponse:
-        await release.wait()
-        return web.Response(body=completion_body(), content_type="application/json")
-
-    fake = FakeReplica(handler=slow)
+    fake = FakeReplica(handler=held_until(release))
     await fake.start()
     try:
         total = await make_gateway([fake.url], max_in_flight=1)

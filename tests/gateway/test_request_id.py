@@ -6,9 +6,8 @@ import asyncio
 import re
 
 import aiohttp
-from aiohttp import web
 
-from .fakes import FakeReplica, Seen, completion_body
+from .fakes import FakeReplica, Seen, held_until
 from .helpers import STEADY, ClusterFactory, GatewayFactory, send
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
@@ -66,12 +65,7 @@ async def test_a_live_id_is_not_reused(
 ) -> None:
     """Two requests in flight never share an id upstream: the second gets a fresh one."""
     release = asyncio.Event()
-
-    async def slow(request: web.Request) -> web.StreamResponse:
-        await release.wait()
-        return web.Response(body=completion_body(), content_type="application/json")
-
-    fake = FakeReplica(handler=slow)
+    fake = FakeReplica(handler=held_until(release))
     await fake.start()
     try:
         gw = await make_gateway([fake.url], **STEADY)

@@ -13,11 +13,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from prefixroute.gateway import Gateway, TenancyConfig, TenantLimits, TenantSpec, hash_api_key
 
-from .fakes import FakeReplica, Seen, completion_body
+from .fakes import FakeReplica, Seen, held_until
 from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, send, words
 
 SECRET = "0123456789abcdef-tenant-salt-secret"
@@ -278,12 +277,7 @@ async def test_request_rate_and_prompt_token_limits(
 
 async def test_in_flight_cap(make_gateway: GatewayFactory, session: aiohttp.ClientSession) -> None:
     release = asyncio.Event()
-
-    async def slow(request: web.Request) -> web.StreamResponse:
-        await release.wait()
-        return web.Response(body=completion_body(), content_type="application/json")
-
-    fake = FakeReplica(handler=slow)
+    fake = FakeReplica(handler=held_until(release))
     await fake.start()
     try:
         tenancy = TenancyConfig(default_limits=TenantLimits(max_in_flight=1))

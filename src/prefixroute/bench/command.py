@@ -21,7 +21,7 @@ from prefixroute.sim.command import parse_pairs
 from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S, PolicyMetrics, oracle_floor, summarize
 from prefixroute.sim.replica import ReplicaConfig
 from prefixroute.sim.report import make_console, print_report, write_json, write_plot
-from prefixroute.sim.runner import _LazyProgress
+from prefixroute.sim.runner import LazyProgress
 from prefixroute.sim.workload import Workload
 from prefixroute.sim.workloads import make_workload
 
@@ -67,7 +67,7 @@ def _metrics(result: ReplayResult, floor: int | None, slo_s: float) -> PolicyMet
 
 async def _run_url(args: argparse.Namespace, workload: Workload) -> list[ReplayResult]:
     cfg = ReplayConfig(args.url, args.model, args.time_scale, args.timeout)
-    bar = _LazyProgress(workload.num_requests, f"{workload.name} -> {args.url}", True)
+    bar = LazyProgress(workload.num_requests, f"{workload.name} -> {args.url}", True)
     try:
         return [await replay(workload, cfg, args.label, bar.update)]
     finally:
@@ -89,7 +89,7 @@ async def _run_emulated(args: argparse.Namespace, workload: Workload) -> list[Re
             gw_cfg = GatewayConfig(port=0, replicas=tuple(cluster.urls), policy=policy)
             async with Gateway(gw_cfg) as gw:
                 cfg = ReplayConfig(gw.url, args.model, args.time_scale, args.timeout)
-                bar = _LazyProgress(workload.num_requests, f"{workload.name} / {policy}", True)
+                bar = LazyProgress(workload.num_requests, f"{workload.name} / {policy}", True)
                 try:
                     results.append(await replay(workload, cfg, policy, bar.update))
                 finally:

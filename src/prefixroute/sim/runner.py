@@ -36,7 +36,7 @@ class Comparison:
         }
 
 
-class _LazyProgress:
+class LazyProgress:
     """A rich progress bar on stderr that appears only once a run has taken a second."""
 
     def __init__(self, total: int, label: str, enabled: bool) -> None:
@@ -88,7 +88,7 @@ def compare_policies(
     out = Comparison(workload, [])
     for name in policies:
         policy = make_policy(name, **(policy_params or {}).get(name, {}))
-        bar = _LazyProgress(workload.num_requests, f"{workload.name} / {name}", progress)
+        bar = LazyProgress(workload.num_requests, f"{workload.name} / {name}", progress)
         try:
             result = ClusterSim(workload, policy, replicas, cfg, seed, bar.update).run()
         finally:

@@ -285,8 +285,13 @@ async def test_a_gap_is_replayed_by_vllm(
             await complete(prompt)
         await sub.start()
         deadline = time.monotonic() + 10
+        fresh = 0
         while sub.stats.replayed < 2 and time.monotonic() < deadline:
-            await complete(prompts[5])
+            # A new prompt each time: a repeated one is fully cached and publishes nothing, so
+            # if its batch went out before the subscription was through (ZMQ's slow joiner),
+            # no later batch would ever reveal the gap.
+            await complete(prompts[5] if not fresh else ttft_prompt(tokenizer, 2000 + fresh, 200))
+            fresh += 1
             await asyncio.sleep(0.2)
     finally:
         await sub.stop()

@@ -8,9 +8,14 @@ independent user population with the trace's own prefix structure.
 
 Prints the workload build time, the simulation's wall time and requests per second, the router's
 mean decision time, the peak resident memory of the process, and the run's cache hit rate and
-TTFT percentiles. First it runs the same workload at a tenth of the replicas and copies (the
-baseline, STYLE.md rule 15; ``--no-baseline`` skips it) and prints how per-request cost grows
-with the cluster.
+TTFT percentiles. First it runs a baseline in the same process (STYLE.md rule 15;
+``--no-baseline`` skips it):
+
+* default (and ``--exact-baseline``): the same workload with predicted_ttft scoring every
+  replica (its shortlist switched off), so the ratios say what the shortlist saves in decision
+  time and what it costs in hit rate and TTFT;
+* ``--full``: the same policy at a tenth of the replicas and copies, so the ratios say how the
+  per-request cost grows with the cluster (scoring every replica of 1,000 would take hours).
 
 Run: ``.venv/bin/python benchmarks/scale_sim.py [--full] [--policy NAME]``, or ``make bench``
 (the default size).
@@ -39,7 +44,12 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run(replicas: int, copies: int, policy: str, seed: int) -> dict[str, float]:
+EXACT = {"shortlist_above": 1_000_000}  # predicted_ttft scoring every candidate
+
+
+def run(
+    replicas: int, copies: int, policy: str, seed: int, params: dict[str, int] | None = None
+) -> dict[str, float]:
     t0 = time.perf_counter()
     workload = make_workload(
         "mooncake",
@@ -53,7 +63,8 @@ def run(replicas: int, copies: int, policy: str, seed: int) -> dict[str, float]:
     )
     build_s = time.perf_counter() - t0
     n = workload.num_requests
-    print(f"{workload.description}: {n:,} requests on {replicas:,} replicas, {policy}", flush=True)
+    label = policy + "".join(f" {k}={v}" for k, v in (params or {}).items())
+    print(f"{workload.description}: {n:,} requests on {replicas:,} replicas, {label}", flush=True)
     print(f"  workload built in {build_s:.1f} s, peak RSS {peak_rss_mib():,.0f} MiB", flush=True)
     last = [time.perf_counter()]
 
@@ -65,7 +76,7 @@ def run(replicas: int, copies: int, policy: str, seed: int) -> dict[str, float]:
 
     sim = ClusterSim(
         workload,
-        make_policy(policy),
+        make_policy(policy, **(params or {})),
         replicas,
         ReplicaConfig(block_size=workload.block_size),
         seed,
@@ -109,16 +120,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copies", type=int, help="override how many times the trace is tiled")
     ap.add_argument("--policy", default=DEFAULT_POLICY)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-baseline", action="store_true", help="skip the tenth-size run")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the baseline run")
+    ap.add_argument(
+        "--exact-baseline",
+        action="store_true",
+        help="baseline: the same size, every replica scored (the default unless --full)",
+    )
     args = ap.parse_args(argv or [])
     replicas = args.replicas or (1000 if args.full else 100)
     copies = args.copies or (84 if args.full else 4)
+    exact = args.exact_baseline or not args.full
+    if exact and args.policy != "predicted_ttft":
+        ap.error("the exact baseline is predicted_ttft without its shortlist")
     base = None
     if not args.no_baseline:
-        base = run(max(1, replicas // 10), max(1, copies // 10), args.policy, args.seed)
+        if exact:
+            base = run(replicas, copies, args.policy, args.seed, EXACT)
+        else:
+            base = run(max(1, replicas // 10), max(1, copies // 10), args.policy, args.seed)
     out = run(replicas, copies, args.policy, args.seed)
-    if base is not None:
-        per_request = (out["wall_s"] / out["requests"]) / (base["wall_s"] / base["requests"])
+    if base is None:
+        return 0
+    per_request = (out["wall_s"] / out["requests"]) / (base["wall_s"] / base["requests"])
+    if exact:
+        print(
+            f"shortlist vs scoring every replica: {per_request:.2f}x wall time per request, "
+            f"{out['decision_us'] / base['decision_us']:.2f}x decision time, hit rate "
+            f"{out['hit_rate']:.1%} vs {base['hit_rate']:.1%}, TTFT p50 "
+            f"{out['ttft_p50_ms'] / base['ttft_p50_ms']:.2f}x, "
+            f"p99 {out['ttft_p99_ms'] / base['ttft_p99_ms']:.2f}x"
+        )
+    else:
         print(
             f"vs the tenth-size baseline: {out['replicas'] / base['replicas']:.0f}x replicas, "
             f"{out['requests'] / base['requests']:.1f}x requests, "

@@ -21,6 +21,7 @@ from prefixroute.core import BlockHash, BlockHasher, ConfigError, PrefixIndex, R
 HASHER = BlockHasher(block_size=1)
 NAMES = [ReplicaId(f"r{i}") for i in range(5)]
 MACHINE_NAMES = NAMES[:3]  # few replicas, so rules often meet on the same one
+HOLDER_STRIDE = 2  # small, so chains of a few blocks have several recorded positions
 
 
 def chain(*tokens: int) -> list[BlockHash]:
@@ -87,9 +88,10 @@ class IndexMachine(RuleBasedStateMachine):
         self.parent: dict[BlockHash, BlockHash | None] = {}
         self.ever: dict[ReplicaId, set[BlockHash]] = {}  # inserted since (re)registration
 
-    @initialize(default=capacities)
-    def setup(self, default: int | None) -> None:
-        self.index = PrefixIndex(default)
+    @initialize(default=capacities, holder_map=st.booleans())
+    def setup(self, default: int | None, holder_map: bool) -> None:
+        # The holder map (large clusters) must never change what the index holds or matches.
+        self.index = PrefixIndex(default, holder_map=holder_map, holder_stride=HOLDER_STRIDE)
         self.model = ModelIndex(default)
 
     def _remember(self, hashes: list[BlockHash]) -> None:
@@ -170,6 +172,27 @@ class IndexMachine(RuleBasedStateMachine):
                 assert set(hashes[:k]) <= self.ever[r], "matched blocks that were never inserted"
             some = MACHINE_NAMES[::2]  # the optional replica filter
             assert self.index.match(hashes, some) == {r: k for r, k in got.items() if r in some}
+
+    @invariant()
+    def deepest_holders_are_the_longest_matches(self) -> None:
+        if not self.index.has_holder_map:
+            return
+        gapped = self.index.gapped_replicas
+        for hashes in self.queries:
+            model = {r: k for r, k in self.model.match(hashes).items() if r not in gapped}
+            # With room for everybody, it finds every replica the holder map can see.
+            assert self.index.deepest_holders(hashes, 2 * len(NAMES)) == model
+            for limit in (0, 1, 2):
+                got = self.index.deepest_holders(hashes, limit)
+                assert len(got) <= limit
+                assert all(model.get(r) == k for r, k in got.items()), (got, model)
+                # Whole levels, deepest first: anyone left out matches no deeper recorded
+                # position (a multiple of the stride) than everyone taken matches.
+                for left_out, k in model.items():
+                    if left_out in got:
+                        continue
+                    floor = (k - 1) // HOLDER_STRIDE * HOLDER_STRIDE
+                    assert all(m > floor for m in got.values()), (left_out, k, got)
 
     @invariant()
     def same_entries_as_model(self) -> None:
@@ -413,3 +436,41 @@ def test_inserting_a_chain_that_does_not_start_at_the_root_never_over_matches(ca
     held = [index.holds(R0, h) for h in full]
     expected = held.index(False) if False in held else len(full)
     assert index.match(full).get(R0, 0) == expected
+
+
+def test_holder_map_switches_on_past_the_replica_threshold() -> None:
+    from prefixroute.core.index import HOLDER_MAP_REPLICAS
+
+    index = PrefixIndex()
+    names = [ReplicaId(f"n{i}") for i in range(HOLDER_MAP_REPLICAS + 1)]
+    long, short = chain(*range(40)), chain(*range(3))
+    for r in names[:-1]:
+        index.add_replica(r)
+        index.insert(r, short)
+    index.insert(names[0], long)
+    assert not index.has_holder_map
+    index.add_replica(names[-1])
+    assert index.has_holder_map
+    # Built from what was already held: the replica with the long chain is found alone.
+    assert index.deepest_holders(long, 4) == {names[0]: 40}
+    assert index.deepest_holders(short, 4) == {}  # all 64 hold it: too many to take
+    assert PrefixIndex(holder_map=False).has_holder_map is False
+
+
+def test_deepest_holders_without_the_map_raises() -> None:
+    with pytest.raises(ConfigError, match="holder map"):
+        PrefixIndex(holder_map=False).deepest_holders(chain(1, 2), 4)
+    with pytest.raises(ConfigError, match="holder_stride"):
+        PrefixIndex(holder_stride=0)
+
+
+def test_stale_holders_are_swept_so_the_map_stays_bounded() -> None:
+    from prefixroute.core.index import HOLDER_SWEEP_MIN
+
+    index = PrefixIndex(8, holder_map=True, holder_stride=1)
+    index.add_replica(R0)
+    for i in range(HOLDER_SWEEP_MIN // 4 + 10):
+        index.insert(R0, chain(i, i + 1, i + 2, i + 3))  # evicts the previous chains
+    assert index.blocks_of(R0) == 8
+    recorded = sum(len(s) for s in index._holders.values())  # type: ignore[union-attr]
+    assert recorded < HOLDER_SWEEP_MIN + 16

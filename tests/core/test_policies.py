@@ -666,3 +666,62 @@ def test_predicted_ttft_sends_a_long_cold_prompt_where_fewer_requests_arrive() -
         router.loads.complete(rid, 0.0)
     d = route(router, tokens(5_000, start=70_000))
     assert d.replica == R1
+
+
+# --- predicted_ttft on large clusters: the shortlist ------------------------------------------
+def big_router(n: int, **params: Any) -> tuple[Router, list[ReplicaId]]:
+    router = Router(make_policy("predicted_ttft", **params), BlockHasher(block_size=1))
+    names = [ReplicaId(f"b{i}") for i in range(n)]
+    for r in names:
+        router.add_replica(r)
+    return router, names
+
+
+def test_shortlist_is_off_for_small_clusters_and_on_for_large_ones() -> None:
+    small = make_router("predicted_ttft")
+    view = small.view("s", tokens=tokens(8))
+    ctx = RoutingContext(view, NAMES, small.index, small.loads, small.rng, 0.0)
+    assert ctx.shortlist(64, 16, 16) is ctx
+    router, names = big_router(200)
+    view = router.view("b", tokens=tokens(8))
+    ctx = RoutingContext(view, names, router.index, router.loads, router.rng, 0.0)
+    narrowed = ctx.shortlist(64, 16, 16)
+    assert len(narrowed.candidates) == 16  # nobody matches: the random sample only
+    assert set(narrowed.candidates) <= set(names)
+
+
+def test_shortlist_finds_the_one_replica_with_the_prefix_among_hundreds() -> None:
+    router, names = big_router(300)
+    home = names[137]
+    prompt = tokens(200)
+    prime(router, home, prompt[:150])
+    for r in names[::3]:
+        prime(router, r, prompt[:4])  # a short shared prefix, held by 100 replicas
+    decision = router.route(router.view("q", tokens=prompt), 0.0)
+    assert decision.replica == home
+    assert decision.reason is DecisionReason.PREFIX_MATCH
+    assert decision.predicted_cached_tokens == 150
+
+
+def test_shortlist_respects_the_candidate_list() -> None:
+    router, names = big_router(200)
+    prompt = tokens(100)
+    prime(router, names[5], prompt)
+    allowed = names[100:]  # the replica with the prefix is not a candidate (unhealthy, say)
+    decision = router.route(router.view("q", tokens=prompt), 0.0, allowed)
+    assert decision.replica in allowed
+
+
+def test_shortlist_spreads_cold_requests_like_power_of_d_choices() -> None:
+    router, _ = big_router(200)
+    for i in range(200):
+        router.route(router.view(f"c{i}", tokens=tokens(500, start=FILLER + 1000 * i)), 0.0)
+    in_flight = [router.loads.get(r).in_flight for r in router.replicas]
+    # The best of 16 random replicas: nearly every replica gets one request, none gets three.
+    assert max(in_flight) <= 2
+    assert sum(1 for k in in_flight if k) >= 150
+
+
+def test_shortlist_parameters_are_validated() -> None:
+    with pytest.raises(ConfigError, match="shortlist"):
+        make_policy("predicted_ttft", shortlist_sample=0)

@@ -23,6 +23,15 @@ cleared.
 
 Stale queue entries are dropped when eviction reaches them; when no eviction happens for long,
 the queue is compacted once it holds four times the live entries, so memory stays bounded.
+
+Clusters of hundreds of replicas add a *holder map* (switched on by the replica count): for every
+``holder_stride``-th block of each chain inserted from the root, and its last block, the replicas
+that hold it. :meth:`PrefixIndex.deepest_holders` walks a request's chain from its end and finds
+the few replicas with the longest matches without visiting the others; a policy then scores those
+plus a random sample instead of every replica (see ``RoutingContext.shortlist``). Block hashes are
+chained, so a block at position ``i`` of a request is at position ``i`` of every chain that holds
+it, and probing the same positions finds it. The map is cleaned lazily: a lookup drops holders that
+evicted the block, and a sweep runs once the map has doubled since the last one.
 """
 
 from __future__ import annotations
@@ -37,6 +46,9 @@ from prefixroute.core.types import ReplicaId
 
 COMPACT_FACTOR = 4  # compact a replica's queue when it holds this many times its live entries
 COMPACT_MIN = 4096  # ... and at least this many entries, entries
+HOLDER_MAP_REPLICAS = 64  # registering more replicas than this switches the holder map on
+HOLDER_STRIDE = 16  # the holder map records every this-many-th block of a chain, blocks
+HOLDER_SWEEP_MIN = 65_536  # sweep stale holders once the map grew this much since the last sweep
 
 
 @dataclass(slots=True)
@@ -53,14 +65,31 @@ class _ReplicaEntries:
 class PrefixIndex:
     """Block hash -> replicas, with a per-replica LRU capacity in blocks."""
 
-    def __init__(self, default_capacity_blocks: int | None = None) -> None:
+    def __init__(
+        self,
+        default_capacity_blocks: int | None = None,
+        *,
+        holder_map: bool | None = None,
+        holder_stride: int = HOLDER_STRIDE,
+    ) -> None:
+        """``holder_map``: True/False forces the holder map on/off; None (the default) switches
+        it on once more than ``HOLDER_MAP_REPLICAS`` replicas are registered."""
         if default_capacity_blocks is not None and default_capacity_blocks < 1:
             raise ConfigError(
                 f"index capacity must be at least 1 block, got {default_capacity_blocks}"
             )
+        if holder_stride < 1:
+            raise ConfigError(f"holder_stride must be at least 1 block, got {holder_stride}")
         self.default_capacity_blocks = default_capacity_blocks  # blocks; None = unbounded
         self._replicas: dict[ReplicaId, _ReplicaEntries] = {}
         self.evictions = 0  # entries dropped by LRU capacity, all replicas, since creation
+        self._auto_holders = holder_map is None
+        self.holder_stride = holder_stride
+        # block hash -> replicas that inserted it at a probed position (may hold stale replicas)
+        self._holders: dict[BlockHash, set[ReplicaId]] | None = {} if holder_map else None
+        self._holder_adds = 0  # additions since the last sweep (an upper bound on its growth)
+        self._holder_live = 0  # holder entries left by the last sweep
+        self._gapped: set[ReplicaId] = set()  # replicas matched by a linear walk
 
     # --- replicas -------------------------------------------------------------------------
     def add_replica(self, replica: ReplicaId, capacity_blocks: int | None = None) -> None:
@@ -71,16 +100,24 @@ class PrefixIndex:
         if cap is not None and cap < 1:
             raise ConfigError(f"index capacity must be at least 1 block, got {cap}")
         self._replicas[replica] = _ReplicaEntries(cap)
+        if (
+            self._auto_holders
+            and self._holders is None
+            and len(self._replicas) > HOLDER_MAP_REPLICAS
+        ):
+            self._build_holders()
 
     def remove_replica(self, replica: ReplicaId) -> None:
         """Forget ``replica`` and every entry it held."""
         self._replicas.pop(replica, None)
+        self._gapped.discard(replica)
 
     def clear_replica(self, replica: ReplicaId) -> None:
         """Drop every entry of ``replica`` but keep it registered (an engine cleared its cache)."""
         old = self._replicas.get(replica)
         if old is not None:
             self._replicas[replica] = _ReplicaEntries(old.capacity)
+            self._gapped.discard(replica)
 
     @property
     def replicas(self) -> list[ReplicaId]:
@@ -106,6 +143,9 @@ class PrefixIndex:
             return 0
         if not from_root:
             entries.gapped = True
+            self._gapped.add(replica)
+        elif self._holders is not None:
+            self._add_holders(replica, block_hashes)
         tail_first = block_hashes[::-1]
         ticks = range(entries.tick, entries.tick + n)
         entries.tick += n
@@ -161,6 +201,7 @@ class PrefixIndex:
         for h in block_hashes:
             if stamps.pop(h, None) is not None:
                 entries.gapped = True
+                self._gapped.add(replica)
 
     # --- queries --------------------------------------------------------------------------
     def match(
@@ -168,35 +209,143 @@ class PrefixIndex:
     ) -> dict[ReplicaId, int]:
         """Longest cached prefix per replica, in blocks; replicas matching nothing are absent."""
         result: dict[ReplicaId, int] = {}
-        n = len(block_hashes)
-        if not n:
+        if not block_hashes:
             return result
-        first, last = block_hashes[0], block_hashes[-1]
+        first = block_hashes[0]
         pool = self._replicas if replicas is None else replicas
         for replica in pool:
             entries = self._replicas.get(replica)
-            if entries is None:
+            if entries is None or first not in entries.stamps:
                 continue
-            stamps = entries.stamps
-            if first not in stamps:
-                continue
-            if entries.gapped:
-                m = 1
-                while m < n and block_hashes[m] in stamps:
-                    m += 1
-            elif last in stamps:
-                m = n
-            else:  # hashes[lo - 1] is held, hashes[hi] is not
-                lo, hi = 1, n - 1
-                while lo < hi:
-                    mid = (lo + hi) >> 1
-                    if block_hashes[mid] in stamps:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                m = lo
-            result[replica] = m
+            result[replica] = self._match_one(entries, block_hashes, 1)
         return result
+
+    @staticmethod
+    def _match_one(entries: _ReplicaEntries, block_hashes: Sequence[BlockHash], held: int) -> int:
+        """Matched blocks of one replica known to hold the first ``held`` blocks (``held`` >= 1)."""
+        stamps = entries.stamps
+        n = len(block_hashes)
+        if entries.gapped:
+            m = 1
+            while m < n and block_hashes[m] in stamps:
+                m += 1
+            return m
+        if block_hashes[-1] in stamps:
+            return n
+        lo, hi = held, n - 1  # hashes[lo - 1] is held, hashes[hi] is not
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if block_hashes[mid] in stamps:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # --- the holder map (large clusters) --------------------------------------------------
+    @property
+    def has_holder_map(self) -> bool:
+        return self._holders is not None
+
+    @property
+    def gapped_replicas(self) -> frozenset[ReplicaId]:
+        """Replicas the holder map cannot see (their chains did not all start at the root)."""
+        return frozenset(self._gapped)
+
+    def _probes(self, n: int) -> range:
+        """Positions of an ``n``-block chain that the holder map records, first to last."""
+        return range(0, n, self.holder_stride)
+
+    def _add_holders(self, replica: ReplicaId, block_hashes: Sequence[BlockHash]) -> None:
+        holders = self._holders
+        assert holders is not None
+        n = len(block_hashes)
+        positions = list(self._probes(n))
+        if positions[-1] != n - 1:
+            positions.append(n - 1)
+        for i in positions:
+            h = block_hashes[i]
+            found = holders.get(h)
+            if found is None:
+                holders[h] = {replica}
+            else:
+                found.add(replica)
+        self._holder_adds += len(positions)
+        if self._holder_adds > self._holder_live + HOLDER_SWEEP_MIN:
+            self._sweep_holders()
+
+    def _build_holders(self) -> None:
+        """Switch the holder map on: record every held block (positions are not known here)."""
+        holders: dict[BlockHash, set[ReplicaId]] = {}
+        for replica, entries in self._replicas.items():
+            if entries.gapped:
+                continue
+            for h in entries.stamps:
+                holders.setdefault(h, set()).add(replica)
+        self._holders = holders
+        self._holder_live = sum(len(s) for s in holders.values())
+        self._holder_adds = 0
+
+    def _sweep_holders(self) -> None:
+        """Drop holders that no longer hold the block (evicted, cleared or removed)."""
+        assert self._holders is not None
+        reps = self._replicas
+        live: dict[BlockHash, set[ReplicaId]] = {}
+        count = 0
+        for h, found in self._holders.items():
+            keep = {r for r in found if (e := reps.get(r)) is not None and h in e.stamps}
+            if keep:
+                live[h] = keep
+                count += len(keep)
+        self._holders = live
+        self._holder_live = count
+        self._holder_adds = 0
+
+    def deepest_holders(
+        self, block_hashes: Sequence[BlockHash], limit: int
+    ) -> dict[ReplicaId, int]:
+        """The replicas with the longest matches, at most ``limit`` of them, with their matches.
+
+        Walks the recorded positions of the chain from its last block to its first and takes
+        every replica found at each position, whole positions only: it stops before the position
+        whose holders would take it past ``limit``, or that records more than ``2 * limit`` holders
+        beyond those found (live or stale; a prefix held by hundreds of replicas adds nobody and
+        costs no pass over them). Gapped replicas are never returned (see
+        :attr:`gapped_replicas`). Needs the holder map; the matches are exact, as :meth:`match`
+        gives them.
+        """
+        holders = self._holders
+        if holders is None:
+            raise ConfigError("deepest_holders needs the holder map (holder_map=True)")
+        n = len(block_hashes)
+        found: dict[ReplicaId, int] = {}
+        if not n or limit < 1:
+            return found
+        positions = list(self._probes(n))
+        if positions[-1] != n - 1:
+            positions.append(n - 1)
+        reps = self._replicas
+        for i in reversed(positions):
+            h = block_hashes[i]
+            at = holders.get(h)
+            if not at:
+                continue
+            if len(at) > 2 * limit + len(found):
+                break  # too many to take, stale ones or not: don't spend a pass over them
+            level: list[tuple[ReplicaId, _ReplicaEntries]] = []
+            stale: list[ReplicaId] = []
+            for r in at:
+                entries = reps.get(r)
+                if entries is None or entries.gapped or h not in entries.stamps:
+                    stale.append(r)
+                elif r not in found:
+                    level.append((r, entries))
+            for r in stale:
+                at.discard(r)
+            if len(found) + len(level) > limit:
+                break
+            for r, entries in level:
+                found[r] = self._match_one(entries, block_hashes, i + 1)
+        return found
 
     def blocks_of(self, replica: ReplicaId) -> int:
         """Entries currently held for ``replica``, in blocks."""

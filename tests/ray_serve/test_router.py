@@ -1,0 +1,155 @@
+"""The RequestRouter subclass, its hooks called in the order Ray calls them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from prefixroute.core import ReplicaId
+from prefixroute.ray_serve import UnroutableRequest
+
+from .fakes import FakeReplica, chat, make_router, pending, settle
+from .support import MARKS
+
+pytestmark = MARKS
+
+
+def replicas(n: int) -> list[Any]:
+    return [FakeReplica(f"r{i}") for i in range(n)]
+
+
+async def send(router: Any, candidates: list[Any], request: Any) -> tuple[Any, Any]:
+    """Route ``request`` as Ray does and send it to our first choice; (pending, replica)."""
+    pr = pending(request)
+    ranks = await router.choose_replicas(candidates, pr)
+    chosen = ranks[0][0]
+    pr.future.set_result(chosen)
+    router.on_request_routed(pr, chosen.replica_id, None)
+    await settle()
+    return pr, chosen
+
+
+async def test_our_choice_first_then_everyone_else() -> None:
+    router = make_router()
+    pool = replicas(3)
+    router.update_replicas(pool)
+    ranks = await router.choose_replicas(pool, pending(chat("hello")))
+    assert len(ranks) == 2 and len(ranks[0]) == 1
+    assert sorted(r.name for r in ranks[0] + ranks[1]) == ["r0", "r1", "r2"]
+
+
+async def test_a_conversation_stays_on_the_replica_that_holds_it() -> None:
+    router = make_router()
+    pool = replicas(4)
+    router.update_replicas(pool)
+    turns = ["first question " * 30, "an answer " * 10, "second question " * 30]
+    pr, home = await send(router, pool, chat(turns[0]))
+    router.on_request_completed(home.replica_id, pr.metadata.internal_request_id)
+    pr, chosen = await send(router, pool, chat(*turns))
+    assert chosen is home
+    assert router.ledger.in_flight(ReplicaId(home.name)) == 1
+
+
+async def test_completion_releases_the_load_and_cancellation_too() -> None:
+    router = make_router()
+    pool = replicas(2)
+    router.update_replicas(pool)
+    pr, chosen = await send(router, pool, chat("q " * 100))
+    name = ReplicaId(chosen.name)
+    assert router.ledger.in_flight(name) == 1
+    router.on_request_completed(chosen.replica_id, pr.metadata.internal_request_id)
+    assert router.ledger.in_flight(name) == 0
+
+    given_up = pending(chat("another " * 100))
+    ranks = await router.choose_replicas(pool, given_up)
+    assert router.ledger.in_flight(ReplicaId(ranks[0][0].name)) == 1
+    given_up.future.cancel()
+    await settle()
+    assert router.ledger.in_flight(ReplicaId(ranks[0][0].name)) == 0
+    assert router.ledger.pending == 0
+
+
+async def test_a_replica_ray_picks_instead_of_ours_carries_the_load() -> None:
+    router = make_router()
+    pool = replicas(2)
+    router.update_replicas(pool)
+    pr = pending(chat("q " * 100))
+    ranks = await router.choose_replicas(pool, pr)
+    fallback = ranks[1][0]  # ours was at max_ongoing_requests
+    pr.future.set_result(fallback)
+    await settle()
+    assert router.ledger.in_flight(ReplicaId(fallback.name)) == 1
+    assert router.ledger.in_flight(ReplicaId(ranks[0][0].name)) == 0
+    router.on_request_completed(fallback.replica_id, pr.metadata.internal_request_id)
+    assert router.ledger.in_flight(ReplicaId(fallback.name)) == 0
+
+
+async def test_the_predicted_first_token_clears_prefilling() -> None:
+    router = make_router(prefill_tokens_per_s=1e9)  # due at once
+    pool = replicas(2)
+    router.update_replicas(pool)
+    pr, chosen = await send(router, pool, chat("q " * 100))
+    load = router.ledger.router.loads.get(ReplicaId(chosen.name))
+    for _ in range(50):  # call_later(~0 s): a few loop turns
+        if load.prefilling == 0:
+            break
+        await settle()
+    assert load.prefilling == 0 and load.in_flight == 1
+
+
+async def test_a_request_without_prompt_or_messages_fails_its_caller() -> None:
+    router = make_router()
+    pool = replicas(2)
+    router.update_replicas(pool)
+    pr = pending({"no": "prompt"}, 42)
+    ranks = await router.choose_replicas(pool, pr)
+    assert ranks and ranks[0]  # non-empty: Ray then sees the finished future and stops
+    assert pr.future.done()
+    with pytest.raises(UnroutableRequest, match="'messages' or 'prompt'"):
+        pr.future.result()
+    assert router.ledger.pending == 0
+
+
+async def test_replica_set_follows_updates_and_deaths() -> None:
+    router = make_router()
+    pool = replicas(3)
+    router.update_replicas(pool)
+    assert sorted(router.ledger.router.replicas) == ["r0", "r1", "r2"]
+    router.update_replicas([*pool[1:], FakeReplica("r3")])  # scaled: r0 gone, r3 new
+    assert sorted(router.ledger.router.replicas) == ["r1", "r2", "r3"]
+    router.on_replica_actor_died(pool[1].replica_id)
+    assert sorted(router.ledger.router.replicas) == ["r2", "r3"]
+    assert "r1" not in {r.unique_id for r in router.curr_replicas}
+
+
+async def test_replica_routing_stats_reach_the_load_view() -> None:
+    router = make_router(policy="weighted_scorer")
+    pool = replicas(2)
+    pool[0].routing_stats = {"num_waiting": 7, "kv_usage": 0.9}
+    router.update_replicas(pool)
+    await router.choose_replicas(pool, pending(chat("q")))
+    load = router.ledger.router.loads.get(ReplicaId("r0"))
+    assert (load.num_waiting, load.kv_usage) == (7, 0.9)
+
+
+async def test_kwargs_are_checked_when_ray_initializes_the_router() -> None:
+    from prefixroute.core import ConfigError
+
+    with pytest.raises(ConfigError, match="valid"):
+        make_router(polcy="predicted_ttft")
+
+
+async def test_a_failure_of_ours_fails_the_request_instead_of_hanging_it() -> None:
+    router = make_router()
+    pool = replicas(2)
+    router.update_replicas(pool)
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    router.ledger.route = broken
+    pr = pending(chat("q"))
+    assert await router.choose_replicas(pool, pr)
+    with pytest.raises(RuntimeError, match="a bug"):
+        pr.future.result()

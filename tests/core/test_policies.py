@@ -263,8 +263,16 @@ def test_prefix_affinity_best_match_ties_go_to_lowest_queue_then_candidate_order
     assert route(router, PROMPT).replica == R2  # R2 and R3 tie on queue: first in order
 
 
+def test_prefix_affinity_default_never_leaves_the_match_for_load() -> None:
+    router = make_router("prefix_affinity")  # Ray 2.60: imbalanced_threshold=inf
+    prime(router, R2, PROMPT)
+    busy(router, R2, 1_000)
+    d = route(router, PROMPT)
+    assert (d.replica, d.reason) == (R2, DecisionReason.PREFIX_MATCH)
+
+
 def test_prefix_affinity_imbalance_of_exactly_threshold_keeps_affinity() -> None:
-    router = make_router("prefix_affinity")
+    router = make_router("prefix_affinity", imbalanced_threshold=10)
     prime(router, R2, PROMPT)
     busy(router, R2, 10)
     d = route(router, PROMPT)
@@ -273,7 +281,7 @@ def test_prefix_affinity_imbalance_of_exactly_threshold_keeps_affinity() -> None
 
 @pytest.mark.parametrize("seed", range(20))
 def test_prefix_affinity_imbalance_above_threshold_disables_affinity(seed: int) -> None:
-    router = make_router("prefix_affinity", seed=seed)
+    router = make_router("prefix_affinity", seed=seed, imbalanced_threshold=10)
     prime(router, R2, PROMPT)
     busy(router, R2, 11)  # 11 - 0 > 10
     d = route(router, PROMPT)

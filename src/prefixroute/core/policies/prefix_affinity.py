@@ -1,6 +1,7 @@
 """prefix_affinity: Ray Serve's PrefixCacheAffinityRouter.
 
-Source: ray-project/ray, ``python/ray/llm/_internal/serve/request_router/prefix_aware/``.
+Source: ray-project/ray 2.60, ``python/ray/llm/_internal/serve/routing_policies/prefix_aware/``
+(``initialize_state`` defaults: ``imbalanced_threshold=inf``, ``match_rate_threshold=0.1``).
 
 1. If the highest minus the lowest queue length (ongoing requests) among candidates exceeds
    ``imbalanced_threshold`` (strictly), ignore the cache: two random candidates.
@@ -25,7 +26,9 @@ from prefixroute.core.types import Decision, DecisionReason, ReplicaId
 
 @dataclass(frozen=True, slots=True)
 class PrefixAffinityConfig:
-    imbalanced_threshold: int = 10  # queue-length difference (requests) that disables affinity
+    # Queue-length difference (requests) that disables affinity. Ray 2.60's default is infinite:
+    # it never falls back to load (Ray's docs show 10 or 20 set by hand).
+    imbalanced_threshold: float = float("inf")
     match_rate_threshold: float = 0.1  # matched fraction of the prompt below which it is a miss
 
 

@@ -251,17 +251,18 @@ class PrefixIndex:
         """Replicas the holder map cannot see (their chains did not all start at the root)."""
         return frozenset(self._gapped)
 
-    def _probes(self, n: int) -> range:
-        """Positions of an ``n``-block chain that the holder map records, first to last."""
-        return range(0, n, self.holder_stride)
+    def _probes(self, n: int) -> list[int]:
+        """Positions of an ``n``-block chain (n >= 1) that the holder map records, first to last:
+        every ``holder_stride``-th block and the last one."""
+        positions = list(range(0, n, self.holder_stride))
+        if positions[-1] != n - 1:
+            positions.append(n - 1)
+        return positions
 
     def _add_holders(self, replica: ReplicaId, block_hashes: Sequence[BlockHash]) -> None:
         holders = self._holders
         assert holders is not None
-        n = len(block_hashes)
-        positions = list(self._probes(n))
-        if positions[-1] != n - 1:
-            positions.append(n - 1)
+        positions = self._probes(len(block_hashes))
         for i in positions:
             h = block_hashes[i]
             found = holders.get(h)
@@ -320,11 +321,8 @@ class PrefixIndex:
         found: dict[ReplicaId, int] = {}
         if not n or limit < 1:
             return found
-        positions = list(self._probes(n))
-        if positions[-1] != n - 1:
-            positions.append(n - 1)
         reps = self._replicas
-        for i in reversed(positions):
+        for i in reversed(self._probes(n)):
             h = block_hashes[i]
             at = holders.get(h)
             if not at:

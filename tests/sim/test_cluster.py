@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import os
+import subprocess
+import sys
+
 from prefixroute.core import DEFAULT_POLICY, make_policy
 from prefixroute.sim.cluster import ClusterSim, RunResult
 from prefixroute.sim.metrics import oracle_floor, summarize
@@ -59,3 +64,29 @@ def test_predictions_match_the_replicas_without_eviction_pressure() -> None:
     _, res = run(DEFAULT_POLICY, SMALL)
     exact = sum(1 for r in res.records if r.predicted_cached_tokens == r.cached_tokens)
     assert exact / len(res.records) > 0.95
+
+
+_LARGE_RUN = """
+from prefixroute.core import DEFAULT_POLICY, make_policy
+from prefixroute.sim.cluster import ClusterSim
+from prefixroute.sim.replica import ReplicaConfig
+from prefixroute.sim.workloads import make_workload
+w = make_workload("multi-turn", 0, {"sessions": "150", "rate": "40"})
+res = ClusterSim(w, make_policy(DEFAULT_POLICY), 80, ReplicaConfig(), 0).run()
+print([(r.replica, r.cached_tokens) for r in res.records])
+"""
+
+
+def test_same_seed_same_result_past_the_shortlist_threshold_in_any_process() -> None:
+    # 80 replicas: predicted_ttft scores a shortlist built from the index's holder map, whose
+    # sets iterate in string-hash order; a run must not depend on the process's hash seed.
+    outputs = [
+        subprocess.run(
+            [sys.executable, "-c", _LARGE_RUN],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True, text=True, check=True, timeout=300,
+        ).stdout
+        for seed in (1, 2)
+    ]
+    assert outputs[0] == outputs[1]
+    assert len({replica for replica, _ in ast.literal_eval(outputs[0])}) > 5  # not one replica

@@ -90,8 +90,10 @@ class RoutingContext:
         found = self.index.match(hashes, others)
         for r in others:
             matches[r] = found.get(r, 0)
+        # Sorted: the holder map's sets iterate in hash order, which differs between processes,
+        # and candidate order decides ties; sorting keeps a seeded simulation reproducible.
         return RoutingContext(
-            self.request, list(matches), self.index, self.loads, self.rng, self.now, None, matches
+            self.request, sorted(matches), self.index, self.loads, self.rng, self.now, None, matches
         )
 
     def decide(self, replica: ReplicaId, reason: DecisionReason) -> Decision:

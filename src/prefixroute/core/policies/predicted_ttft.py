@@ -27,7 +27,7 @@ keeps the prefix in one place and leaves other caches free), then fewer in-fligh
 
 Beyond ``shortlist_above`` candidates (hundreds of replicas) the policy scores a shortlist: the
 replicas with the longest matches plus a random sample of the rest (power of d choices), so a
-decision costs the same at 1,000 replicas as at 40. ``benchmarks/scale_sim.py`` measures what
+decision costs about the same at 1,000 replicas as at 100. ``benchmarks/scale_sim.py`` measures what
 that costs in hit rate and TTFT against scoring everyone.
 """
 

@@ -111,6 +111,13 @@ def add_parser(subparsers: Any) -> None:
         help="several instances (approximate mode): share routing decisions through this "
         "Redis (redis://HOST:PORT/DB); Redis down means local-only routing, not errors",
     )
+    p.add_argument(
+        "--sync-history",
+        type=int,
+        metavar="N",
+        help=f"with --sync-redis: keep the last N decisions in Redis, so an instance that starts "
+        f"or reconnects later begins warm (0: none; default {d.sync_history})",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log every request (no text)")
     p.set_defaults(run=run)
 
@@ -140,6 +147,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         kv_events=args.kv_events,
         speculative_ttl_s=args.speculative_ttl_s,
         sync_redis=args.sync_redis,
+        sync_history=args.sync_history,
     )
 
 

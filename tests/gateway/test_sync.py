@@ -149,6 +149,46 @@ async def test_redis_down_at_start_is_no_error(
     assert metric(text, "prefixroute_sync_connected") == 0
 
 
+@pytest.mark.parametrize("history", [4096, 0])
+async def test_an_instance_started_later_begins_warm_from_the_history(
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    redis_server: RedisServer,
+    history: int,
+) -> None:
+    cluster = await make_cluster(3)
+    urls = [r.url for r in cluster.replicas]
+    first = await make_gateway(urls, seed=0, sync_redis=redis_server.url, sync_history=history)
+    await all_connected(session, [first], up=True)
+    messages = [{"role": "user", "content": " ".join(f"late{i}" for i in range(300))}]
+    body = {"model": "emulated", "messages": messages, "max_tokens": 4}
+    turn1 = await send(session, first.url, "/v1/chat/completions", body)
+    assert turn1.complete, turn1
+
+    async def published() -> bool:
+        return await gauge(session, first, "prefixroute_sync_published_total") >= 1
+
+    await until_async(published)
+    # Scale-out: a second instance starts after the first turn was routed and published.
+    later = await make_gateway(urls, seed=1, sync_redis=redis_server.url, sync_history=history)
+    await all_connected(session, [later], up=True)  # connected: the history is applied
+    messages += [
+        {"role": "assistant", "content": turn1.text},
+        {"role": "user", "content": "and then?"},
+    ]
+    turn2 = await send(session, later.url, "/v1/chat/completions", body | {"messages": messages})
+    replayed = await gauge(session, later, "prefixroute_sync_replayed_total")
+    if history:
+        assert replayed == 1
+        assert replicas([turn1, turn2]) == {turn1.headers["x-prefixroute-replica"]}
+        assert predicted([turn2])[0] > 0
+        assert turn2.usage["prompt_tokens_details"]["cached_tokens"] > 0
+    else:
+        assert replayed == 0
+        assert predicted([turn2])[0] == 0  # PUB/SUB alone: the late instance knows nothing
+
+
 def test_sync_settings() -> None:
     with pytest.raises(ConfigError, match="redis://"):
         GatewayConfig(sync_redis="localhost:6379")
@@ -159,6 +199,8 @@ def test_sync_settings() -> None:
             sync_redis="redis://127.0.0.1:6379",
         )
     assert GatewayConfig(sync_redis="redis://10.0.0.5:6379/1").sync_channel == "prefixroute:routed"
+    with pytest.raises(ConfigError, match="sync_history"):
+        GatewayConfig(sync_redis="redis://10.0.0.5:6379/1", sync_history=-1)
 
 
 def test_sync_settings_from_toml_and_flags(tmp_path: Path) -> None:
@@ -174,6 +216,9 @@ def test_sync_settings_from_toml_and_flags(tmp_path: Path) -> None:
     assert (config.sync_redis, config.sync_channel) == ("redis://a:6379/0", "fleet-a")
     args = parser.parse_args(["serve", "--config", str(path), "--sync-redis", "redis://b:1"])
     assert config_from_args(args).sync_redis == "redis://b:1"
+    assert config_from_args(args).sync_history == 4096
+    args = parser.parse_args(["serve", "--config", str(path), "--sync-history", "0"])
+    assert config_from_args(args).sync_history == 0
 
 
 def test_decisions_encode_compactly() -> None:

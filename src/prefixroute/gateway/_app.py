@@ -92,7 +92,10 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
         state.precise = PreciseMode(router, _event_endpoints(config, registry))
         metrics.watch_precise(state.precise)
     if config.sync_redis is not None:
-        state.sync = RouteSync(config.sync_redis, config.sync_channel, router, metrics.registry)
+        state.sync = RouteSync(
+            config.sync_redis, config.sync_channel, router, metrics.registry,
+            history=config.sync_history,
+        )  # fmt: skip
 
     def observe(request: web.Request, response: web.StreamResponse) -> None:
         if request.path.startswith("/v1/") and request.path != "/v1/models":

@@ -33,6 +33,7 @@ the policy's parameters. Flags given on the command line override the file.
     # Several approximate-mode instances: share routing decisions (docs/deployment.md).
     # sync_redis = "redis://10.0.0.5:6379/0"
     # sync_channel = "prefixroute:routed"  # one channel per gateway fleet
+    # sync_history = 4096              # decisions kept for instances that start later
 
     [policy_params]                    # fields of the policy's config dataclass
     prefill_tokens_per_s = 12000.0
@@ -101,6 +102,7 @@ class GatewayConfig:
     speculative_ttl_s: float = 2.0  # precise mode: how long a decision counts as cached, s
     sync_redis: str | None = None  # redis:// URL: share routing decisions with other instances
     sync_channel: str = "prefixroute:routed"  # Redis PUB/SUB channel of the decisions
+    sync_history: int = 4096  # decisions kept in Redis for instances that start later; 0 = none
 
     @property
     def precise(self) -> bool:
@@ -156,6 +158,8 @@ class GatewayConfig:
                 )
             if not self.sync_channel:
                 raise ConfigError("sync_channel must not be empty")
+        if self.sync_history < 0:
+            raise ConfigError(f"sync_history must be 0 or more, got {self.sync_history}")
         if self.admin_port is not None and not 0 <= self.admin_port < 65536:
             raise ConfigError(f"admin port out of range: {self.admin_port}")
         if self.admin_host is not None and self.admin_port is None:

@@ -7,9 +7,13 @@ one channel, and every instance applies the others' decisions to its own index w
 ``index.insert`` its router uses: the indexes converge on the union of all decisions.
 
 Why PUB/SUB and not a Redis Stream: a decision is useful for seconds (until the next turn), a
-late one is harmless and a lost one costs one cache miss, so there is nothing worth storing or
-replaying; PUB/SUB keeps no data in Redis and needs no trimming. What it loses: messages sent
-while an instance is disconnected, and an instance that starts later begins with an empty index.
+late one is harmless and a lost one costs one cache miss, so live sharing needs no storage, no
+consumer state and no acknowledgements. PUB/SUB alone would lose what was sent while an
+instance was away, and an instance started later (scale-out) would begin with an empty index.
+So each batch is also pushed onto a capped list (``<channel>:history``, the last ``history``
+decisions, trimmed in the same pipeline), and an instance reads it each time it subscribes:
+after the subscription, so nothing falls between the two (a decision in both is applied twice,
+which only refreshes it), and oldest first, so recency in the index comes out as it was.
 
 Nothing here is on the request path. :meth:`RouteSync.publish` puts the message in a bounded
 queue and returns; a full queue (Redis slow or down) drops its oldest message and counts it.
@@ -44,6 +48,8 @@ BACKOFF_MIN_S = 0.05  # first reconnect delay, seconds
 BACKOFF_MAX_S = 2.0  # longest reconnect delay, seconds
 SOCKET_TIMEOUT_S = 2.0  # connect and command timeout, seconds
 POLL_S = 1.0  # longest wait for one subscriber message, seconds
+HISTORY = 4096  # decisions kept in Redis for instances that (re)connect later
+HISTORY_CHUNK = 256  # history entries applied between yields to the event loop
 
 
 # One connection's work: runs until Redis fails; calls its argument once the link is up.
@@ -102,9 +108,14 @@ class SyncMetrics:
             ["kind"],
             registry=registry,
         )
+        self.replayed = Counter(
+            "prefixroute_sync_replayed",
+            "Decisions applied from the Redis history on (re)connecting (warm start).",
+            registry=registry,
+        )
         self.connected = Gauge(
             "prefixroute_sync_connected",
-            "1 while subscribed to the other instances' decisions, else 0 (local-only routing).",
+            "1 while subscribed to the other instances' decisions (history applied), else 0.",
             registry=registry,
         )
 
@@ -119,9 +130,12 @@ class RouteSync:
         router: Router,
         registry: CollectorRegistry,
         instance_id: str | None = None,
+        history: int = HISTORY,
     ) -> None:
         self.url = url
         self.channel = channel
+        self.history = history  # decisions kept for later instances; 0 = none
+        self.history_key = f"{channel}:history"
         self.router = router
         self.instance_id = instance_id or uuid.uuid4().hex[:16]
         self.metrics = SyncMetrics(registry)
@@ -207,6 +221,9 @@ class RouteSync:
             async with client.pipeline(transaction=False) as pipe:
                 for payload in batch:
                     pipe.publish(self.channel, payload)
+                if self.history:
+                    pipe.lpush(self.history_key, *batch)  # newest first
+                    pipe.ltrim(self.history_key, 0, self.history - 1)
                 await pipe.execute()
             self._unsent = []
             up()
@@ -215,6 +232,7 @@ class RouteSync:
     async def _subscribe(self, client: aioredis.Redis, up: Callable[[], None]) -> None:
         async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
             await pubsub.subscribe(self.channel)
+            await self._replay(client)  # caught up before we say so
             self._set_connected(True)
             up()
             log.info("sync: subscribed to %s on %s", self.channel, self.url)
@@ -223,13 +241,31 @@ class RouteSync:
                 if message is not None and message.get("type") == "message":
                     self._apply(message["data"])
 
-    def _apply(self, payload: bytes) -> None:
+    async def _replay(self, client: aioredis.Redis) -> None:
+        """Apply the history, oldest first: what was decided before this (re)connection."""
+        if not self.history:
+            return
+        payloads = await client.lrange(self.history_key, 0, self.history - 1)
+        applied = 0
+        for i, payload in enumerate(reversed(payloads)):
+            if i and not i % HISTORY_CHUNK:
+                await asyncio.sleep(0)  # thousands of inserts: let requests through meanwhile
+            if isinstance(payload, bytes):  # always, without decode_responses
+                applied += self._apply(payload, count=False)
+        self.metrics.replayed.inc(applied)
+        if payloads:
+            log.info("sync: applied %d of %d decisions from the history", applied, len(payloads))
+
+    def _apply(self, payload: bytes, count: bool = True) -> bool:
+        """Apply another instance's decision; False when skipped (ours, unknown, undecodable)."""
         try:
             instance, replica, hashes = decode(payload)
         except (msgspec.DecodeError, ValueError):
             self.metrics.errors.labels("decode").inc()
-            return
+            return False
         if instance == self.instance_id or replica not in self.router.replicas:
-            return  # our own (already in the index), or a replica this instance doesn't route to
+            return False  # our own (in the index already), or a replica we don't route to
         self.router.index.insert(replica, hashes)
-        self.metrics.applied.inc()
+        if count:
+            self.metrics.applied.inc()
+        return True

@@ -37,7 +37,7 @@ evicted the block, and a sweep runs once the map has doubled since the last one.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from prefixroute.core.errors import ConfigError
@@ -49,6 +49,28 @@ COMPACT_MIN = 4096  # ... and at least this many entries, entries
 HOLDER_MAP_REPLICAS = 64  # registering more replicas than this switches the holder map on
 HOLDER_STRIDE = 16  # the holder map records every this-many-th block of a chain, blocks
 HOLDER_SWEEP_MIN = 65_536  # sweep stale holders once the map grew this much since the last sweep
+
+
+def held_prefix(
+    block_hashes: Sequence[BlockHash], held: Container[BlockHash], known: int = 1
+) -> int:
+    """Blocks of ``block_hashes`` in ``held``, counted from the first, by binary search.
+
+    ``held`` must be closed under prefixes (a held block's parent is held), and the first
+    ``known`` blocks (``known`` >= 1) must be held: then the held blocks of the chain are a prefix
+    of it, and a dozen probes find its end.
+    """
+    n = len(block_hashes)
+    if block_hashes[-1] in held:
+        return n
+    lo, hi = known, n - 1  # block_hashes[lo - 1] is held, block_hashes[hi] is not
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if block_hashes[mid] in held:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass(slots=True)
@@ -230,16 +252,7 @@ class PrefixIndex:
             while m < n and block_hashes[m] in stamps:
                 m += 1
             return m
-        if block_hashes[-1] in stamps:
-            return n
-        lo, hi = held, n - 1  # hashes[lo - 1] is held, hashes[hi] is not
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if block_hashes[mid] in stamps:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return held_prefix(block_hashes, stamps, held)
 
     # --- the holder map (large clusters) --------------------------------------------------
     @property

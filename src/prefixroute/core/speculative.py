@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.hashing import BlockHash
+from prefixroute.core.index import held_prefix
 from prefixroute.core.types import ReplicaId
 
 DEFAULT_TTL_S = 2.0  # seconds: longer than a prefill's wait for its first events, on purpose
@@ -74,22 +75,11 @@ class SpeculativeEntries:
         n = len(block_hashes)
         if not n or not self._until:
             return result
-        first, last = block_hashes[0], block_hashes[-1]
+        first = block_hashes[0]
         for replica in replicas:
             held = self._until.get(replica)
-            if held is None or first not in held:
-                continue
-            if last in held:
-                result[replica] = n
-                continue
-            lo, hi = 1, n - 1  # block_hashes[lo - 1] is held, block_hashes[hi] is not
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if block_hashes[mid] in held:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            result[replica] = lo
+            if held is not None and first in held:
+                result[replica] = held_prefix(block_hashes, held)
         return result
 
     def remove_replica(self, replica: ReplicaId) -> None:

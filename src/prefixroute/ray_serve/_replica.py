@@ -24,11 +24,19 @@ from typing import Any
 from ray import serve
 from ray.serve.exceptions import RayServeException
 
-from prefixroute.core.prompt_key import content_text, field_of
-from prefixroute.emulate import ABORTED, FINISHED, EngineLoop, EngineStopped, render_chat, tokenize
+from prefixroute.core.prompt_key import field_of
+from prefixroute.emulate import (
+    ABORTED,
+    FINISHED,
+    EmulateError,
+    Endpoint,
+    EngineLoop,
+    EngineStopped,
+    parse_request,
+)
 from prefixroute.sim.replica import ReplicaConfig, ReplicaModel
 
-DEFAULT_MAX_TOKENS = 16  # output tokens when the request does not say (the emulator's default)
+SERVED_MODEL = "emulated"  # never checked: the body built from a request names no model
 
 
 class EmulatedServeReplica:
@@ -84,31 +92,23 @@ class EmulatedServeReplica:
 
 
 def prompt_of(request: object) -> tuple[list[int], int]:
-    """Prompt token ids and output length of a chat or completion request (object or dict)."""
-    found, messages = field_of(request, "messages")
-    if found and messages is not None:
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("'messages' must be a non-empty list")
-        pairs = [
-            (str(field_of(m, "role")[1]), content_text(field_of(m, "content")[1])) for m in messages
-        ]
-        tokens = tokenize(render_chat(pairs))
-    else:
-        _, prompt = field_of(request, "prompt")
-        if isinstance(prompt, str):
-            tokens = tokenize(prompt)
-        elif isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            tokens = list(prompt)
-        else:
-            raise ValueError("the request needs 'messages' or a 'prompt' (string or token ids)")
-    if not tokens:
-        raise ValueError("the prompt is empty")
-    _, max_tokens = field_of(request, "max_tokens")
-    if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise ValueError("'max_tokens' must be a positive integer")
-    return tokens, max_tokens
+    """Prompt token ids and output length of a chat or completion request (object or dict).
+
+    The request's fields become an OpenAI body, read by the emulated server's own parser, so a
+    Serve replica accepts and rejects exactly what ``prefixroute emulate`` does; a rejection is
+    a ``ValueError`` here (there is no HTTP status to give it).
+    """
+    body = {
+        name: value
+        for name in ("messages", "prompt", "max_tokens", "max_completion_tokens")
+        if (value := field_of(request, name)[1]) is not None
+    }
+    endpoint = Endpoint.CHAT if "messages" in body else Endpoint.COMPLETIONS
+    try:
+        parsed = parse_request(endpoint, body, SERVED_MODEL)
+    except EmulateError as exc:
+        raise ValueError(str(exc)) from None
+    return parsed.tokens, parsed.max_tokens
 
 
 def _replica_name() -> str:

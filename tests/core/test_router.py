@@ -263,3 +263,17 @@ def test_a_seeded_view_matches_only_its_own_seed() -> None:
     )
     with pytest.raises(ConfigError):
         router.view("bad", tokens=tokens, seed=-1)
+
+
+def test_has_replica_follows_add_and_remove() -> None:
+    router = Router(make_policy("round_robin"))
+    a, b = ReplicaId("a"), ReplicaId("b")
+    router.add_replica(a)
+    router.add_replica(b)
+    router.add_replica(a)  # idempotent: still listed once
+    assert router.replicas == [a, b]
+    assert router.has_replica(a) and router.has_replica(b)
+    router.remove_replica(a)
+    assert not router.has_replica(a) and router.replicas == [b]
+    router.add_replica(a)  # back, at the end
+    assert router.has_replica(a) and router.replicas == [b, a]

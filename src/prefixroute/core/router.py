@@ -55,19 +55,22 @@ class Router:
         self.speculative = (
             SpeculativeEntries(speculative_ttl_s) if speculative_ttl_s is not None else None
         )
-        self._replicas: list[ReplicaId] = []
+        self._replicas: list[ReplicaId] = []  # in order of addition: the default candidates
+        self._registered: set[ReplicaId] = set()  # the same, for O(1) membership
 
     # --- replicas -------------------------------------------------------------------------
     def add_replica(self, replica: ReplicaId, capacity_blocks: int | None = None) -> None:
         """Register a replica; a new one has an empty index entry (cold start)."""
-        if replica not in self._replicas:
+        if replica not in self._registered:
+            self._registered.add(replica)
             self._replicas.append(replica)
         self.index.add_replica(replica, capacity_blocks)
         self.loads.add_replica(replica)
 
     def remove_replica(self, replica: ReplicaId) -> None:
         """Stop routing to ``replica`` and forget what it cached."""
-        if replica in self._replicas:
+        if replica in self._registered:
+            self._registered.discard(replica)
             self._replicas.remove(replica)
         self.index.remove_replica(replica)
         self.loads.remove_replica(replica)
@@ -77,6 +80,10 @@ class Router:
     @property
     def replicas(self) -> list[ReplicaId]:
         return list(self._replicas)
+
+    def has_replica(self, replica: ReplicaId) -> bool:
+        """Registered (O(1), unlike ``replica in router.replicas``, which copies the list)."""
+        return replica in self._registered
 
     # --- requests -------------------------------------------------------------------------
     def view(

@@ -83,7 +83,7 @@ class HealthChecker:
         except (aiohttp.ClientError, TimeoutError):
             return
         load = parse_engine_load(text)
-        if record.id in self.registry.router.replicas:
+        if self.registry.router.has_replica(record.id):
             self.registry.router.loads.observe(
                 record.id,
                 kv_usage=load.kv_usage,

@@ -263,7 +263,7 @@ class RouteSync:
         except (msgspec.DecodeError, ValueError):
             self.metrics.errors.labels("decode").inc()
             return False
-        if instance == self.instance_id or replica not in self.router.replicas:
+        if instance == self.instance_id or not self.router.has_replica(replica):
             return False  # our own (in the index already), or a replica we don't route to
         self.router.index.insert(replica, hashes)
         if count:

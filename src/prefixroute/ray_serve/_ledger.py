@@ -115,7 +115,7 @@ class Ledger:
         if running is None and waiting is None and usage is None:
             return
         with self._lock:
-            if replica in self.router.replicas:
+            if self.router.has_replica(replica):
                 self.router.loads.observe(
                     replica,
                     kv_usage=usage,
@@ -201,7 +201,7 @@ class Ledger:
 
     def in_flight(self, replica: ReplicaId) -> int:
         with self._lock:
-            known = replica in self.router.replicas
+            known = self.router.has_replica(replica)
             return self.router.loads.get(replica).in_flight if known else 0
 
     def _view(self, request_id: str, key: RouteKey) -> RequestView:

@@ -14,7 +14,6 @@ holds the request, so the abort waits until ``end_step`` has applied the batch.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import logging
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from prefixroute._tasks import cancel_and_wait
 from prefixroute.core import ConfigError, PrefixrouteError
 from prefixroute.sim.replica import EngineRequest, ReplicaModel, StepResult
 
@@ -85,10 +85,7 @@ class EngineLoop:
     async def stop(self) -> None:
         """Stop stepping; every unfinished request is told ABORTED."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self._abort_all()
 
     @property

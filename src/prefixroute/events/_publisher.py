@@ -13,7 +13,6 @@ exceed the high-water mark, which is exactly what the subscriber's gap handling 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -23,6 +22,7 @@ from collections.abc import Sequence
 import zmq
 import zmq.asyncio
 
+from prefixroute._tasks import cancel_and_wait
 from prefixroute.events._endpoint import EventEndpoint
 from prefixroute.events._errors import BadEndpoint
 from prefixroute.events._wire import (
@@ -96,10 +96,7 @@ class EventPublisher:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         for sock in (self._pub, self._router):
             if sock is not None:
                 sock.close(linger=0)

@@ -26,7 +26,6 @@ replay socket come from one ``zmq.asyncio.Context`` owned by whoever starts subs
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -34,6 +33,7 @@ from enum import StrEnum
 import zmq
 import zmq.asyncio
 
+from prefixroute._tasks import cancel_and_wait
 from prefixroute.core import ReplicaId
 from prefixroute.events._endpoint import EventEndpoint
 from prefixroute.events._errors import BadEndpoint, EventDecodeError
@@ -123,10 +123,7 @@ class EventSubscriber:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         sock, self._socket = self._socket, None
         if sock is not None:
             sock.close(linger=0)

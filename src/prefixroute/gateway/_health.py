@@ -10,7 +10,6 @@ A healthy replica's ``/metrics`` is scraped in the same round for the engine's o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from prefixroute._tasks import cancel_and_wait
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._registry import ReplicaRecord, ReplicaRegistry
 from prefixroute.gateway._scrape import parse_engine_load
@@ -43,10 +43,7 @@ class HealthChecker:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

@@ -256,7 +256,11 @@ async def test_a_gap_is_replayed_by_vllm(
     engines: list[VLLMServer], session: aiohttp.ClientSession
 ) -> None:
     """Engine 1 has a replay socket. Stop listening, let it publish, listen again: the gap is
-    filled from vLLM's own replay buffer, and every block lands in the index."""
+    filled from vLLM's own replay buffer, and every block lands in the index.
+
+    A second subscriber listens throughout. vLLM publishes from a thread of its own, so a
+    completion can return before its batch goes out; waiting until the observer has seen the
+    batches makes sure they were published while the first subscriber was away."""
     engine = engines[1]
     tokenizer = HFTokenizer(MODEL)
     index = PrefixIndex()
@@ -265,24 +269,39 @@ async def test_a_gap_is_replayed_by_vllm(
     spec = EventEndpoint.parse(engine.gateway_spec)
     context = zmq.asyncio.Context()
     sub = EventSubscriber(spec, PreciseIndexer(rid, index, BlockHasher(BLOCK_SIZE)), context)
-    prompts = [ttft_prompt(tokenizer, 1000 + i, 200) for i in range(6)]
+    observer_index = PrefixIndex()
+    observer = EventSubscriber(
+        spec, PreciseIndexer(rid, observer_index, BlockHasher(BLOCK_SIZE)), context
+    )
+    prompts = [ttft_prompt(tokenizer, 1000 + i, 200) for i in range(3)]  # 2 while away, 1 after
 
     async def complete(prompt: str) -> None:
         body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1}
         async with session.post(engine.url + "/v1/completions", json=body) as resp:
             assert resp.status == 200
 
+    def through() -> bool:  # both subscriptions have seen the same latest batch
+        last = sub.sequence.last
+        return last is not None and observer.sequence.last == last
+
     try:
         await sub.start()
-        for prompt in prompts[:3]:  # until the subscription is through
-            await complete(prompt)
+        await observer.start()
+        for i in range(20):  # until both subscriptions are through (ZMQ's slow joiner)
+            await complete(ttft_prompt(tokenizer, 3000 + i, 200))
             await asyncio.sleep(0.2)
-            if sub.stats.batches:
+            if through():
                 break
-        assert sub.stats.batches, "no KV events from vLLM"
+        assert through(), (sub.stats, observer.stats)
         await sub.stop()
-        for prompt in prompts[3:5]:  # published while nobody listens
+        last = sub.sequence.last
+        assert last is not None
+        for prompt in prompts[:2]:  # published while the first subscriber is away
             await complete(prompt)
+        deadline = time.monotonic() + 10
+        while (observer.sequence.last or 0) < last + 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert (observer.sequence.last or 0) >= last + 2, observer.stats
         await sub.start()
         deadline = time.monotonic() + 10
         fresh = 0
@@ -290,15 +309,16 @@ async def test_a_gap_is_replayed_by_vllm(
             # A new prompt each time: a repeated one is fully cached and publishes nothing, so
             # if its batch went out before the subscription was through (ZMQ's slow joiner),
             # no later batch would ever reveal the gap.
-            await complete(prompts[5] if not fresh else ttft_prompt(tokenizer, 2000 + fresh, 200))
+            await complete(prompts[2] if not fresh else ttft_prompt(tokenizer, 2000 + fresh, 200))
             fresh += 1
             await asyncio.sleep(0.2)
     finally:
         await sub.stop()
+        await observer.stop()
         context.term()
     assert sub.stats.gaps >= 1 and sub.stats.replayed >= 2, sub.stats
     assert sub.stats.replay_failures == 0 and "gap" not in sub.stats.resyncs
-    for prompt in prompts[3:]:
+    for prompt in prompts:
         tokens = tokenizer.encode_prompt(prompt)
         full = len(tokens) // BLOCK_SIZE
         assert index.match(BlockHasher(BLOCK_SIZE).hash_tokens(tokens)) == {rid: full}

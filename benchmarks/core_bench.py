@@ -65,8 +65,11 @@ def filled_router(policy: str, rng: np.random.Generator) -> tuple[Router, list[n
     for i in range(REPLICAS):
         router.add_replica(ReplicaId(f"r{i}"))
     systems = [rng.integers(0, 2**31, 2_048, dtype=np.uint32) for _ in range(64)]
+    per_part = 2_048 // BLOCK  # blocks in a system prompt, and in each random tail
     i = 0
-    while len(router.index) < INDEX_BLOCKS:
+    # Distinct blocks so far: each tail is new, each system prompt counts once. Counted here
+    # because len(index) is O(entries), which made filling quadratic (minutes).
+    while per_part * (i + min(i, len(systems))) < INDEX_BLOCKS:
         tokens = np.concatenate(
             [systems[i % len(systems)], rng.integers(0, 2**31, 2_048, dtype=np.uint32)]
         )

@@ -21,7 +21,7 @@ from prefixroute.core import (
     RequestView,
     Router,
 )
-from prefixroute.sim.kernel import URGENT, Kernel
+from prefixroute.sim.kernel import ARRIVAL, URGENT, Kernel
 from prefixroute.sim.replica import EngineRequest, ReplicaConfig, ReplicaModel
 from prefixroute.sim.workload import ClusterEvent, Session, Workload
 
@@ -126,8 +126,11 @@ class ClusterSim:
         self._accepting_ids: list[ReplicaId] | None = None  # cache of _accepting()
         for i in range(self.replicas):
             self._add_replica(ReplicaId(f"r{i}"))
-        for session in self.workload.sessions:
-            self._kernel.at(session.start_s, partial(self._arrive, session, 0, ()))
+        # Sessions are read one arrival ahead, so a workload built on demand (a trace replayed a
+        # million times) is never all in memory. ARRIVAL keeps first turns ahead of the other
+        # events of their instant, where scheduling them all up front used to put them.
+        self._sessions = self.workload.by_start()
+        self._next_session()
         for ev in self.workload.cluster_events:
             self._kernel.at(ev.at_s, partial(self._cluster_event, ev), URGENT)
         self._kernel.run()
@@ -182,6 +185,15 @@ class ClusterSim:
         st.evictions = model.cache.evictions
 
     # --- requests -------------------------------------------------------------------------
+    def _next_session(self) -> None:
+        session = next(self._sessions, None)
+        if session is not None:
+            self._kernel.at(session.start_s, partial(self._first_turn, session), ARRIVAL)
+
+    def _first_turn(self, session: Session) -> None:
+        self._next_session()
+        self._arrive(session, 0, ())
+
     def _arrive(self, session: Session, turn: int, known: Sequence[BlockHash]) -> None:
         t = session.turns[turn]
         now = self._kernel.now

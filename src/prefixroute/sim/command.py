@@ -169,8 +169,10 @@ def run(args: argparse.Namespace) -> int:
         if not (args.json or args.markdown):
             print_report(cmp.metrics, title, console)
         if args.plot:
-            plot = args.plot if len(workloads) == 1 else args.plot.with_stem(
-                f"{args.plot.stem}-{name}"
+            plot = (
+                args.plot
+                if len(workloads) == 1
+                else args.plot.with_stem(f"{args.plot.stem}-{name}")
             )
             write_plot(cmp.metrics, cmp.ttfts_ms, plot, title)
             if not (args.json or args.markdown):

@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 Callback = Callable[[], None]
 
-URGENT = 0  # runs before NORMAL events scheduled for the same instant
-NORMAL = 1
+URGENT = 0  # runs before ARRIVAL and NORMAL events scheduled for the same instant
+ARRIVAL = 1  # runs before NORMAL events of the same instant, as if scheduled first
+NORMAL = 2
 
 
 class Kernel:

@@ -28,7 +28,7 @@ def oracle_floor(workload: Workload, block_size: int) -> int:
     hasher = BlockHasher(block_size)
     seen: set[BlockHash] = set()
     floor = 0
-    for session in sorted(workload.sessions, key=lambda s: s.start_s):
+    for session in workload.by_start():
         known: list[BlockHash] = []
         for turn in session.turns:
             known = hasher.hash_tokens(turn.tokens, known)

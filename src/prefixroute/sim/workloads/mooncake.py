@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from prefixroute.core import ConfigError
-from prefixroute.sim.workload import Session, Turn, Workload
+from prefixroute.sim.workload import Session, SessionSource, Turn, Workload
 from prefixroute.sim.workloads._build import frozen
 from prefixroute.sim.workloads._config import check_non_negative, check_positive, param
 from prefixroute.sim.workloads._data import data_file
@@ -78,20 +79,14 @@ def build(config: MooncakeConfig, seed: int) -> Workload:
     rng = np.random.default_rng(seed)
     base = int(rng.integers(0, 2**31))  # seeds the ids; block of id h = base + h*bt + 0..bt-1
     bt = config.block_tokens
-    offsets = np.arange(bt, dtype=np.int64)
     ids = [np.asarray(row["hash_ids"], dtype=np.int64) for row in rows]
     stride = 1 + max((int(a.max()) for a in ids if a.size), default=0)  # hash ids per copy
-    prompts = []
-    for copy in range(config.copies):
-        for row, row_ids in zip(rows, ids, strict=True):
-            hash_ids = row_ids + copy * stride
-            n_in = min(
-                math.ceil(int(str(row["input_length"])) * bt / TRACE_BLOCK), len(hash_ids) * bt
-            )
-            blocks = (base + hash_ids[:, None] * bt + offsets[None, :]) % 2**32
-            prompts.append(frozen(blocks.ravel()[: max(1, n_in)].astype(np.uint32)))
+    # Prompt lengths without the prompts: tokens are made when a session is read (see _Prompts).
+    lengths = [
+        max(1, min(math.ceil(int(str(row["input_length"])) * bt / TRACE_BLOCK), len(a) * bt))
+        for row, a in zip(rows, ids, strict=True)
+    ]
     outputs = [max(1, round(int(str(r["output_length"])) * bt / TRACE_BLOCK)) for r in rows]
-    outputs *= config.copies
     trace_s = np.tile([float(str(r["timestamp"])) / 1000 for r in rows], config.copies)
     jitter = rng.uniform(-config.jitter_s, config.jitter_s, len(trace_s))
     arrival = np.maximum(0.0, trace_s + jitter)
@@ -99,22 +94,46 @@ def build(config: MooncakeConfig, seed: int) -> Workload:
     scale = config.time_scale
     if scale == 0:
         span = float(arrival.max())
-        offered = sum(len(p) for p in prompts) / (config.load * config.capacity_tokens_per_s)
+        offered = sum(lengths) * config.copies / (config.load * config.capacity_tokens_per_s)
         scale = offered / span if span > 0 else 1.0
     order = np.argsort(arrival, kind="stable")
-    sessions = [
-        Session(
-            session_id=f"row{i}",
-            start_s=float(arrival[i] * scale),
-            turns=[Turn(tokens=prompts[i], output_tokens=outputs[i])],
-        )
-        for i in order
-    ]
+    prompts = _Prompts(ids, lengths, outputs, stride, base, bt, order, arrival * scale)
     return Workload(
         name="mooncake",
-        sessions=sessions,
+        sessions=SessionSource(len(order), prompts.session, len(order)),
         block_size=16,
         description=f"Mooncake {path.stem} replay: {len(rows)} requests"
         + (f" x {config.copies} copies" if config.copies > 1 else "")
         + f", {bt} tokens per hash id, time x{scale:.3g}",
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Prompts:
+    """Builds the i-th session in arrival order from its trace row, copy and arrival time.
+
+    Request ``k`` (before sorting) is row ``k % rows`` of copy ``k // rows``. Holding the rows'
+    hash ids instead of 1,000,000 token arrays is what lets the scale run fit (about 3 GiB less).
+    """
+
+    ids: list[npt.NDArray[np.int64]]  # hash ids of each trace row
+    lengths: list[int]  # scaled prompt length of each row, tokens
+    outputs: list[int]  # scaled output length of each row, tokens
+    stride: int  # hash ids per copy
+    base: int  # seeded token id base
+    block_tokens: int
+    order: npt.NDArray[np.intp]  # request numbers, by arrival
+    start_s: npt.NDArray[np.float64]  # arrival of each request number, seconds
+
+    def session(self, i: int) -> Session:
+        k = int(self.order[i])
+        copy, row = divmod(k, len(self.ids))
+        bt = self.block_tokens
+        hash_ids = self.ids[row] + copy * self.stride
+        blocks = (self.base + hash_ids[:, None] * bt + np.arange(bt, dtype=np.int64)) % 2**32
+        tokens = frozen(blocks.ravel()[: self.lengths[row]].astype(np.uint32))
+        return Session(
+            session_id=f"row{k}",
+            start_s=float(self.start_s[k]),
+            turns=[Turn(tokens=tokens, output_tokens=self.outputs[row])],
+        )

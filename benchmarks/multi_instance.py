@@ -12,8 +12,10 @@ Consecutive turns of a conversation therefore reach different instances. The cli
 so each row pays the same extra hop.
 
 Hit rate = cached prompt tokens / prompt tokens, both as the emulated replicas report them in
-each response's usage. The baseline is one instance behind the same balancer. The sharing row
-needs ``redis-server`` on the PATH (started here on a free port, no persistence).
+each response's usage. TTFT is the replayer's, through the front and the gateways, in workload
+time (the emulated replicas run at ``--time-scale``). The baseline is one instance behind the
+same balancer. The sharing row needs ``redis-server`` on the PATH (started here on a free port,
+no persistence).
 """
 
 from __future__ import annotations
@@ -21,14 +23,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import math
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 
 import aiohttp
+import numpy as np
 from aiohttp import web
 
 from prefixroute.bench import ReplayConfig, replay
@@ -127,10 +132,17 @@ async def sync_connected(url: str) -> bool:
         return "prefixroute_sync_connected 1.0" in await resp.text()
 
 
-async def run_row(
-    workload: Workload, instances: int, sync: str | None, time_scale: float
-) -> tuple[float, int, int]:
-    """(hit rate, requests, errors) for ``instances`` gateways behind the round-robin front."""
+@dataclass(frozen=True, slots=True)
+class Row:
+    hit_rate: float  # cached / prompt tokens, as the replicas reported them
+    ttft_p50_ms: float  # workload milliseconds (wall time / time scale)
+    ttft_p99_ms: float
+    requests: int
+    errors: int
+
+
+async def run_row(workload: Workload, instances: int, sync: str | None, time_scale: float) -> Row:
+    """One setup: ``instances`` gateways behind the round-robin front."""
     engine = ReplicaConfig(kv_capacity_blocks=KV_TOKENS // workload.block_size,
                            block_size=workload.block_size)  # fmt: skip
     async with AsyncExitStack() as stack:
@@ -148,9 +160,12 @@ async def run_row(
         stack.push_async_callback(front.stop)
         result = await replay(workload, ReplayConfig(front.url, time_scale=time_scale), "row")
     records = result.run.records
-    prompt = sum(r.prompt_tokens for r in records if r.finish_s is not None)
-    cached = sum(r.cached_tokens for r in records if r.finish_s is not None)
-    return cached / max(1, prompt), len(records), len(result.errors)
+    done = [r for r in records if r.finish_s is not None]
+    prompt = sum(r.prompt_tokens for r in done)
+    cached = sum(r.cached_tokens for r in done)
+    ttft = [r.ttft_s for r in done if r.ttft_s is not None]
+    p50, p99 = np.percentile(np.asarray(ttft) * 1000.0, [50, 99]) if ttft else (math.nan,) * 2
+    return Row(cached / max(1, prompt), float(p50), float(p99), len(records), len(result.errors))
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -165,15 +180,17 @@ async def main_async(args: argparse.Namespace) -> None:
         ]
         print(f"multi-turn: {workload.num_requests} requests in {args.sessions} conversations, "
               f"{REPLICAS} emulated replicas, time scale {args.time_scale}")  # fmt: skip
-        print("| setup | hit rate | vs 1 instance (points) | requests | errors | wall s |")
-        print("|---|---|---|---|---|---|")
+        print("| setup | hit rate | vs 1 instance (points) | TTFT p50 ms | TTFT p99 ms "
+              "| requests | errors | wall s |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
         base: float | None = None
         for label, n, sync in rows:
             t = time.perf_counter()
-            hit, requests, errors = await run_row(workload, n, sync, args.time_scale)
-            base = hit if base is None else base
-            print(f"| {label} | {hit:.1%} | {(hit - base) * 100:+.1f} | {requests} | {errors} | "
-                  f"{time.perf_counter() - t:.0f} |", flush=True)  # fmt: skip
+            row = await run_row(workload, n, sync, args.time_scale)
+            base = row.hit_rate if base is None else base
+            print(f"| {label} | {row.hit_rate:.1%} | {(row.hit_rate - base) * 100:+.1f} | "
+                  f"{row.ttft_p50_ms:.0f} | {row.ttft_p99_ms:.0f} | {row.requests} | "
+                  f"{row.errors} | {time.perf_counter() - t:.0f} |", flush=True)  # fmt: skip
     finally:
         redis.stop()
 

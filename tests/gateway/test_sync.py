@@ -222,17 +222,124 @@ def test_sync_settings_from_toml_and_flags(tmp_path: Path) -> None:
 
 
 def test_decisions_encode_compactly() -> None:
-    from prefixroute.gateway._sync import decode, encode
+    from prefixroute.gateway._sync import Progress, Routed, decode, encode, encode_progress
 
     hashes = [BlockHash(h) for h in (0, 1, 2**64 - 1, 12345678901234567890)]
     payload = encode("me", ReplicaId("http://r:1"), hashes)
     assert len(payload) < 8 * len(hashes) + 32
-    assert decode(payload) == ("me", ReplicaId("http://r:1"), hashes)
-    with pytest.raises((msgspec.DecodeError, ValueError)):
-        decode(b"\x93\xa2me\xa1r\xc4\x03abc")  # 3 bytes: not a whole hash
+    msg = decode(payload)
+    assert isinstance(msg, Routed)
+    assert (msg.instance, msg.replica, msg.block_hashes()) == ("me", "http://r:1", hashes)
+    assert msg.request_id == ""  # an index entry only: counted as nobody's load
+    bad = decode(b"\x94\x00\xa2me\xa1r\xc4\x03abc")  # 3 bytes: not a whole hash
+    assert isinstance(bad, Routed)
+    with pytest.raises(ValueError):
+        bad.block_hashes()
+    assert decode(encode_progress("me", "req-1", True)) == Progress("me", "req-1", True)
+    assert len(encode_progress("me", "req-1", True)) < 16
+    with pytest.raises(msgspec.DecodeError):
+        decode(b"\x93\x07\xa2me\xc3")  # an unknown tag
 
 
-async def test_a_full_queue_drops_the_oldest_decision_and_never_blocks() -> None:
+def remote_decision(
+    instance: str, request_id: str, replica: str, prompt: int = 400, cached: int = 100
+) -> bytes:
+    from prefixroute.core import Decision, DecisionReason, RequestView
+    from prefixroute.gateway._sync import encode
+
+    view = RequestView(
+        request_id=request_id, block_hashes=[BlockHash(7), BlockHash(8)], block_size=16,
+        prompt_tokens=prompt, prompt_units=prompt, output_tokens=50,
+    )  # fmt: skip
+    decision = Decision(ReplicaId(replica), DecisionReason.PREFIX_MATCH, cached)
+    return encode(instance, ReplicaId(replica), view.block_hashes, view, decision)
+
+
+def test_the_others_requests_count_in_the_load_view_until_they_end() -> None:
+    """Without Redis: messages as they would arrive, applied one by one."""
+    from prometheus_client.registry import CollectorRegistry
+
+    from prefixroute.core import Router, make_policy
+    from prefixroute.gateway._sync import REMOTE_TTL_S, RouteSync, encode_progress
+
+    router = Router(make_policy("round_robin"))
+    r = ReplicaId("http://r:1")
+    router.add_replica(r)
+    registry = CollectorRegistry()
+    sync = RouteSync("redis://127.0.0.1:9/0", "c", router, registry, instance_id="me")
+    load = router.loads.get(r)
+
+    def sample(name: str) -> float:
+        return registry.get_sample_value(name) or 0.0
+
+    assert sync._apply(remote_decision("other", "q1", r))
+    assert (load.in_flight, load.prefilling, load.queued_prefill_tokens) == (1, 1, 300)
+    assert router.index.match([BlockHash(7), BlockHash(8)]) == {r: 2}
+    assert sample("prefixroute_sync_remote_in_flight") == 1
+    sync._apply(encode_progress("other", "q1", False))  # first token: prefill is over
+    assert (load.in_flight, load.prefilling, load.queued_prefill_tokens) == (1, 0, 0)
+    sync._apply(encode_progress("other", "q1", True))
+    assert load.in_flight == 0 and sample("prefixroute_sync_remote_in_flight") == 0
+    sync._apply(encode_progress("other", "q1", True))  # a repeated end changes nothing
+    assert load.in_flight == 0 and load.completed == 1
+
+    # Ours, from the history, or for a replica we do not route to: never load.
+    sync._apply(remote_decision("me", "q2", r))
+    sync._apply(remote_decision("other", "q3", r), count=False)
+    sync._apply(remote_decision("other", "q4", "http://elsewhere:1"))
+    assert load.in_flight == 0 and sample("prefixroute_sync_remote_in_flight") == 0
+
+    # An end never heard: expired after the TTL; a broken subscription drops them all.
+    sync._apply(remote_decision("other", "q5", r))
+    sync._apply(remote_decision("other", "q6", r))
+    assert load.in_flight == 2
+    import time
+
+    sync._expire(time.monotonic() + 1)
+    assert load.in_flight == 2
+    sync._expire(time.monotonic() + REMOTE_TTL_S + 1)
+    assert load.in_flight == 0 and sample("prefixroute_sync_expired_total") == 2
+    sync._apply(remote_decision("other", "q7", r))
+    sync._forget_remote()
+    assert load.in_flight == 0 and sample("prefixroute_sync_remote_in_flight") == 0
+
+
+async def test_a_request_at_one_instance_is_in_flight_at_the_others(
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    from prefixroute.emulate import EmulatorConfig
+    from prefixroute.sim.replica import ReplicaConfig
+
+    slow = EmulatorConfig(ReplicaConfig(block_size=1), time_scale=1.0)  # 15 ms per token
+    cluster = await make_cluster(2, slow)
+    urls = [r.url for r in cluster.replicas]
+    gws = [await make_gateway(urls, seed=i, sync_redis=redis_server.url, **STEADY) for i in (0, 1)]
+    await all_connected(session, gws, up=True)
+
+    def remote(gw: Gateway) -> tuple[int, int]:  # (in flight, prefilling) over all replicas
+        loads = [gw.router.loads.get(ReplicaId(u)) for u in urls]
+        return sum(x.in_flight for x in loads), sum(x.prefilling for x in loads)
+
+    async def until(cond: Callable[[], bool]) -> None:
+        async def check() -> bool:
+            return cond()
+
+        await until_async(check)
+
+    body = {"model": "emulated", "prompt": "hello " * 50, "max_tokens": 120, "stream": True}
+    request = asyncio.create_task(send(session, gws[0].url, "/v1/completions", body))
+    await until(lambda: remote(gws[1])[0] == 1)  # routed at gws[0], counted at gws[1]
+    await until(lambda: remote(gws[1]) == (1, 0))  # its first token streamed: decoding
+    reply = await request
+    assert reply.complete, reply
+    await until(lambda: remote(gws[1]) == (0, 0))
+    assert await gauge(session, gws[1], "prefixroute_sync_remote_in_flight") == 0
+
+
+async def test_a_full_queue_drops_the_oldest_message_and_never_blocks() -> None:
     from prometheus_client.registry import CollectorRegistry
 
     from prefixroute.core import Router, make_policy
@@ -247,12 +354,12 @@ async def test_a_full_queue_drops_the_oldest_decision_and_never_blocks() -> None
     def dropped() -> float:
         return registry.get_sample_value("prefixroute_sync_dropped_total") or 0.0
 
-    sync.publish(ReplicaId("r"), [BlockHash(1)])  # not started: nothing is queued
+    sync.completed("q0")  # not started: nothing is queued
     assert dropped() == 0
     await sync.start()
     try:
         for i in range(QUEUE_SIZE + 10):
-            sync.publish(ReplicaId("r"), [BlockHash(i)])
+            sync.completed(f"q{i}")
         assert dropped() >= 10 - 1  # the publisher may hold one
         assert not sync.connected
     finally:

@@ -108,15 +108,34 @@ class LoadTracker:
 
     def dispatch(self, request: RequestView, decision: Decision, now: float) -> None:
         """A request was sent to ``decision.replica``."""
-        if request.request_id in self._requests:
-            # A reused id: the earlier request is over as far as the load view can tell.
-            self.complete(request.request_id, now)
-        uncached = max(0, request.prompt_tokens - decision.predicted_cached_tokens)
-        blocks = -(-(request.prompt_tokens + request.output_tokens) // self.block_size)
-        load = self.get(decision.replica)
-        self._requests[request.request_id] = _InFlight(
-            decision.replica, load, uncached, request.output_tokens, blocks
+        self.count_dispatch(
+            request.request_id,
+            decision.replica,
+            prompt_tokens=request.prompt_tokens,
+            output_tokens=request.output_tokens,
+            predicted_cached_tokens=decision.predicted_cached_tokens,
+            now=now,
         )
+
+    def count_dispatch(
+        self,
+        request_id: str,
+        replica: ReplicaId,
+        *,
+        prompt_tokens: int,
+        output_tokens: int,
+        predicted_cached_tokens: int,
+        now: float,
+    ) -> None:
+        """A request was sent to ``replica``, known by its numbers only: :meth:`dispatch`'s
+        bookkeeping, for a request another router instance routed (it shares them)."""
+        if request_id in self._requests:
+            # A reused id: the earlier request is over as far as the load view can tell.
+            self.complete(request_id, now)
+        uncached = max(0, prompt_tokens - predicted_cached_tokens)
+        blocks = -(-(prompt_tokens + output_tokens) // self.block_size)
+        load = self.get(replica)
+        self._requests[request_id] = _InFlight(replica, load, uncached, output_tokens, blocks)
         load.in_flight += 1
         load.prefilling += 1
         load.queued_prefill_tokens += uncached

@@ -179,8 +179,7 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),  # forward the client's
         raise_for_status=False,
     )
-    on_route = state.sync.publish if state.sync is not None else None
-    state.proxy = Proxy(session, state.router, state.registry, state.metrics, on_route)
+    state.proxy = Proxy(session, state.router, state.registry, state.metrics, state.sync)
     state.health = HealthChecker(state.registry, session, cfg)
     try:
         await state.health.check_all(first=True)  # learn models; silent replicas start out

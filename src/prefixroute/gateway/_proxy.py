@@ -16,14 +16,13 @@ import io
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
 
 from prefixroute.core import (
-    BlockHash,
     Decision,
     NoReplicaAvailable,
     ReplicaId,
@@ -70,6 +69,15 @@ class RequestOutcome:
 OUTCOME = web.RequestKey("prefixroute.outcome", RequestOutcome)
 
 
+class RouteListener(Protocol):
+    """Hears what the router hears about each request (``_sync`` shares it with the other
+    instances). Called on the request path: each method must return at once and never raise."""
+
+    def routed(self, view: RequestView, decision: Decision) -> None: ...
+    def first_token(self, request_id: str) -> None: ...
+    def completed(self, request_id: str) -> None: ...
+
+
 class Proxy:
     def __init__(
         self,
@@ -77,11 +85,10 @@ class Proxy:
         router: Router,
         registry: ReplicaRegistry,
         metrics: GatewayMetrics,
-        on_route: Callable[[ReplicaId, Sequence[BlockHash]], None] | None = None,
+        listener: RouteListener | None = None,
     ) -> None:
-        """``on_route`` hears every decision (``_sync`` shares them); it must not block."""
         self.session = session
-        self.on_route = on_route
+        self.listener = listener
         self.router = router
         self.registry = registry
         self.metrics = metrics
@@ -113,8 +120,8 @@ class Proxy:
             decision = self.router.route(view, time.monotonic(), candidates)
             self.metrics.decision_seconds.observe(time.perf_counter() - t0 + hash_s)
             hash_s = 0.0
-            if self.on_route is not None:
-                self.on_route(decision.replica, view.block_hashes)
+            if self.listener is not None:
+                self.listener.routed(view, decision)
             outcome.replica, outcome.reason = decision.replica, decision.reason.value
             can_retry = attempt + 1 < MAX_ATTEMPTS and len(candidates) > 1
             try:
@@ -130,6 +137,8 @@ class Proxy:
                 continue
             finally:
                 self.router.complete(rid, time.monotonic())
+                if self.listener is not None:
+                    self.listener.completed(rid)
             self._account(rid, endpoint, decision, result)
             log_response_body(request, result.response)
             return result.response
@@ -163,6 +172,8 @@ class Proxy:
 
         def first_token() -> None:
             self.router.first_token(rid, time.monotonic())
+            if self.listener is not None:
+                self.listener.first_token(rid)
 
         try:
             async with self.session.request(

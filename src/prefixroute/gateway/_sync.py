@@ -15,6 +15,15 @@ decisions, trimmed in the same pipeline), and an instance reads it each time it 
 after the subscription, so nothing falls between the two (a decision in both is applied twice,
 which only refreshes it), and oldest first, so recency in the index comes out as it was.
 
+Load is shared the same way. A decision carries the request's id and sizes, and a request's
+first token and end follow as small progress messages, so every instance counts the others'
+requests in flight in its load view (``LoadTracker.count_dispatch``): without that, each
+instance sees only a third of the load behind a three-way balancer, and all of them pile a
+conversation's turns onto the replica that holds it. Only live messages count (the history
+replays index entries, never load). A remote request whose end never arrives (its instance
+died, or this one was disconnected) is dropped after ``REMOTE_TTL_S``, and all of them are
+dropped when the subscription breaks, since its progress messages are lost meanwhile.
+
 Nothing here is on the request path. :meth:`RouteSync.publish` puts the message in a bounded
 queue and returns; a full queue (Redis slow or down) drops its oldest message and counts it.
 A publisher task drains the queue in pipelined batches, a subscriber task applies what others
@@ -29,6 +38,7 @@ import array
 import asyncio
 import logging
 import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -38,7 +48,7 @@ from prometheus_client import Counter, Gauge
 from prometheus_client.registry import CollectorRegistry
 from redis.exceptions import RedisError
 
-from prefixroute.core import BlockHash, ReplicaId, Router
+from prefixroute.core import BlockHash, Decision, ReplicaId, RequestView, Router
 
 log = logging.getLogger(__name__)
 
@@ -50,39 +60,81 @@ SOCKET_TIMEOUT_S = 2.0  # connect and command timeout, seconds
 POLL_S = 1.0  # longest wait for one subscriber message, seconds
 HISTORY = 4096  # decisions kept in Redis for instances that (re)connect later
 HISTORY_CHUNK = 256  # history entries applied between yields to the event loop
+REMOTE_TTL_S = 600.0  # a remote request not heard of for this long is taken as over, seconds
+EXPIRE_EVERY_S = 1.0  # how often remote requests are checked for expiry, seconds
 
 
 # One connection's work: runs until Redis fails; calls its argument once the link is up.
 _Work = Callable[["aioredis.Redis", Callable[[], None]], Awaitable[None]]
 
 
-class Routed(msgspec.Struct, array_like=True, frozen=True):
-    """One routing decision as it travels: ``[instance, replica, hashes]`` in msgpack."""
+class Routed(msgspec.Struct, array_like=True, frozen=True, tag=0):
+    """One routing decision as it travels, a msgpack array led by its tag (0)."""
 
     instance: str  # the publishing instance's id (its own messages are ignored)
     replica: str  # replica id (normalized base URL): instances must name replicas alike
     hashes: bytes  # the request's block hashes, little-endian uint64, root first
+    request_id: str = ""  # the publisher's id for the request ("": not counted as load)
+    prompt_tokens: int = 0  # the request's sizes, for the others' load views, tokens
+    output_tokens: int = 0
+    predicted_cached_tokens: int = 0
 
+    def block_hashes(self) -> list[BlockHash]:
+        """The hashes as ints; ValueError unless a whole number of 8-byte hashes."""
+        packed = array.array("Q")
+        packed.frombytes(self.hashes)
+        if sys.byteorder != "little":
+            packed.byteswap()
+        return [BlockHash(h) for h in packed]
+
+
+class Progress(msgspec.Struct, array_like=True, frozen=True, tag=1):
+    """A routed request's first token (``done`` false) or end (``done`` true)."""
+
+    instance: str
+    request_id: str
+    done: bool
+
+
+Message = Routed | Progress
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Routed)
+_decoder = msgspec.msgpack.Decoder(Message)
 
 
-def encode(instance: str, replica: ReplicaId, hashes: Sequence[BlockHash]) -> bytes:
+def encode(
+    instance: str,
+    replica: ReplicaId,
+    hashes: Sequence[BlockHash],
+    view: RequestView | None = None,
+    decision: Decision | None = None,
+) -> bytes:
+    """A decision; with ``view`` and ``decision``, also the request's id and sizes."""
     packed = array.array("Q", hashes)
     if sys.byteorder != "little":
         packed.byteswap()
-    return _encoder.encode(Routed(instance, replica, packed.tobytes()))
+    if view is None or decision is None:
+        return _encoder.encode(Routed(instance, replica, packed.tobytes()))
+    return _encoder.encode(
+        Routed(
+            instance,
+            replica,
+            packed.tobytes(),
+            view.request_id,
+            view.prompt_tokens,
+            view.output_tokens,
+            decision.predicted_cached_tokens,
+        )
+    )
 
 
-def decode(payload: bytes) -> tuple[str, ReplicaId, list[BlockHash]]:
-    """``(instance, replica, hashes)``; raises ``msgspec.DecodeError`` or ``ValueError``."""
-    msg = _decoder.decode(payload)
-    packed = array.array("Q")
-    packed.frombytes(msg.hashes)  # ValueError unless a whole number of 8-byte hashes
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return msg.instance, ReplicaId(msg.replica), [BlockHash(h) for h in packed]
+def encode_progress(instance: str, request_id: str, done: bool) -> bytes:
+    return _encoder.encode(Progress(instance, request_id, done))
+
+
+def decode(payload: bytes) -> Message:
+    """A message; raises ``msgspec.DecodeError`` (ValueError comes from ``block_hashes``)."""
+    return _decoder.decode(payload)
 
 
 class SyncMetrics:
@@ -118,6 +170,16 @@ class SyncMetrics:
             "1 while subscribed to the other instances' decisions (history applied), else 0.",
             registry=registry,
         )
+        self.remote_in_flight = Gauge(
+            "prefixroute_sync_remote_in_flight",
+            "Other instances' requests counted in this instance's load view.",
+            registry=registry,
+        )
+        self.expired = Counter(
+            "prefixroute_sync_expired",
+            "Other instances' requests dropped from the load view without hearing their end.",
+            registry=registry,
+        )
 
 
 class RouteSync:
@@ -139,10 +201,16 @@ class RouteSync:
         self.router = router
         self.instance_id = instance_id or uuid.uuid4().hex[:16]
         self.metrics = SyncMetrics(registry)
-        self._queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_SIZE)
+        # (payload, kept in the history): decisions are, progress messages are not
+        self._queue: asyncio.Queue[tuple[bytes, bool]] = asyncio.Queue(QUEUE_SIZE)
         self._tasks: list[asyncio.Task[None]] = []
         self._connected = False
-        self._unsent: list[bytes] = []  # a batch whose connection failed: sent on the next one
+        self._unsent: list[tuple[bytes, bool]] = []  # a batch whose connection failed
+        # Others' requests counted in the router's load view: "instance/request id" -> when
+        # dispatched (time.monotonic()), oldest first, for expiry.
+        self._remote: dict[str, float] = {}
+        self._expired_at = 0.0  # last expiry pass, time.monotonic()
+        self.metrics.remote_in_flight.set_function(lambda: len(self._remote))
 
     @property
     def connected(self) -> bool:
@@ -153,14 +221,24 @@ class RouteSync:
         self._connected = up
         self.metrics.connected.set(1 if up else 0)
 
-    def publish(self, replica: ReplicaId, hashes: Sequence[BlockHash]) -> None:
-        """Queue one decision for the others; never blocks, never raises."""
-        if not hashes or not self._tasks:
+    # --- what the proxy tells us (never blocks, never raises) --------------------------------
+    def routed(self, view: RequestView, decision: Decision) -> None:
+        """A request was routed: share the index entry and count it in the others' loads."""
+        self._put(encode(self.instance_id, decision.replica, view.block_hashes, view, decision))
+
+    def first_token(self, request_id: str) -> None:
+        self._put(encode_progress(self.instance_id, request_id, False), keep=False)
+
+    def completed(self, request_id: str) -> None:
+        self._put(encode_progress(self.instance_id, request_id, True), keep=False)
+
+    def _put(self, payload: bytes, keep: bool = True) -> None:
+        if not self._tasks:
             return
-        if self._queue.full():  # Redis slow or down: the oldest decision is the least useful
+        if self._queue.full():  # Redis slow or down: the oldest message is the least useful
             self._queue.get_nowait()
             self.metrics.dropped.inc()
-        self._queue.put_nowait(encode(self.instance_id, replica, hashes))
+        self._queue.put_nowait((payload, keep))
 
     async def start(self) -> None:
         self._tasks = [
@@ -174,6 +252,7 @@ class RouteSync:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._set_connected(False)
+        self._forget_remote()
 
     def _client(self) -> aioredis.Redis:
         # No retries of our own inside redis-py: a failure goes back to _forever's backoff.
@@ -208,6 +287,7 @@ class RouteSync:
             finally:
                 if work == self._subscribe:
                     self._set_connected(False)
+                    self._forget_remote()  # their ends may be lost while we are away
                 await client.aclose()
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
@@ -219,10 +299,11 @@ class RouteSync:
                 batch.append(self._queue.get_nowait())
             self._unsent = batch  # until Redis took it; a failure leaves it for the next try
             async with client.pipeline(transaction=False) as pipe:
-                for payload in batch:
+                for payload, _ in batch:
                     pipe.publish(self.channel, payload)
-                if self.history:
-                    pipe.lpush(self.history_key, *batch)  # newest first
+                kept = [payload for payload, keep in batch if keep]
+                if self.history and kept:
+                    pipe.lpush(self.history_key, *kept)  # newest first
                     pipe.ltrim(self.history_key, 0, self.history - 1)
                 await pipe.execute()
             self._unsent = []
@@ -240,6 +321,9 @@ class RouteSync:
                 message = await pubsub.get_message(timeout=POLL_S)
                 if message is not None and message.get("type") == "message":
                     self._apply(message["data"])
+                now = time.monotonic()
+                if now - self._expired_at >= EXPIRE_EVERY_S:
+                    self._expire(now)
 
     async def _replay(self, client: aioredis.Redis) -> None:
         """Apply the history, oldest first: what was decided before this (re)connection."""
@@ -257,15 +341,76 @@ class RouteSync:
             log.info("sync: applied %d of %d decisions from the history", applied, len(payloads))
 
     def _apply(self, payload: bytes, count: bool = True) -> bool:
-        """Apply another instance's decision; False when skipped (ours, unknown, undecodable)."""
+        """Apply another instance's message; False when skipped (ours, unknown, undecodable).
+
+        ``count`` is False for the history: its decisions go into the index, and neither they
+        nor anything else from it counts as load (those requests are long over).
+        """
         try:
-            instance, replica, hashes = decode(payload)
+            msg = decode(payload)
+            hashes = msg.block_hashes() if isinstance(msg, Routed) else []
         except (msgspec.DecodeError, ValueError):
             self.metrics.errors.labels("decode").inc()
             return False
-        if instance == self.instance_id or not self.router.has_replica(replica):
-            return False  # our own (in the index already), or a replica we don't route to
-        self.router.index.insert(replica, hashes)
+        if msg.instance == self.instance_id:
+            return False  # our own: in the index and the load view already
+        if isinstance(msg, Progress):
+            if count:
+                self._progress(f"{msg.instance}/{msg.request_id}", msg.done)
+            return False  # not a decision
+        replica = ReplicaId(msg.replica)
+        if not self.router.has_replica(replica):
+            return False  # a replica we don't route to
+        if hashes:
+            self.router.index.insert(replica, hashes)
         if count:
             self.metrics.applied.inc()
+            if msg.request_id:
+                self._count(msg, replica)
         return True
+
+    # --- the others' load -------------------------------------------------------------------
+    def _count(self, msg: Routed, replica: ReplicaId) -> None:
+        key = f"{msg.instance}/{msg.request_id}"
+        now = time.monotonic()
+        self.router.loads.count_dispatch(
+            key,
+            replica,
+            prompt_tokens=msg.prompt_tokens,
+            output_tokens=msg.output_tokens,
+            predicted_cached_tokens=msg.predicted_cached_tokens,
+            now=now,
+        )
+        self._remote.pop(key, None)  # a retry re-dispatches: it moves to the young end
+        self._remote[key] = now
+
+    def _progress(self, key: str, done: bool) -> None:
+        if key not in self._remote:
+            return  # routed before we subscribed, or already expired
+        now = time.monotonic()
+        if done:
+            del self._remote[key]
+            self.router.loads.complete(key, now)
+        else:
+            self.router.loads.first_token(key, now)
+
+    def _expire(self, now: float) -> None:
+        """Drop remote requests dispatched more than ``REMOTE_TTL_S`` ago (end never heard)."""
+        self._expired_at = now
+        cutoff = now - REMOTE_TTL_S
+        stale = []
+        for key, at in self._remote.items():
+            if at > cutoff:
+                break  # oldest first: the rest are younger
+            stale.append(key)
+        for key in stale:
+            del self._remote[key]
+            self.router.loads.complete(key, now)
+        self.metrics.expired.inc(len(stale))
+
+    def _forget_remote(self) -> None:
+        """Drop every remote request from the load view (their ends can no longer be heard)."""
+        now = time.monotonic()
+        for key in self._remote:
+            self.router.loads.complete(key, now)
+        self._remote.clear()

@@ -1,5 +1,5 @@
-"""Several gateway instances behind a round-robin balancer: cache hit rate with and without
-sharing decisions through Redis (``--sync-redis``). Under three minutes.
+"""Several gateway instances behind a round-robin balancer: cache hit rate and TTFT with and
+without sharing decisions through Redis (``--sync-redis``). About three minutes.
 
 ``.venv/bin/python benchmarks/multi_instance.py [--sessions N] [--time-scale S]``
 
@@ -11,11 +11,13 @@ Consecutive turns of a conversation therefore reach different instances. The cli
 ``prefixroute bench`` replayer on the multi-turn workload, pointed at the balancer in every row,
 so each row pays the same extra hop.
 
-Hit rate = cached prompt tokens / prompt tokens, both as the emulated replicas report them in
-each response's usage. TTFT is the replayer's, through the front and the gateways, in workload
-time (the emulated replicas run at ``--time-scale``). The baseline is one instance behind the
-same balancer. The sharing row needs ``redis-server`` on the PATH (started here on a free port,
-no persistence).
+The sharing rows run with and without counting the other instances' requests in each load view
+(``RouteSync.share_load``), so the last two rows say what sharing load adds to sharing index
+entries. Hit rate = cached prompt tokens / prompt tokens, both as the emulated replicas report
+them in each response's usage. TTFT is the replayer's, through the front and the gateways, in
+workload time (the emulated replicas run at ``--time-scale``). The baseline is one instance
+behind the same balancer. The sharing rows need ``redis-server`` on the PATH (started here on a
+free port, no persistence).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from aiohttp import web
 from prefixroute.bench import ReplayConfig, replay
 from prefixroute.emulate import EmulatorConfig, start_replicas
 from prefixroute.gateway import Gateway, GatewayConfig
+from prefixroute.gateway._sync import RouteSync
 from prefixroute.sim.replica import ReplicaConfig
 from prefixroute.sim.workload import Workload
 from prefixroute.sim.workloads import make_workload
@@ -174,9 +177,10 @@ async def main_async(args: argparse.Namespace) -> None:
     redis = RedisProcess()
     try:
         rows = [
-            ("1 instance (baseline)", 1, None),
-            ("3 instances, no sharing", 3, None),
-            ("3 instances, Redis sharing", 3, redis.url),
+            ("1 instance (baseline)", 1, None, True),
+            ("3 instances, no sharing", 3, None, True),
+            ("3 instances, Redis sharing of index entries only", 3, redis.url, False),
+            ("3 instances, Redis sharing (index and load)", 3, redis.url, True),
         ]
         print(f"multi-turn: {workload.num_requests} requests in {args.sessions} conversations, "
               f"{REPLICAS} emulated replicas, time scale {args.time_scale}")  # fmt: skip
@@ -184,8 +188,9 @@ async def main_async(args: argparse.Namespace) -> None:
               "| requests | errors | wall s |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|")
         base: float | None = None
-        for label, n, sync in rows:
+        for label, n, sync, share_load in rows:
             t = time.perf_counter()
+            RouteSync.share_load = share_load  # the ablation: the same sync, load not counted
             row = await run_row(workload, n, sync, args.time_scale)
             base = row.hit_rate if base is None else base
             print(f"| {label} | {row.hit_rate:.1%} | {(row.hit_rate - base) * 100:+.1f} | "

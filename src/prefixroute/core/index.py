@@ -9,17 +9,18 @@ Why not an ``OrderedDict`` per replica: touching a 512-block chain block by bloc
 in Python, on every request. Instead each replica has
 
 * ``stamps``: block hash -> tick of its last touch, written for a whole chain in one C-level
-  ``dict.update`` (ticks only go up);
-* ``queue``: the touches in tick order, one ``(hashes, ticks)`` entry per insert, consumed
-  lazily by eviction: an entry's block is evicted only if its stamp still equals the entry's tick
-  (a later touch made it stale), as vLLM's block pool evicts lazily.
+  ``dict.update``; one tick per insert (ticks only go up), the same int object for every block,
+  so a touch allocates nothing per block;
+* ``queue``: the touches in tick order, one ``(hashes, tick)`` entry per insert with the chain
+  tail first, consumed lazily by eviction: an entry's block is evicted only if its stamp still
+  equals the entry's tick (a later touch made it stale), as vLLM's block pool evicts lazily.
 
-A chain is stamped from its last block to its first, so a parent is always more recent than its
-children and eviction takes leaves first. Each replica's set of blocks is therefore closed under
-prefixes, and the longest match is found by binary search: a dozen probes per replica instead of a
-walk over every block. Removing single blocks or inserting a chain that does not start at the root
-(engine events) can break that closure, so such a replica is matched by a linear walk until it is
-cleared.
+Eviction walks an entry from the chain's last block to its first, and a parent touched later by
+another chain has that chain's newer tick, so eviction takes leaves first. Each replica's set of
+blocks is therefore closed under prefixes, and the longest match is found by binary search: a
+dozen probes per replica instead of a walk over every block. Removing single blocks or inserting
+a chain that does not start at the root (engine events) can break that closure, so such a
+replica is matched by a linear walk until it is cleared.
 
 Stale queue entries are dropped when eviction reaches them; when no eviction happens for long,
 the queue is compacted once it holds four times the live entries, so memory stays bounded.
@@ -39,6 +40,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.hashing import BlockHash
@@ -77,7 +79,7 @@ def held_prefix(
 class _ReplicaEntries:
     capacity: int | None  # blocks; None = unbounded
     stamps: dict[BlockHash, int] = field(default_factory=dict)  # hash -> tick of last touch
-    queue: deque[tuple[Sequence[BlockHash], range | list[int]]] = field(default_factory=deque)
+    queue: deque[tuple[Sequence[BlockHash], int]] = field(default_factory=deque)
     queued: int = 0  # hashes referenced by ``queue`` (live or stale)
     cursor: int = 0  # position reached in ``queue[0]`` by eviction
     tick: int = 0  # next tick to hand out
@@ -169,12 +171,12 @@ class PrefixIndex:
         elif self._holders is not None:
             self._add_holders(replica, block_hashes)
         tail_first = block_hashes[::-1]
-        ticks = range(entries.tick, entries.tick + n)
-        entries.tick += n
-        entries.stamps.update(zip(tail_first, ticks, strict=True))
+        tick = entries.tick
+        entries.tick += 1
+        entries.stamps.update(zip(tail_first, repeat(tick)))
         if entries.capacity is None:
             return 0  # nothing will ever be evicted: no need to remember the order
-        entries.queue.append((tail_first, ticks))
+        entries.queue.append((tail_first, tick))
         entries.queued += n
         evicted = self._evict(entries)
         if entries.queued > COMPACT_FACTOR * len(entries.stamps) + COMPACT_MIN:
@@ -189,11 +191,11 @@ class PrefixIndex:
         assert cap is not None
         evicted = 0
         while len(stamps) > cap:
-            hashes, ticks = queue[0]
+            hashes, tick = queue[0]
             i, end = entries.cursor, len(hashes)
             while i < end and len(stamps) > cap:
                 h = hashes[i]
-                if stamps.get(h) == ticks[i]:
+                if stamps.get(h) == tick:
                     del stamps[h]
                     evicted += 1
                 i += 1
@@ -207,11 +209,18 @@ class PrefixIndex:
 
     @staticmethod
     def _compact(entries: _ReplicaEntries) -> None:
-        """Rebuild the queue from the live stamps alone, in tick order."""
-        live = sorted(entries.stamps.items(), key=lambda kv: kv[1])
-        entries.queue.clear()
-        entries.queue.append(([h for h, _ in live], [t for _, t in live]))
-        entries.queued = len(live)
+        """Drop the stale hashes from the queue, keeping its order (leaves first within a tick)."""
+        stamps, old = entries.stamps, entries.queue
+        queue: deque[tuple[Sequence[BlockHash], int]] = deque()
+        queued = 0
+        for k, (hashes, tick) in enumerate(old):
+            live = [h for h in (hashes[entries.cursor :] if k == 0 else hashes)
+                    if stamps.get(h) == tick]  # fmt: skip
+            if live:
+                queue.append((live, tick))
+                queued += len(live)
+        entries.queue = queue
+        entries.queued = queued
         entries.cursor = 0
 
     def remove_blocks(self, replica: ReplicaId, block_hashes: Iterable[BlockHash]) -> None:

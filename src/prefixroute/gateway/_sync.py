@@ -185,6 +185,10 @@ class SyncMetrics:
 class RouteSync:
     """Publishes this instance's decisions and applies the others', for the app's lifetime."""
 
+    # Count the others' requests in the load view. Off only to measure what it is worth
+    # (benchmarks/multi_instance.py); the index entries are shared either way.
+    share_load: bool = True
+
     def __init__(
         self,
         url: str,
@@ -365,7 +369,7 @@ class RouteSync:
             self.router.index.insert(replica, hashes)
         if count:
             self.metrics.applied.inc()
-            if msg.request_id:
+            if msg.request_id and self.share_load:
                 self._count(msg, replica)
         return True
 

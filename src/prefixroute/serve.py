@@ -108,15 +108,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--sync-redis",
         metavar="URL",
-        help="several instances (approximate mode): share routing decisions through this "
-        "Redis (redis://HOST:PORT/DB); Redis down means local-only routing, not errors",
+        help="several instances: share routing decisions and load through this Redis "
+        "(redis://HOST:PORT/DB); Redis down means local-only routing, not errors",
     )
     p.add_argument(
         "--sync-history",
         type=int,
         metavar="N",
-        help=f"with --sync-redis: keep the last N decisions in Redis, so an instance that starts "
-        f"or reconnects later begins warm (0: none; default {d.sync_history})",
+        help=f"with --sync-redis in approximate mode: keep the last N decisions in Redis, so an "
+        f"instance that starts or reconnects later begins warm (0: none; default {d.sync_history})",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log every request (no text)")
     p.set_defaults(run=run)

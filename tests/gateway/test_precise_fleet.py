@@ -9,8 +9,10 @@ instance predicts exactly the cached tokens the replica then reports.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
+import redis.asyncio as aioredis
 
 from prefixroute.core import ReplicaId
 from prefixroute.events import StreamState
@@ -18,23 +20,30 @@ from prefixroute.gateway import Gateway
 
 from .fakes import WordTokenizer
 from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, send
+from .redis_server import RedisServer
 from .test_precise import BS, TURNS, batches, metric, metrics, replica_config, until
+from .test_sync import all_connected
 
 INSTANCES = 3
 
 
 async def precise_fleet(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    instances: int = INSTANCES,
+    **settings: Any,
 ) -> list[Gateway]:
     config = replica_config(kv_events="bind:tcp://127.0.0.1:*")
     replicas = (await make_cluster(3, config)).replicas
     specs = tuple(f"{r.url}=connect:{r.kv_events_address}" for r in replicas)
+    settings = {"speculative_ttl_s": 0.001} | settings
     gws = [
         await make_gateway(
             [r.url for r in replicas], kv_events=specs, kv_block_size=BS, seed=i,
-            tokenizer_object=WordTokenizer(), speculative_ttl_s=0.001, **STEADY,
+            tokenizer_object=WordTokenizer(), **STEADY, **settings,
         )  # fmt: skip
-        for i in range(INSTANCES)
+        for i in range(instances)
     ]
     # Reset each replica until every instance's stream from it is live (connected, in step).
     for replica in replicas:
@@ -96,3 +105,39 @@ async def test_three_instances_follow_the_same_events(
     for gw in gws:
         text = await metrics(session, gw.url)
         assert metric(text, "prefixroute_kv_event_gaps_total") == 0
+
+
+async def test_with_redis_the_others_decisions_are_speculative_entries_and_load(
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    """Events take a moment: until they come, a decision made at one instance stands in for
+    them at the others too (a speculative entry), and its request counts in their load."""
+    gws = await precise_fleet(
+        make_cluster, make_gateway, session, 2, sync_redis=redis_server.url, speculative_ttl_s=30
+    )
+    await all_connected(session, gws, up=True)
+    first, other = gws
+    assert other.router.speculative is not None
+    words = " ".join(f"s{i}" for i in range(200))
+    body = {"model": "emulated", "messages": [{"role": "user", "content": words}],
+            "max_tokens": 4}  # fmt: skip
+    reply = await send(session, first.url, "/v1/chat/completions", body)
+    assert reply.complete, reply
+    replica = ReplicaId(reply.headers["x-prefixroute-replica"])
+    speculative = other.router.speculative
+    await until(lambda: speculative.blocks_of(replica) > 0)  # only the sync puts them there
+    assert all(speculative.blocks_of(r) == 0 for r in other.router.replicas if r != replica)
+    await until(lambda: other.router.loads.get(replica).completed == 1)  # counted, then ended
+    load = other.router.loads.get(replica)
+    assert (load.in_flight, load.prefilling) == (0, 0)
+    text = await metrics(session, other.url)
+    assert metric(text, "prefixroute_sync_applied_total") == 1
+    assert metric(text, "prefixroute_sync_remote_in_flight") == 0
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        assert await client.llen("prefixroute:routed:history") == 0  # precise: no history
+    finally:
+        await client.aclose()

@@ -192,12 +192,12 @@ async def test_an_instance_started_later_begins_warm_from_the_history(
 def test_sync_settings() -> None:
     with pytest.raises(ConfigError, match="redis://"):
         GatewayConfig(sync_redis="localhost:6379")
-    with pytest.raises(ConfigError, match="approximate mode"):
-        GatewayConfig(
-            replicas=("http://127.0.0.1:9",),
-            kv_events=("http://127.0.0.1:9=connect:tcp://127.0.0.1:9",),
-            sync_redis="redis://127.0.0.1:6379",
-        )
+    precise = GatewayConfig(  # precise mode shares load and speculative entries
+        replicas=("http://127.0.0.1:9",),
+        kv_events=("http://127.0.0.1:9=connect:tcp://127.0.0.1:9",),
+        sync_redis="redis://127.0.0.1:6379",
+    )
+    assert precise.precise and precise.sync_redis is not None
     assert GatewayConfig(sync_redis="redis://10.0.0.5:6379/1").sync_channel == "prefixroute:routed"
     with pytest.raises(ConfigError, match="sync_history"):
         GatewayConfig(sync_redis="redis://10.0.0.5:6379/1", sync_history=-1)

@@ -30,7 +30,8 @@ the policy's parameters. Flags given on the command line override the file.
     # kv_events = ["http://10.0.0.11:8000=connect:tcp://10.0.0.11:5557",
     #              "http://10.0.0.12:8000=bind:tcp://0.0.0.0:5602"]
     # speculative_ttl_s = 2.0          # seconds a decision counts before its events
-    # Several approximate-mode instances: share routing decisions (docs/deployment.md).
+    # Several instances: share routing decisions and load (docs/deployment.md); in precise
+    # mode the decisions become speculative entries and no history is kept.
     # sync_redis = "redis://10.0.0.5:6379/0"
     # sync_channel = "prefixroute:routed"  # one channel per gateway fleet
     # sync_history = 4096              # decisions kept for instances that start later
@@ -151,11 +152,6 @@ class GatewayConfig:
         if self.sync_redis is not None:
             if not self.sync_redis.startswith(("redis://", "rediss://", "unix://")):
                 raise ConfigError(f"sync_redis must be a redis:// URL, got {self.sync_redis!r}")
-            if self.precise:
-                raise ConfigError(
-                    "sync_redis is for approximate mode: in precise mode every instance "
-                    "follows the engines' KV events, which already agree"
-                )
             if not self.sync_channel:
                 raise ConfigError("sync_channel must not be empty")
         if self.sync_history < 0:

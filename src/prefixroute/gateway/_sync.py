@@ -15,6 +15,11 @@ decisions, trimmed in the same pipeline), and an instance reads it each time it 
 after the subscription, so nothing falls between the two (a decision in both is applied twice,
 which only refreshes it), and oldest first, so recency in the index comes out as it was.
 
+In precise mode the index follows the engines' KV events, which every instance hears, so a
+decision is not inserted: it becomes a speculative entry at the other instances, as it is at
+the instance that made it, until the engine's events come back. Without it, instances routing
+a new prefix at once could send it to one replica each. Precise mode keeps no history.
+
 Load is shared the same way. A decision carries the request's id and sizes, and a request's
 first token and end follow as small progress messages, so every instance counts the others'
 requests in flight in its load view (``LoadTracker.count_dispatch``): without that, each
@@ -228,7 +233,8 @@ class RouteSync:
     # --- what the proxy tells us (never blocks, never raises) --------------------------------
     def routed(self, view: RequestView, decision: Decision) -> None:
         """A request was routed: share the index entry and count it in the others' loads."""
-        self._put(encode(self.instance_id, decision.replica, view.block_hashes, view, decision))
+        payload = encode(self.instance_id, decision.replica, view.block_hashes, view, decision)
+        self._put(payload, keep=self.router.insert_on_route)  # precise mode keeps no history
 
     def first_token(self, request_id: str) -> None:
         self._put(encode_progress(self.instance_id, request_id, False), keep=False)
@@ -331,8 +337,8 @@ class RouteSync:
 
     async def _replay(self, client: aioredis.Redis) -> None:
         """Apply the history, oldest first: what was decided before this (re)connection."""
-        if not self.history:
-            return
+        if not self.history or not self.router.insert_on_route:
+            return  # off, or precise mode: the engines' events are the index
         payloads = await client.lrange(self.history_key, 0, self.history - 1)
         applied = 0
         for i, payload in enumerate(reversed(payloads)):
@@ -365,8 +371,10 @@ class RouteSync:
         replica = ReplicaId(msg.replica)
         if not self.router.has_replica(replica):
             return False  # a replica we don't route to
-        if hashes:
+        if hashes and self.router.insert_on_route:
             self.router.index.insert(replica, hashes)
+        elif hashes and count and self.router.speculative is not None:
+            self.router.speculative.add(replica, hashes, time.monotonic())  # precise mode
         if count:
             self.metrics.applied.inc()
             if msg.request_id and self.share_load:

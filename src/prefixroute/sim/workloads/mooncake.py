@@ -97,7 +97,8 @@ def build(config: MooncakeConfig, seed: int) -> Workload:
         offered = sum(lengths) * config.copies / (config.load * config.capacity_tokens_per_s)
         scale = offered / span if span > 0 else 1.0
     order = np.argsort(arrival, kind="stable")
-    prompts = _Prompts(ids, lengths, outputs, stride, base, bt, order, arrival * scale)
+    offsets = np.arange(bt, dtype=np.int64)
+    prompts = _Prompts(ids, lengths, outputs, stride, base, bt, order, arrival * scale, offsets)
     return Workload(
         name="mooncake",
         sessions=SessionSource(len(order), prompts.session, len(order)),
@@ -124,14 +125,16 @@ class _Prompts:
     block_tokens: int
     order: npt.NDArray[np.intp]  # request numbers, by arrival
     start_s: npt.NDArray[np.float64]  # arrival of each request number, seconds
+    offsets: npt.NDArray[np.int64]  # 0 .. block_tokens - 1, made once
 
     def session(self, i: int) -> Session:
         k = int(self.order[i])
         copy, row = divmod(k, len(self.ids))
-        bt = self.block_tokens
-        hash_ids = self.ids[row] + copy * self.stride
-        blocks = (self.base + hash_ids[:, None] * bt + np.arange(bt, dtype=np.int64)) % 2**32
-        tokens = frozen(blocks.ravel()[: self.lengths[row]].astype(np.uint32))
+        bt, n = self.block_tokens, self.lengths[row]
+        hash_ids = self.ids[row][: -(-n // bt)] + copy * self.stride  # the blocks it reaches
+        # Token ids base + h*bt + 0..bt-1, modulo 2**32: the cast to uint32 wraps (ids >= 0).
+        blocks = (self.base + hash_ids * bt)[:, None] + self.offsets
+        tokens = frozen(blocks.ravel()[:n].astype(np.uint32))
         return Session(
             session_id=f"row{k}",
             start_s=float(self.start_s[k]),

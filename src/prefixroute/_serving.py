@@ -2,7 +2,9 @@
 
 One place sets the server options both must agree on: ``handler_cancellation`` on (a client
 that disconnects cancels its handler, in tests and in production alike), no access log (it
-would hold request lines), and a graceful shutdown timeout.
+would hold request lines), and a graceful shutdown timeout. :class:`Served` is the lifecycle the
+in-process servers share: ``start``/``stop``, ``async with`` (:class:`StartStop`), and a ``url``
+once started.
 """
 
 from __future__ import annotations
@@ -11,9 +13,45 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Coroutine
-from typing import Any
+from types import TracebackType
+from typing import Any, ClassVar, Self
 
 from aiohttp import web
+
+from prefixroute.core import ConfigError
+
+
+class StartStop:
+    """``start``/``stop``, and ``async with`` for them."""
+
+    async def start(self) -> Any:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+class Served(StartStop):
+    """One listening server: ``url`` raises a clear error until it started."""
+
+    served_name: ClassVar[str]  # what the error calls it: "the gateway is not started"
+    _url: str | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:8000`` (available once started)."""
+        if self._url is None:
+            raise ConfigError(f"the {self.served_name} is not started")
+        return self._url
 
 
 async def listen(

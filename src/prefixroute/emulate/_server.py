@@ -12,31 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from types import TracebackType
 
 from aiohttp import web
 
-from prefixroute._serving import listen
+from prefixroute._serving import Served, StartStop, listen
 from prefixroute.core import ConfigError
 from prefixroute.emulate._app import ENGINE, EVENTS, build_app
 from prefixroute.emulate._config import EmulatorConfig
 
 
-class EmulatedReplica:
+class EmulatedReplica(Served):
     """One emulated vLLM-like replica served by aiohttp in this process."""
+
+    served_name = "emulated replica"
 
     def __init__(self, config: EmulatorConfig | None = None) -> None:
         self.config = config or EmulatorConfig()
         self.app = build_app(self.config)
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
-
-    @property
-    def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:53211`` (available once started)."""
-        if self._url is None:
-            raise ConfigError("the emulated replica is not started")
-        return self._url
 
     @property
     def running(self) -> bool:
@@ -85,17 +79,8 @@ class EmulatedReplica:
         await asyncio.sleep(0)
         await runner.cleanup()
 
-    async def __aenter__(self) -> EmulatedReplica:
-        await self.start()
-        return self
 
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
-
-
-class EmulatedCluster:
+class EmulatedCluster(StartStop):
     """``n`` emulated replicas sharing one configuration (ports are picked per replica)."""
 
     def __init__(self, n: int, config: EmulatorConfig | None = None) -> None:
@@ -131,15 +116,6 @@ class EmulatedCluster:
 
     async def stop(self) -> None:
         await asyncio.gather(*(r.stop() for r in self.replicas))
-
-    async def __aenter__(self) -> EmulatedCluster:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
 
 async def start_replicas(n: int, config: EmulatorConfig | None = None) -> EmulatedCluster:

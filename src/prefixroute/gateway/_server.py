@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import TracebackType
 
 from aiohttp import web
 
-from prefixroute._serving import listen
-from prefixroute.core import ConfigError, ReplicaId, Router
+from prefixroute._serving import Served, listen
+from prefixroute.core import ReplicaId, Router
 from prefixroute.events import EventSubscriber
 from prefixroute.gateway._admin import build_admin_app
 from prefixroute.gateway._app import build_app
@@ -18,7 +17,7 @@ from prefixroute.gateway._state import STATE
 from prefixroute.gateway._tokenize import PromptTokenizer
 
 
-class Gateway:
+class Gateway(Served):
     """The gateway app served by aiohttp in this process.
 
     ``handler_cancellation`` is on, in tests and in production alike: a client that disconnects
@@ -31,6 +30,8 @@ class Gateway:
     With ``admin_port`` the admin API listens on an address of its own.
     """
 
+    served_name = "gateway"
+
     def __init__(
         self, config: GatewayConfig | None = None, *, tokenizer: PromptTokenizer | None = None
     ) -> None:
@@ -40,13 +41,6 @@ class Gateway:
         self._url: str | None = None
         self._admin_runner: web.AppRunner | None = None
         self._admin_url: str | None = None
-
-    @property
-    def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:8000`` (available once started)."""
-        if self._url is None:
-            raise ConfigError("the gateway is not started")
-        return self._url
 
     @property
     def admin_url(self) -> str:
@@ -101,12 +95,3 @@ class Gateway:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
-
-    async def __aenter__(self) -> Gateway:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()

@@ -1,7 +1,7 @@
 """Several gateway instances behind a round-robin balancer: cache hit rate and TTFT with and
 without sharing decisions through Redis (``--sync-redis``). About three minutes.
 
-``.venv/bin/python benchmarks/multi_instance.py [--sessions N] [--time-scale S]``
+``.venv/bin/python benchmarks/multi_instance.py [--precise] [--seed N] [--sessions N]``
 
 Setup, all on 127.0.0.1: four emulated replicas; one or three gateways in front of them (the
 default policy and settings, seed included, as a user would deploy identical instances); and in
@@ -11,7 +11,10 @@ Consecutive turns of a conversation therefore reach different instances. The cli
 ``prefixroute bench`` replayer on the multi-turn workload, pointed at the balancer in every row,
 so each row pays the same extra hop.
 
-The sharing rows run with and without counting the other instances' requests in each load view
+``--precise``: the engines publish KV events and every instance follows all of them, with the
+emulated replicas' tokenizer on the gateways (token-exact keys); the rows are one instance, three
+without Redis and three with it (speculative entries and load shared). Otherwise the sharing
+rows run with and without counting the other instances' requests in each load view
 (``RouteSync.share_load``), so the last two rows say what sharing load adds to sharing index
 entries. Hit rate = cached prompt tokens / prompt tokens, both as the emulated replicas report
 them in each response's usage. TTFT is the replayer's, through the front and the gateways, in
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import math
 import shutil
@@ -39,7 +43,9 @@ import numpy as np
 from aiohttp import web
 
 from prefixroute.bench import ReplayConfig, replay
-from prefixroute.emulate import EmulatorConfig, start_replicas
+from prefixroute.core import ReplicaId
+from prefixroute.emulate import EmulatedTokenizer, EmulatorConfig, start_replicas
+from prefixroute.events import StreamState
 from prefixroute.gateway import Gateway, GatewayConfig
 from prefixroute.gateway._sync import RouteSync
 from prefixroute.sim.replica import ReplicaConfig
@@ -135,6 +141,17 @@ async def sync_connected(url: str) -> bool:
         return "prefixroute_sync_connected 1.0" in await resp.text()
 
 
+async def events_live(urls: list[str], gateways: list[Gateway]) -> None:
+    """Reset each replica until every instance's stream from it is live (connected, in step)."""
+    async with aiohttp.ClientSession() as http:
+        for url in urls:
+            rid = ReplicaId(url)
+            while any(gw.event_streams[rid].state is not StreamState.LIVE for gw in gateways):
+                async with http.post(url + "/reset_prefix_cache") as resp:
+                    await resp.read()
+                await asyncio.sleep(0.01)
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
     hit_rate: float  # cached / prompt tokens, as the replicas reported them
@@ -144,20 +161,32 @@ class Row:
     errors: int
 
 
-async def run_row(workload: Workload, instances: int, sync: str | None, time_scale: float) -> Row:
+async def run_row(
+    workload: Workload, instances: int, sync: str | None, time_scale: float, precise: bool
+) -> Row:
     """One setup: ``instances`` gateways behind the round-robin front."""
-    engine = ReplicaConfig(kv_capacity_blocks=KV_TOKENS // workload.block_size,
-                           block_size=workload.block_size)  # fmt: skip
+    bs = workload.block_size
+    engine = ReplicaConfig(kv_capacity_blocks=KV_TOKENS // bs, block_size=bs)
+    events = "bind:tcp://127.0.0.1:*" if precise else None  # each engine binds its publisher
     async with AsyncExitStack() as stack:
-        cluster = await start_replicas(REPLICAS, EmulatorConfig(engine, time_scale=time_scale))
+        cluster = await start_replicas(
+            REPLICAS, EmulatorConfig(engine, time_scale=time_scale, kv_events=events)
+        )
         stack.push_async_callback(cluster.stop)
         gateways = []
         for _ in range(instances):
             cfg = GatewayConfig(port=0, replicas=tuple(cluster.urls), sync_redis=sync)
-            gateways.append(await stack.enter_async_context(Gateway(cfg)))
+            tokenizer = None
+            if precise:  # every instance connects to every engine's events
+                specs = tuple(f"{r.url}=connect:{r.kv_events_address}" for r in cluster.replicas)
+                cfg = dataclasses.replace(cfg, kv_events=specs, kv_block_size=bs)
+                tokenizer = EmulatedTokenizer()
+            gateways.append(await stack.enter_async_context(Gateway(cfg, tokenizer=tokenizer)))
         if sync is not None:  # every instance subscribed before the first request
             while not all([await sync_connected(gw.url) for gw in gateways]):
                 await asyncio.sleep(0.01)
+        if precise:
+            await events_live(cluster.urls, gateways)
         front = RoundRobinFront([gw.url for gw in gateways])
         await front.start()
         stack.push_async_callback(front.stop)
@@ -176,14 +205,22 @@ async def main_async(args: argparse.Namespace) -> None:
     workload = make_workload("multi-turn", args.seed, overrides)
     redis = RedisProcess()
     try:
-        rows = [
-            ("1 instance (baseline)", 1, None, True),
-            ("3 instances, no sharing", 3, None, True),
-            ("3 instances, Redis sharing of index entries only", 3, redis.url, False),
-            ("3 instances, Redis sharing (index and load)", 3, redis.url, True),
-        ]
+        if args.precise:  # the index from the engines' events; Redis adds speculative + load
+            rows = [
+                ("1 instance, precise (baseline)", 1, None, True),
+                ("3 instances, precise, no Redis", 3, None, True),
+                ("3 instances, precise, Redis (speculative entries and load)", 3, redis.url, True),
+            ]
+        else:
+            rows = [
+                ("1 instance (baseline)", 1, None, True),
+                ("3 instances, no sharing", 3, None, True),
+                ("3 instances, Redis sharing of index entries only", 3, redis.url, False),
+                ("3 instances, Redis sharing (index and load)", 3, redis.url, True),
+            ]
+        mode = "precise mode" if args.precise else "approximate mode"
         print(f"multi-turn: {workload.num_requests} requests in {args.sessions} conversations, "
-              f"{REPLICAS} emulated replicas, time scale {args.time_scale}")  # fmt: skip
+              f"{REPLICAS} emulated replicas, time scale {args.time_scale}, {mode}")  # fmt: skip
         print("| setup | hit rate | vs 1 instance (points) | TTFT p50 ms | TTFT p99 ms "
               "| requests | errors | wall s |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|")
@@ -191,7 +228,7 @@ async def main_async(args: argparse.Namespace) -> None:
         for label, n, sync, share_load in rows:
             t = time.perf_counter()
             RouteSync.share_load = share_load  # the ablation: the same sync, load not counted
-            row = await run_row(workload, n, sync, args.time_scale)
+            row = await run_row(workload, n, sync, args.time_scale, args.precise)
             base = row.hit_rate if base is None else base
             print(f"| {label} | {row.hit_rate:.1%} | {(row.hit_rate - base) * 100:+.1f} | "
                   f"{row.ttft_p50_ms:.0f} | {row.ttft_p99_ms:.0f} | {row.requests} | "
@@ -206,6 +243,9 @@ def main() -> None:
     p.add_argument("--think-s", type=float, default=5.0, help="mean think time, workload s")
     p.add_argument("--time-scale", type=float, default=0.2, help="wall s per workload s")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--precise", action="store_true", help="precise mode: engines publish KV events"
+    )
     asyncio.run(main_async(p.parse_args()))
 
 

@@ -1,8 +1,7 @@
 """Fake replicas for gateway tests: a handler function behind a real socket (no patching).
 
 ``FakeReplica`` serves whatever its handler returns and records the requests it saw.
-``SilentReplica`` accepts TCP connections, reads, and never answers. ``WordTokenizer`` is the
-emulated replicas' tokenizer as a gateway tokenizer (token-exact keys without model files).
+``SilentReplica`` accepts TCP connections, reads, and never answers.
 """
 
 from __future__ import annotations
@@ -10,13 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
-
-from prefixroute.emulate import render_chat, tokenize
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -133,16 +129,3 @@ class SilentReplica:
             self._server.close()
             await self._server.wait_closed()
 
-
-class WordTokenizer:
-    """The emulated replicas' own tokenizer and chat template, as a gateway tokenizer: the
-    gateway then keys requests by exactly the token ids the replicas compute."""
-
-    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return tokenize(text)
-
-    def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_special_tokens: bool = False
-    ) -> list[int]:
-        pairs = ((str(m["role"]), str(m.get("content") or "")) for m in messages)
-        return tokenize(render_chat(pairs))

@@ -1,7 +1,7 @@
 """Precise mode end to end: emulated replicas publish KV events; the gateway follows them.
 
 Each replica publishes its cache changes in vLLM's wire format; the gateway subscribes (in either
-direction), keys requests by the replicas' own token ids (``WordTokenizer``) and routes on what
+direction), keys requests by the replicas' own token ids (``EmulatedTokenizer``) and routes on what
 the events say. Emulated replicas hash blocks with another seed than the gateway, so nothing
 depends on the engine's hashes, only on the token ids the events carry.
 """
@@ -18,12 +18,11 @@ import aiohttp
 import pytest
 
 from prefixroute.core import ConfigError, ReplicaId
-from prefixroute.emulate import EmulatedReplica, EmulatorConfig
+from prefixroute.emulate import EmulatedReplica, EmulatedTokenizer, EmulatorConfig
 from prefixroute.events import StreamState
 from prefixroute.gateway import Gateway, GatewayConfig, load_toml
 from prefixroute.sim.replica import ReplicaConfig
 
-from .fakes import WordTokenizer
 from .helpers import ClusterFactory, GatewayFactory, Reply, send
 
 BS = 16  # the replicas' KV block size, tokens
@@ -74,7 +73,7 @@ async def precise_cluster(
         [r.url for r in replicas],
         kv_events=tuple(specs),
         kv_block_size=BS,
-        tokenizer_object=WordTokenizer(),
+        tokenizer_object=EmulatedTokenizer(),
         **settings,
     )
     # Reset each replica until its AllBlocksCleared gets through: connected, and in step.
@@ -170,7 +169,7 @@ async def test_precise_mode_needs_a_tokenizer_and_known_replicas() -> None:
     with pytest.raises(ConfigError, match="not a configured replica"):
         Gateway(
             GatewayConfig(replicas=(url,), kv_events=("http://other:1=bind:tcp://127.0.0.1:*",)),
-            tokenizer=WordTokenizer(),
+            tokenizer=EmulatedTokenizer(),
         )
     with pytest.raises(ConfigError):
         GatewayConfig(replicas=(url,), kv_events=("no-equals-sign",))

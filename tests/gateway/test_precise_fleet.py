@@ -15,10 +15,10 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from prefixroute.core import ReplicaId
+from prefixroute.emulate import EmulatedTokenizer
 from prefixroute.events import StreamState
 from prefixroute.gateway import Gateway
 
-from .fakes import WordTokenizer
 from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, send
 from .redis_server import RedisServer
 from .test_precise import BS, TURNS, batches, metric, metrics, replica_config, until
@@ -41,7 +41,7 @@ async def precise_fleet(
     gws = [
         await make_gateway(
             [r.url for r in replicas], kv_events=specs, kv_block_size=BS, seed=i,
-            tokenizer_object=WordTokenizer(), **STEADY, **settings,
+            tokenizer_object=EmulatedTokenizer(), **STEADY, **settings,
         )  # fmt: skip
         for i in range(instances)
     ]

@@ -12,13 +12,12 @@ import aiohttp
 import pytest
 
 from prefixroute.core import ConfigError
-from prefixroute.emulate import EmulatorConfig
+from prefixroute.emulate import EmulatedTokenizer, EmulatorConfig
 from prefixroute.gateway import HFTokenizer
 from prefixroute.gateway._requests import Endpoint, route_key
 from prefixroute.gateway._tokenize import TokenizerPool
 from prefixroute.sim.replica import ReplicaConfig
 
-from .fakes import WordTokenizer
 from .helpers import ClusterFactory, GatewayFactory, send
 
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny-tokenizer"  # the real-vLLM model's
@@ -82,14 +81,14 @@ class Failing:
 async def test_the_pool_replaces_text_with_tokens_or_falls_back() -> None:
     costs: list[float] = []
     failures: list[int] = []
-    pool = TokenizerPool(WordTokenizer(), 1, costs.append, lambda: failures.append(1))
+    pool = TokenizerPool(EmulatedTokenizer(), 1, costs.append, lambda: failures.append(1))
     bad = TokenizerPool(Failing(), 1, costs.append, lambda: failures.append(1))
     try:
         key = route_key(Endpoint.COMPLETIONS, b'{"prompt": "a b c"}')
         keyed = await pool.key(key)
-        assert keyed.tokens == WordTokenizer().encode_prompt("a b c") and keyed.text is None
+        assert keyed.tokens == EmulatedTokenizer().encode_prompt("a b c") and keyed.text is None
         chat = route_key(Endpoint.CHAT, b'{"messages": [{"role": "user", "content": "a"}]}')
-        assert (await pool.key(chat)).tokens == WordTokenizer().encode_chat(
+        assert (await pool.key(chat)).tokens == EmulatedTokenizer().encode_chat(
             [{"role": "user", "content": "a"}]
         )
         ids = route_key(Endpoint.COMPLETIONS, b'{"prompt": [1, 2, 3]}')
@@ -110,7 +109,7 @@ async def test_with_a_tokenizer_approximate_predictions_are_token_exact(
     """Without events but with the replicas' tokenizer, the router's own picture predicts the
     replicas' cached tokens exactly (blocks of the engine's size, the last token recomputed)."""
     cluster = await make_cluster(3, EmulatorConfig(ReplicaConfig(block_size=16), time_scale=0.01))
-    gw = await make_gateway(cluster.urls, kv_block_size=16, tokenizer_object=WordTokenizer())
+    gw = await make_gateway(cluster.urls, kv_block_size=16, tokenizer_object=EmulatedTokenizer())
     cached = []
     for n in (100, 150, 200):
         body = {"model": "emulated", "prompt": " ".join(f"w{i}" for i in range(n)), "max_tokens": 2}

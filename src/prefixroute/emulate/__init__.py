@@ -22,7 +22,7 @@ from prefixroute.emulate._engine import ABORTED, FINISHED, EngineLoop, EngineSto
 from prefixroute.emulate._errors import EmulateError
 from prefixroute.emulate._openai import Endpoint, ParsedRequest, parse_request
 from prefixroute.emulate._server import EmulatedCluster, EmulatedReplica, start_replicas
-from prefixroute.emulate._tokenizer import count_tokens, render_chat, tokenize
+from prefixroute.emulate._tokenizer import EmulatedTokenizer, count_tokens, render_chat, tokenize
 
 __all__ = [
     "ABORTED",
@@ -30,6 +30,7 @@ __all__ = [
     "EmulatedCluster",
     "EmulateError",
     "EmulatedReplica",
+    "EmulatedTokenizer",
     "EmulatorConfig",
     "Endpoint",
     "EngineLoop",

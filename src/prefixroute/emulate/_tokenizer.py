@@ -17,7 +17,8 @@ previous prompt (which ended with the bare ``<|assistant|>`` generation marker) 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import xxhash
 
@@ -73,3 +74,18 @@ def render_chat(messages: Iterable[tuple[str, str]]) -> str:
     parts = [f"<|{role}|> {text} <|end|>\n" for role, text in messages]
     parts.append("<|assistant|>")
     return "".join(parts)
+
+
+class EmulatedTokenizer:
+    """This tokenizer and chat template as a gateway tokenizer (``Gateway(..., tokenizer=)``):
+    the gateway then keys requests by exactly the token ids the emulated replicas compute, as
+    it would with a real model's tokenizer in front of vLLM (precise mode, token mode)."""
+
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return tokenize(text)
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_special_tokens: bool = False
+    ) -> list[int]:
+        pairs = ((str(m["role"]), str(m.get("content") or "")) for m in messages)
+        return tokenize(render_chat(pairs))

@@ -33,7 +33,7 @@ class Alive:
         self.now -= 1
 
 
-def source(n: int, alive: Alive, gap_s: float = 0.05) -> SessionSource:
+def source(n: int, alive: Alive, gap_s: float = 0.05, chunk: int = 16) -> SessionSource:
     """``n`` one-turn sessions, ``gap_s`` apart, sharing a 256-token head."""
     head = np.arange(256, dtype=np.uint32)
 
@@ -42,7 +42,7 @@ def source(n: int, alive: Alive, gap_s: float = 0.05) -> SessionSource:
         alive.track(tokens)
         return Session(f"s{i}", i * gap_s, [Turn(tokens=tokens, output_tokens=4)])
 
-    return SessionSource(n, build, n)
+    return SessionSource(n, build, n, chunk)
 
 
 def test_a_source_reads_like_a_list() -> None:
@@ -54,6 +54,9 @@ def test_a_source_reads_like_a_list() -> None:
     assert [s.start_s for s in src] == pytest.approx([i * 0.05 for i in range(10)])
     with pytest.raises(IndexError):
         src[10]
+    for chunk in (1, 3, 10, 64):  # iterated a chunk at a time: the same sessions, in order
+        ids = [s.session_id for s in source(10, alive, chunk=chunk)]
+        assert ids == [f"s{i}" for i in range(10)]
     w = Workload("w", src)
     assert w.num_requests == 10
     assert [s.session_id for s in w.by_start()] == [f"s{i}" for i in range(10)]
@@ -66,8 +69,8 @@ def test_the_simulator_holds_only_the_sessions_in_flight() -> None:
     assert len(result.records) == 2_000 and all(r.finish_s is not None for r in result.records)
     assert alive.built == 2_000
     # A list would hold all 2,000 prompts for the whole run; read on demand, only those of the
-    # requests in flight (a handful at this load) are alive at once.
-    assert alive.peak < 50, alive.peak
+    # requests in flight (a handful at this load) and of the chunk being read are alive at once.
+    assert alive.peak < 16 + 50, alive.peak
 
 
 def test_a_listed_and_a_streamed_workload_simulate_alike() -> None:

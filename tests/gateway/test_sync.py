@@ -239,6 +239,8 @@ def test_decisions_encode_compactly() -> None:
     assert len(encode_progress("me", "req-1", True)) < 16
     with pytest.raises(msgspec.DecodeError):
         decode(b"\x93\x07\xa2me\xc3")  # an unknown tag
+    with pytest.raises(msgspec.DecodeError):  # a negative size would corrupt the load view
+        decode(msgspec.msgpack.encode([0, "me", "r", b"", "q", -5, 1, 0]))
 
 
 def remote_decision(

@@ -46,6 +46,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Annotated
 
 import msgspec
 import redis.asyncio as aioredis
@@ -73,6 +74,9 @@ EXPIRE_EVERY_S = 1.0  # how often remote requests are checked for expiry, second
 _Work = Callable[["aioredis.Redis", Callable[[], None]], Awaitable[None]]
 
 
+Size = Annotated[int, msgspec.Meta(ge=0)]  # a negative size is a decode error, not load
+
+
 class Routed(msgspec.Struct, array_like=True, frozen=True, tag=0):
     """One routing decision as it travels, a msgpack array led by its tag (0)."""
 
@@ -80,9 +84,9 @@ class Routed(msgspec.Struct, array_like=True, frozen=True, tag=0):
     replica: str  # replica id (normalized base URL): instances must name replicas alike
     hashes: bytes  # the request's block hashes, little-endian uint64, root first
     request_id: str = ""  # the publisher's id for the request ("": not counted as load)
-    prompt_tokens: int = 0  # the request's sizes, for the others' load views, tokens
-    output_tokens: int = 0
-    predicted_cached_tokens: int = 0
+    prompt_tokens: Size = 0  # the request's sizes, for the others' load views, tokens
+    output_tokens: Size = 0
+    predicted_cached_tokens: Size = 0
 
     def block_hashes(self) -> list[BlockHash]:
         """The hashes as ints; ValueError unless a whole number of 8-byte hashes."""

@@ -362,8 +362,7 @@ class RouteSync:
         """
         try:
             msg = decode(payload)
-            hashes = msg.block_hashes() if isinstance(msg, Routed) else []
-        except (msgspec.DecodeError, ValueError):
+        except msgspec.DecodeError:
             self.metrics.errors.labels("decode").inc()
             return False
         if msg.instance == self.instance_id:
@@ -372,6 +371,11 @@ class RouteSync:
             if count:
                 self._progress(f"{msg.instance}/{msg.request_id}", msg.done)
             return False  # not a decision
+        try:  # only now: every instance also hears its own decisions, whose hashes it has
+            hashes = msg.block_hashes()
+        except ValueError:
+            self.metrics.errors.labels("decode").inc()
+            return False
         replica = ReplicaId(msg.replica)
         if not self.router.has_replica(replica):
             return False  # a replica we don't route to

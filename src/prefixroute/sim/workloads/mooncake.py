@@ -98,7 +98,7 @@ def build(config: MooncakeConfig, seed: int) -> Workload:
         scale = offered / span if span > 0 else 1.0
     order = np.argsort(arrival, kind="stable")
     offsets = np.arange(bt, dtype=np.int64)
-    prompts = _Prompts(ids, lengths, outputs, stride, base, bt, order, arrival * scale, offsets)
+    prompts = _Prompts(ids, lengths, outputs, stride, base, order, arrival * scale, offsets)
     return Workload(
         name="mooncake",
         sessions=SessionSource(len(order), prompts.session, len(order)),
@@ -122,15 +122,14 @@ class _Prompts:
     outputs: list[int]  # scaled output length of each row, tokens
     stride: int  # hash ids per copy
     base: int  # seeded token id base
-    block_tokens: int
     order: npt.NDArray[np.intp]  # request numbers, by arrival
     start_s: npt.NDArray[np.float64]  # arrival of each request number, seconds
-    offsets: npt.NDArray[np.int64]  # 0 .. block_tokens - 1, made once
+    offsets: npt.NDArray[np.int64]  # 0 .. tokens per hash id - 1, made once
 
     def session(self, i: int) -> Session:
         k = int(self.order[i])
         copy, row = divmod(k, len(self.ids))
-        bt, n = self.block_tokens, self.lengths[row]
+        bt, n = len(self.offsets), self.lengths[row]
         hash_ids = self.ids[row][: -(-n // bt)] + copy * self.stride  # the blocks it reaches
         # Token ids base + h*bt + 0..bt-1, modulo 2**32: the cast to uint32 wraps (ids >= 0).
         blocks = (self.base + hash_ids * bt)[:, None] + self.offsets

@@ -5,20 +5,47 @@ that disconnects cancels its handler, in tests and in production alike), no acce
 would hold request lines), and a graceful shutdown timeout. :class:`Served` is the lifecycle the
 in-process servers share: ``start``/``stop``, ``async with`` (:class:`StartStop`), and a ``url``
 once started.
+
+Answers aiohttp writes itself, below any middleware, come from :class:`_Protocol`: a request
+its parser rejects (too many headers, a huge URL, Content-Length beside Transfer-Encoding, a bad
+chunk size, a bad method, TLS on the plain port) gets an OpenAI-style JSON 4xx that never
+repeats the client's bytes, and one DEBUG line, not aiohttp's ERROR traceback per bad request
+(a client could flood the logs with them). Tracebacks of our own bugs go through
+:class:`TracebackLimiter`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
+import logging
+import math
 import signal
-from collections.abc import Coroutine
+import sys
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from http import HTTPStatus
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
+from aiohttp import http_exceptions as hx
 from aiohttp import web
+from aiohttp.http import RawRequestMessage
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from prefixroute.core import ConfigError
+
+log = logging.getLogger(__name__)
+_compact = functools.partial(json.dumps, separators=(",", ":"))
+
+REQUEST_ID_HEADER = "x-request-id"  # as the gateway's request-id middleware
+TRACEBACK_EVERY_S = 10.0  # at most one traceback per (exception type, place) this often, s
+_FRAMING = "the request's framing is invalid (Content-Length, Transfer-Encoding or chunks)"
+_LIMITER_KEYS = 1024  # places remembered; past this the table starts over (bounded memory)
 
 
 class StartStop:
@@ -54,6 +81,222 @@ class Served(StartStop):
         return self._url
 
 
+class TracebackLimiter:
+    """Logs an unexpected error's traceback at most once per ``every_s`` per (type, place).
+
+    A bug that a client can trigger at will would otherwise write a multi-KB traceback per
+    request. The first one is logged whole; the same type raised at the same line within
+    ``every_s`` is only counted, and the count rides on the next traceback logged for it.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        every_s: float = TRACEBACK_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.every_s = every_s  # seconds between two tracebacks of one kind
+        self.clock = clock
+        # (type, file, line) -> (when its last traceback was logged, s; how many since, not shown)
+        self._seen: dict[tuple[type[BaseException], str, int], tuple[float, int]] = {}
+
+    def exception(self, exc: BaseException, msg: str, *args: object) -> None:
+        """``logger.exception(msg, *args)`` for ``exc``, unless one like it was logged lately."""
+        key = (type(exc), *_place(exc))
+        now = self.clock()
+        logged_at, suppressed = self._seen.get(key, (-math.inf, 0))
+        if now - logged_at < self.every_s:
+            self._seen[key] = (logged_at, suppressed + 1)
+            return
+        if len(self._seen) >= _LIMITER_KEYS:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        if suppressed:
+            msg += f" ({suppressed} more like it since the last one, not shown)"
+        self.logger.error(msg, *args, exc_info=exc)
+
+
+def _place(exc: BaseException) -> tuple[str, int]:
+    """Where ``exc`` was raised: the innermost frame's file and line."""
+    tb = exc.__traceback__
+    if tb is None:
+        return "", 0
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename, tb.tb_lineno
+
+
+def parse_error(status: int, exc: BaseException | None) -> tuple[int, str]:
+    """The status and our own words for a request aiohttp could not parse or handle.
+
+    aiohttp's messages quote the offending bytes, so none of them is passed on. It raises one
+    class (``LineTooLong``) for a long request line and a long header; the quoted line tells
+    them apart: a request target starts with ``/`` (or is absolute, or ``*``), possibly after
+    the method (aiohttp's pure-Python parser quotes the whole request line).
+    """
+    if isinstance(exc, hx.LineTooLong):
+        line = exc.args[0] if exc.args else b""
+        head = (
+            bytes(line).lstrip(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ ")
+            if isinstance(line, bytes | bytearray)
+            else b""
+        )
+        limit = exc.args[1] if len(exc.args) > 1 else "the limit"
+        if head.startswith((b"/", b"http://", b"https://", b"*")):
+            return 414, f"the request line is longer than {limit} bytes"
+        return 431, f"a header field is longer than {limit} bytes"
+    if isinstance(exc, hx.BadHttpMethod):
+        return 400, "the request method is not valid HTTP (TLS sent to a plain HTTP port?)"
+    if isinstance(exc, hx.BadStatusLine):
+        return 400, "the request line is malformed"
+    if isinstance(exc, hx.InvalidHeader):
+        return 400, "a header is malformed"
+    if isinstance(exc, hx.InvalidURLError):
+        return 400, "the request target is not a valid URL"
+    if isinstance(exc, hx.PayloadEncodingError):
+        return 400, _FRAMING
+    if isinstance(exc, hx.HttpProcessingError):
+        text = exc.message if isinstance(exc.message, str) else ""
+        if "Too many headers" in text:
+            return 431, "the request has too many header fields"
+        if any(word in text for word in ("Content-Length", "Transfer-Encoding", "chunk")):
+            return 400, _FRAMING
+        code = exc.code if 400 <= exc.code < 500 else 400
+        return code, "the request is not valid HTTP/1.1"
+    if status == HTTPStatus.INTERNAL_SERVER_ERROR:
+        return status, "internal error"
+    try:
+        return status, HTTPStatus(status).phrase.lower()
+    except ValueError:
+        return status, "error"
+
+
+def json_error(status: int, message: str) -> web.Response:
+    """An OpenAI-style error body (``code`` is the status)."""
+    kind = "invalid_request_error" if status < 500 else "internal_error"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(body, status=status, dumps=_compact)
+
+
+class _Protocol(RequestHandler):
+    """aiohttp's connection handler with JSON error answers and quiet client faults.
+
+    ``closing()`` true (the gateway is draining) makes every answer close its connection
+    (``Connection: close``), so clients reconnect elsewhere instead of reusing this one.
+    """
+
+    __slots__ = ("_closing", "_tracebacks")
+
+    def __init__(
+        self,
+        manager: web.Server,
+        *,
+        closing: Callable[[], bool] | None,
+        tracebacks: TracebackLimiter,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(manager, **kwargs)
+        self._closing = closing
+        self._tracebacks = tracebacks
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        status, text = parse_error(status, exc)
+        rid = uuid.uuid4().hex  # every answer carries a request id, this one too
+        if status >= 500 and exc is not None and not isinstance(exc, asyncio.TimeoutError):
+            self._tracebacks.exception(exc, "%s: error handling a request from %s", rid,
+                                       request.remote)  # fmt: skip
+        elif status >= 500:
+            log.warning("%s: request from %s failed: %d %s", rid, request.remote, status, text)
+        else:  # the client's fault: one line, and only when asked for (-v)
+            log.debug("%s: bad request from %s: %d %s", rid, request.remote, status, text)
+        if request.writer.output_size > 0:  # as aiohttp: too late for an answer
+            raise ConnectionError("the response started already; cannot send an error")
+        resp = json_error(status, text)
+        resp.headers[REQUEST_ID_HEADER] = rid
+        resp.force_close()
+        return resp
+
+    def data_received(self, data: bytes) -> None:
+        """aiohttp answers a framing error in a body being read (a bad chunk size) only after
+        that request, whose handler meanwhile waits for the rest of the body (until its
+        timeout). Fail the body at once instead (the handler answers 400), and close after."""
+        queued = len(self._messages)
+        super().data_received(data)
+        request = self._current_request
+        if request is None or len(self._messages) == queued:
+            return
+        # A parse error while this request's body is unfinished is an error in that body.
+        if not isinstance(self._messages[-1][0], RawRequestMessage) and not (
+            request.content.is_eof()
+        ):
+            request.content.set_exception(web.RequestPayloadError(_FRAMING))
+            self.close()  # the queued error answer is dropped with the connection
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp's own tracebacks (a handler returning no response): rate-limited."""
+        exc = kw.get("exc_info")
+        if not isinstance(exc, BaseException):
+            exc = sys.exc_info()[1]
+        if exc is None:
+            log.error(*args)
+        else:
+            self._tracebacks.exception(exc, *args)
+
+    async def finish_response(
+        self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        if self._closing is not None and self._closing():
+            resp.force_close()  # before prepare: the headers say Connection: close
+        return await super().finish_response(request, resp, start_time)
+
+
+class _Server(web.Server):
+    """aiohttp's low-level server, making :class:`_Protocol` connections."""
+
+    def __init__(
+        self, base: web.Server, closing: Callable[[], bool] | None, tracebacks: TracebackLimiter
+    ) -> None:
+        super().__init__(
+            base.request_handler,
+            request_factory=base.request_factory,
+            handler_cancellation=base.handler_cancellation,
+            loop=base._loop,
+            **base._kwargs,
+        )
+        self._closing = closing
+        self._tracebacks = tracebacks
+
+    def __call__(self) -> RequestHandler:
+        return _Protocol(
+            self,
+            loop=self._loop,
+            closing=self._closing,
+            tracebacks=self._tracebacks,
+            **self._kwargs,
+        )
+
+
+class _Runner(web.AppRunner):
+    """``AppRunner`` whose server is a :class:`_Server`."""
+
+    def __init__(
+        self, app: web.Application, closing: Callable[[], bool] | None, **kwargs: Any
+    ) -> None:
+        super().__init__(app, **kwargs)
+        self._closing = closing
+
+    async def _make_server(self) -> web.Server:
+        base = await super()._make_server()  # startup signals, then the app's handler args
+        return _Server(base, self._closing, TracebackLimiter(log))
+
+
 async def listen(
     app: web.Application,
     host: str,
@@ -61,13 +304,20 @@ async def listen(
     *,
     shutdown_timeout_s: float,
     keepalive_timeout_s: float | None = None,
+    closing: Callable[[], bool] | None = None,
 ) -> tuple[web.AppRunner, str]:
-    """Bind ``app`` on ``host:port`` (0 picks a free port); returns the runner and base URL."""
+    """Bind ``app`` on ``host:port`` (0 picks a free port); returns the runner and base URL.
+
+    ``runner.cleanup()`` can take up to twice ``shutdown_timeout_s``: aiohttp first waits that
+    long for each connection's handler, then cancels it and waits that long again. ``closing``:
+    while it returns true, each answer closes its connection.
+    """
     extra: dict[str, Any] = {}
     if keepalive_timeout_s is not None:
         extra["keepalive_timeout"] = keepalive_timeout_s
-    runner = web.AppRunner(
+    runner = _Runner(
         app,
+        closing,
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=shutdown_timeout_s,

@@ -21,6 +21,7 @@ from prefixroute.gateway import CONFIG_HELP, Gateway, GatewayConfig, build_confi
 log = logging.getLogger("prefixroute.gateway")
 
 TOKEN_ENV = "PREFIXROUTE_ADMIN_TOKEN"
+UPSTREAM_KEY_ENV = "PREFIXROUTE_UPSTREAM_API_KEY"
 
 
 def add_parser(subparsers: Any) -> None:
@@ -43,7 +44,21 @@ def add_parser(subparsers: Any) -> None:
         "--policy", choices=policy_names(), help=f"routing policy (default {DEFAULT_POLICY})"
     )
     p.add_argument("--config", metavar="FILE", help="TOML config file")
-    p.add_argument("--admin-token", help=f"bearer token of /admin/* (or ${TOKEN_ENV})")
+    token = p.add_mutually_exclusive_group()
+    token.add_argument(
+        "--admin-token-file",
+        metavar="PATH",
+        help=f"file holding the bearer token of /admin/* (or ${TOKEN_ENV})",
+    )
+    token.add_argument(
+        "--admin-token",
+        help="the token itself: avoid, every local user can read it in ps and /proc",
+    )
+    p.add_argument(
+        "--upstream-api-key-file",
+        metavar="PATH",
+        help=f"file holding the key sent to the replicas (or ${UPSTREAM_KEY_ENV})",
+    )
     p.add_argument("--admin-host", help="address of the admin listener (with --admin-port)")
     p.add_argument(
         "--admin-port", type=int, help="serve /admin/* on this port only, not on --port"
@@ -123,8 +138,21 @@ def add_parser(subparsers: Any) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    """Flags, then the environment, then the config file. Secrets come from files or the
+    environment: the command line is visible to every local user (``/proc/PID/cmdline``)."""
     file_settings = load_toml(args.config) if args.config else {}
-    token = args.admin_token or os.environ.get(TOKEN_ENV) or None
+    token = args.admin_token
+    if token is not None:
+        log.warning(
+            "--admin-token is visible to every local user in ps and /proc/PID/cmdline; "
+            "use --admin-token-file or $%s",
+            TOKEN_ENV,
+        )
+    elif args.admin_token_file is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    upstream_key = None
+    if args.upstream_api_key_file is None:
+        upstream_key = os.environ.get(UPSTREAM_KEY_ENV) or None
     return build_config(
         file_settings,
         host=args.host,
@@ -132,6 +160,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         replicas=args.replicas,
         policy=args.policy,
         admin_token=token,
+        admin_token_file=args.admin_token_file,
+        upstream_api_key=upstream_key,
+        upstream_api_key_file=args.upstream_api_key_file,
         block_chars=args.block_chars,
         max_body_bytes=args.max_body_bytes,
         max_in_flight=args.max_in_flight,
@@ -182,8 +213,7 @@ async def _serve(config: GatewayConfig, emulate: int, time_scale: float) -> None
         if config.admin_port is not None:
             log.info("admin API on its own listener: %s", gateway.admin_url)
         await wait_for_signal()
-        log.info("draining in-flight requests (up to %.0f s)", config.shutdown_timeout_s)
     finally:
-        await gateway.stop()
+        await gateway.stop()  # drains up to shutdown_timeout_s, then cuts; logs both
         if cluster is not None:
             await cluster.stop()

@@ -15,9 +15,11 @@ from prefixroute.sim.replica import ReplicaConfig
 
 # Block size 1 makes cache counts token-exact; time runs 100x faster than real time.
 FAST_REPLICA = EmulatorConfig(ReplicaConfig(block_size=1), time_scale=0.01)
-# Fast health checking so ejection and readmission take tens of milliseconds.
+# Fast health checking so ejection and readmission take tens of milliseconds. Replicas are
+# named by URL in the answers' headers, so tests can tell which fake served them.
 FAST_GATEWAY = GatewayConfig(
     port=0,
+    expose_replica_urls=True,
     health_interval_s=0.05,
     health_timeout_s=0.2,
     eject_s=0.1,

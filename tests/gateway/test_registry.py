@@ -83,3 +83,69 @@ def test_remove_and_re_add_with_requests_in_flight() -> None:
     reg.add(A)  # back while "r1" still runs: its completion must not touch the new load
     reg.router.complete("r1", 1.0)
     assert reg.in_flight(a) == 0
+
+
+def test_an_error_rate_far_above_its_peers_takes_a_replica_out() -> None:
+    """Errors no retry judged count only in the error rate: a replica is out once its rate,
+    over at least OUTLIER_MIN_REQUESTS answers, stands OUTLIER_MARGIN above its peers'."""
+    from prefixroute.gateway._registry import OUTLIER_MIN_REQUESTS
+
+    reg = _registry()
+    a, b = ReplicaId(A), ReplicaId(B)
+    for i in range(OUTLIER_MIN_REQUESTS):
+        reg.record_success(b, now=float(i))
+    for i in range(OUTLIER_MIN_REQUESTS - 1):
+        reg.record_error(a, now=float(i))
+    assert reg.get(a).healthy  # too few answers to judge
+    assert reg.get(a).failures == 0  # errors are not consecutive failures
+    reg.record_error(a, now=20.0)
+    assert not reg.get(a).healthy
+
+
+def test_errors_shared_with_the_peers_take_no_replica_out() -> None:
+    """Every replica failing the same share of requests (client garbage) is not an outlier."""
+    reg = _registry()
+    a, b = ReplicaId(A), ReplicaId(B)
+    for i in range(100):
+        for rid in (a, b):
+            if i % 2:
+                reg.record_error(rid, now=float(i) / 10)
+            else:
+                reg.record_success(rid, now=float(i) / 10)
+    assert reg.get(a).healthy and reg.get(b).healthy
+
+
+def test_old_errors_leave_the_window() -> None:
+    from prefixroute.gateway._registry import OUTLIER_MIN_REQUESTS, OUTLIER_WINDOW_S
+
+    reg = _registry()
+    a, b = ReplicaId(A), ReplicaId(B)
+    for _ in range(OUTLIER_MIN_REQUESTS - 1):
+        reg.record_error(a, now=0.0)
+    reg.record_success(b, now=0.0)
+    reg.record_error(a, now=OUTLIER_WINDOW_S + 1)  # the others are too old to count
+    assert reg.get(a).healthy
+
+
+def test_requests_waiting_on_a_replica_hear_when_it_is_taken_out() -> None:
+    reg = _registry()
+    a = ReplicaId(A)
+    heard: list[str] = []
+    reg.on_ejected(a, lambda: heard.append("first"))
+    cancel = reg.on_ejected(a, lambda: heard.append("cancelled"))
+    cancel()
+    reg.record_failure(a, 0.0, "x")
+    assert heard == []  # one failure of two: still in
+    reg.record_failure(a, 0.0, "x")
+    assert heard == ["first"]
+
+
+def test_replicas_have_stable_opaque_names() -> None:
+    from prefixroute.gateway._registry import replica_name
+
+    reg = _registry()
+    record = reg.get(ReplicaId(A))
+    assert record.name == replica_name(ReplicaId(A)) and record.name.startswith("r-")
+    assert "a:1" not in record.name
+    assert reg.public_name(ReplicaId(A)) == record.name
+    assert _registry(expose_replica_urls=True).public_name(ReplicaId(A)) == A

@@ -1,9 +1,11 @@
 """The gateway application: OpenAI endpoints in front of replicas, routed by one Router.
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (routed on the prompt or the
-messages), ``GET /v1/models`` (the union of the replicas' models), any other ``/v1/*`` (passed
-to a replica chosen on load alone), ``GET /health``, ``GET /metrics`` and, with an admin token,
-``/admin/replicas``.
+messages), ``GET /v1/models`` (the union of the replicas' models), the allowlisted passthrough
+paths of ``_paths`` (``/v1/embeddings``: passed to a replica chosen on load alone), ``GET
+/health``, ``GET /metrics``, ``GET /openapi.json`` and, with an admin token,
+``/admin/replicas``. Every other path is a 404 that reaches no replica, and a replica only ever
+gets the route's own path (``_paths.upstream_target``), never the client's raw one.
 
 A handler does four things: parse (``_requests``, and ``_tokenize`` with a tokenizer), ask the
 core and proxy (``_proxy``), and the accounting rides on the router's dispatch / first token /
@@ -15,13 +17,16 @@ decisions (approximate). ``--tokenizer`` keys them on the engine's token ids in 
 events (``_precise``) and covers fresh decisions with speculative entries. ``--sync-redis``
 shares approximate-mode decisions with other instances (``_sync``). One ``ClientSession``
 lives in ``cleanup_ctx`` with explicit timeouts: connect, and ``sock_read`` (the longest silence
-between two upstream reads) but no total, which would cut long streams. On shutdown aiohttp stops
-accepting, the gateway refuses new requests on open connections, in-flight requests finish
-(up to ``shutdown_timeout_s``), and only then is the session closed.
+between two upstream reads) but no total, which would cut long streams. On shutdown
+(``Gateway.stop``) the listener keeps accepting and answers new requests with a 503 and
+``Connection: close``, in-flight requests finish up to ``shutdown_timeout_s``, and those still
+running then are cut with an explicit error (an SSE error event, or a 503); only then is the
+session closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -35,16 +40,18 @@ from prefixroute.events import EventEndpoint
 from prefixroute.gateway import _admin
 from prefixroute.gateway._bodylog import LOG_BODIES
 from prefixroute.gateway._config import GatewayConfig
-from prefixroute.gateway._errors import InvalidJSON, make_error_middleware
+from prefixroute.gateway._errors import ShuttingDown, make_error_middleware
 from prefixroute.gateway._expect import add_catch_all, expect_handler
 from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._limits import Limits
 from prefixroute.gateway._metrics import GatewayMetrics
+from prefixroute.gateway._openapi import OPENAPI_PATH, make_openapi_handler
+from prefixroute.gateway._paths import PASSTHROUGH_PATHS, make_path_middleware
 from prefixroute.gateway._precise import PreciseMode
 from prefixroute.gateway._proxy import OUTCOME, Proxy
 from prefixroute.gateway._registry import ReplicaRegistry, normalize_url
 from prefixroute.gateway._request_id import make_request_id_middleware
-from prefixroute.gateway._requests import EMPTY_KEY, Endpoint, RouteKey, parse_body, route_key
+from prefixroute.gateway._requests import EMPTY_KEY, Endpoint, RouteKey, key_of, parse_body
 from prefixroute.gateway._state import STATE, GatewayState
 from prefixroute.gateway._sync import RouteSync
 from prefixroute.gateway._tenants import TENANTS, Tenants, make_tenant_middleware
@@ -107,6 +114,7 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
         middlewares=[
             make_request_id_middleware(),  # outermost: every answer carries its request id
             make_error_middleware(config.retry_after_s, observe),
+            make_path_middleware(),  # ambiguous raw paths (dot segments, %2f, ...): 404
             make_tenant_middleware(tenants),  # who, and may they: 401 / 429 as JSON errors
         ],
         client_max_size=config.max_body_bytes,
@@ -122,9 +130,11 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
     app.router.add_post("/v1/completions", completions, expect_handler=eh)
     app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=eh)
     app.router.add_get("/v1/models", models, expect_handler=eh)
-    app.router.add_route("*", "/v1/{tail:.+}", passthrough, expect_handler=eh)
+    for path in PASSTHROUGH_PATHS:  # an allowlist: any other /v1 path is the catch-all's 404
+        app.router.add_post(path, passthrough, expect_handler=eh)
     app.router.add_get("/health", health, expect_handler=eh)
     app.router.add_get("/metrics", metrics_handler, expect_handler=eh)
+    app.router.add_get(OPENAPI_PATH, make_openapi_handler(), expect_handler=eh)
     if config.admin_token is not None and config.admin_port is None:
         _admin.add_routes(app)  # else on its own listener (``Gateway`` runs build_admin_app)
     add_catch_all(app)
@@ -179,7 +189,11 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),  # forward the client's
         raise_for_status=False,
     )
-    state.proxy = Proxy(session, state.router, state.registry, state.metrics, state.sync)
+    limits = state.limits
+    state.proxy = Proxy(
+        session, state.router, state.registry, state.metrics, state.sync,
+        is_cutting=lambda: limits.cutting,
+    )  # fmt: skip
     state.health = HealthChecker(state.registry, session, cfg)
     try:
         await state.health.check_all(first=True)  # learn models; silent replicas start out
@@ -192,6 +206,7 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _refuse_new(app: web.Application) -> None:
+    """Refuse new requests (``Gateway.stop`` has drained already; this covers a bare runner)."""
     app[STATE].limits.draining = True
 
 
@@ -206,24 +221,43 @@ async def _proxied(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
     state, proxy = _state(request)
     with state.limits.admit():
         body = await state.limits.read_body(request)
+        obj: object | None
         if endpoint is Endpoint.OTHER:
-            key = _other_key(body)
+            obj = _other_json(request, body)
+            key = _other_key(obj)
         else:
-            key = route_key(endpoint, body)
+            obj = parse_body(body)
+            key = key_of(endpoint, obj)
             if state.tokenizer is not None:
-                key = await state.tokenizer.key(key)
-        return await proxy.forward(request, body, endpoint, key)
+                try:
+                    key = await state.tokenizer.key(key)
+                except asyncio.CancelledError:
+                    if not state.limits.cutting:
+                        raise  # the client left
+                    task = asyncio.current_task()
+                    if task is not None:
+                        task.uncancel()
+                    message = "the gateway shut down before this request was routed"
+                    raise ShuttingDown(message) from None
+        return await proxy.forward(request, body, endpoint, key, obj)
 
 
-def _other_key(body: bytes) -> RouteKey:
+def _other_json(request: web.Request, body: bytes) -> object | None:
+    """A passthrough body parsed as the prompt endpoints' are, when it is JSON (declared, or
+    undeclared); None for an empty body or another declared type (a file upload, say), which
+    is forwarded as sent."""
+    ctype = request.content_type  # application/octet-stream when the client sent none
+    declared = "Content-Type" in request.headers
+    if not body or (declared and ctype != "application/json" and not ctype.endswith("+json")):
+        return None
+    return parse_body(body)
+
+
+def _other_key(obj: object | None) -> RouteKey:
     """Any other /v1 call routes on load alone, among the replicas serving its model."""
-    if not body:
-        return EMPTY_KEY
-    try:
-        obj = parse_body(body)
-    except InvalidJSON:  # not JSON (a file upload, say): the replica judges it
-        return EMPTY_KEY
     model = obj.get("model") if isinstance(obj, dict) else None
+    if model is None:
+        return EMPTY_KEY
     return RouteKey("", None, model if isinstance(model, str) else None, False, 0)
 
 
@@ -245,6 +279,8 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    if request.app[STATE].limits.draining:  # shutting down: take this instance out of rotation
+        return web.json_response({"status": "draining"}, status=503)
     registry = request.app[STATE].registry
     ready = sum(1 for r in registry if r.healthy and not r.draining)
     body = {"status": "ok" if ready else "unavailable", "replicas": len(registry), "ready": ready}

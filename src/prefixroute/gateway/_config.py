@@ -21,7 +21,9 @@ the policy's parameters. Flags given on the command line override the file.
     host = "0.0.0.0"
     port = 8000
     policy = "predicted_ttft"          # any name from `prefixroute simulate --help`
-    admin_token = "change-me"          # or --admin-token / $PREFIXROUTE_ADMIN_TOKEN
+    # Secrets from files or the environment, not the command line (docs/security.md):
+    # admin_token_file = "/run/secrets/admin-token"     # or $PREFIXROUTE_ADMIN_TOKEN
+    # upstream_api_key_file = "/run/secrets/vllm-key"  # or $PREFIXROUTE_UPSTREAM_API_KEY
     block_chars = 64                   # characters per routing block
     read_timeout_s = 300.0
     # Precise mode: the replicas' own KV events and token-exact keys (docs/vllm.md).
@@ -63,7 +65,9 @@ admin API can listen on its own address: admin_host, admin_port):
 Other fields: max_body_bytes, max_in_flight, max_in_flight_per_replica, retry_after_s,
 connect_timeout_s, health_interval_s, health_timeout_s, scrape_metrics, failure_threshold,
 eject_s, shutdown_timeout_s, index_capacity_blocks, kv_block_size, seed,
-client_header_timeout_s, client_body_timeout_s, log_bodies, upstream_api_key, admin_host.
+client_header_timeout_s, client_body_timeout_s, log_bodies, upstream_api_key, admin_host,
+first_byte_floor_s, first_byte_cap_s, client_buffer_bytes, client_write_timeout_s,
+expose_replica_urls.
 """
 
 
@@ -74,7 +78,8 @@ class GatewayConfig:
     replicas: tuple[str, ...] = ()  # replica base URLs at start
     policy: str = DEFAULT_POLICY  # routing policy, by registry name
     policy_params: Mapping[str, Any] = field(default_factory=dict)  # policy config overrides
-    admin_token: str | None = None  # bearer token of /admin/*; None disables the admin API
+    # bearer token of /admin/*; None disables the admin API (kept out of the config's repr)
+    admin_token: str | None = field(default=None, repr=False)
     admin_host: str | None = None  # address of a separate admin listener (default: host)
     admin_port: int | None = None  # port of a separate admin listener; None: /admin/* on port
     block_chars: int = 64  # characters (or token ids) per routing block
@@ -92,10 +97,18 @@ class GatewayConfig:
     failure_threshold: int = 3  # consecutive failures that take a replica out
     eject_s: float = 5.0  # shortest time out after failures, seconds
     shutdown_timeout_s: float = 30.0  # graceful shutdown: in-flight requests may finish, s
+    # A stream's first event must arrive within clamp(4 x predicted TTFT, floor, cap), else the
+    # attempt is abandoned and retried elsewhere (before any byte reached the client).
+    first_byte_floor_s: float = 10.0  # shortest first-byte deadline, seconds
+    first_byte_cap_s: float = 120.0  # longest first-byte deadline, seconds
+    client_buffer_bytes: int = 1024 * 1024  # stream bytes held for a slow client, bytes
+    client_write_timeout_s: float = 30.0  # a client not reading for this long is cut, s
+    expose_replica_urls: bool = False  # name replicas by URL towards clients (else by r-<hash>)
     client_header_timeout_s: float = 60.0  # a connection's next request must arrive within, s
     client_body_timeout_s: float = 60.0  # a request body must arrive within, s (else 408)
     log_bodies: bool = False  # debug: log request and response bodies (prompts!) at INFO
-    upstream_api_key: str | None = None  # sent to replicas as the bearer token (vLLM --api-key)
+    # sent to replicas as the bearer token (vLLM --api-key); kept out of the config's repr
+    upstream_api_key: str | None = field(default=None, repr=False)
     tenancy: TenancyConfig = field(default_factory=TenancyConfig)  # tenants, keys, limits
     seed: int = 0  # router randomness (tie breaks)
     tokenizer: str | None = None  # local HF tokenizer dir: key requests by engine token blocks
@@ -134,10 +147,15 @@ class GatewayConfig:
             "health_interval_s": self.health_interval_s,
             "health_timeout_s": self.health_timeout_s,
             "failure_threshold": self.failure_threshold,
+            "first_byte_floor_s": self.first_byte_floor_s,
+            "client_buffer_bytes": self.client_buffer_bytes,
+            "client_write_timeout_s": self.client_write_timeout_s,
         }
         bad = [name for name, value in positive.items() if value <= 0]
         if bad:
             raise ConfigError(f"gateway settings must be positive: {', '.join(bad)}")
+        if self.first_byte_cap_s < self.first_byte_floor_s:
+            raise ConfigError("first_byte_cap_s must not be below first_byte_floor_s")
         if self.index_capacity_blocks is not None and self.index_capacity_blocks < 1:
             raise ConfigError("index_capacity_blocks must be positive (or unset for unbounded)")
         if min(self.eject_s, self.shutdown_timeout_s, self.retry_after_s) < 0:
@@ -170,6 +188,25 @@ class GatewayConfig:
 
 
 _FIELDS = {f.name for f in dataclasses.fields(GatewayConfig)}
+# TOML keys naming a file that holds a secret field's value (a mounted Kubernetes Secret, say).
+SECRET_FILES = {"admin_token_file": "admin_token", "upstream_api_key_file": "upstream_api_key"}
+
+
+def read_secret(path: str | Path, what: str) -> str:
+    """The secret in file ``path``, without its trailing newline; ConfigError when the file
+    cannot be read, is empty, or holds more than one line (a header value cannot)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"the {what} file {path} is not UTF-8 text") from exc
+    secret = text.rstrip("\r\n")
+    if not secret:
+        raise ConfigError(f"the {what} file {path} is empty")
+    if "\n" in secret or "\r" in secret:
+        raise ConfigError(f"the {what} file {path} holds more than one line")
+    return secret
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -189,6 +226,12 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             out[key] = tenancy_from_toml(value, str(path))
         elif key == "kv_events":
             out[key] = tuple(value) if isinstance(value, list) else value
+        elif key in SECRET_FILES:
+            if SECRET_FILES[key] in raw:
+                raise ConfigError(f"config file {path}: {SECRET_FILES[key]} or {key}, not both")
+            if not isinstance(value, str):
+                raise ConfigError(f"config file {path}: {key} must be a file path")
+            out[SECRET_FILES[key]] = read_secret(value, SECRET_FILES[key].replace("_", " "))
         elif key in _FIELDS:
             out[key] = value
         else:
@@ -205,12 +248,17 @@ def _replica_url(path: str | Path, item: object) -> str:
 
 
 def build_config(file_settings: Mapping[str, Any], **overrides: Any) -> GatewayConfig:
-    """File settings, then every override that is not None; replicas from both are merged."""
+    """File settings, then every override that is not None; replicas from both are merged.
+
+    An override named in ``SECRET_FILES`` (``admin_token_file=PATH``) sets its secret field to
+    the file's contents."""
     settings = dict(file_settings)
     for key, value in overrides.items():
         if value is None:
             continue
-        if key in ("replicas", "kv_events"):
+        if key in SECRET_FILES:
+            settings[SECRET_FILES[key]] = read_secret(value, SECRET_FILES[key].replace("_", " "))
+        elif key in ("replicas", "kv_events"):
             settings[key] = tuple(settings.get(key, ())) + tuple(value)
         else:
             settings[key] = value

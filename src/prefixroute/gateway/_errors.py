@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from prefixroute._serving import TracebackLimiter
 from prefixroute.core import ConfigError, NoReplicaAvailable, PrefixrouteError, RequestTooLarge
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,7 @@ Observer = Callable[[web.Request, web.StreamResponse], None]
 
 def make_error_middleware(retry_after_s: int, observe: Observer | None = None) -> Middleware:
     """The outermost middleware: maps errors, then shows ``observe`` the final response."""
+    tracebacks = TracebackLimiter(log)  # one per app: our own bugs, at most 1 per 10 s each
 
     @web.middleware
     async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -189,16 +191,35 @@ def make_error_middleware(retry_after_s: int, observe: Observer | None = None) -
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
+            log.debug("%s %.200r: %d", request.method, request.path, exc.status)
             response = error_response(exc, retry_after_s)
         except Exception as exc:
-            if spec_for(exc).status == 500:
-                log.exception("unhandled error on %s %s", request.method, request.path)
+            _log_error(request, exc, tracebacks)
             response = error_response(exc, retry_after_s)
         if observe is not None:
             try:
                 observe(request, response)
-            except Exception:  # metrics must never turn a good response into an error
-                log.exception("response observer failed")
+            except Exception as exc:  # metrics must never turn a good response into an error
+                tracebacks.exception(exc, "response observer failed")
         return response
 
     return error_middleware
+
+
+def _log_error(request: web.Request, exc: Exception, tracebacks: TracebackLimiter) -> None:
+    """One line per error, a traceback only for our own bugs (rate-limited).
+
+    What a client causes (a 4xx, or going away mid-answer) is DEBUG, which ``-v`` shows: at
+    a higher level a client could fill the logs at will. The path is quoted and cut short for
+    the same reason.
+    """
+    spec = spec_for(exc)
+    if isinstance(exc, ConnectionError):  # aiohttp: writing to a client that disconnected
+        log.debug("%s %.200r: the client went away (%s)", request.method, request.path,
+                  type(exc).__name__)  # fmt: skip
+    elif spec.status == 500:
+        tracebacks.exception(exc, "unhandled error on %s %.200r", request.method, request.path)
+    elif spec.status < 500:
+        log.debug("%s %.200r: %d %s", request.method, request.path, spec.status, spec.code)
+    else:
+        log.info("%s %.200r: %d %s", request.method, request.path, spec.status, spec.code)

@@ -4,6 +4,11 @@ The per-replica cap is not here: it is checked against the router's own load acc
 candidates are chosen (``ReplicaRegistry.candidates``), so there is one in-flight count per
 replica, not two. This counter is the gateway's own admission control: it counts requests from
 the moment they are accepted, before any routing decision.
+
+Shutdown reads it too: ``draining`` refuses new requests (503), :meth:`Limits.wait_idle` waits
+for the admitted ones, and :meth:`Limits.cut` cancels those still running at the drain bound.
+Each admitted request's handler task is tracked for that; the handler ends its answer itself
+(``cutting`` tells it why it was cancelled).
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from aiohttp import web
 
 from prefixroute.gateway._errors import (
+    BadRequest,
     PayloadTooLarge,
     RequestTimeout,
     ShuttingDown,
@@ -31,19 +38,56 @@ class Limits:
         self.body_timeout_s = body_timeout_s  # longest time to receive a body, s; None: no limit
         self.in_flight = 0  # requests admitted and not finished
         self.draining = False  # shutting down: refuse new requests
+        # The drain bound has passed: admitted handlers are being cancelled. The proxy reads it
+        # to end a cut stream with an SSE error event, and a cut plain request with a 503.
+        self.cutting = False
+        self._tasks: set[asyncio.Task[Any]] = set()  # handler tasks of the admitted requests
+        self._idle = asyncio.Event()  # set while nothing is admitted
+        self._idle.set()
 
     @contextmanager
     def admit(self) -> Iterator[None]:
-        """Hold one in-flight slot for the ``with`` body; TooManyRequests when full."""
+        """Hold one in-flight slot for the ``with`` body; TooManyRequests when full,
+        ShuttingDown once draining."""
         if self.draining:
-            raise ShuttingDown("the gateway is shutting down")
+            raise ShuttingDown("the gateway is shutting down; retry on another instance")
         if self.in_flight >= self.max_in_flight:
             raise TooManyRequests("the gateway is at its in-flight limit; retry later")
+        task = asyncio.current_task()
         self.in_flight += 1
+        self._idle.clear()
+        if task is not None:
+            self._tasks.add(task)
         try:
             yield
         finally:
             self.in_flight -= 1
+            if task is not None:
+                self._tasks.discard(task)
+            if self.in_flight == 0:
+                self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is admitted, up to ``timeout_s``; True if none is left."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def cut(self) -> int:
+        """Set ``cutting`` and cancel every admitted request's handler; how many were cut."""
+        self.cutting = True
+        tasks = [task for task in self._tasks if not task.done()]
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+    async def wait_cut(self, timeout_s: float) -> None:
+        """Give the cut handlers up to ``timeout_s`` to write their endings and finish."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
 
     async def read_body(self, request: web.Request) -> bytes:
         """The whole request body; PayloadTooLarge past the limit (checked before reading),
@@ -57,6 +101,16 @@ class Limits:
         try:
             async with asyncio.timeout(self.body_timeout_s):
                 return await request.read()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.cutting and task is not None:  # nothing answered yet: a 503, not a reset
+                task.uncancel()
+                raise ShuttingDown(
+                    "the gateway shut down before the request body arrived"
+                ) from None
+            raise
+        except web.RequestPayloadError as exc:  # bad chunked encoding, a short body: the client's
+            raise BadRequest("the request body is malformed (length or chunked encoding)") from exc
         except TimeoutError as exc:  # aiohttp closes the connection after the 408 (body unread)
             raise RequestTimeout(
                 f"the request body did not arrive within {self.body_timeout_s:g} s"

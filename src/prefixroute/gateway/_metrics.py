@@ -14,7 +14,11 @@ Per request (updated as requests end):
 * ``prefixroute_decision_seconds``: time to hash the prompt and decide, seconds.
 * ``prefixroute_tokenize_seconds`` and ``prefixroute_tokenize_failures_total`` (with a
   tokenizer): the cost of one prompt's tokenization in its worker thread, seconds.
-* ``prefixroute_retries_total{reason}``, ``prefixroute_upstream_failures_total{replica, kind}``.
+* ``prefixroute_retries_total{reason}``, ``prefixroute_upstream_failures_total{replica, kind}``
+  (every failure seen, whoever's fault), ``prefixroute_request_faults_total{kind}`` (failures a
+  request repeated on a second replica, or that a second replica refused as a bad request:
+  counted against no replica) and ``prefixroute_cut_streams_total{reason}`` (``slow_client``:
+  a client that stopped making room for the stream; ``shutdown``: cut at the drain bound).
 
 Read live at scrape: ``prefixroute_in_flight{replica}`` (the router's own load accounting),
 ``prefixroute_replica_healthy{replica}``, ``prefixroute_prefix_index_blocks`` (distinct
@@ -112,6 +116,18 @@ class GatewayMetrics:
             "prefixroute_upstream_failures",
             "Upstream failures, by replica and kind.",
             ["replica", "kind"],
+            registry=r,
+        )
+        self.request_faults = Counter(
+            "prefixroute_request_faults",
+            "Failures judged the request's own (the same on two replicas): no replica marked.",
+            ["kind"],
+            registry=r,
+        )
+        self.cut_streams = Counter(
+            "prefixroute_cut_streams",
+            "Responses the gateway ended early: slow_client (not reading) or shutdown (drain).",
+            ["reason"],
             registry=r,
         )
         r.register(_LiveCollector(router, replicas))

@@ -3,8 +3,17 @@
 State machine of one replica (``failure_threshold`` = F, ``eject_s`` = E)::
 
     healthy --F consecutive failures (requests or probes)--> unhealthy (out for at least E s)
+    healthy --success rate an outlier among its peers--> unhealthy (out for at least E s)
     unhealthy --a successful /health probe after E s--> healthy
     any --admin drain--> draining (no new requests; in-flight ones finish)
+
+Which request failures count is the proxy's call (``_proxy``: a failure the same request
+repeats on another replica is the request's, not the replica's). Beside that, every answer is
+an outcome in a sliding window per replica, and a replica whose error rate stands
+``OUTLIER_MARGIN`` above its peers' pooled rate, over at least ``OUTLIER_MIN_REQUESTS`` answers,
+is taken out too: the way Envoy's outlier detection catches a replica that fails requests its
+peers serve, without trusting any single answer. Requests waiting on a replica when it is taken
+out are told at once (:meth:`ReplicaRegistry.on_ejected`), so none waits on a dead replica.
 
 A request that succeeds resets the failure count; a probe that succeeds does not, so a replica
 whose ``/health`` answers while its completions fail still gets taken out. A new replica (at
@@ -18,9 +27,11 @@ Pure bookkeeping, no I/O: probes live in ``_health``. The registry is the only p
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -30,6 +41,11 @@ from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import Conflict, ModelNotFound, NotFound, Overloaded
 
 log = logging.getLogger(__name__)
+
+OUTLIER_WINDOW_S = 30.0  # outcomes this recent count towards a replica's error rate, seconds
+OUTLIER_MIN_REQUESTS = 20  # answers in the window before a replica can be judged, requests
+OUTLIER_MARGIN = 0.5  # error rate above the peers' pooled rate that takes a replica out
+_WINDOW_CAP = 512  # outcomes kept per replica (memory bound at high rates)
 
 
 class ReplicaStatus(StrEnum):
@@ -48,6 +64,9 @@ class ReplicaRecord:
     failures: int = 0  # consecutive failures (requests and probes)
     out_until: float = 0.0  # monotonic time before which it stays out, seconds
     total_failures: int = 0  # failures since registration
+    name: str = ""  # what clients see when URLs are not exposed: r-<8 hex digits of its URL>
+    # (monotonic time, ok) of recent answers, for the outlier check; newest last
+    outcomes: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=_WINDOW_CAP))
 
     @property
     def url(self) -> str:
@@ -61,6 +80,12 @@ class ReplicaRecord:
 
     def serves(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+
+def replica_name(rid: ReplicaId) -> str:
+    """A stable, opaque name for ``rid``: the same on every gateway instance and restart,
+    without the internal address."""
+    return "r-" + hashlib.sha256(rid.encode()).hexdigest()[:8]
 
 
 def normalize_url(url: str) -> ReplicaId:
@@ -81,13 +106,15 @@ class ReplicaRegistry:
         self.router = router
         self.config = config
         self._records: dict[ReplicaId, ReplicaRecord] = {}
+        # Callbacks of requests waiting on a replica's first byte, fired when it is taken out.
+        self._waiting: dict[ReplicaId, set[Callable[[], None]]] = {}
 
     # --- membership -----------------------------------------------------------------------
     def add(self, url: str) -> ReplicaRecord:
         rid = normalize_url(url)
         if rid in self._records:
             raise Conflict(f"replica {rid} is already registered")
-        record = self._records[rid] = ReplicaRecord(rid)
+        record = self._records[rid] = ReplicaRecord(rid, name=replica_name(rid))
         self.router.add_replica(rid)
         log.info("replica %s added", rid)
         return record
@@ -128,6 +155,13 @@ class ReplicaRegistry:
     def __len__(self) -> int:
         return len(self._records)
 
+    def public_name(self, rid: ReplicaId) -> str:
+        """How clients see ``rid`` (headers, error messages): its URL only when configured."""
+        if self.config.expose_replica_urls:
+            return str(rid)
+        record = self._records.get(rid)
+        return record.name if record is not None else replica_name(rid)
+
     def in_flight(self, rid: ReplicaId) -> int:
         """Requests in flight on ``rid``, from the router's own load accounting."""
         return self.router.loads.get(rid).in_flight if rid in self._records else 0
@@ -163,21 +197,57 @@ class ReplicaRegistry:
         return list(seen.values())
 
     # --- health ---------------------------------------------------------------------------
-    def record_success(self, rid: ReplicaId) -> None:
+    def record_success(self, rid: ReplicaId, now: float | None = None) -> None:
+        """A request the replica served; ``now`` also records it as an outcome."""
         record = self._records.get(rid)
         if record is not None:
             record.failures = 0
+            if now is not None:
+                record.outcomes.append((now, True))
 
     def record_failure(self, rid: ReplicaId, now: float, why: str) -> None:
+        """A failure that is the replica's: counts towards ``failure_threshold``."""
         record = self._records.get(rid)
         if record is None:
             return
         record.failures += 1
         record.total_failures += 1
+        record.outcomes.append((now, False))
         if record.healthy and record.failures >= self.config.failure_threshold:
-            record.healthy = False
-            record.out_until = now + self.config.eject_s
-            log.warning("replica %s taken out after %d failures (%s)", rid, record.failures, why)
+            self._eject(record, now, f"after {record.failures} failures ({why})")
+
+    def record_error(self, rid: ReplicaId, now: float) -> None:
+        """An error answer that may be the request's (a 5xx no peer was asked to repeat): it
+        only counts in the error rate, and takes the replica out only as an outlier."""
+        record = self._records.get(rid)
+        if record is None:
+            return
+        record.outcomes.append((now, False))
+        if not record.healthy:
+            return
+        rate, n = _error_rate([record], now)
+        peers = [r for r in self._records.values() if r is not record]
+        peer_rate, peer_n = _error_rate(peers, now)
+        if n >= OUTLIER_MIN_REQUESTS and peer_n and rate - peer_rate >= OUTLIER_MARGIN:
+            self._eject(record, now, f"error rate {rate:.0%} against its peers' {peer_rate:.0%}")
+
+    def _eject(self, record: ReplicaRecord, now: float, why: str) -> None:
+        record.healthy = False
+        record.out_until = now + self.config.eject_s
+        log.warning("replica %s taken out %s", record.id, why)
+        for callback in list(self._waiting.pop(record.id, ())):
+            callback()
+
+    def on_ejected(self, rid: ReplicaId, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (once) if ``rid`` is taken out; returns the function that cancels
+        the watch. The proxy uses it to stop waiting on a replica declared dead."""
+        waiting = self._waiting.setdefault(rid, set())
+        waiting.add(callback)
+
+        def cancel() -> None:
+            waiting.discard(callback)
+
+        return cancel
 
     def record_probe(self, rid: ReplicaId, ok: bool, now: float, first: bool = False) -> None:
         """A probe's result. A replica that fails its very first probe starts out of rotation
@@ -188,7 +258,7 @@ class ReplicaRegistry:
         if not ok and first:
             record.failures += 1
             record.total_failures += 1
-            record.healthy = False
+            self._eject(record, now, "at registration: its first health probe failed")
             record.out_until = now
         elif not ok:
             self.record_failure(rid, now, "health probe failed")
@@ -211,6 +281,20 @@ class ReplicaRegistry:
             "status": record.status.value,
             "models": sorted(record.models) if record.models is not None else None,
             "in_flight": self.in_flight(record.id),
+            "name": record.name,
             "consecutive_failures": record.failures,
             "total_failures": record.total_failures,
         }
+
+
+def _error_rate(records: Sequence[ReplicaRecord], now: float) -> tuple[float, int]:
+    """Pooled error rate of ``records`` over the outlier window, and how many answers."""
+    since = now - OUTLIER_WINDOW_S
+    errors = total = 0
+    for record in records:
+        outcomes = record.outcomes
+        while outcomes and outcomes[0][0] < since:
+            outcomes.popleft()
+        total += len(outcomes)
+        errors += sum(1 for _, ok in outcomes if not ok)
+    return (errors / total if total else 0.0), total

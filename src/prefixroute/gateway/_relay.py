@@ -11,10 +11,22 @@
 
 Upstream errors before the client's response started are raised as ``UpstreamError`` (the
 proxy retries them); the client going away is not an upstream failure and is never retried.
+
+**Slots follow the engine, not the client.** The transport may hold up to ``buffer_bytes`` for
+a client that reads slowly, so the relay keeps reading the replica at the replica's pace and
+hears its end while the client is still reading; ``on_upstream_end`` then releases the
+replica's in-flight slot at once. Past that buffer a write waits for the client, and a client
+that takes more than ``write_timeout_s`` to make room is cut (its connection aborted, counted):
+a reader at one byte a second holds neither a replica slot nor a task for long.
+
+**Shutdown.** When the drain bound passes, the gateway cancels the handlers still running
+(``is_cutting`` is then true): a started stream ends with an SSE error event and ``[DONE]``,
+so no client mistakes a cut for a complete answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Mapping
@@ -43,7 +55,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Host and Content-Length describe the new request; Expect is answered by this server already.
-_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}
+# Content-Encoding: aiohttp decoded the client's body, and the replica gets it decoded (a
+# forwarded gzip header on a plain body made replicas fail with 500, blamed on them).
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect", "content-encoding"}
 _NOT_RELAYED = HOP_BY_HOP | {"content-length"}
 
 
@@ -53,7 +67,25 @@ class RelayResult:
     status: int  # upstream status, relayed as is
     cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens, when reported
     failure: str | None = None  # the stream broke after it started: the failure kind
-    client_gone: bool = False  # the client stopped reading
+    client_gone: bool = False  # the client stopped reading (or was cut for reading too slowly)
+    cut: str | None = None  # we ended the stream early: "slow_client" or "shutdown"
+
+
+@dataclass(slots=True)
+class StreamControl:
+    """What the proxy tells a stream relay, and the calls by which it hears back."""
+
+    replica: str  # the replica as clients may see it (error messages)
+    on_started: Callable[[], None]  # the client's response started: no retry from here on
+    on_first_data: Callable[[], None]  # the first data event went out (the first token)
+    on_upstream_end: Callable[[], None]  # the replica is done with it: release its slot
+    is_cutting: Callable[[], bool]  # the shutdown drain bound has passed
+    buffer_bytes: int  # bytes the transport may hold for a slow client
+    write_timeout_s: float  # longest wait for a client to make room, seconds
+
+
+class _SlowClient(Exception):
+    """The client did not make room for our writes in time."""
 
 
 def _without(headers: Mapping[str, str], drop: frozenset[str]) -> CIMultiDict[str]:
@@ -96,9 +128,13 @@ def upstream_error(exc: BaseException, replica: str) -> UpstreamError:
     return UpstreamError(f"replica {replica} failed: {type(exc).__name__}")
 
 
-async def relay_plain(resp: aiohttp.ClientResponse, extra: Mapping[str, str]) -> RelayResult:
-    """Read the whole body, then answer with it (errors while reading propagate)."""
+async def relay_plain(
+    request: web.Request, resp: aiohttp.ClientResponse, extra: Mapping[str, str], buffer_bytes: int
+) -> RelayResult:
+    """Read the whole body, then answer with it (errors while reading propagate). The body is
+    left to the transport's buffer, so no task waits on a client that reads it slowly."""
     body = await resp.read()
+    _hold_for_client(request, max(buffer_bytes, len(body)))
     out = web.Response(status=resp.status, body=body, headers=response_headers(resp.headers, extra))
     plain = resp.status == 200 and "Content-Encoding" not in resp.headers
     return RelayResult(out, resp.status, cached_tokens_in_body(body) if plain else None)
@@ -108,8 +144,7 @@ async def relay_stream(
     request: web.Request,
     resp: aiohttp.ClientResponse,
     extra: Mapping[str, str],
-    replica: str,
-    on_first_data: Callable[[], None],
+    ctl: StreamControl,
 ) -> RelayResult:
     """Relay an event stream as it arrives; raises UpstreamError only before the first byte."""
     # A compressed stream cannot be cut at event boundaries: relay it raw, unobserved.
@@ -117,13 +152,14 @@ async def relay_stream(
     out: web.StreamResponse | None = None
     failure: str | None = None
     waiting_first = True
+    timeout = ctl.write_timeout_s
     try:
         while True:
             try:
                 chunk = await resp.content.readany()
             except (aiohttp.ClientError, TimeoutError) as exc:
                 if out is None:
-                    raise upstream_error(exc, replica) from exc
+                    raise upstream_error(exc, ctl.replica) from exc
                 failure = failure_kind(exc)
                 break
             if chunk:
@@ -134,36 +170,83 @@ async def relay_stream(
                 headers = response_headers(resp.headers, extra)
                 out = web.StreamResponse(status=resp.status, headers=headers)
                 await out.prepare(request)
+                _hold_for_client(request, ctl.buffer_bytes)
+                ctl.on_started()
             if ready:
                 if waiting_first and (scanner is None or scanner.saw_data):
                     waiting_first = False
-                    on_first_data()
+                    ctl.on_first_data()
                 assert out is not None
-                await out.write(ready)
+                await _write(out, ready, timeout)
             if not chunk:
                 break
+        ctl.on_upstream_end()
+        assert out is not None
+        if failure is not None:
+            message = f"replica {ctl.replica} failed mid-stream ({failure})"
+            await _end_with_error(out, error_body(message, "upstream_error", 502), timeout)
+        else:
+            await _write_eof(out, timeout)
     except ConnectionResetError:  # the client went away (aiohttp's reset error subclasses it)
         assert out is not None
         return RelayResult(out, resp.status, None, failure, client_gone=True)
-    assert out is not None
+    except _SlowClient:
+        assert out is not None
+        _abort(request)
+        return RelayResult(out, resp.status, None, failure, client_gone=True, cut="slow_client")
+    except asyncio.CancelledError:
+        if out is None or not ctl.is_cutting():
+            raise  # a client that left, or a first-byte deadline: not ours to answer
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        ctl.on_upstream_end()
+        message = "the gateway shut down before the stream ended"
+        body = error_body(message, "service_unavailable", 503)
+        with contextlib.suppress(_SlowClient):
+            await _end_with_error(out, body, min(timeout, 1.0))
+        return RelayResult(out, resp.status, None, None, cut="shutdown")
     cached = scanner.cached_tokens if scanner is not None else None
-    if failure is not None:
-        await _end_with_error(out, f"replica {replica} failed mid-stream ({failure})")
-    else:
-        await _write_eof(out)
     return RelayResult(out, resp.status, cached, failure)
 
 
-async def _end_with_error(out: web.StreamResponse, message: str) -> None:
-    """End a started stream the way vLLM ends a failed one: an error event, then [DONE]."""
-    body = json.dumps(error_body(message, "upstream_error", 502), separators=(",", ":"))
+def _hold_for_client(request: web.Request, buffer_bytes: int) -> None:
+    """Let the transport buffer up to ``buffer_bytes`` before writes wait for the client."""
+    transport = request.transport
+    if transport is not None:
+        transport.set_write_buffer_limits(high=buffer_bytes)
+
+
+def _abort(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+async def _write(out: web.StreamResponse, data: bytes, timeout_s: float) -> None:
     try:
-        await out.write(f"data: {body}\n\ndata: [DONE]\n\n".encode())
+        async with asyncio.timeout(timeout_s):
+            await out.write(data)
+    except TimeoutError:
+        raise _SlowClient from None
+
+
+async def _end_with_error(
+    out: web.StreamResponse, error: Mapping[str, object], timeout_s: float
+) -> None:
+    """End a started stream the way vLLM ends a failed one: an error event, then [DONE]."""
+    body = json.dumps(error, separators=(",", ":"))
+    try:
+        await _write(out, f"data: {body}\n\ndata: [DONE]\n\n".encode(), timeout_s)
     except ConnectionResetError:
         return
-    await _write_eof(out)
+    await _write_eof(out, timeout_s)
 
 
-async def _write_eof(out: web.StreamResponse) -> None:
+async def _write_eof(out: web.StreamResponse, timeout_s: float) -> None:
     with contextlib.suppress(ConnectionResetError):
-        await out.write_eof()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await out.write_eof()
+        except TimeoutError:
+            raise _SlowClient from None

@@ -12,6 +12,13 @@ mode. For a batch of prompts the first one decides (one request goes to one repl
 
 With a tokenizer (``--tokenizer``), ``_tokenize`` turns a text key into the engine's token ids
 before routing; the key keeps the chat messages and ``add_special_tokens`` for that.
+
+**What goes upstream is what we parsed.** A JSON body is read as strict UTF-8 (Python's decoder
+would also take UTF-16 and UTF-32, which a replica may not), without ``NaN``/``Infinity`` (not
+JSON) and without lone surrogates (not Unicode), and is sent to the replica re-encoded from the
+parsed object (:func:`encode_body`). So the replica reads exactly the fields the gateway routed
+and admitted on: a duplicate key, a compression header or an odd encoding cannot make it read
+something else, or fail on input we passed (a failure that would be blamed on the replica).
 """
 
 from __future__ import annotations
@@ -46,19 +53,41 @@ class RouteKey:
 EMPTY_KEY = RouteKey("", None, None, False, 0)
 
 
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
 def parse_body(body: bytes) -> object:
+    """The JSON value of a request body; raises InvalidJSON (see the module docstring)."""
     try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidJSON(f"the request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
         raise InvalidJSON(f"the request body is not valid JSON: {exc}") from exc
     if too_deep(body, obj):  # see _jsondepth: deep bodies fail later, elsewhere
         raise InvalidJSON(f"the request body nests more than {MAX_DEPTH} levels deep")
     return obj
 
 
+def encode_body(obj: object) -> bytes:
+    """``obj`` as the bytes a replica gets: compact UTF-8 JSON; InvalidJSON for a string with
+    a lone surrogate (``"\\ud800"`` parses, but is no Unicode text a replica can encode)."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJSON("the request body holds a lone surrogate (not Unicode text)") from None
+
+
 def route_key(endpoint: Endpoint, body: bytes) -> RouteKey:
     """The routing key of a request; raises InvalidJSON or BadRequest."""
-    obj = parse_body(body)
+    return key_of(endpoint, parse_body(body))
+
+
+def key_of(endpoint: Endpoint, obj: object) -> RouteKey:
+    """The routing key of a parsed request body; raises BadRequest."""
     if not isinstance(obj, Mapping):
         raise BadRequest("the request body must be a JSON object")
     model = obj.get("model")

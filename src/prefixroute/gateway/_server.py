@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 
 from aiohttp import web
@@ -16,13 +18,29 @@ from prefixroute.gateway._registry import ReplicaRegistry
 from prefixroute.gateway._state import STATE
 from prefixroute.gateway._tokenize import PromptTokenizer
 
+log = logging.getLogger("prefixroute.gateway")
+
+CUT_GRACE_S = 1.0  # after the cut: how long cancelled handlers get to write their endings, s
+# aiohttp's own graceful close, once the drain is over: it waits this long for each open
+# connection's handler, then cancels it and waits this long again (web_protocol's shutdown).
+CLOSE_TIMEOUT_S = 0.25
+
 
 class Gateway(Served):
     """The gateway app served by aiohttp in this process.
 
     ``handler_cancellation`` is on, in tests and in production alike: a client that disconnects
     cancels its handler, which closes the upstream request and releases its accounting.
-    ``stop()`` drains: no new connections, in-flight requests get ``shutdown_timeout_s``.
+
+    ``stop()`` drains with one bound, ``shutdown_timeout_s``. The listener keeps accepting (a
+    load balancer may still send here until it learns we are going), but new requests get a 503
+    with ``Connection: close``, as does ``/health``, and every answer closes its connection.
+    Once the admitted requests finish, or at the bound, whichever comes first, the ones still
+    running are cut: cancelled, with ``limits.cutting`` set so each ends its answer with an
+    error (an SSE error event, or a 503). They get ``CUT_GRACE_S`` for that, then aiohttp
+    closes the connections (``CLOSE_TIMEOUT_S``, twice at most). ``stop()`` returns within
+    about the bound plus 1.5 s. aiohttp's own shutdown would take up to twice its timeout and
+    close the listener first, so it only runs after the drain, with a short timeout.
 
     Slow clients: aiohttp's keep-alive timer, set to ``client_header_timeout_s``, closes a
     connection whose next request has not fully arrived in time, the first request included
@@ -80,18 +98,36 @@ class Gateway(Served):
     async def _listen(
         self, app: web.Application, host: str, port: int
     ) -> tuple[web.AppRunner, str]:
+        limits = self.app[STATE].limits
         return await listen(
             app,
             host,
             port,
-            shutdown_timeout_s=self.config.shutdown_timeout_s,
+            shutdown_timeout_s=CLOSE_TIMEOUT_S,  # the drain is ours: see stop()
             keepalive_timeout_s=self.config.client_header_timeout_s,
+            closing=lambda: limits.draining,
         )
 
     async def stop(self) -> None:
+        """Drain (up to ``shutdown_timeout_s``), cut what is left, close; see the class."""
+        if self._runner is not None:
+            await self._drain()
         admin, self._admin_runner, self._admin_url = self._admin_runner, None, None
         if admin is not None:
             await admin.cleanup()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+    async def _drain(self) -> None:
+        limits = self.app[STATE].limits
+        bound = self.config.shutdown_timeout_s
+        limits.draining = True
+        started = time.monotonic()
+        log.info("draining: %d requests in flight, waiting up to %g s", limits.in_flight, bound)
+        if await limits.wait_idle(bound):
+            log.info("drained in %.1f s", time.monotonic() - started)
+            return
+        cut = limits.cut()
+        log.warning("cut %d requests still running at the %g s drain bound", cut, bound)
+        await limits.wait_cut(CUT_GRACE_S)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 import logging
 import secrets
 import time
@@ -55,7 +54,7 @@ from prefixroute.gateway._tenant_config import TENANT_NAME, TenancyConfig, Tenan
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})  # never need a key (nor does /admin/*: its token)
+OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})  # no key (/admin/*: its token)
 _SALT_CONTEXT = b"prefixroute cache_salt v1\x00"
 
 
@@ -196,17 +195,14 @@ class TenantScope:
     tenant: Tenant
     tenants: Tenants
 
-    def isolate(self, endpoint: Endpoint, body: bytes) -> tuple[int | None, bytes]:
-        """The router seed for this request (None: the common one) and the body to send."""
+    def isolate(self, endpoint: Endpoint, obj: object) -> int | None:
+        """The router seed for this request (None: the common one); sets or removes
+        ``cache_salt`` in ``obj``, the parsed body that will be sent."""
         cfg = self.tenants.config
         if not cfg.isolation or endpoint is Endpoint.OTHER:
-            return None, body
-        try:
-            obj = json.loads(body)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            return self.tenant.seed, body  # unreachable: routing parsed it already
+            return None
         if not isinstance(obj, dict):
-            return self.tenant.seed, body
+            return self.tenant.seed  # unreachable: routing refused non-objects already
         shared = bool(cfg.shareable_prefixes) and _routing_text(endpoint, obj).startswith(
             cfg.shareable_prefixes
         )
@@ -214,7 +210,7 @@ class TenantScope:
             obj.pop("cache_salt", None)
         else:
             obj["cache_salt"] = self.tenant.salt
-        return (None if shared else self.tenant.seed), _dumps(obj)
+        return None if shared else self.tenant.seed
 
     def charge_prompt(self, tokens: int) -> None:
         try:
@@ -275,10 +271,3 @@ def _routing_text(endpoint: Endpoint, obj: Mapping[str, Any]) -> str:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         prompt = prompt[0]
     return prompt if isinstance(prompt, str) else ""
-
-
-def _dumps(obj: object) -> bytes:
-    try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
-    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in the JSON): keep it escaped
-        return json.dumps(obj, separators=(",", ":")).encode()

@@ -1,0 +1,411 @@
+"""Whose fault a failure is: client garbage never takes replicas out; a failing replica does go.
+
+The rules are the proxy's module docstring: a failure the same request repeats on a second
+replica is the request's; one the retry does not repeat is the first replica's; a refused
+connection is always the replica's; one request marks at most one replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from prefixroute.gateway import ReplicaStatus
+
+from .fakes import FakeReplica, completion_body
+from .helpers import GatewayFactory
+
+POISON = "poison-pill"
+
+
+async def _poisoned(request: web.Request) -> web.StreamResponse:
+    """A replica that crashes (500) on one prompt and serves every other."""
+    body = await request.read()
+    if POISON.encode() in body:
+        return web.json_response({"error": {"message": "engine crashed"}}, status=500)
+    return web.Response(body=completion_body(), content_type="application/json")
+
+
+async def _fleet(n: int, handler: object = _poisoned) -> list[FakeReplica]:
+    fakes = [FakeReplica(handler=handler) for _ in range(n)]  # type: ignore[arg-type]
+    for f in fakes:
+        await f.start()
+    return fakes
+
+
+async def _stop(fakes: list[FakeReplica]) -> None:
+    for f in fakes:
+        await f.stop()
+
+
+def _healthy(gw: object) -> int:
+    return sum(1 for r in gw.registry if r.status is ReplicaStatus.HEALTHY)  # type: ignore[attr-defined]
+
+
+async def test_poison_requests_take_no_replica_out(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """100 requests that crash every replica: each is answered with an error, none of the four
+    replicas is ejected, and a canary between them is always served."""
+    fakes = await _fleet(4)
+    try:
+        gw = await make_gateway([f.url for f in fakes], failure_threshold=3)
+        statuses = []
+        for i in range(100):
+            body = {"prompt": f"{POISON} {i}", "max_tokens": 1}
+            async with session.post(gw.url + "/v1/completions", json=body) as resp:
+                statuses.append(resp.status)
+                assert resp.content_type == "application/json"
+            if i % 10 == 0:
+                canary = {"prompt": "canary", "max_tokens": 1}
+                async with session.post(gw.url + "/v1/completions", json=canary) as resp:
+                    assert resp.status == 200
+            assert _healthy(gw) == 4, f"a replica was taken out after poison request {i}"
+        assert all(s >= 500 for s in statuses)
+        assert sum(r.total_failures for r in gw.registry) == 0
+        # Each poison was tried on two replicas, then judged the request's own.
+        metrics = await (await session.get(gw.url + "/metrics")).text()
+        assert 'prefixroute_request_faults_total{kind="status"} 100.0' in metrics
+    finally:
+        await _stop(fakes)
+
+
+async def test_a_replica_that_fails_what_its_peers_serve_is_taken_out(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """The other side of the rule: a replica answering 500 to everything while its peers
+    serve the same requests is marked on each retry that succeeds, and ejected."""
+    good = await _fleet(2)
+    bad = FakeReplica(failing=True)  # /health answers 500 too; start it healthy below
+    await bad.start()
+    try:
+        gw = await make_gateway(
+            [f.url for f in good] + [bad.url], policy="round_robin", health_interval_s=60
+        )
+        record = gw.registry.find(bad.url)
+        record.healthy, record.failures = True, 0  # it failed its first probe; let it in
+        for i in range(12):
+            async with session.post(
+                gw.url + "/v1/completions", json={"prompt": f"p{i}", "max_tokens": 1}
+            ) as resp:
+                assert resp.status == 200  # retried onto a good replica
+        assert record.status is ReplicaStatus.UNHEALTHY
+        assert all(gw.registry.find(f.url).total_failures == 0 for f in good)
+    finally:
+        await _stop(good)
+        await bad.stop()
+
+
+async def test_gzip_body_is_forwarded_decoded_without_its_header(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    [fake] = await _fleet(1)
+    try:
+        gw = await make_gateway([fake.url])
+        raw = gzip.compress(json.dumps({"prompt": "zipped", "max_tokens": 1}).encode())
+        headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+        async with session.post(gw.url + "/v1/completions", data=raw, headers=headers) as r:
+            assert r.status == 200
+        seen = fake.seen[-1]
+        assert "Content-Encoding" not in seen.headers
+        assert json.loads(seen.body) == {"prompt": "zipped", "max_tokens": 1}
+    finally:
+        await _stop([fake])
+
+
+async def test_bodies_that_are_not_utf8_json_are_refused_before_any_replica(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    [fake] = await _fleet(1)
+    try:
+        gw = await make_gateway([fake.url])
+        bad = {
+            "latin-1": '{"prompt": "caf\xe9"}'.encode("latin-1"),
+            "utf-16": '{"prompt": "hi"}'.encode("utf-16"),
+            "lone surrogate": b'{"prompt": "\\ud800 x"}',
+            "NaN": b'{"prompt": "x", "temperature": NaN}',
+            "-Infinity": b'{"prompt": "x", "temperature": -Infinity}',
+        }
+        for what, raw in bad.items():
+            headers = {"Content-Type": "application/json"}
+            async with session.post(gw.url + "/v1/completions", data=raw, headers=headers) as r:
+                assert r.status == 400, what
+                error = (await r.json())["error"]
+                assert error["type"] == "invalid_request_error", what
+        assert [s for s in fake.seen if s.path.startswith("/v1/")] == []
+        # Valid non-ASCII text is fine, and reaches the replica as UTF-8.
+        body = {"prompt": "café ☕ 𝄞", "max_tokens": 1}
+        async with session.post(gw.url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+        assert json.loads(fake.seen[-1].body.decode("utf-8")) == body
+    finally:
+        await _stop([fake])
+
+
+async def test_duplicate_keys_reach_the_replica_as_the_gateway_read_them(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """The gateway routes and admits on the last duplicate; the replica must not read another."""
+    [fake] = await _fleet(1)
+    try:
+        gw = await make_gateway([fake.url])
+        raw = b'{"prompt": "first", "prompt": "second", "max_tokens": 1}'
+        headers = {"Content-Type": "application/json"}
+        async with session.post(gw.url + "/v1/completions", data=raw, headers=headers) as r:
+            assert r.status == 200
+        assert fake.seen[-1].body.count(b'"prompt"') == 1
+        assert json.loads(fake.seen[-1].body)["prompt"] == "second"
+    finally:
+        await _stop([fake])
+
+
+async def test_one_request_marks_at_most_one_replica(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A stream that gets 500 on one replica, then breaks mid-stream on the next: the second
+    replica is marked (only a replica breaks a started stream), and the first, whose failure
+    the retry did not repeat, is not marked as well: one request marks one replica."""
+
+    async def broken(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await out.write(b'data: {"choices":[{"text":"a"}]}\n\n')
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.abort()
+        return out
+
+    async def crash(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "boom"}}, status=500)
+
+    a, b = FakeReplica(handler=crash), FakeReplica(handler=broken)
+    await a.start()
+    await b.start()
+    try:
+        gw = await make_gateway([a.url, b.url], policy="round_robin", health_interval_s=60)
+        body = {"prompt": "x", "max_tokens": 1, "stream": True}
+        async with session.post(gw.url + "/v1/completions", json=body) as r:
+            text = await r.text()
+        assert r.status == 200 and '"error"' in text and "[DONE]" in text
+        marked = [rec.url for rec in gw.registry if rec.total_failures]
+        assert marked == [b.url], [(rec.url, rec.total_failures) for rec in gw.registry]
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_stream_without_a_first_event_in_time_is_retried_elsewhere(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A frozen replica (headers sent, no event): the stream moves to another replica once
+    the first-byte deadline passes, long before the read timeout."""
+    release = asyncio.Event()
+
+    async def frozen(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await release.wait()
+        return out
+
+    async def live(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await out.write(b'data: {"choices":[{"text":"ok"}]}\n\ndata: [DONE]\n\n')
+        await out.write_eof()
+        return out
+
+    a, b = FakeReplica(handler=frozen), FakeReplica(handler=live)
+    await a.start()
+    await b.start()
+    try:
+        gw = await make_gateway(
+            [a.url, b.url], policy="round_robin", read_timeout_s=30.0,
+            first_byte_floor_s=0.3, first_byte_cap_s=0.5, health_interval_s=60,
+        )  # fmt: skip
+        for _ in range(2):  # round robin: one of the two starts on the frozen replica
+            t0 = time.monotonic()
+            body = {"prompt": "x", "max_tokens": 1, "stream": True}
+            async with session.post(gw.url + "/v1/completions", json=body) as r:
+                text = await r.text()
+            assert r.status == 200 and "[DONE]" in text and '"ok"' in text
+            assert time.monotonic() - t0 < 3.0
+        assert gw.registry.find(a.url).total_failures == 1
+        assert gw.registry.find(b.url).total_failures == 0
+    finally:
+        release.set()
+        await a.stop()
+        await b.stop()
+
+
+async def test_plain_request_waiting_on_a_replica_taken_out_moves_at_once(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A plain answer has no first-byte deadline (it comes whole, after decoding), but a
+    request still waiting when its replica is taken out is retried at once."""
+    release = asyncio.Event()
+    a = FakeReplica(handler=lambda request: release.wait())  # type: ignore[arg-type,return-value]
+    b = FakeReplica()
+    await a.start()
+    await b.start()
+    try:
+        gw = await make_gateway(
+            [a.url, b.url], policy="round_robin", read_timeout_s=30.0, health_interval_s=60
+        )
+        body = {"prompt": "x", "max_tokens": 1}
+        tasks = [asyncio.create_task(session.post(gw.url + "/v1/completions", json=body))]
+        tasks.append(asyncio.create_task(session.post(gw.url + "/v1/completions", json=body)))
+        await asyncio.sleep(0.3)
+        assert sum(t.done() for t in tasks) == 1  # the one on the frozen replica waits
+        t0 = time.monotonic()
+        gw.registry.record_probe(gw.registry.find(a.url).id, False, time.monotonic())
+        for _ in range(gw.config.failure_threshold - 1):
+            gw.registry.record_probe(gw.registry.find(a.url).id, False, time.monotonic())
+        responses = await asyncio.wait_for(asyncio.gather(*tasks), 2.0)
+        assert [r.status for r in responses] == [200, 200]
+        assert time.monotonic() - t0 < 1.0
+        for r in responses:
+            r.release()
+    finally:
+        release.set()
+        await a.stop()
+        await b.stop()
+
+
+async def test_replicas_are_named_by_id_towards_clients(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """By default no internal URL reaches a client: not in the header, not in a 502 body."""
+    fake = FakeReplica(failing=True)
+    await fake.start()
+    try:
+        gw = await make_gateway([fake.url], expose_replica_urls=False, health_interval_s=60)
+        record = gw.registry.find(fake.url)
+        record.healthy = True
+        async with session.post(
+            gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}
+        ) as r:
+            text = await r.text()
+            assert r.headers["x-prefixroute-replica"] == record.name
+        assert record.name.startswith("r-") and fake.url not in text
+        host_port = fake.url.removeprefix("http://")
+        assert host_port not in text and host_port not in str(dict(r.headers))
+        fake.failing = False
+        fake.handler = None
+        await fake.stop()  # now a connection error: the 502 must not name the URL either
+        async with session.post(
+            gw.url + "/v1/completions", json={"prompt": "y", "max_tokens": 1}
+        ) as r:
+            text = await r.text()
+            assert r.status in (502, 503)
+        assert host_port not in text
+    finally:
+        await fake.stop()
+
+
+def _big_stream(events: int, size: int, ended: asyncio.Event | None = None) -> object:
+    """A replica that writes ``events`` events of ``size`` characters at once; ``ended`` is set
+    when it has written the last byte."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if not request.path.startswith("/v1/"):  # the health checker's /metrics scrape
+            raise web.HTTPNotFound()
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        text = "x" * size
+        for _ in range(events):
+            await out.write(f'data: {{"choices":[{{"text":"{text}"}}]}}\n\n'.encode())
+        await out.write(b"data: [DONE]\n\n")
+        await out.write_eof()
+        if ended is not None:
+            ended.set()
+        return out
+
+    return handler
+
+
+@contextlib.asynccontextmanager
+async def _slow_reader(url: str) -> AsyncIterator[asyncio.StreamReader]:
+    """A client that sends a streaming request and then reads only what the test reads."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = json.dumps({"prompt": "x", "max_tokens": 1, "stream": True}).encode()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    try:
+        await writer.drain()
+        yield reader
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+async def test_a_slow_reader_holds_no_replica_slot_after_the_replica_ended(
+    make_gateway: GatewayFactory,
+) -> None:
+    """A 32 MB stream (more than the kernel's socket buffers hold) to a client that reads
+    nothing: the replica's in-flight slot is released within 1 s of the replica's end, not
+    when the client is done."""
+    ended = asyncio.Event()
+    fake = FakeReplica(handler=_big_stream(8000, 4000, ended))  # type: ignore[arg-type]
+    await fake.start()
+    try:
+        gw = await make_gateway(
+            [fake.url], max_in_flight_per_replica=1, client_buffer_bytes=64 * 1024 * 1024
+        )
+        rid = gw.registry.find(fake.url).id
+        async with _slow_reader(gw.url) as reader:
+            async with asyncio.timeout(20.0):
+                await ended.wait()
+            async with asyncio.timeout(1.0):
+                while gw.router.loads.get(rid).in_flight:
+                    await asyncio.sleep(0.01)
+            # The slot is free while the client still has not read: another request gets in.
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(gw.url + "/v1/completions", json={"prompt": "y", "max_tokens": 1}) as r,
+            ):
+                assert r.status == 200
+            # The slow client still gets the whole stream.
+            tail = b""
+            async with asyncio.timeout(20.0):
+                while not tail.endswith(b"0\r\n\r\n"):
+                    tail = (tail + await reader.read(1 << 20))[-64:]
+            assert b"[DONE]" in tail
+    finally:
+        await fake.stop()
+
+
+async def test_a_client_that_stops_reading_is_cut_after_the_write_timeout(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """Past the buffer bound, a client that makes no room for write_timeout_s is cut and
+    counted, and its replica slot is free."""
+    fake = FakeReplica(handler=_big_stream(8000, 4000))  # type: ignore[arg-type]
+    await fake.start()
+    try:
+        gw = await make_gateway(
+            [fake.url], client_buffer_bytes=16 * 1024, client_write_timeout_s=0.3
+        )
+        rid = gw.registry.find(fake.url).id
+        async with _slow_reader(gw.url):
+            async with asyncio.timeout(10.0):
+                while True:
+                    metrics = await (await session.get(gw.url + "/metrics")).text()
+                    if 'prefixroute_cut_streams_total{reason="slow_client"} 1.0' in metrics:
+                        break
+                    await asyncio.sleep(0.05)
+            assert gw.router.loads.get(rid).in_flight == 0
+            assert gw.registry.find(fake.url).total_failures == 0  # the client's doing
+    finally:
+        await fake.stop()

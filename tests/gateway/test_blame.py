@@ -409,3 +409,27 @@ async def test_a_client_that_stops_reading_is_cut_after_the_write_timeout(
             assert gw.registry.find(fake.url).total_failures == 0  # the client's doing
     finally:
         await fake.stop()
+
+
+async def test_an_unreadable_body_closes_its_connection_and_says_so(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A body declared gzip that is not: a 400 with ``Connection: close``, so a keep-alive
+    client does not send its next request into a connection the gateway is closing."""
+    [fake] = await _fleet(1)
+    try:
+        gw = await make_gateway([fake.url])
+        headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+        async with session.post(
+            gw.url + "/v1/completions", data=b'{"prompt": "not gzip"}', headers=headers
+        ) as r:
+            assert r.status == 400
+            assert r.headers.get("Connection", "").lower() == "close"
+            assert (await r.json())["error"]["type"] == "invalid_request_error"
+        for _ in range(3):  # the same session's next requests are served
+            async with session.post(
+                gw.url + "/v1/completions", json={"prompt": "ok", "max_tokens": 1}
+            ) as r:
+                assert r.status == 200
+    finally:
+        await _stop([fake])

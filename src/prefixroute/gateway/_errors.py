@@ -8,7 +8,8 @@ Hierarchy (core errors first; gateway errors below ``GatewayError``)::
     ├── RequestTooLarge                   400
     └── GatewayError                      500
         ├── BadRequest                    400 a request we cannot route
-        │   └── InvalidJSON               400 the body is not JSON
+        │   ├── InvalidJSON               400 the body is not JSON
+        │   └── MalformedBody             400 the body cannot be read (Connection: close)
         ├── Unauthorized                  401 missing or wrong API key / admin bearer token
         ├── RequestTimeout                408 the client sent its body too slowly
         ├── NotFound                      404 an unknown admin resource
@@ -53,6 +54,12 @@ class GatewayError(PrefixrouteError):
 
 class BadRequest(GatewayError):
     """The request cannot be routed as sent."""
+
+
+class MalformedBody(BadRequest):
+    """The body could not be read (bad chunking, a short body, a ``Content-Encoding`` it does
+    not have): aiohttp closes the connection after it, so the answer says so
+    (``Connection: close``) and a keep-alive client does not lose its next request."""
 
 
 class InvalidJSON(BadRequest):
@@ -196,6 +203,8 @@ def make_error_middleware(retry_after_s: int, observe: Observer | None = None) -
         except Exception as exc:
             _log_error(request, exc, tracebacks)
             response = error_response(exc, retry_after_s)
+            if isinstance(exc, MalformedBody):
+                response.force_close()
         if observe is not None:
             try:
                 observe(request, response)

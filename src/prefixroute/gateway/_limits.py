@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from prefixroute.gateway._errors import (
-    BadRequest,
+    MalformedBody,
     PayloadTooLarge,
     RequestTimeout,
     ShuttingDown,
@@ -110,7 +110,9 @@ class Limits:
                 ) from None
             raise
         except web.RequestPayloadError as exc:  # bad chunked encoding, a short body: the client's
-            raise BadRequest("the request body is malformed (length or chunked encoding)") from exc
+            raise MalformedBody(
+                "the request body is malformed (length, chunked or content encoding)"
+            ) from exc
         except TimeoutError as exc:  # aiohttp closes the connection after the 408 (body unread)
             raise RequestTimeout(
                 f"the request body did not arrive within {self.body_timeout_s:g} s"

@@ -22,6 +22,7 @@ from prefixroute.core.policies import (
 )
 from prefixroute.core.router import Router
 from prefixroute.core.speculative import SpeculativeEntries
+from prefixroute.core.speed import ReplicaSpeed, SpeedConfig
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 
 __all__ = [
@@ -39,11 +40,13 @@ __all__ = [
     "PrefixrouteError",
     "ReplicaId",
     "ReplicaLoad",
+    "ReplicaSpeed",
     "RequestTooLarge",
     "RequestView",
     "Router",
     "RoutingContext",
     "SpeculativeEntries",
+    "SpeedConfig",
     "TokenIds",
     "UnknownPolicy",
     "UnknownWorkload",

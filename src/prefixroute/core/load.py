@@ -4,6 +4,14 @@ The simulator and the gateway both call :meth:`LoadTracker.dispatch` when a requ
 :meth:`first_token` when its first output token comes back (prefill is over), and
 :meth:`complete` when it ends (success, failure or cancellation alike). Numbers scraped from a
 replica's metrics endpoint arrive through :meth:`observe` and are kept beside, never mixed in.
+
+The same three calls teach each replica's :class:`~prefixroute.core.speed.ReplicaSpeed` its
+prefill rate and decode step: a request's time to first token against the work queued ahead of
+it plus its own uncached tokens, and its decode phase against the steps it took. Only a first
+token the caller measured counts (``first_token(..., measured=True)``, the default); the one
+:meth:`complete` implies for a request that never reported one (a failure, a plain response
+that arrives whole) is bookkeeping only. So the load view can say how long each replica's queue
+takes at that replica's own speed (:meth:`ReplicaLoad.queued_prefill_s`).
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from prefixroute.core.speed import ReplicaSpeed, SpeedConfig
 from prefixroute.core.types import Decision, ReplicaId, RequestView
 
 THROUGHPUT_WINDOW_S = 10.0  # seconds; time constant of the decaying throughput estimate
@@ -29,6 +38,9 @@ class ReplicaLoad:
     kv_usage: float | None = None  # fraction of KV cache in use, 0..1
     num_waiting: int | None = None  # requests queued inside the engine
     num_running: int | None = None  # requests in the engine's running batch
+    speed: ReplicaSpeed = field(default_factory=ReplicaSpeed)  # learned prefill rate, decode step
+    busy_since: float = 0.0  # when it started on its current prefill queue, seconds
+    prefilled_tokens: int = 0  # uncached tokens whose first token came back, since registration
     _tokens_acc: float = 0.0  # decayed sum of tokens processed, tokens
     _tokens_at: float = 0.0  # time of the last decay, seconds
     _arrivals_acc: float = 0.0  # decayed count of requests dispatched here, requests
@@ -39,6 +51,17 @@ class ReplicaLoad:
     def decoding(self) -> int:
         """In-flight requests past their prefill."""
         return self.in_flight - self.prefilling
+
+    def queued_left(self, now: float) -> float:
+        """Queued prefill tokens not done yet: the queue less the progress the replica has made
+        on it since ``busy_since`` at its learned speed, tokens."""
+        queued = self.queued_prefill_tokens
+        return queued - self.speed.progress(queued, now - self.busy_since, self.decoding > 0)
+
+    def queued_prefill_s(self, now: float) -> float:
+        """The queued prefill work in seconds at this replica's own learned speed: how long a
+        request dispatched now waits before its own prefill starts (decode overhead aside)."""
+        return self.speed.prefill_s(self.queued_left(now))
 
     def throughput(self, now: float) -> float:
         """Recent tokens processed per second (prefill + output), exponentially decayed."""
@@ -74,7 +97,13 @@ class _InFlight:
     uncached_tokens: int  # predicted prefill work, tokens
     output_tokens: int  # expected output, tokens
     blocks: int  # KV blocks reserved in the view, blocks
+    dispatched_s: float = 0.0  # when it was sent, seconds
+    ahead_tokens: float = 0.0  # queued prefill left ahead of it at dispatch, tokens
+    decoding: bool = False  # the replica was decoding at dispatch
     prefilled: bool = False
+    first_token_s: float | None = None  # measured first token, seconds (None: not measured)
+    prefilled_mark: int = 0  # the replica's ``prefilled_tokens`` at its first token, tokens
+    actual_uncached: int | None = None  # uncached tokens the replica reported, tokens
 
 
 @dataclass(slots=True)
@@ -82,11 +111,12 @@ class LoadTracker:
     """Per-replica load, updated by dispatch / first token / completion."""
 
     block_size: int = 16  # tokens per KV block, for ``active_blocks``
+    speed: SpeedConfig = field(default_factory=SpeedConfig)  # priors of every replica's speed
     _loads: dict[ReplicaId, ReplicaLoad] = field(default_factory=dict)
     _requests: dict[str, _InFlight] = field(default_factory=dict)
 
     def add_replica(self, replica: ReplicaId) -> None:
-        self._loads.setdefault(replica, ReplicaLoad())
+        self.get(replica)
 
     def remove_replica(self, replica: ReplicaId) -> None:
         """Forget ``replica``; its in-flight requests stay tracked until they complete."""
@@ -99,7 +129,7 @@ class LoadTracker:
         """The load of ``replica``, registering it on first sight."""
         load = self._loads.get(replica)
         if load is None:
-            load = self._loads[replica] = ReplicaLoad()
+            load = self._loads[replica] = ReplicaLoad(speed=ReplicaSpeed(self.speed))
         return load
 
     @property
@@ -135,15 +165,24 @@ class LoadTracker:
         uncached = max(0, prompt_tokens - predicted_cached_tokens)
         blocks = -(-(prompt_tokens + output_tokens) // self.block_size)
         load = self.get(replica)
-        self._requests[request_id] = _InFlight(replica, load, uncached, output_tokens, blocks)
+        if not load.prefilling:
+            load.busy_since = now  # an idle queue: the replica starts on this request now
+        self._requests[request_id] = _InFlight(
+            replica, load, uncached, output_tokens, blocks,
+            dispatched_s=now, ahead_tokens=load.queued_left(now), decoding=load.decoding > 0,
+        )  # fmt: skip
         load.in_flight += 1
         load.prefilling += 1
         load.queued_prefill_tokens += uncached
         load._add_arrival(uncached, now)
         load.active_blocks += blocks
 
-    def first_token(self, request_id: str, now: float) -> None:
-        """The request's prefill is over (its first token arrived)."""
+    def first_token(self, request_id: str, now: float, measured: bool = True) -> None:
+        """The request's prefill is over (its first token arrived).
+
+        ``measured=False`` says ``now`` is a guess (a timer, not a token seen): the load view
+        moves on, but the speed model does not learn from it.
+        """
         req = self._requests.get(request_id)
         if req is None or req.prefilled:
             return
@@ -151,11 +190,31 @@ class LoadTracker:
         load = req.load
         load.prefilling -= 1
         load.queued_prefill_tokens -= req.uncached_tokens
+        load.prefilled_tokens += req.uncached_tokens
+        if load.prefilling:
+            load.busy_since = now  # it moves on to the next request in its queue
         load._add_tokens(req.uncached_tokens, now)
+        if measured:
+            req.first_token_s = now
+            req.prefilled_mark = load.prefilled_tokens
+
+    def observe_usage(self, request_id: str, prompt_tokens: int, cached_tokens: int) -> int | None:
+        """The replica reported the request's prompt and cached tokens (``usage``): its own
+        uncached count replaces the prediction in what the speed model learns. Returns the
+        predicted uncached tokens (None if the request is not in flight)."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return None
+        req.actual_uncached = max(0, prompt_tokens - cached_tokens)
+        return req.uncached_tokens
 
     def complete(self, request_id: str, now: float, output_tokens: int | None = None) -> None:
-        """The request ended, however it ended. Safe to call twice."""
-        self.first_token(request_id, now)
+        """The request ended, however it ended. Safe to call twice.
+
+        With a measured first token, the request teaches its replica's speed model: its TTFT
+        (prefill rate), and with ``output_tokens`` given, its decode phase (decode step).
+        """
+        self.first_token(request_id, now, measured=False)
         req = self._requests.pop(request_id, None)
         if req is None:
             return
@@ -165,6 +224,21 @@ class LoadTracker:
         load.completed += 1
         out = req.output_tokens if output_tokens is None else output_tokens
         load._add_tokens(out, now)
+        if req.first_token_s is not None:
+            self._learn(req, now, output_tokens)
+
+    @staticmethod
+    def _learn(req: _InFlight, now: float, output_tokens: int | None) -> None:
+        assert req.first_token_s is not None
+        speed = req.load.speed
+        own = req.uncached_tokens if req.actual_uncached is None else req.actual_uncached
+        work = req.ahead_tokens + own
+        speed.observe_prefill(
+            work, speed.steps(work, req.decoding), req.first_token_s - req.dispatched_s
+        )
+        if output_tokens is not None and output_tokens > 1:
+            prefilled = req.load.prefilled_tokens - req.prefilled_mark
+            speed.observe_decode(now - req.first_token_s, output_tokens - 1, prefilled)
 
     def observe(
         self,

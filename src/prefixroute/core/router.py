@@ -6,7 +6,14 @@ Both the simulator and the gateway drive a :class:`Router` the same way::
     decision = router.route(view, now)          # policy decides; index and load are updated
     ...                                         # send it to decision.replica
     router.first_token("req-1", now)            # prefill done
-    router.complete("req-1", now)               # finished, failed or cancelled
+    router.observe_usage("req-1", prompt_tokens=p, cached_tokens=c)  # the replica's usage, if any
+    router.complete("req-1", now, output_tokens=n)  # finished, failed or cancelled
+
+The same calls teach the router each replica's speed (:mod:`prefixroute.core.speed`): a first
+token's time against the work queued ahead, a completion's decode time against its output
+tokens. The priors are the policy's own constants when its config has them
+(``prefill_tokens_per_s``, ``decode_step_s``, ``step_tokens``), so a fresh router predicts with
+exactly the numbers the policy was configured with.
 
 Approximate mode (the default) records every decision in the index: the index is the router's
 own picture of the caches. Precise mode (``insert_on_route=False``) leaves the index to the
@@ -27,6 +34,7 @@ from prefixroute.core.index import PrefixIndex
 from prefixroute.core.load import LoadTracker
 from prefixroute.core.policies import Policy, RoutingContext
 from prefixroute.core.speculative import SpeculativeEntries
+from prefixroute.core.speed import SpeedConfig
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 
 CHARS_PER_TOKEN = 4.0  # rough characters per token for English text, to estimate token counts
@@ -45,11 +53,15 @@ class Router:
         seed: int = 0,
         insert_on_route: bool = True,
         speculative_ttl_s: float | None = None,
+        speed: SpeedConfig | None = None,
     ) -> None:
         self.policy = policy
         self.hasher = hasher or BlockHasher()
         self.index = PrefixIndex(index_capacity_blocks)
-        self.loads = LoadTracker(block_size=kv_block_size)
+        self.loads = LoadTracker(block_size=kv_block_size, speed=speed or speed_priors_of(policy))
+        self.usage_reports = 0  # requests whose replica reported its cached tokens
+        self.overpredicted = 0  # of those, requests that found fewer cached tokens than predicted
+        self.overpredicted_tokens = 0  # tokens predicted cached that were not, tokens
         self.rng = random.Random(seed)
         self.insert_on_route = insert_on_route  # False: the index is fed by engine events
         self.speculative = (
@@ -156,8 +168,43 @@ class Router:
         self.loads.dispatch(request, decision, now)
         return decision
 
-    def first_token(self, request_id: str, now: float) -> None:
-        self.loads.first_token(request_id, now)
+    def first_token(self, request_id: str, now: float, measured: bool = True) -> None:
+        """The request's first token arrived at ``now`` (its prefill is over).
+
+        ``measured=False`` when ``now`` is an estimate (a timer standing in for a token nobody
+        saw): the load view moves on, the speed model does not learn from it.
+        """
+        self.loads.first_token(request_id, now, measured)
+
+    def observe_usage(self, request_id: str, prompt_tokens: int, cached_tokens: int) -> None:
+        """The replica reported the request's ``usage``: ``prompt_tokens`` and
+        ``prompt_tokens_details.cached_tokens``. Call it before :meth:`complete`.
+
+        The speed model then learns from the uncached tokens the replica really computed, not
+        the prediction, and the router counts predictions that were too high.
+        """
+        predicted = self.loads.observe_usage(request_id, prompt_tokens, cached_tokens)
+        if predicted is None:
+            return
+        self.usage_reports += 1
+        actual = max(0, prompt_tokens - cached_tokens)
+        if actual > predicted:
+            self.overpredicted += 1
+            self.overpredicted_tokens += actual - predicted
 
     def complete(self, request_id: str, now: float, output_tokens: int | None = None) -> None:
+        """The request ended at ``now``, however it ended. Pass ``output_tokens`` (the tokens
+        really generated, e.g. ``usage.completion_tokens``) when known: the speed model learns
+        the decode step from it; without it only the prefill rate is learned."""
         self.loads.complete(request_id, now, output_tokens)
+
+
+def speed_priors_of(policy: Policy) -> SpeedConfig:
+    """Speed priors from the policy's config fields of the same names, where it has them."""
+    config = getattr(policy, "config", None)
+    d = SpeedConfig()
+    return SpeedConfig(
+        prefill_tokens_per_s=getattr(config, "prefill_tokens_per_s", d.prefill_tokens_per_s),
+        decode_step_s=getattr(config, "decode_step_s", d.decode_step_s),
+        step_tokens=getattr(config, "step_tokens", d.step_tokens),
+    )

@@ -53,7 +53,7 @@ def build_app(config: EmulatorConfig) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
     endpoint = config.kv_events_endpoint
     model = ReplicaModel(config.engine, config.hash_seed, record_events=endpoint is not None)
-    engine = EngineLoop(model, config.time_scale)
+    engine = EngineLoop(model, config.time_scale, speed_changes=config.speed_changes)
     if endpoint is not None:
         bridge = app[EVENTS] = KVEventBridge(model, EventPublisher(endpoint))
         engine.after_step = bridge.flush

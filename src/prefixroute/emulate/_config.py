@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from prefixroute.core import ConfigError
 from prefixroute.events import EventEndpoint
+from prefixroute.sim.fleet import SpeedChange
 from prefixroute.sim.replica import ReplicaConfig
 
 
@@ -21,6 +22,9 @@ class EmulatorConfig:
     # Publish KV events as vLLM does: "bind:tcp://127.0.0.1:*", "connect:tcp://host:5557", or a
     # bare vLLM-style address (a wildcard host binds); optional ",replay=ADDR". None: no events.
     kv_events: str | None = None
+    # The engine's speed changes at these model times after it starts (their ``replica`` names
+    # are not checked here: an :class:`EmulatedCluster` hands each replica its own).
+    speed_changes: tuple[SpeedChange, ...] = ()
 
     @property
     def kv_events_endpoint(self) -> EventEndpoint | None:

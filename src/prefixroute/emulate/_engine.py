@@ -24,6 +24,7 @@ import xxhash
 
 from prefixroute._tasks import cancel_and_wait
 from prefixroute.core import ConfigError, PrefixrouteError
+from prefixroute.sim.fleet import SpeedChange
 from prefixroute.sim.replica import EngineRequest, ReplicaModel, StepResult
 
 log = logging.getLogger(__name__)
@@ -59,12 +60,15 @@ class EngineLoop:
         model: ReplicaModel,
         time_scale: float = 1.0,
         after_step: Callable[[], None] | None = None,
+        speed_changes: Sequence[SpeedChange] = (),
     ) -> None:
         if time_scale <= 0:
             raise ConfigError(f"time scale must be positive, got {time_scale}")
         self.model = model
         self.time_scale = time_scale  # wall seconds per model second
         self.after_step = after_step  # called after each applied step (KV events go out here)
+        self.speed_changes = tuple(speed_changes)  # applied at model times after start()
+        self._timers: list[asyncio.TimerHandle] = []
         self.prefix_queries = 0  # prompt tokens looked up at admission, tokens
         self.prefix_hits = 0  # of those, tokens found cached, tokens
         self.prompt_tokens = 0  # prompt tokens of admitted requests, tokens
@@ -80,10 +84,24 @@ class EngineLoop:
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-loop")
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run(), name="engine-loop")
+            # The model reads its speeds when it plans a step: a change applies from the next.
+            self._timers = [
+                loop.call_later(
+                    ch.at_s * self.time_scale,
+                    self.model.set_speed,
+                    ch.prefill_tokens_per_s,
+                    ch.decode_step_s,
+                )
+                for ch in self.speed_changes
+            ]
 
     async def stop(self) -> None:
         """Stop stepping; every unfinished request is told ABORTED."""
+        for timer in self._timers:
+            timer.cancel()
+        self._timers = []
         task, self._task = self._task, None
         await cancel_and_wait(task)
         self._abort_all()

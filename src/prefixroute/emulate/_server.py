@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 from aiohttp import web
 
@@ -19,6 +20,7 @@ from prefixroute._serving import Served, StartStop, listen
 from prefixroute.core import ConfigError
 from prefixroute.emulate._app import ENGINE, EVENTS, build_app
 from prefixroute.emulate._config import EmulatorConfig
+from prefixroute.sim.fleet import Fleet
 
 
 class EmulatedReplica(Served):
@@ -81,11 +83,17 @@ class EmulatedReplica(Served):
 
 
 class EmulatedCluster(StartStop):
-    """``n`` emulated replicas sharing one configuration (ports are picked per replica)."""
+    """``n`` emulated replicas sharing one configuration (ports are picked per replica).
 
-    def __init__(self, n: int, config: EmulatorConfig | None = None) -> None:
+    With a ``fleet`` (:class:`prefixroute.sim.fleet.Fleet`, ``n`` replicas), replica ``i`` runs
+    the fleet's engine settings for ``r{i}`` and the speed changes named ``r{i}``.
+    """
+
+    def __init__(self, n: int, config: EmulatorConfig | None = None, fleet: Fleet | None = None):
         if n < 1:
             raise ConfigError(f"an emulated cluster needs at least one replica, got {n}")
+        if fleet is not None and fleet.size != n:
+            raise ConfigError(f"the fleet has {fleet.size} replicas, the cluster {n}")
         base = config or EmulatorConfig()
         # An explicit port is the first of ``n`` consecutive ports; 0 stays "any free port".
         # KV-event ports are offset the same way (wildcard ports stay wildcards).
@@ -96,6 +104,7 @@ class EmulatedCluster(StartStop):
                     base,
                     port=base.port + i if base.port else 0,
                     kv_events=str(endpoint.with_port_offset(i)) if endpoint else None,
+                    **(_fleet_settings(fleet, i) if fleet is not None else {}),
                 )
             )
             for i in range(n)
@@ -118,8 +127,18 @@ class EmulatedCluster(StartStop):
         await asyncio.gather(*(r.stop() for r in self.replicas))
 
 
-async def start_replicas(n: int, config: EmulatorConfig | None = None) -> EmulatedCluster:
+def _fleet_settings(fleet: Fleet, i: int) -> dict[str, Any]:
+    name = f"r{i}"
+    return {
+        "engine": fleet.configs[i],
+        "speed_changes": tuple(ch for ch in fleet.changes if ch.replica == name),
+    }
+
+
+async def start_replicas(
+    n: int, config: EmulatorConfig | None = None, fleet: Fleet | None = None
+) -> EmulatedCluster:
     """Start ``n`` emulated replicas on 127.0.0.1 (free ports); stop them with ``.stop()``."""
-    cluster = EmulatedCluster(n, config)
+    cluster = EmulatedCluster(n, config, fleet)
     await cluster.start()
     return cluster

@@ -9,6 +9,7 @@ from typing import Any
 from prefixroute._serving import run_until_signal, wait_for_signal
 from prefixroute.emulate._config import EmulatorConfig
 from prefixroute.emulate._server import EmulatedCluster
+from prefixroute.sim.fleet import CHANGE_HELP, FLEET_HELP, Fleet, fleet_from_flags
 from prefixroute.sim.replica import ReplicaConfig
 
 log = logging.getLogger("prefixroute.emulate")
@@ -40,6 +41,14 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--step-tokens", type=int, default=d.step_tokens, help="token budget per step")
     p.add_argument("--max-running", type=int, default=d.max_running, help="max batch, requests")
+    p.add_argument("--fleet", metavar="SPEC", help=FLEET_HELP.replace("--replicas", "--count"))
+    p.add_argument(
+        "--speed-change",
+        action="append",
+        default=[],
+        metavar="REPLICA@SECONDS:KEY=VALUE",
+        help=CHANGE_HELP + "; seconds of model time after the replica starts",
+    )
     p.add_argument(
         "--time-scale",
         type=float,
@@ -77,10 +86,21 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     )
 
 
+def fleet_from_args(args: argparse.Namespace, config: EmulatorConfig) -> Fleet | None:
+    """The per-replica settings of ``--fleet`` / ``--speed-change`` (None without either)."""
+    if not (args.fleet or args.speed_change):
+        return None
+    return fleet_from_flags(args.fleet, args.speed_change, args.count, config.engine)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = config_from_args(args)
-    run_until_signal(_serve(EmulatedCluster(args.count, config)))
+    fleet = fleet_from_args(args, config)
+    count = args.count if fleet is None else fleet.size
+    if fleet is not None:
+        log.info("fleet: %s", fleet.describe())
+    run_until_signal(_serve(EmulatedCluster(count, config, fleet)))
     return 0
 
 

@@ -173,7 +173,7 @@ class Ledger:
         with self._lock:
             flight = self._flights.get(request_id)
             if flight is not None and flight.attempt == attempt and flight.stage is Stage.SENT:
-                self.router.first_token(request_id, self.clock())
+                self.router.first_token(request_id, self.clock(), measured=False)  # a guess
 
     def cancelled(self, request_id: str) -> None:
         """The request was given up before Ray sent it anywhere."""

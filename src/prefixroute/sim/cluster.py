@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from prefixroute.core import (
@@ -21,6 +21,7 @@ from prefixroute.core import (
     RequestView,
     Router,
 )
+from prefixroute.sim.fleet import Fleet, SpeedChange
 from prefixroute.sim.kernel import ARRIVAL, URGENT, Kernel
 from prefixroute.sim.replica import EngineRequest, ReplicaConfig, ReplicaModel
 from prefixroute.sim.workload import ClusterEvent, Session, Workload
@@ -64,6 +65,23 @@ class ReplicaRecord:
     evictions: int = 0
     added_s: float = 0.0
     removed_s: float | None = None
+    prefill_tokens_per_s: float = 0.0  # its true prefill rate at the end of the run, tokens/s
+    decode_step_s: float = 0.0  # its true decode step at the end of the run, seconds
+    learned_prefill_tokens_per_s: float = 0.0  # the router's estimate at the end, tokens/s
+    learned_decode_step_s: float = 0.0  # the router's estimate at the end, seconds
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedSample:
+    """A replica's learned and true speed right after one of its requests completed."""
+
+    time_s: float  # simulated time, seconds
+    replica: str
+    requests: int  # requests of this replica that had completed, requests
+    learned_prefill_tokens_per_s: float  # the router's estimate, tokens/s
+    prefill_tokens_per_s: float  # the replica model's true rate at that time, tokens/s
+    learned_decode_step_s: float  # the router's estimate, seconds
+    decode_step_s: float  # the true decode step at that time, seconds
 
 
 @dataclass(slots=True)
@@ -78,6 +96,7 @@ class RunResult:
     index_evictions: int
     events: int  # kernel events processed
     wall_s: float  # wall-clock time of the run, seconds
+    speed_trace: list[SpeedSample] = field(default_factory=list)  # with trace_speeds only
 
 
 @dataclass(slots=True)
@@ -99,13 +118,18 @@ class ClusterSim:
         replica_config: ReplicaConfig | None = None,
         seed: int = 0,
         on_progress: Callable[[int], None] | None = None,
+        fleet: Fleet | None = None,
+        trace_speeds: bool = False,
     ) -> None:
         self.workload = workload
         self.policy = policy
-        self.replicas = replicas
         self.replica_config = replica_config or ReplicaConfig()
+        # Replica r{i} runs fleet.configs[i]; without a fleet every replica runs replica_config.
+        self.fleet = fleet or Fleet.uniform(replicas, self.replica_config)
+        self.replicas = self.fleet.size
         self.seed = seed
         self.on_progress = on_progress  # called with the number of completed requests
+        self.trace_speeds = trace_speeds  # sample learned vs true speed after each completion
 
     def run(self) -> RunResult:
         wall0 = time.perf_counter()
@@ -124,6 +148,8 @@ class ClusterSim:
         self._pending: dict[str, _Pending] = {}
         self._done = 0
         self._accepting_ids: list[ReplicaId] | None = None  # cache of _accepting()
+        self._trace: list[SpeedSample] = []
+        self._completed: dict[ReplicaId, int] = {}
         for i in range(self.replicas):
             self._add_replica(ReplicaId(f"r{i}"))
         # Sessions are read one arrival ahead, so a workload built on demand (a trace replayed a
@@ -133,9 +159,13 @@ class ClusterSim:
         self._next_session()
         for ev in self.workload.cluster_events:
             self._kernel.at(ev.at_s, partial(self._cluster_event, ev), URGENT)
+        for change in self.fleet.changes:
+            self._kernel.at(change.at_s, partial(self._speed_change, change), URGENT)
         self._kernel.run()
         for rid, live in self._live.items():
             self._close_stats(rid, live.model)
+            if self._router.has_replica(rid):
+                self._record_speed(rid)
         finish = [r.finish_s for r in self._records if r.finish_s is not None]
         return RunResult(
             policy=self.policy.name,
@@ -148,15 +178,40 @@ class ClusterSim:
             index_evictions=self._router.index.evictions,
             events=self._kernel.processed,
             wall_s=time.perf_counter() - wall0,
+            speed_trace=self._trace,
         )
 
     # --- cluster membership ---------------------------------------------------------------
     def _add_replica(self, rid: ReplicaId) -> None:
-        model = ReplicaModel(self.replica_config, fast_forward=True, report_decodes=False)
+        config = self.fleet.config_of(rid, self.replica_config)
+        model = ReplicaModel(config, fast_forward=True, report_decodes=False)
         self._live[rid] = _Live(model)
         self._accepting_ids = None
         self._stats[rid] = ReplicaRecord(rid, added_s=self._kernel.now)
-        self._router.add_replica(rid)
+        self._router.add_replica(rid, config.kv_capacity_blocks)
+
+    def _record_speed(self, rid: ReplicaId) -> None:
+        """What the router has learned of ``rid``'s speed, for the report."""
+        speed = self._router.loads[rid].speed
+        st = self._stats[rid]
+        st.learned_prefill_tokens_per_s = speed.prefill_tokens_per_s
+        st.learned_decode_step_s = speed.decode_step_s
+
+    def _sample_speed(self, rid: ReplicaId, now: float) -> None:
+        done = self._completed[rid] = self._completed.get(rid, 0) + 1
+        speed = self._router.loads[rid].speed
+        true = self._live[rid].model.config
+        self._trace.append(
+            SpeedSample(
+                now, rid, done, speed.prefill_tokens_per_s, true.prefill_tokens_per_s,
+                speed.decode_step_s, true.decode_step_s,
+            )
+        )  # fmt: skip
+
+    def _speed_change(self, change: SpeedChange) -> None:
+        live = self._live.get(ReplicaId(change.replica))
+        if live is not None:
+            live.model.set_speed(change.prefill_tokens_per_s, change.decode_step_s)
 
     def _cluster_event(self, ev: ClusterEvent) -> None:
         rid = ReplicaId(ev.replica)
@@ -166,6 +221,7 @@ class ClusterSim:
             live = self._live[rid]
             live.accepting = False
             self._accepting_ids = None
+            self._record_speed(rid)
             self._router.remove_replica(rid)
             self._stats[rid].removed_s = self._kernel.now
             # Requests not yet started move elsewhere; running ones drain where they are.
@@ -183,6 +239,8 @@ class ClusterSim:
         st.prefill_tokens = model.prefill_tokens
         st.cached_tokens = model.cached_tokens
         st.evictions = model.cache.evictions
+        st.prefill_tokens_per_s = model.config.prefill_tokens_per_s
+        st.decode_step_s = model.config.decode_step_s
 
     # --- requests -------------------------------------------------------------------------
     def _next_session(self) -> None:
@@ -284,7 +342,11 @@ class ClusterSim:
         for req in result.finished:
             p = self._pending.pop(req.request_id)
             p.record.finish_s = now
-            self._router.complete(req.request_id, now)
+            # What a gateway hears at the end of a response: usage, then the end itself.
+            self._router.observe_usage(req.request_id, req.prompt_tokens, req.cached_tokens)
+            self._router.complete(req.request_id, now, req.output_tokens)
+            if self.trace_speeds and self._router.has_replica(rid):
+                self._sample_speed(rid, now)
             nxt = p.turn + 1
             if nxt < len(p.session.turns):
                 think = p.session.turns[nxt].think_s

@@ -15,6 +15,7 @@ from prefixroute.core import (
     parse_policy_list,
     policy_names,
 )
+from prefixroute.sim.fleet import CHANGE_HELP, FLEET_HELP, Fleet, fleet_from_flags
 from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S, PolicyMetrics
 from prefixroute.sim.replica import ReplicaConfig
 from prefixroute.sim.report import (
@@ -62,6 +63,14 @@ def add_parser(sub: Any) -> None:
         metavar="POLICY.KEY=VALUE",
         help="policy parameter, e.g. cache_aware.cache_threshold=0.5 (repeatable)",
     )
+    p.add_argument("--fleet", metavar="SPEC", help=FLEET_HELP)
+    p.add_argument(
+        "--speed-change",
+        action="append",
+        default=[],
+        metavar="REPLICA@SECONDS:KEY=VALUE",
+        help=CHANGE_HELP,
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for workload and routing")
     p.add_argument("--slo-ttft-ms", type=float, default=DEFAULT_TTFT_SLO_S * 1000)
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -98,6 +107,13 @@ def replica_config_from(args: argparse.Namespace, block_size: int) -> ReplicaCon
         step_tokens=args.step_tokens,
         max_running=args.max_running,
     )
+
+
+def fleet_from(args: argparse.Namespace, base: ReplicaConfig) -> Fleet | None:
+    """The fleet of ``--fleet`` / ``--speed-change`` over ``base`` (None without either)."""
+    if not (getattr(args, "fleet", None) or getattr(args, "speed_change", None)):
+        return None
+    return fleet_from_flags(args.fleet, args.speed_change, args.replicas, base)
 
 
 def parse_pairs(items: list[str], what: str) -> dict[str, str]:
@@ -150,22 +166,31 @@ def run(args: argparse.Namespace) -> int:
     for name in workloads:
         workload = make_workload(name, args.seed, overrides)
         block_size = workload.block_size if args.block_size is None else args.block_size
+        base = replica_config_from(args, block_size)
+        fleet = fleet_from(args, base)
+        replicas = args.replicas if fleet is None else fleet.size
         cmp = compare_policies(
             workload,
             names,
-            replicas=args.replicas,
-            replica_config=replica_config_from(args, block_size),
+            replicas=replicas,
+            replica_config=base,
             seed=args.seed,
             ttft_slo_s=args.slo_ttft_ms / 1000.0,
             policy_params=params,
             progress=sys.stderr.isatty() or not (args.json or args.markdown),
+            fleet=fleet,
         )
         title = (
-            f"{workload.name}: {workload.num_requests:,} requests, {args.replicas} replicas, "
+            f"{workload.name}: {workload.num_requests:,} requests, {replicas} replicas, "
             f"block {block_size}, seed {args.seed}"
         )
+        if fleet is not None:
+            title += f"\nfleet: {fleet.describe()}"
         rows.extend(cmp.metrics)
-        docs.append(cmp.json_header() | {"replicas": args.replicas} | {"policies": cmp.metrics})
+        header = cmp.json_header() | {"replicas": replicas}
+        if fleet is not None:
+            header["fleet"] = fleet.describe()
+        docs.append(header | {"policies": cmp.metrics})
         if not (args.json or args.markdown):
             print_report(cmp.metrics, title, console)
         if args.plot:

@@ -81,6 +81,9 @@ class PolicyMetrics:
     turns: list[dict[str, Any]] = field(default_factory=list)  # per-request detail (small runs)
     itl_ms: dict[str, float] = field(default_factory=dict)  # inter-token latency (live runs)
     errors: int = 0  # requests that failed (live runs)
+    # Per replica: its true speed at the end of the run (simulated runs) and what the router
+    # learned of it: prefill_tokens_per_s, decode_step_s, learned_prefill_tokens_per_s, ...
+    per_replica_speed: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,4 +162,14 @@ def summarize(
         decision_us=dec,
         reasons=dict(Counter(r.reason for r in recs)),
         turns=turns,
+        per_replica_speed={
+            rep.replica: {
+                "prefill_tokens_per_s": rep.prefill_tokens_per_s,
+                "decode_step_s": rep.decode_step_s,
+                "learned_prefill_tokens_per_s": rep.learned_prefill_tokens_per_s,
+                "learned_decode_step_s": rep.learned_decode_step_s,
+            }
+            for rep in result.replicas
+            if rep.learned_prefill_tokens_per_s > 0
+        },
     )

@@ -31,6 +31,7 @@ Engine rules modelled (vLLM v1 scheduler, simplified):
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import deque
@@ -137,6 +138,7 @@ class ReplicaModel:
         self._steps = 0  # decode steps the planned step stands for, steps
         self._step_start = 0.0  # when the planned step began, seconds
         self._step_s = 0.0  # its duration, seconds
+        self._step_decode_s = 0.0  # decode step time the planned step was planned with, seconds
         # Totals, since creation.
         self.prefill_tokens = 0  # prompt tokens computed, tokens
         self.cached_tokens = 0  # prompt tokens reused from cache, tokens
@@ -220,15 +222,30 @@ class ReplicaModel:
         self._planned = planned
         self._steps = steps
         self._step_start = now
+        self._step_decode_s = cfg.decode_step_s
         self._step_s = prefill / cfg.prefill_tokens_per_s + steps * cfg.decode_step_s
         return self._step_s
+
+    def set_speed(
+        self, prefill_tokens_per_s: float | None = None, decode_step_s: float | None = None
+    ) -> None:
+        """Run at new speeds from the next step on (the planned step keeps its duration): the
+        GPU gained or lost a neighbour. None leaves a speed unchanged."""
+        cfg = self.config
+        self.config = dataclasses.replace(
+            cfg,
+            prefill_tokens_per_s=(
+                cfg.prefill_tokens_per_s if prefill_tokens_per_s is None else prefill_tokens_per_s
+            ),
+            decode_step_s=cfg.decode_step_s if decode_step_s is None else decode_step_s,
+        )
 
     def interrupt(self, now: float) -> float | None:
         """A request arrived during a fast-forwarded decode stretch: end it at the next step
         boundary. Returns the planned step's new end time, or None if it is unchanged."""
         if self._steps <= 1 or self._planned:
             return None
-        d = self.config.decode_step_s
+        d = self._step_decode_s
         elapsed = max(1, math.ceil((now - self._step_start) / d - 1e-9))
         if elapsed >= self._steps:
             return None

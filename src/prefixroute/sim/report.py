@@ -89,6 +89,44 @@ def turns_table(metrics: Sequence[PolicyMetrics]) -> Table | None:
     return table
 
 
+def speed_table(metrics: Sequence[PolicyMetrics]) -> Table | None:
+    """Per replica: its true speed and what the router learned of it under each policy.
+
+    Every policy's router learns (the estimates do not depend on the policy using them), but
+    what a replica is sent, and so what it teaches, does.
+    """
+    if not metrics or not metrics[0].per_replica_speed:
+        return None
+    table = Table(
+        title="speed per replica: true, and learned by the router (x true)",
+        title_justify="left",
+        header_style="bold",
+    )
+    table.add_column("replica")
+    table.add_column("prefill tok/s", justify="right")
+    table.add_column("decode ms", justify="right")
+    for m in metrics:
+        table.add_column(f"{m.policy}: prefill", justify="right")
+        table.add_column("decode", justify="right")
+    replicas = sorted(metrics[0].per_replica_speed, key=_replica_order)
+    for r in replicas:
+        true = metrics[0].per_replica_speed[r]
+        row = [r, f"{true['prefill_tokens_per_s']:,.0f}", f"{true['decode_step_s'] * 1000:.1f}"]
+        for m in metrics:
+            s = m.per_replica_speed.get(r)
+            if s is None:
+                row += ["-", "-"]
+                continue
+            rate, step = s["learned_prefill_tokens_per_s"], s["learned_decode_step_s"]
+            true_step = s["decode_step_s"]
+            row += [
+                f"{rate:,.0f} ({rate / s['prefill_tokens_per_s']:.2f})",
+                f"{step * 1000:.1f} ({step / true_step:.2f})" if true_step else "-",
+            ]
+        table.add_row(*row)
+    return table
+
+
 def print_report(
     metrics: Sequence[PolicyMetrics], title: str, console: Console | None = None
 ) -> None:
@@ -97,6 +135,9 @@ def print_report(
     if detail is not None:
         console.print(detail)
     console.print(summary_table(metrics, title))
+    speeds = speed_table(metrics)
+    if speeds is not None and len(metrics[0].per_replica_speed) <= 16:
+        console.print(speeds)
     floor = metrics[0].oracle_floor if metrics else None
     if floor is not None:
         console.print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -12,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from prefixroute.core import make_policy
 from prefixroute.sim.cluster import ClusterSim, RunResult
+from prefixroute.sim.fleet import Fleet
 from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S, PolicyMetrics, oracle_floor, summarize
 from prefixroute.sim.replica import ReplicaConfig
 from prefixroute.sim.workload import Workload
@@ -81,16 +83,22 @@ def compare_policies(
     policy_params: dict[str, dict[str, Any]] | None = None,
     progress: bool = True,
     on_result: Callable[[PolicyMetrics], None] | None = None,
+    fleet: Fleet | None = None,
 ) -> Comparison:
-    """Simulate ``workload`` once per policy, each on a fresh cluster with the same seed."""
+    """Simulate ``workload`` once per policy, each on a fresh cluster with the same seed.
+
+    ``fleet`` gives each replica its own settings (and speed changes); it replaces ``replicas``.
+    """
     cfg = replica_config or ReplicaConfig(block_size=workload.block_size)
+    if fleet is not None:
+        cfg = dataclasses.replace(cfg, block_size=fleet.configs[0].block_size)
     floor = oracle_floor(workload, cfg.block_size)
     out = Comparison(workload, [])
     for name in policies:
         policy = make_policy(name, **(policy_params or {}).get(name, {}))
         bar = LazyProgress(workload.num_requests, f"{workload.name} / {name}", progress)
         try:
-            result = ClusterSim(workload, policy, replicas, cfg, seed, bar.update).run()
+            result = ClusterSim(workload, policy, replicas, cfg, seed, bar.update, fleet).run()
         finally:
             bar.close()
         metrics = summarize(result, floor, ttft_slo_s)

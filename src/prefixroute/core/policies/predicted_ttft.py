@@ -2,18 +2,32 @@
 
 For every candidate it predicts the time to first token if the request joined that replica now:
 
-    ttft(r) = (queued_prefill(r) + uncached(r)) / prefill_rate    # work ahead + ours
-            + steps(r) * decode_step_s   if r is decoding    # shared batches
-            + decode_step_s / 2          if r is decoding    # rest of the step in progress
-            + arrival_rate(r) * ttft * mean_uncached(r) / prefill_rate
+    ttft(r) = (queued_prefill(r) + uncached(r)) / prefill_rate(r)    # work ahead + ours
+            + steps(r) * decode_step_s(r)   if r is decoding    # shared batches
+            + decode_step_s(r) / 2          if r is decoding    # rest of the step in progress
+            + arrival_rate(r) * ttft * mean_uncached(r) / prefill_rate(r)
                                          if our prompt spans several steps (chunks of requests
                                          arriving meanwhile share those steps)
 
-where ``uncached(r)`` is the prompt minus what the index says ``r`` has cached. A long match on a
-replica with a long queue loses to a short queue elsewhere exactly when the queue costs more than
-the recomputation saves: affinity yields to balance by arithmetic, not by a threshold. A hot
-prefix therefore spreads to a second replica once its first home is busy enough, and new or empty
-replicas win as soon as their empty queue beats everybody's cached prefix (cold start).
+where ``uncached(r)`` is the prompt minus what the index says ``r`` has cached.
+
+A long match on a replica with a long queue loses to a short queue elsewhere exactly when the
+queue costs more than the recomputation saves: affinity yields to balance by arithmetic, not by a
+threshold. A hot prefix therefore spreads to a second replica once its first home is busy
+enough, and new or empty replicas win as soon as their empty queue beats everybody's cached
+prefix (cold start).
+
+**Each replica at its own speed.** ``prefill_rate(r)`` and ``decode_step_s(r)`` are what the
+router has learned of replica ``r`` (:mod:`prefixroute.core.speed`, from the TTFTs and decode
+times of its own requests); ``prefill_tokens_per_s`` and ``decode_step_s`` in the config are
+only the priors, used until a replica has enough observations. So queued work is compared in
+seconds at each replica's speed: on a fleet where half the replicas prefill 4x slower, a slow
+replica's queue and our recomputation on it cost 4x more, and it gets a request only when that
+still beats waiting on a fast one, before its queue has had time to build. The delay a request
+imposes on others (below) is counted at the replica's own rate too: recomputing a prefix on a
+slow replica holds its later arrivals up 4x longer. ``learned_speeds=False`` keeps the fixed
+constants for every replica. (The other policies model other routers, which count requests or
+tokens and know no speeds; they stay as their sources wrote them.)
 
 The choice minimises predicted TTFT plus the delay the request imposes on others
 (:meth:`PredictedTTFT.cost_to_others`): recomputing a prefix delays requests that arrive behind
@@ -51,6 +65,7 @@ class PredictedTTFTConfig:
     miss_penalty: float = 0.5  # weight of our uncached tokens as work later arrivals wait for
     interference: float = 1.0  # weight of the delay our first chunk adds to prefills under way
     arrivals: float = 1.0  # weight of the chunks that later arrivals add to our prefill steps
+    learned_speeds: bool = True  # each replica's learned rate and step (False: the constants)
     # Beyond ``shortlist_above`` candidates, score only the ``shortlist_top`` longest matches and
     # ``shortlist_sample`` random others (RoutingContext.shortlist): O(1) instead of O(replicas).
     shortlist_above: int = 64  # candidates, replicas
@@ -77,20 +92,28 @@ class PredictedTTFT:
         load = ctx.load(replica)
         return self._ttft(load, ctx.request.prompt_tokens - ctx.cached[replica], ctx.now)
 
+    def _speeds(self, load: ReplicaLoad) -> tuple[float, float]:
+        """(prefill rate, tokens/s; decode step, seconds) of the replica whose load it is."""
+        cfg = self.config
+        if cfg.learned_speeds:
+            return load.speed.prefill_tokens_per_s, load.speed.decode_step_s
+        return cfg.prefill_tokens_per_s, cfg.decode_step_s
+
     def _ttft(self, load: ReplicaLoad, uncached: int, now: float) -> float:
         cfg = self.config
+        rate, step_s = self._speeds(load)
         work = load.queued_prefill_tokens + uncached
-        ttft = work / cfg.prefill_tokens_per_s
+        ttft = work / rate
         if load.in_flight > load.prefilling:
             # Each batch step that carries our prefill also carries the decodes, and we arrive
             # on average halfway through a step already running.
-            ttft += (-(-work // cfg.step_tokens) + 0.5) * cfg.decode_step_s
+            ttft += (-(-work // cfg.step_tokens) + 0.5) * step_s
         if cfg.arrivals and uncached > cfg.step_tokens:
             # A prompt longer than one step shares its later steps with requests that arrive
             # meanwhile (they are admitted into the leftover budget): at this replica's recent
             # arrival rate, that many more chunks will ride along before our first token.
             more = load.arrival_rate(now) * ttft * load.mean_uncached()
-            ttft += cfg.arrivals * more / cfg.prefill_tokens_per_s
+            ttft += cfg.arrivals * more / rate
         return ttft
 
     def cost_to_others(self, ctx: RoutingContext, replica: ReplicaId) -> float:
@@ -106,9 +129,7 @@ class PredictedTTFT:
         # Chunked prefill puts our first chunk in the same steps as the last chunks of prompts
         # already prefilling there: each of them gets its first token that much later.
         under_way = load.prefilling * min(uncached, cfg.step_tokens)
-        return (cfg.miss_penalty * uncached + cfg.interference * under_way) / (
-            cfg.prefill_tokens_per_s
-        )
+        return (cfg.miss_penalty * uncached + cfg.interference * under_way) / self._speeds(load)[0]
 
     def decide(self, ctx: RoutingContext) -> Decision:
         cfg = self.config

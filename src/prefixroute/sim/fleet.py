@@ -1,0 +1,232 @@
+"""Per-replica engine settings: a fleet that mixes hardware, and speeds that change mid-run.
+
+A real fleet mixes GPU generations, parallelism and neighbours, so its replicas do not prefill
+at one rate. A :class:`Fleet` gives replica ``r{i}`` its own :class:`ReplicaConfig` (prefill
+rate, decode step, KV size, ...) and lists :class:`SpeedChange` events: at ``at_s`` a replica's
+prefill rate and decode step become new values (another job took half its GPU), from its next
+batch step on. The simulator and ``prefixroute emulate`` read the same fleet, so a heterogeneous
+fleet is simulated, emulated and tested the same way.
+
+The text form, for ``--fleet``, is groups joined by ``+``; a group is ``COUNT`` then optional
+``:KEY=VALUE,...`` overrides of the base replica settings::
+
+    2+2:prefill=2500                      # 4 replicas, r2 and r3 prefill 4x slower
+    1:prefill=20000+3:decode_ms=30,kv_tokens=65536
+
+and ``--speed-change`` is ``REPLICA@SECONDS:KEY=VALUE,...`` with keys ``prefill`` and
+``decode_ms`` (``r1@60:prefill=2500``). A fleet of equal replicas runs exactly as the plain
+``--replicas N`` cluster does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prefixroute.core import ConfigError
+from prefixroute.sim.replica import ReplicaConfig
+
+# --fleet key -> (ReplicaConfig field, multiplier from the flag's unit to the field's).
+FLEET_KEYS: dict[str, tuple[str, float]] = {
+    "prefill": ("prefill_tokens_per_s", 1.0),  # tokens/s
+    "decode_ms": ("decode_step_s", 0.001),  # milliseconds per decode step
+    "kv_tokens": ("kv_capacity_blocks", 1.0),  # KV cache, tokens (divided by the block size)
+    "step_tokens": ("step_tokens", 1.0),  # token budget per step
+    "max_running": ("max_running", 1.0),  # requests in the running batch
+}
+CHANGE_KEYS = ("prefill", "decode_ms")  # what a speed change may set
+
+FLEET_HELP = (
+    "per-replica settings: groups COUNT[:KEY=VALUE,...] joined by '+', keys "
+    + ", ".join(FLEET_KEYS)
+    + " (e.g. '2+2:prefill=2500': half the replicas prefill 4x slower); replaces --replicas"
+)
+CHANGE_HELP = (
+    "a replica's speed changes at a time, REPLICA@SECONDS:KEY=VALUE,... with keys "
+    + ", ".join(CHANGE_KEYS)
+    + " (e.g. 'r1@60:prefill=2500'); repeatable"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedChange:
+    """At ``at_s`` replica ``replica`` starts running at new speeds (None: unchanged)."""
+
+    at_s: float  # seconds from the start of the run (model time)
+    replica: str  # e.g. "r1"
+    prefill_tokens_per_s: float | None = None  # new prefill rate, tokens/s
+    decode_step_s: float | None = None  # new decode step, seconds
+
+    def __post_init__(self) -> None:
+        if self.at_s < 0:
+            raise ConfigError(f"a speed change needs a time >= 0, got {self.at_s}")
+        if self.prefill_tokens_per_s is not None and self.prefill_tokens_per_s <= 0:
+            raise ConfigError("a speed change's prefill rate must be positive")
+        if self.decode_step_s is not None and self.decode_step_s < 0:
+            raise ConfigError("a speed change's decode step must be non-negative")
+
+    def apply(self, config: ReplicaConfig) -> ReplicaConfig:
+        """``config`` with this change's speeds."""
+        rate, step = self.prefill_tokens_per_s, self.decode_step_s
+        return dataclasses.replace(
+            config,
+            prefill_tokens_per_s=config.prefill_tokens_per_s if rate is None else rate,
+            decode_step_s=config.decode_step_s if step is None else step,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """Replica ``r{i}`` runs ``configs[i]``; ``changes`` alter speeds during the run."""
+
+    configs: tuple[ReplicaConfig, ...]
+    changes: tuple[SpeedChange, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.configs:
+            raise ConfigError("a fleet needs at least one replica")
+        if len({c.block_size for c in self.configs}) > 1:
+            raise ConfigError("every replica of a fleet must use the same KV block size")
+        names = set(self.names)
+        for ch in self.changes:
+            if ch.replica not in names:
+                raise ConfigError(
+                    f"speed change for {ch.replica!r}, which the fleet does not have "
+                    f"({', '.join(self.names)})"
+                )
+
+    @classmethod
+    def uniform(cls, n: int, config: ReplicaConfig | None = None) -> Fleet:
+        """``n`` replicas with the same settings."""
+        if n < 1:
+            raise ConfigError(f"a fleet needs at least one replica, got {n}")
+        return cls((config or ReplicaConfig(),) * n)
+
+    @property
+    def size(self) -> int:
+        return len(self.configs)
+
+    @property
+    def names(self) -> list[str]:
+        return [f"r{i}" for i in range(len(self.configs))]
+
+    def config_of(self, replica: str, default: ReplicaConfig) -> ReplicaConfig:
+        """The settings of ``replica`` at the start (``default`` for one the fleet lacks, such
+        as a replica a workload's cluster event adds)."""
+        if replica.startswith("r") and replica[1:].isdigit():
+            i = int(replica[1:])
+            if i < len(self.configs):
+                return self.configs[i]
+        return default
+
+    def with_changes(self, changes: Sequence[SpeedChange]) -> Fleet:
+        return Fleet(self.configs, (*self.changes, *changes))
+
+    def describe(self) -> str:
+        """One line per distinct setting, e.g. ``r0-r1: 10,000 tok/s, 15 ms``."""
+        parts: list[str] = []
+        start = 0
+        for i in range(1, len(self.configs) + 1):
+            if i == len(self.configs) or self.configs[i] != self.configs[start]:
+                c = self.configs[start]
+                who = f"r{start}" if i - start == 1 else f"r{start}-r{i - 1}"
+                parts.append(
+                    f"{who}: {c.prefill_tokens_per_s:,.0f} tok/s, "
+                    f"{c.decode_step_s * 1000:g} ms/step, {c.kv_capacity_blocks * c.block_size:,}"
+                    " KV tokens"
+                )
+                start = i
+        parts += [
+            f"{ch.replica} at {ch.at_s:g} s: "
+            + ", ".join(
+                s
+                for s in (
+                    f"{ch.prefill_tokens_per_s:,.0f} tok/s" if ch.prefill_tokens_per_s else "",
+                    f"{ch.decode_step_s * 1000:g} ms/step" if ch.decode_step_s is not None else "",
+                )
+                if s
+            )
+            for ch in self.changes
+        ]
+        return "; ".join(parts)
+
+
+def _pairs(text: str, what: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in text.split(","):
+        key, sep, value = item.strip().partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{what}: expected KEY=VALUE, got {item.strip()!r}")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"{what}: {key.strip()} needs a number, got {value!r}") from None
+    return out
+
+
+def parse_fleet(spec: str, base: ReplicaConfig) -> Fleet:
+    """``"2+2:prefill=2500"`` -> a :class:`Fleet` (see the module docstring)."""
+    configs: list[ReplicaConfig] = []
+    for group in spec.split("+"):
+        count_text, _, rest = group.strip().partition(":")
+        try:
+            count = int(count_text)
+        except ValueError:
+            raise ConfigError(
+                f"--fleet group {group.strip()!r} must start with a replica count"
+            ) from None
+        if count < 1:
+            raise ConfigError(f"--fleet group {group.strip()!r} needs a count of at least 1")
+        config = base
+        if rest.strip():
+            changes: dict[str, float | int] = {}
+            for key, value in _pairs(rest, "--fleet").items():
+                if key not in FLEET_KEYS:
+                    raise ConfigError(
+                        f"--fleet has no key {key!r}; valid: {', '.join(FLEET_KEYS)}"
+                    )
+                name, unit = FLEET_KEYS[key]
+                if key == "kv_tokens":
+                    changes[name] = int(value) // base.block_size
+                elif name in ("step_tokens", "max_running"):
+                    changes[name] = int(value)
+                else:
+                    changes[name] = value * unit
+            config = dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+        configs += [config] * count
+    return Fleet(tuple(configs))
+
+
+def parse_speed_change(spec: str) -> SpeedChange:
+    """``"r1@60:prefill=2500"`` -> a :class:`SpeedChange`."""
+    head, sep, rest = spec.partition(":")
+    replica, at, when = head.strip().partition("@")
+    if not sep or not at or not replica:
+        raise ConfigError(f"--speed-change must look like REPLICA@SECONDS:KEY=VALUE, got {spec!r}")
+    try:
+        at_s = float(when)
+    except ValueError:
+        raise ConfigError(f"--speed-change time must be a number, got {when!r}") from None
+    values = _pairs(rest, "--speed-change")
+    unknown = set(values) - set(CHANGE_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"--speed-change has no key {', '.join(sorted(unknown))}; "
+            f"valid: {', '.join(CHANGE_KEYS)}"
+        )
+    decode = values.get("decode_ms")
+    return SpeedChange(
+        at_s,
+        replica,
+        prefill_tokens_per_s=values.get("prefill"),
+        decode_step_s=None if decode is None else decode / 1000.0,
+    )
+
+
+def fleet_from_flags(
+    fleet: str | None, changes: Sequence[str], replicas: int, base: ReplicaConfig
+) -> Fleet:
+    """The fleet that ``--fleet``, ``--speed-change`` and ``--replicas`` describe together."""
+    built = parse_fleet(fleet, base) if fleet else Fleet.uniform(replicas, base)
+    return built.with_changes([parse_speed_change(c) for c in changes])

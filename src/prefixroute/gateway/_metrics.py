@@ -175,12 +175,36 @@ class _LiveCollector(Collector):
             "1 when the replica may get new requests (healthy and not draining).",
             labels=["replica"],
         )
+        prefill_rate = GaugeMetricFamily(
+            "prefixroute_replica_prefill_tokens_per_second",
+            "The replica's prefill rate as the router has learned it (the prior until then).",
+            labels=["replica"],
+        )
+        decode_step = GaugeMetricFamily(
+            "prefixroute_replica_decode_step_seconds",
+            "The replica's per-step decode overhead as the router has learned it, seconds.",
+            labels=["replica"],
+        )
+        observations = GaugeMetricFamily(
+            "prefixroute_replica_speed_observations",
+            "Requests the replica's speed estimate has learned from, by phase.",
+            labels=["replica", "phase"],
+        )
+        loads = self.router.loads
         for record in self.replicas:
             in_flight.add_metric([record.url], self.replicas.in_flight(record.id))
             ok = record.healthy and not record.draining
             healthy.add_metric([record.url], 1.0 if ok else 0.0)
+            speed = loads.get(record.id).speed
+            prefill_rate.add_metric([record.url], speed.prefill_tokens_per_s)
+            decode_step.add_metric([record.url], speed.decode_step_s)
+            observations.add_metric([record.url, "prefill"], speed.prefill_observations)
+            observations.add_metric([record.url, "decode"], speed.decode_observations)
         yield in_flight
         yield healthy
+        yield prefill_rate
+        yield decode_step
+        yield observations
         index = self.router.index
         yield GaugeMetricFamily(
             "prefixroute_prefix_index_blocks", "Distinct blocks in the prefix index.", len(index)

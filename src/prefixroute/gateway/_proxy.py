@@ -20,10 +20,16 @@ So client garbage cannot take replicas out: each poison request fails the same w
 
 First-byte deadline: a stream's first event must arrive within ``clamp(4 x predicted TTFT,
 first_byte_floor_s, first_byte_cap_s)``, where the prediction is the replica's queued prefill
-work (ours included) at the prior prefill rate; past it the attempt is a timeout and is retried
-elsewhere. A plain answer arrives whole, at the end of decoding, so it has no such deadline; any
-attempt still waiting on a replica that gets taken out (by failed probes, or by other requests'
-deadlines) is abandoned at once and retried, so none waits on a frozen replica.
+work (ours included) in seconds at the replica's own learned speed; past it the attempt is a
+timeout and is retried elsewhere. A plain answer arrives whole, at the end of decoding, so it
+has no such deadline; any attempt still waiting on a replica that gets taken out (by failed
+probes, or by other requests' deadlines) is abandoned at once and retried, so none waits on a
+frozen replica.
+
+Calibration: each answer's ``usage`` goes to the router (``observe_usage``, then ``complete``
+with the completion tokens) when the replica's response ends, and a stream's first event is
+its measured first token, so the router learns every replica's prefill rate and decode step
+from real traffic (``core.speed``).
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ from prefixroute.gateway._relay import (
 from prefixroute.gateway._request_id import REQUEST_ID_HEADER, request_id_of
 from prefixroute.gateway._requests import Endpoint, RouteKey, encode_body
 from prefixroute.gateway._tenants import TENANT_SCOPE, upstream_headers
+from prefixroute.gateway._usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +81,8 @@ PREDICTED_HEADER = "x-prefixroute-predicted-cached-tokens"  # the decision's pre
 MAX_ATTEMPTS = 2  # the first try and one retry
 LARGE_BODY = 1024 * 1024  # bytes; aiohttp's threshold for sending bytes in one write
 # First-byte deadline: this many times the predicted TTFT (then clamped to the configured floor
-# and cap). The prediction assumes the article's prefill rate until replicas' speeds are learned.
+# and cap), leaving room for an estimate that is still learning.
 FIRST_BYTE_FACTOR = 4.0
-PRIOR_PREFILL_TOKENS_PER_S = 10_000.0
 # Failures that mark a replica even when no retry can tell whose fault they were.
 _REPLICA_KINDS = frozenset({"connect", "timeout", "disconnect"})
 _GATEWAY_STATUSES = frozenset({502, 503, 504})
@@ -178,6 +184,7 @@ class Proxy:
                 result = await self._attempt(
                     request, body, headers, decision, key.stream, can_retry, rid, release
                 )
+                release(result.usage)  # a plain answer's end (a stream released at its end)
             except UpstreamError as exc:
                 kind = _kind(exc)
                 self.metrics.upstream_failures.labels(decision.replica, kind).inc()
@@ -208,7 +215,7 @@ class Proxy:
                 self.metrics.cut_streams.labels("shutdown").inc()
                 raise ShuttingDown("the gateway shut down before the replica answered") from None
             finally:
-                release()
+                release(None)
             self._account(rid, endpoint, decision, result, verdict)
             log_response_body(request, result.response)
             return result.response
@@ -228,26 +235,33 @@ class Proxy:
             tenant=tenant, seed=seed,
         )  # fmt: skip
 
-    def _releaser(self, rid: str) -> Callable[[], None]:
+    def _releaser(self, rid: str) -> Callable[[Usage | None], None]:
         """The call that ends ``rid``'s accounting: at the upstream's end, or in ``finally``,
-        whichever comes first (the second call does nothing)."""
+        whichever comes first (the second call does nothing). With the replica's ``usage``,
+        the router learns from it: the uncached tokens it really computed, and its output."""
         done = False
 
-        def release() -> None:
+        def release(usage: Usage | None = None) -> None:
             nonlocal done
-            if not done:
-                done = True
-                self.router.complete(rid, time.monotonic())
-                if self.listener is not None:
-                    self.listener.completed(rid)
+            if done:
+                return
+            done = True
+            router = self.router
+            output = None
+            if usage is not None:
+                if usage.prompt_tokens is not None and usage.cached_tokens is not None:
+                    router.observe_usage(rid, usage.prompt_tokens, usage.cached_tokens)
+                output = usage.completion_tokens
+            router.complete(rid, time.monotonic(), output)
+            if self.listener is not None:
+                self.listener.completed(rid)
 
         return release
 
     def first_byte_s(self, decision: Decision) -> float:
         """The first-byte deadline of a stream sent to ``decision.replica``, seconds (see the
         module docstring). Called after routing, so the queued work includes this request."""
-        queued = self.router.loads.get(decision.replica).queued_prefill_tokens
-        predicted = queued / PRIOR_PREFILL_TOKENS_PER_S
+        predicted = self.router.loads.get(decision.replica).queued_prefill_s(time.monotonic())
         cfg = self.config
         return min(max(FIRST_BYTE_FACTOR * predicted, cfg.first_byte_floor_s), cfg.first_byte_cap_s)
 
@@ -260,7 +274,7 @@ class Proxy:
         stream: bool,
         can_retry: bool,
         rid: str,
-        release: Callable[[], None],
+        release: Callable[[Usage | None], None],
     ) -> RelayResult:
         replica = decision.replica
         name = self.registry.public_name(replica)

@@ -282,6 +282,7 @@ class ReplicaRegistry:
             "models": sorted(record.models) if record.models is not None else None,
             "in_flight": self.in_flight(record.id),
             "name": record.name,
+            "speed": self.router.loads.get(record.id).speed.snapshot(),
             "consecutive_failures": record.failures,
             "total_failures": record.total_failures,
         }

@@ -38,7 +38,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from prefixroute.gateway._errors import UpstreamError, UpstreamTimeout, error_body
 from prefixroute.gateway._sse import SSEScanner
-from prefixroute.gateway._usage import cached_tokens_in_body
+from prefixroute.gateway._usage import Usage, usage_in_body
 
 HOP_BY_HOP = frozenset(
     {
@@ -69,6 +69,7 @@ class RelayResult:
     failure: str | None = None  # the stream broke after it started: the failure kind
     client_gone: bool = False  # the client stopped reading (or was cut for reading too slowly)
     cut: str | None = None  # we ended the stream early: "slow_client" or "shutdown"
+    usage: Usage | None = None  # the replica's token counts, when it reported them
 
 
 @dataclass(slots=True)
@@ -78,7 +79,8 @@ class StreamControl:
     replica: str  # the replica as clients may see it (error messages)
     on_started: Callable[[], None]  # the client's response started: no retry from here on
     on_first_data: Callable[[], None]  # the first data event went out (the first token)
-    on_upstream_end: Callable[[], None]  # the replica is done with it: release its slot
+    # The replica is done with it: release its slot, with the usage it reported (or None).
+    on_upstream_end: Callable[[Usage | None], None]
     is_cutting: Callable[[], bool]  # the shutdown drain bound has passed
     buffer_bytes: int  # bytes the transport may hold for a slow client
     write_timeout_s: float  # longest wait for a client to make room, seconds
@@ -137,7 +139,9 @@ async def relay_plain(
     _hold_for_client(request, max(buffer_bytes, len(body)))
     out = web.Response(status=resp.status, body=body, headers=response_headers(resp.headers, extra))
     plain = resp.status == 200 and "Content-Encoding" not in resp.headers
-    return RelayResult(out, resp.status, cached_tokens_in_body(body) if plain else None)
+    usage = usage_in_body(body) if plain else None
+    cached = usage.cached_tokens if usage is not None else None
+    return RelayResult(out, resp.status, cached, usage=usage)
 
 
 async def relay_stream(
@@ -180,7 +184,7 @@ async def relay_stream(
                 await _write(out, ready, timeout)
             if not chunk:
                 break
-        ctl.on_upstream_end()
+        ctl.on_upstream_end(scanner.usage if scanner is not None and failure is None else None)
         assert out is not None
         if failure is not None:
             message = f"replica {ctl.replica} failed mid-stream ({failure})"
@@ -200,14 +204,15 @@ async def relay_stream(
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
-        ctl.on_upstream_end()
+        ctl.on_upstream_end(None)
         message = "the gateway shut down before the stream ended"
         body = error_body(message, "service_unavailable", 503)
         with contextlib.suppress(_SlowClient):
             await _end_with_error(out, body, min(timeout, 1.0))
         return RelayResult(out, resp.status, None, None, cut="shutdown")
-    cached = scanner.cached_tokens if scanner is not None else None
-    return RelayResult(out, resp.status, cached, failure)
+    usage = scanner.usage if scanner is not None else None
+    cached = usage.cached_tokens if usage is not None else None
+    return RelayResult(out, resp.status, cached, failure, usage=usage)
 
 
 def _hold_for_client(request: web.Request, buffer_bytes: int) -> None:

@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import json
 
-from prefixroute.gateway._usage import cached_tokens_of
+from prefixroute.gateway._usage import Usage, usage_of
 
 
 class SSEScanner:
     def __init__(self) -> None:
         self._tail = b""  # bytes after the last complete event, bytes
         self.saw_data = False  # a data event went by (the first token)
-        self.cached_tokens: int | None = None  # from the last usage-bearing event
+        self.usage: Usage | None = None  # the last usage-bearing event's
+
+    @property
+    def cached_tokens(self) -> int | None:
+        """``usage.prompt_tokens_details.cached_tokens`` of the last usage-bearing event."""
+        return self.usage.cached_tokens if self.usage is not None else None
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events that ``chunk`` finishes; the rest waits for the next chunk."""
@@ -63,11 +68,11 @@ class SSEScanner:
         if not line.startswith(b"data:"):
             return
         try:
-            cached = cached_tokens_of(json.loads(line[5:]))
+            usage = usage_of(json.loads(line[5:]))
         except (ValueError, UnicodeDecodeError):
             return
-        if cached is not None:
-            self.cached_tokens = cached
+        if usage is not None:
+            self.usage = usage
 
 
 def _last_boundary_end(data: bytes) -> int:

@@ -412,7 +412,8 @@ class RouteSync:
             del self._remote[key]
             self.router.loads.complete(key, now)
         else:
-            self.router.loads.first_token(key, now)
+            # Heard through Redis, late by the message's trip: not a measured first token.
+            self.router.loads.first_token(key, now, measured=False)
 
     def _expire(self, now: float) -> None:
         """Drop remote requests dispatched more than ``REMOTE_TTL_S`` ago (end never heard)."""

@@ -1,14 +1,56 @@
-"""Reading ``usage.prompt_tokens_details.cached_tokens`` from replica responses.
+"""Reading ``usage`` from replica responses: prompt, completion and cached tokens.
 
-vLLM reports the engine's real prefix-cache hit there (with ``--enable-prompt-tokens-details``);
-SGLang and OpenAI use the same field. The gateway only reads: the bytes it relays are never
-re-encoded, so parsing happens on a copy the client never sees.
+vLLM reports the engine's real prefix-cache hit in ``usage.prompt_tokens_details.cached_tokens``
+(with ``--enable-prompt-tokens-details``); SGLang and OpenAI use the same fields. The router
+learns each replica's speed from them (``Router.observe_usage`` and ``complete``). The gateway
+only reads: the bytes it relays are never re-encoded, so parsing happens on a copy the client
+never sees.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A response's token counts (each None when the replica did not report it)."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def usage_of(obj: object) -> Usage | None:
+    """The usage in a parsed response or stream chunk, or None when it has none."""
+    if not isinstance(obj, Mapping):
+        return None
+    usage = obj.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    return Usage(
+        _count(usage.get("prompt_tokens")),
+        _count(usage.get("completion_tokens")),
+        cached_tokens_of(obj),
+    )
+
+
+def usage_in_body(body: bytes) -> Usage | None:
+    """The usage in a whole JSON response body (None when absent or not JSON)."""
+    if b'"usage"' not in body:  # most bodies without usage skip the parse
+        return None
+    try:
+        return usage_of(json.loads(body))
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def cached_tokens_of(obj: object) -> int | None:

@@ -241,6 +241,17 @@ async def test_mode(engines: list[VLLMServer], session: aiohttp.ClientSession, m
                 result.events[f"{replica} resyncs ({cause})"] = n
             result.events[f"{replica} orphans"] = ix.orphan_blocks
             result.events[f"{replica} stored blocks"] = ix.stored_blocks
+        # What the router learned of each engine's speed from these requests (issue 11).
+        for engine in engines:
+            speed = gw.router.loads.get(ReplicaId(engine.url)).speed.snapshot()
+            result.events[f"{engine.url} learned prefill tok/s"] = round(
+                speed["prefill_tokens_per_s"]
+            )
+            result.events[f"{engine.url} learned decode step ms"] = round(
+                1000 * speed["decode_step_s"], 2
+            )
+            result.events[f"{engine.url} speed observations"] = speed["prefill_observations"]
+            assert speed["prefill_observations"] > 0, (engine.url, speed)
     result.wall_s = time.monotonic() - started
 
     conv = result.of("conversation")

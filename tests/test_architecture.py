@@ -30,6 +30,9 @@ CORE_FORBIDDEN = {
     "asyncio",
     "socket",
     "time",
+    "grpc",
+    "envoy",
+    "kubernetes",
 }
 # package -> packages of ours it must never import.
 # The emulator runs the simulator's replica model, so the gateway must not reach it either;
@@ -44,10 +47,21 @@ NEVER_IMPORTS = {
         "prefixroute.emulate",
         "prefixroute.bench",
     ),
+    # The endpoint picker is a front end like the gateway, whose pure pieces it reuses; the
+    # gateway does not know it.
+    "prefixroute.epp": ("prefixroute.sim", "prefixroute.emulate", "prefixroute.bench"),
 }
+NEVER_IMPORTS["prefixroute.gateway"] += ("prefixroute.epp",)
 # Optional dependencies, each imported by one package of ours only, which no other package
-# imports: the rest of prefixroute installs, imports and type-checks without them.
-OPTIONAL = {"ray": "prefixroute.ray_serve"}
+# imports: the rest of prefixroute installs, imports and type-checks without them. The
+# endpoint picker's gRPC stack and Envoy protos are installed always, but owned the same way.
+OPTIONAL = {
+    "ray": "prefixroute.ray_serve",
+    "kubernetes": "prefixroute.epp",
+    "grpc": "prefixroute.epp",
+    "grpc_health": "prefixroute.epp",
+    "envoy": "prefixroute.epp",
+}
 
 
 @dataclass(frozen=True)
@@ -146,6 +160,7 @@ def violations(module: Module, source: str, known: set[str] = KNOWN) -> list[str
         for library, home in OPTIONAL.items():
             if top == library and not within(module.name, home):
                 found.append(f"{where}: only {home} may import {library}")
+        for home in sorted(set(OPTIONAL.values())):
             if any(within(t, home) for t in reached) and not within(module.name, home):
                 found.append(f"{where}: nothing outside {home} may import it")
         owner = private_owner(imp.target) if top == ROOT else None
@@ -173,6 +188,8 @@ def test_the_scan_sees_the_core() -> None:
         "prefixroute.events._subscriber",
         "prefixroute.ray_serve",
         "prefixroute.ray_serve._router",
+        "prefixroute.epp",
+        "prefixroute.epp._stream",
     } <= KNOWN
 
 
@@ -214,6 +231,12 @@ import time
     sim_pkg = Module("prefixroute.sim", Path("__init__.py"), True)
     assert len(violations(sim_pkg, "from prefixroute import gateway\n", set())) == 1
     assert len(violations(core, "from prefixroute import __version__\n", known)) == 1
+    epp = Module("prefixroute.epp._stream", Path("_stream.py"), False)
+    assert violations(epp, "import grpc\nfrom prefixroute.gateway import key_of\n", known) == []
+    assert len(violations(epp, "from prefixroute.emulate import start_replicas\n", known)) == 1
+    assert len(violations(gateway, "from prefixroute.epp import EndpointPicker\n", known)) == 2
+    assert len(violations(core, "import grpc\n", known)) == 2  # core's list, and epp's own
+    assert len(violations(sim, "import kubernetes.watch\n", known)) == 1
 
 
 # --- public surface -------------------------------------------------------------------------

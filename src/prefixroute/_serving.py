@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -308,6 +309,9 @@ async def listen(
 ) -> tuple[web.AppRunner, str]:
     """Bind ``app`` on ``host:port`` (0 picks a free port); returns the runner and base URL.
 
+    A port that cannot be bound (in use, a privileged port, an address not on this host) is
+    a :class:`ConfigError` naming it, which the command line prints as one line.
+
     ``runner.cleanup()`` can take up to twice ``shutdown_timeout_s``: aiohttp first waits that
     long for each connection's handler, then cancels it and waits that long again. ``closing``:
     while it returns true, each answer closes its connection.
@@ -327,6 +331,10 @@ async def listen(
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
+    except OSError as exc:  # in use, not ours, no such address: one line, not a traceback
+        await runner.cleanup()
+        why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port}: {why}") from exc
     except BaseException:
         await runner.cleanup()
         raise

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from prefixroute import __version__
+from prefixroute._help import with_defaults
 from prefixroute.core import PrefixrouteError
 
 # Subcommand modules, in the order ``--help`` lists them.
@@ -20,6 +21,8 @@ COMMAND_MODULES = (
     "prefixroute.sim.command",
     "prefixroute.demo",
     "prefixroute.serve",
+    "prefixroute.epp.command",
+    "prefixroute.top",
     "prefixroute.keys",
     "prefixroute.emulate.command",
     "prefixroute.bench.command",
@@ -35,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(sub)
+    for command in sub.choices.values():
+        with_defaults(command)  # every flag's help states its default
     return parser
 
 

@@ -26,7 +26,7 @@ def add_parser(sub: Any) -> None:
     add_replica_arguments(p)
     p.add_argument("--large", default="multi-turn", help="the larger workload (default multi-turn)")
     p.add_argument("--plot", type=Path, default=Path("out/demo.png"), help="plot of the large run")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed for workloads and routing")
     p.set_defaults(run=run, replicas=5)
 
 

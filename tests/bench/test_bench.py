@@ -52,18 +52,20 @@ async def test_replay_against_one_replica_directly() -> None:
     assert sum(r.cached_tokens for r in recs) == 5 * 200  # one replica: everyone after the first
 
 
-def test_unreachable_url_is_counted_as_errors(capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_url_is_one_line_not_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """A dead --url fails at once with one line naming it, not a table of nan (issue 14)."""
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = main([
         "bench", "--url", f"http://127.0.0.1:{port}", "-w", "seed-conversation",
-        "--time-scale", "0.01", "--json",
+        "--time-scale", "0.01",
     ])
-    assert code == 1
-    doc = json.loads(capsys.readouterr().out)
-    assert doc["policies"][0]["errors"] == 1  # the conversation stops at its first failure
-    assert doc["policies"][0]["completed"] == 0
+    assert code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"prefixroute: error: cannot reach http://127.0.0.1:{port}")
+    assert err.count("\n") == 1 and "nan" not in err
 
 
 def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:

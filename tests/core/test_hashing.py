@@ -188,3 +188,19 @@ def test_parent_none_starts_at_the_seed() -> None:
     assert hasher.hash_tokens([1, 2], parent=None) == hasher.hash_tokens([1, 2])
     assert hasher.hash_tokens([1, 2], parent=BlockHash(7)) == hasher.hash_tokens([1, 2])
     assert hasher.hash_tokens([1, 2], parent=BlockHash(8)) != hasher.hash_tokens([1, 2])
+
+
+def test_an_adapter_has_its_own_key_space_nested_in_the_seed() -> None:
+    """A LoRA adapter's blocks never equal the base model's, another adapter's, or the same
+    adapter's under another tenant's seed; a chain continued from a parent stays in its space."""
+    base = BlockHasher(4, seed=0)
+    tokens = list(range(40))
+    plain = base.hash_tokens(tokens)
+    a, b = base.for_adapter("a").hash_tokens(tokens), base.for_adapter("b").hash_tokens(tokens)
+    tenant_a = BlockHasher(4, seed=11).for_adapter("a").hash_tokens(tokens)
+    spaces = [plain, a, b, tenant_a, BlockHasher(4, seed=11).hash_tokens(tokens)]
+    assert len({h for space in spaces for h in space}) == 5 * 10  # all disjoint
+    assert base.for_adapter("a").hash_tokens(tokens) == a  # deterministic
+    assert base.for_adapter("a").block_size == 4
+    cont = base.hash_tokens(tokens[20:], parent=a[4])  # any hasher continues a's chain
+    assert cont == a[5:]

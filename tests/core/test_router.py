@@ -277,3 +277,32 @@ def test_has_replica_follows_add_and_remove() -> None:
     assert not router.has_replica(a) and router.replicas == [b]
     router.add_replica(a)  # back, at the end
     assert router.has_replica(a) and router.replicas == [b, a]
+
+
+@pytest.mark.parametrize("mode", ["tokens", "text"])
+def test_a_prefix_cached_under_one_adapter_never_counts_for_another(mode: str) -> None:
+    """vLLM keeps each LoRA adapter's blocks apart: the same prompt under another adapter, or
+    the base model, is predicted uncached, and under the same adapter it is a full hit. A
+    tenant's seed composes with the adapter."""
+    router = make_router("predicted_ttft", n=1)
+    prompt = list(range(400))
+
+    def cached(rid: str, adapter: str | None, seed: int | None = None) -> int:
+        if mode == "tokens":
+            view = router.view(rid, tokens=prompt + [1], adapter=adapter, seed=seed)
+        else:
+            view = router.view(rid, text="x" * 401, adapter=adapter, seed=seed)
+        decision = router.route(view, now=0.0)
+        router.complete(rid, now=0.1)
+        return decision.predicted_cached_tokens
+
+    assert cached("a1", "a") == 0
+    assert cached("b", "b") == 0
+    assert cached("base", None) == 0
+    assert cached("t", "a", seed=11) == 0  # a tenant's own space within the adapter's
+    # Text: 401 characters are 100 tokens at 4 a token, and the 400 cached ones would round to
+    # all 100; the engine recomputes the last token.
+    full = 400 if mode == "tokens" else 99
+    assert cached("a2", "a") == full
+    assert cached("b2", "b") == full
+    assert cached("t2", "a", seed=11) == full

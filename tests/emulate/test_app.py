@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from prefixroute.core import ConfigError
 from prefixroute.emulate import EmulatedReplica, EmulatorConfig
 from prefixroute.sim.replica import ReplicaConfig
 
@@ -202,3 +204,34 @@ async def test_cache_salt_separates_cached_prefixes(
     for bad in ("", 3, ["x"]):
         status, raw = await _post(session, url, {"prompt": prompt, "cache_salt": bad})
         assert status == 400 and "cache_salt" in raw
+
+
+async def test_adapters_are_served_and_cache_apart(session: aiohttp.ClientSession) -> None:
+    """LoRA adapters as vLLM serves them: listed with the base model as ``parent``, answered
+    under their own name, and each keeps its own cached blocks (vLLM hashes ``lora_name`` into
+    every block): the same prompt hits only under the same adapter, or the base model."""
+    config = dataclasses.replace(FAST, model="base", adapters=("sql", "chat"))
+    async with EmulatedReplica(config) as replica:
+        async with session.get(replica.url + "/v1/models") as resp:
+            cards = {c["id"]: c for c in (await resp.json())["data"]}
+        assert cards["base"]["parent"] is None
+        assert cards["sql"]["parent"] == cards["chat"]["parent"] == "base"
+        url = replica.url + "/v1/completions"
+        prompt = " ".join(f"w{i}" for i in range(50))
+
+        async def cached(model: str) -> int:
+            status, raw = await _post(session, url, {"model": model, "prompt": prompt})
+            assert status == 200, raw
+            assert json.loads(raw)["model"] == model
+            return int(json.loads(raw)["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+        assert await cached("sql") == 0
+        assert await cached("chat") == 0
+        assert await cached("base") == 0
+        assert [await cached(m) for m in ("sql", "chat", "base")] == [49, 49, 49]
+        status, raw = await _post(session, url, {"model": "other", "prompt": prompt})
+        assert status == 404, raw
+    with pytest.raises(ConfigError):
+        dataclasses.replace(FAST, model="base", adapters=("base",))
+    with pytest.raises(ConfigError):
+        dataclasses.replace(FAST, adapters=("",))

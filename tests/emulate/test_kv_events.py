@@ -28,6 +28,7 @@ CONFIG = EmulatorConfig(
     time_scale=0.01,
     kv_events="bind:tcp://127.0.0.1:*,replay=tcp://127.0.0.1:*",
     hash_seed=12345,  # the engine's hashes differ from the subscriber's: only tokens count
+    adapters=("lora-a",),
 )
 
 
@@ -83,6 +84,26 @@ async def test_stored_blocks_carry_the_prompt_tokens(
     # The index predicted what the replica then reports.
     assert await complete(session, replica.url, prompt + " more") == 7 * BS
     assert sub.indexer.stats.orphan_blocks == 0 and sub.stats.gaps == 0
+
+
+async def test_an_adapters_blocks_are_published_under_its_name(
+    stream: tuple[EmulatedReplica, EventSubscriber, aiohttp.ClientSession],
+) -> None:
+    """As vLLM's: ``lora_name`` and the name as each block's extra key, so the subscriber
+    indexes them in the adapter's key space, apart from the base model's same tokens."""
+    replica, sub, session = stream
+    prompt = " ".join(f"w{i}" for i in range(30))  # 7 full blocks
+    body = {"model": "lora-a", "prompt": prompt, "max_tokens": 2}
+    async with session.post(replica.url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200
+    index = sub.indexer.index
+    await until(lambda: index.blocks_of(R) == 7)
+    tokens = tokenize(prompt)
+    assert index.match(BlockHasher(BS).for_adapter("lora-a").hash_tokens(tokens)) == {R: 7}
+    assert index.match(BlockHasher(BS).hash_tokens(tokens)) == {}
+    stats = sub.indexer.stats
+    assert (stats.adapter_blocks, stats.skipped_blocks, stats.orphan_blocks) == (7, 0, 0)
+    assert await complete(session, replica.url, prompt) == 0  # the base model: no hit
 
 
 async def test_evictions_are_published(

@@ -90,9 +90,10 @@ def test_blocks_tokens_do_not_identify_are_skipped() -> None:
     ix.apply(
         batch(
             stored(t, None, [1], medium="CPU"),  # an offload tier
-            stored(t, None, [2], lora_name="adapter"),
-            stored(t, None, [3], lora_id=7),
+            stored(t, None, [3], lora_id=7),  # an adapter by number only (older vLLM)
             stored(t, None, [4], extra_keys=[("salt",)]),  # cache_salt / multimodal
+            # an adapter's block with another key beside its name (a salt, an image)
+            stored(t, None, [2], lora_name="a", lora_id=1, extra_keys=[("a", "salt")]),
             stored(t, None, [5], group_idx=1),
             stored(t * 2, None, [6], block_size=8),  # another block size than ours
             stored(t[:3], None, [8]),  # tokens do not fill the blocks named
@@ -142,3 +143,22 @@ def test_on_real_vllm_events_our_prediction_equals_vllms_cached_tokens() -> None
         compared += 1
     assert compared >= 4
     assert ix.stats.orphan_blocks == 0 and ix.stats.removed_blocks > 0
+
+
+def test_a_lora_adapters_blocks_are_keyed_by_the_adapter() -> None:
+    """vLLM names the adapter in ``lora_name`` and puts it in every block's extra keys
+    (``vllm/v1/core/kv_cache_utils.py``: ``_gen_lora_extra_hash_keys``): such blocks match the
+    adapter's requests, never the base model's or another adapter's, continuations included."""
+    index, ix, hasher = make()
+    t = list(range(12))
+    lora = {"lora_name": "a", "lora_id": 1}
+    ix.apply(batch(stored(t[:8], None, [1, 2], extra_keys=[("a",), ("a",)], **lora)))
+    ix.apply(batch(stored(t[8:], 2, [3], extra_keys=[("a",)], **lora)))  # a continuation
+    ix.apply(batch(stored(t[:4], None, [4], lora_name="b", extra_keys=None)))  # no keys listed
+    assert index.match(hasher.for_adapter("a").hash_tokens(t)) == {R: 3}
+    assert index.match(hasher.for_adapter("b").hash_tokens(t)) == {R: 1}
+    assert index.match(hasher.hash_tokens(t)) == {}
+    assert index.match(hasher.for_adapter("c").hash_tokens(t)) == {}
+    assert ix.stats.adapter_blocks == 4 and ix.stats.skipped_blocks == 0
+    ix.apply(batch(BlockRemoved([3], "GPU")))  # removals map through the same table
+    assert index.match(hasher.for_adapter("a").hash_tokens(t)) == {R: 2}

@@ -1,7 +1,13 @@
-"""A real ``redis-server`` for the sync tests: loopback, a free port, no persistence."""
+"""A real ``redis-server`` for the sync tests: loopback, a free port, no persistence.
+
+Without ``redis-server`` on the PATH the tests that need one skip, unless
+``PREFIXROUTE_REDIS_REQUIRED=1`` (set by ``.ci/run``, which installs it): then they fail, as the
+vLLM and Ray tests do under their own switches.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -11,6 +17,8 @@ from pathlib import Path
 import pytest
 
 REDIS_SERVER = shutil.which("redis-server")
+REQUIRED = os.environ.get("PREFIXROUTE_REDIS_REQUIRED") == "1"
+MISSING = "redis-server not installed (Debian: apt-get install -y redis-server)"
 
 
 def free_port() -> int:
@@ -24,7 +32,9 @@ class RedisServer:
 
     def __init__(self, workdir: Path) -> None:
         if REDIS_SERVER is None:
-            pytest.skip("redis-server not installed (Debian: apt-get install -y redis-server)")
+            if REQUIRED:
+                pytest.fail(f"{MISSING}, and PREFIXROUTE_REDIS_REQUIRED=1")
+            pytest.skip(MISSING)
         self.binary = REDIS_SERVER
         self.workdir = workdir
         self.port = free_port()

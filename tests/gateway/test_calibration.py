@@ -3,19 +3,24 @@
 Two emulated replicas, one prefilling 4x faster than the other (issue 11's heterogeneous
 fleet), behind a gateway: streamed requests give measured first tokens, their ``usage`` gives
 the tokens really computed, and the learned rates appear in ``/metrics`` and the admin API.
+The same usage teaches each model's characters per token (approximate mode's unit).
 """
 
 from __future__ import annotations
 
+import random
 import re
 
 import aiohttp
 
+from prefixroute.core import TokenCountConfig, TokenCounts
+from prefixroute.core.prompt_key import chat_text
 from prefixroute.emulate import EmulatorConfig, start_replicas
 from prefixroute.sim.fleet import parse_fleet
 from prefixroute.sim.replica import ReplicaConfig
 
-from .helpers import STEADY, GatewayFactory, send, words
+from .helpers import STEADY, ClusterFactory, GatewayFactory, send, words
+from .test_precise import metric
 
 ENGINE = ReplicaConfig(block_size=16)
 TIME_SCALE = 0.5  # wall seconds per model second: the gateway sees twice the model's rates
@@ -61,3 +66,73 @@ async def test_learned_prefill_rates_follow_the_replicas_true_speeds(
         assert listed[slow]["prefill_observations"] >= 8
     finally:
         await cluster.stop()
+
+
+# Prose for the chat workload: words of mixed lengths, as a conversation's text would have.
+PROSE = [
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be",
+    "by", "at", "this", "from", "or", "an", "are", "not", "have", "which", "one", "all", "their",
+    "there", "been", "has", "more", "when", "will", "would", "who", "its", "than", "other",
+    "into", "cache", "prefix", "replica", "request", "routing", "latency", "throughput",
+    "tokenizer", "conversation", "prediction", "gateway", "calibration", "measurement",
+    "distribution", "performance",
+]  # fmt: skip
+
+
+async def _chat_rounds(
+    session: aiohttp.ClientSession, url: str, users: int, turns: int
+) -> list[tuple[float, int]]:
+    """``users`` conversations of ``turns`` turns behind one long system prompt, one request
+    at a time; each request's (routing characters / the replica's prompt tokens, tokens)."""
+    rng = random.Random(7)
+
+    def prose(n: int) -> str:
+        return " ".join(rng.choice(PROSE) for _ in range(n)) + "."
+
+    system = {"role": "system", "content": prose(150)}
+    convs: list[list[dict[str, str]]] = [[system] for _ in range(users)]
+    ratios = []
+    for _ in range(turns):
+        for u in range(users):
+            messages = [*convs[u], {"role": "user", "content": prose(rng.randint(20, 120))}]
+            body = {"model": "emulated", "messages": messages, "max_tokens": 8}
+            reply = await send(session, url, "/v1/chat/completions", body)
+            assert reply.complete, reply
+            tokens = reply.usage["prompt_tokens"] if reply.usage else 0
+            ratios.append((len(chat_text(messages)) / tokens, tokens))
+            convs[u] = [*messages, {"role": "assistant", "content": reply.text}]
+    return ratios
+
+
+async def test_characters_per_token_are_learned_and_predictions_stop_overshooting(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """Issue 11: at a fixed 4 characters a token, a fresh gateway predicted more cached tokens
+    than the replica reported for nearly every request (32 of 36). The emulated tokenizer makes
+    one token per word or punctuation mark (measured here: about 4.9 characters of routing text
+    a token on this chat, template included), so the same 36 requests (12 users x 3 turns)
+    run twice on fresh replicas: with the fixed prior, then learning from usage."""
+    engine = ReplicaConfig(block_size=16)
+    outcomes = {}
+    for learn in (False, True):
+        cluster = await make_cluster(4, EmulatorConfig(engine, time_scale=0.01))
+        gw = await make_gateway(cluster.urls, **STEADY)
+        if not learn:
+            gw.router.tokens = TokenCounts(TokenCountConfig(learn=False))
+        ratios = await _chat_rounds(session, gw.url, users=12, turns=3)
+        text = await (await session.get(gw.url + "/metrics")).text()
+        over = metric(text, "prefixroute_cache_predictions_total", outcome="over")
+        predicted = metric(text, "prefixroute_predicted_cached_tokens_total")
+        actual = metric(text, "prefixroute_actual_cached_tokens_total")
+        outcomes[learn] = (over, predicted / actual)
+        if learn:
+            true = sum(c * t for c, t in ratios) / sum(t for _, t in ratios)  # all characters
+            learned = metric(text, "prefixroute_chars_per_token", model="emulated")
+            assert abs(learned / true - 1) < 0.15, (learned, true)
+            assert abs(learned / 4.0 - 1) > 0.15  # the ratio really differs from the prior
+        else:
+            assert "prefixroute_chars_per_token{" not in text
+    (over_fixed, bias_fixed), (over_learned, bias_learned) = outcomes[False], outcomes[True]
+    assert over_fixed >= 30, outcomes  # the issue, reproduced: nearly all over
+    assert over_learned <= 0.7 * over_fixed, outcomes
+    assert bias_fixed > 1.1 and abs(bias_learned - 1) < 0.1, outcomes  # cached tokens, in total

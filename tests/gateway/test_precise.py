@@ -185,8 +185,13 @@ async def metrics(session: aiohttp.ClientSession, url: str) -> str:
 
 
 def metric(text: str, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels``."""
+    """The sum of ``name``'s samples whose labels include ``labels``.
+
+    Fails when no sample matches: a metric that was renamed or never exported must not read as
+    0 and pass every ``== 0`` check.
+    """
     total = 0.0
+    found = False
     for line in text.splitlines():
         if not line.startswith(name):
             continue
@@ -196,7 +201,20 @@ def metric(text: str, name: str, **labels: str) -> float:
             continue
         if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
             total += float(value)
+            found = True
+    assert found, f"no sample of {name} with labels {labels} in /metrics"
     return total
+
+
+def unset(text: str, family: str) -> bool:
+    """True when the labelled metric ``family`` is exported but has no sample yet (a labelled
+    counter shows no series until a label set is first counted). False when it is not
+    exported at all, so a renamed family fails the check instead of passing it."""
+    types = (f"# TYPE {family} ", f"# TYPE {family}_total ")
+    declared = any(line.startswith(types) for line in text.splitlines())
+    assert declared, f"{family} is not exported in /metrics"
+    series = (f"{family}{{", f"{family}_total{{")
+    return not any(line.startswith(series) for line in text.splitlines())
 
 
 

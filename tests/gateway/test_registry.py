@@ -149,3 +149,20 @@ def test_replicas_have_stable_opaque_names() -> None:
     assert "a:1" not in record.name
     assert reg.public_name(ReplicaId(A)) == record.name
     assert _registry(expose_replica_urls=True).public_name(ReplicaId(A)) == A
+
+
+def test_adapters_are_the_models_listed_with_a_parent() -> None:
+    """vLLM lists a LoRA adapter with its base model's id as ``parent`` (the base: null); the
+    gateway keys an adapter's requests apart, and forgets an adapter no replica lists."""
+    reg = _registry()
+    base = {"id": "llama", "parent": None}
+    reg.set_models(ReplicaId(A), [base, {"id": "sql", "parent": "llama"}, {"id": "x"}])
+    reg.set_models(ReplicaId(B), [base, {"id": "chat", "parent": "llama"}])
+    assert [reg.adapter_of(m) for m in ("sql", "chat", "llama", "x", "other", None)] == [
+        "sql", "chat", None, None, None, None,
+    ]  # fmt: skip
+    reg.set_models(ReplicaId(B), [base, {"id": "odd", "parent": "odd"}, {"id": "e", "parent": ""}])
+    assert reg.adapter_of("chat") is None and reg.adapter_of("odd") is None
+    assert reg.adapter_of("e") is None
+    reg.remove(ReplicaId(A))
+    assert reg.adapter_of("sql") is None

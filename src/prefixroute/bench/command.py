@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from prefixroute.bench._replay import ReplayConfig, ReplayResult, itl_percentiles, replay
-from prefixroute.core import DEFAULT_POLICY, ConfigError, parse_policy_list
+from prefixroute.core import DEFAULT_POLICY, ConfigError, PrefixrouteError, parse_policy_list
 from prefixroute.sim.command import parse_pairs
 from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S, PolicyMetrics, oracle_floor, summarize
 from prefixroute.sim.replica import ReplicaConfig
@@ -25,20 +27,25 @@ from prefixroute.sim.runner import LazyProgress
 from prefixroute.sim.workload import Workload
 from prefixroute.sim.workloads import make_workload
 
+PROBE_TIMEOUT_S = 10.0  # a --url that does not answer within this is reported dead, seconds
+
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "bench",
         help="replay a workload against a live URL (or emulated replicas) and measure it",
-        description=__doc__,
+        description=__doc__.replace("``", ""),  # plain text in --help, not reST
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--url", help="gateway or replica base URL; omit to run emulated replicas")
     p.add_argument("--label", default="live", help="row label for a --url run")
     p.add_argument("--model", help="the model field sent with each request")
     p.add_argument("--workload", "-w", default="seed-conversation", help="simulator workload")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a workload parameter (repeatable; see simulate --list)",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed for the workload")
     p.add_argument(
         "--policy", "-p", default=f"round_robin,cache_aware,{DEFAULT_POLICY}",
         help="policies to compare on emulated replicas (comma list)",
@@ -52,9 +59,12 @@ def add_parser(sub: Any) -> None:
         "run 10x faster too, so reported times stay in workload seconds)",
     )
     p.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
-    p.add_argument("--slo-ttft-ms", type=float, default=DEFAULT_TTFT_SLO_S * 1000)
+    p.add_argument(
+        "--slo-ttft-ms", type=float, default=DEFAULT_TTFT_SLO_S * 1000,
+        help="TTFT target of goodput, ms",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument("--plot", type=Path, metavar="FILE.png")
+    p.add_argument("--plot", type=Path, metavar="FILE.png", help="write a TTFT CDF and load plot")
     p.set_defaults(run=run)
 
 
@@ -65,7 +75,22 @@ def _metrics(result: ReplayResult, floor: int | None, slo_s: float) -> PolicyMet
     return m
 
 
+async def _reachable(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Fail at once, in one line, when nothing answers at ``url`` (any HTTP answer will do)."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.get(url.rstrip("/") + "/v1/models") as resp,
+        ):
+            await resp.read()
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        why = str(exc) or type(exc).__name__
+        raise ConfigError(f"cannot reach {url}: {why}") from None
+
+
 async def _run_url(args: argparse.Namespace, workload: Workload) -> list[ReplayResult]:
+    await _reachable(args.url)
     cfg = ReplayConfig(args.url, args.model, args.time_scale, args.timeout)
     bar = LazyProgress(workload.num_requests, f"{workload.name} -> {args.url}", True)
     try:
@@ -110,6 +135,11 @@ def run(args: argparse.Namespace) -> int:
     runner = _run_url if args.url else _run_emulated
     results = asyncio.run(runner(args, workload))
     floor = oracle_floor(workload, args.block_size or workload.block_size)
+    for r in results:
+        if r.errors and not any(rec.finish_s is not None for rec in r.run.records):
+            raise PrefixrouteError(
+                f"every request failed ({r.run.policy}, {len(r.errors)} errors): {r.errors[0]}"
+            )
     metrics = [_metrics(r, floor, args.slo_ttft_ms / 1000.0) for r in results]
     target = args.url or f"{args.emulate} emulated replicas behind the gateway"
     title = f"bench {workload.name}: {workload.num_requests:,} requests -> {target}"
@@ -117,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(metrics, sys.stdout, {"workload": workload.name, "target": target})
     else:
         console = make_console()
-        print_report(metrics, title, console)
+        print_report(metrics, title, console, live=True)  # no sim-only columns
         for m in metrics:
             itl = m.itl_ms
             extra = f", ITL p50 {itl['p50']:.1f} ms p99 {itl['p99']:.1f} ms" if itl else ""

@@ -23,6 +23,7 @@ from prefixroute.core.policies import (
 from prefixroute.core.router import Router
 from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.speed import ReplicaSpeed, SpeedConfig
+from prefixroute.core.token_count import CharsPerToken, TokenCountConfig, TokenCounts
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "POLICIES",
     "BlockHash",
     "BlockHasher",
+    "CharsPerToken",
     "ConfigError",
     "Decision",
     "DecisionReason",
@@ -47,6 +49,8 @@ __all__ = [
     "RoutingContext",
     "SpeculativeEntries",
     "SpeedConfig",
+    "TokenCountConfig",
+    "TokenCounts",
     "TokenIds",
     "UnknownPolicy",
     "UnknownWorkload",

@@ -24,6 +24,7 @@ BlockHash = NewType("BlockHash", int)
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _MAX_TOKEN = 2**32 - 1
+_ADAPTER_DOMAIN = b"prefixroute adapter\x00"  # keeps adapter seeds apart from other keyings
 
 
 class TokenArray(Protocol):
@@ -54,6 +55,15 @@ class BlockHasher:
             raise ConfigError(f"block size must be at least 1, got {self.block_size}")
         if not 0 <= self.seed < 2**64:
             raise ConfigError(f"hash seed must be in [0, 2**64), got {self.seed}")
+
+    def for_adapter(self, adapter: str) -> BlockHasher:
+        """This hasher in ``adapter``'s own key space: a LoRA adapter (served as a model name)
+        whose blocks an engine keeps apart from the base model's and every other adapter's,
+        as vLLM does by hashing ``lora_name`` into every block. The name is mixed into the
+        seed, so it composes with a tenant's seed, and a chain continued from a ``parent``
+        stays in the space its parent was hashed in."""
+        name = _ADAPTER_DOMAIN + adapter.encode("utf-8", "surrogatepass")
+        return BlockHasher(self.block_size, _xxh3(name, self.seed))
 
     def hash_tokens(
         self,

@@ -15,6 +15,17 @@ tokens. The priors are the policy's own constants when its config has them
 (``prefill_tokens_per_s``, ``decode_step_s``, ``step_tokens``), so a fresh router predicts with
 exactly the numbers the policy was configured with.
 
+The same usage teaches the router each model's characters per token
+(:mod:`prefixroute.core.token_count`): a request keyed on text is counted in tokens at that
+ratio (its ``prompt_tokens``, and the cached tokens its matched characters stand for), starting
+from the 4.0 prior.
+
+A request for a LoRA adapter (``view(..., adapter=name)``) is hashed in the adapter's own key
+space (:meth:`BlockHasher.for_adapter`), composed with a tenant's seed: an engine keeps each
+adapter's blocks apart (vLLM hashes ``lora_name`` into them), so a prefix cached under one
+adapter, or under the base model, never counts for another. The base model is not keyed, since
+vLLM keys nothing for it, whichever of its served names a request used.
+
 Approximate mode (the default) records every decision in the index: the index is the router's
 own picture of the caches. Precise mode (``insert_on_route=False``) leaves the index to the
 engines' KV events, fed by an adapter through the index's plain methods, and with
@@ -35,9 +46,8 @@ from prefixroute.core.load import LoadTracker
 from prefixroute.core.policies import Policy, RoutingContext
 from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.speed import SpeedConfig
+from prefixroute.core.token_count import TokenCountConfig, TokenCounts
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
-
-CHARS_PER_TOKEN = 4.0  # rough characters per token for English text, to estimate token counts
 
 
 class Router:
@@ -54,6 +64,7 @@ class Router:
         insert_on_route: bool = True,
         speculative_ttl_s: float | None = None,
         speed: SpeedConfig | None = None,
+        tokens: TokenCountConfig | None = None,
     ) -> None:
         self.policy = policy
         self.hasher = hasher or BlockHasher()
@@ -62,6 +73,7 @@ class Router:
         self.usage_reports = 0  # requests whose replica reported its cached tokens
         self.overpredicted = 0  # of those, requests that found fewer cached tokens than predicted
         self.overpredicted_tokens = 0  # tokens predicted cached that were not, tokens
+        self.tokens = TokenCounts(tokens)  # characters per token, learned per model
         self.rng = random.Random(seed)
         self.insert_on_route = insert_on_route  # False: the index is fed by engine events
         self.speculative = (
@@ -111,16 +123,21 @@ class Router:
         model: str | None = None,
         known: Sequence[BlockHash] = (),
         seed: int | None = None,
+        adapter: str | None = None,
     ) -> RequestView:
         """Build the request view: hash the prompt once (only blocks not in ``known``).
 
         ``seed`` replaces the hasher's seed for this request: a tenant's own key space, whose
         hashes never equal those made with another seed, so its requests match only its own
-        index entries (``known`` must come from the same seed).
+        index entries (``known`` must come from the same seed). ``adapter``: the LoRA adapter
+        the request runs under, whose key space is nested in the seed's (module docstring).
+        A text prompt's tokens are estimated at ``model``'s learned characters per token.
         """
         if (tokens is None) == (text is None):
             raise ConfigError("a request view needs exactly one of tokens or text")
         hasher = self.hasher if seed is None else dataclasses.replace(self.hasher, seed=seed)
+        if adapter is not None:
+            hasher = hasher.for_adapter(adapter)
         if tokens is not None:
             hashes = hasher.hash_tokens(tokens, known)
             units = len(tokens)
@@ -129,7 +146,7 @@ class Router:
             assert text is not None
             hashes = hasher.hash_text(text, known)
             units = len(text)
-            estimate = max(1, round(units / CHARS_PER_TOKEN)) if units else 0
+            estimate = self.tokens.estimate(model, units)
         return RequestView(
             request_id=request_id,
             block_hashes=hashes,
@@ -140,6 +157,7 @@ class Router:
             session_id=session_id,
             tenant=tenant,
             model=model,
+            char_units=text is not None,
         )
 
     def route(
@@ -166,6 +184,8 @@ class Router:
         if self.speculative is not None:
             self.speculative.add(decision.replica, request.block_hashes, now)
         self.loads.dispatch(request, decision, now)
+        if request.char_units:
+            self.tokens.routed(request.request_id, request.model, request.prompt_units)
         return decision
 
     def first_token(self, request_id: str, now: float, measured: bool = True) -> None:
@@ -176,13 +196,18 @@ class Router:
         """
         self.loads.first_token(request_id, now, measured)
 
-    def observe_usage(self, request_id: str, prompt_tokens: int, cached_tokens: int) -> None:
+    def observe_usage(self, request_id: str, prompt_tokens: int, cached_tokens: int | None) -> None:
         """The replica reported the request's ``usage``: ``prompt_tokens`` and
-        ``prompt_tokens_details.cached_tokens``. Call it before :meth:`complete`.
+        ``prompt_tokens_details.cached_tokens`` (None when it reports no cached tokens). Call
+        it before :meth:`complete`.
 
-        The speed model then learns from the uncached tokens the replica really computed, not
-        the prediction, and the router counts predictions that were too high.
+        A request keyed on text teaches its model's characters per token. With the cached
+        tokens, the speed model also learns from the uncached tokens the replica really
+        computed, not the prediction, and the router counts predictions that were too high.
         """
+        self.tokens.observe(request_id, prompt_tokens)
+        if cached_tokens is None:
+            return
         predicted = self.loads.observe_usage(request_id, prompt_tokens, cached_tokens)
         if predicted is None:
             return
@@ -197,6 +222,7 @@ class Router:
         really generated, e.g. ``usage.completion_tokens``) when known: the speed model learns
         the decode step from it; without it only the prefill rate is learned."""
         self.loads.complete(request_id, now, output_tokens)
+        self.tokens.forget(request_id)
 
 
 def speed_priors_of(policy: Policy) -> SpeedConfig:

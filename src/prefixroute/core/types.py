@@ -26,10 +26,12 @@ class RequestView:
     session_id: str | None = None  # conversation id for session affinity
     tenant: str | None = None  # tenant that sent it
     model: str | None = None  # requested model name
+    char_units: bool = False  # prompt_units are characters (keyed on text), not token ids
 
     @property
     def tokens_per_unit(self) -> float:
-        """Tokens per hashing unit: 1.0 for token ids, about 0.25 for characters."""
+        """Tokens per hashing unit: 1.0 for token ids; for characters, the inverse of the
+        model's characters per token as the router has learned it."""
         return self.prompt_tokens / self.prompt_units if self.prompt_units else 1.0
 
 

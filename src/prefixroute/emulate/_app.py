@@ -55,7 +55,7 @@ def build_app(config: EmulatorConfig) -> web.Application:
     model = ReplicaModel(config.engine, config.hash_seed, record_events=endpoint is not None)
     engine = EngineLoop(model, config.time_scale, speed_changes=config.speed_changes)
     if endpoint is not None:
-        bridge = app[EVENTS] = KVEventBridge(model, EventPublisher(endpoint))
+        bridge = app[EVENTS] = KVEventBridge(model, EventPublisher(endpoint), config.adapters)
         engine.after_step = bridge.flush
     app[CONFIG] = config
     app[ENGINE] = engine
@@ -108,9 +108,9 @@ async def _read_json(request: web.Request) -> object:
 
 async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     config, engine = request.app[CONFIG], request.app[ENGINE]
-    parsed = parse_request(endpoint, await _read_json(request), config.model)
+    parsed = parse_request(endpoint, await _read_json(request), config.model, config.adapters)
     writer = ResponseWriter(parsed, config.model)
-    gen = engine.submit(parsed.tokens, parsed.max_tokens, parsed.cache_salt)
+    gen = engine.submit(parsed.tokens, parsed.max_tokens, parsed.cache_salt, parsed.adapter)
     try:
         if parsed.stream:
             return await _stream(request, writer, gen)
@@ -158,7 +158,7 @@ async def models(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
     engine_cfg = config.engine
     max_len = engine_cfg.kv_capacity_blocks * engine_cfg.block_size
-    body = json.dumps(models_body(config.model, max_len, request.app[STARTED]))
+    body = json.dumps(models_body(config.model, max_len, request.app[STARTED], config.adapters))
     return web.Response(text=body, content_type="application/json")
 
 

@@ -14,6 +14,10 @@ from prefixroute.sim.replica import ReplicaConfig
 class EmulatorConfig:
     engine: ReplicaConfig = field(default_factory=ReplicaConfig)  # the simulated engine
     model: str = "emulated"  # model name served (``/v1/models``, ``model_name`` label)
+    # LoRA adapters served beside the base model, by name (listed in ``/v1/models`` with the
+    # base as ``parent``, as vLLM lists them): each caches its blocks apart from the base
+    # model's and every other adapter's, as vLLM keys blocks by ``lora_name``.
+    adapters: tuple[str, ...] = ()
     time_scale: float = 1.0  # wall seconds per model second; 0.1 runs 10x faster than real time
     host: str = "127.0.0.1"  # address to bind
     port: int = 0  # port to bind; 0 picks a free one
@@ -35,6 +39,11 @@ class EmulatorConfig:
             raise ConfigError(f"time scale must be positive, got {self.time_scale}")
         if not self.model:
             raise ConfigError("the model name must not be empty")
+        names = (self.model, *self.adapters)
+        if not all(names) or len(set(names)) != len(names):
+            raise ConfigError(
+                "adapter names must be non-empty and differ from each other and from the model's"
+            )
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port out of range: {self.port}")
         _ = self.kv_events_endpoint  # a malformed spec fails here

@@ -112,23 +112,34 @@ class EngineLoop:
 
     # --- requests -------------------------------------------------------------------------
     def submit(
-        self, tokens: Sequence[int], output_tokens: int, cache_salt: str | None = None
+        self,
+        tokens: Sequence[int],
+        output_tokens: int,
+        cache_salt: str | None = None,
+        adapter: str | None = None,
     ) -> Generation:
         """Queue a prompt; raises RequestTooLarge / ConfigError from the model, EngineStopped.
 
         ``cache_salt`` salts the prompt's block hashes as vLLM does (the salt enters the first
         block's hash, and the chain carries it to every later block): prompts with different
-        salts, or one salted and one not, never share a cached block.
+        salts, or one salted and one not, never share a cached block. ``adapter`` (a LoRA
+        adapter's name) keys every block the same way, as vLLM hashes ``lora_name`` into each:
+        the base model and each adapter never share a cached block.
         """
         if not self.running:
             raise EngineStopped("the engine is not running")
         loop = asyncio.get_running_loop()
         req = EngineRequest(f"req-{next(self._ids)}", tokens, output_tokens, self._now(loop))
-        if cache_salt is not None:
+        if cache_salt is not None or adapter is not None:
             hasher = self.model.hasher
-            salt = cache_salt.encode("utf-8", "surrogatepass")
-            salted = dataclasses.replace(hasher, seed=xxhash.xxh3_64_intdigest(salt, hasher.seed))
-            req.block_hashes = salted.hash_tokens(tokens)
+            if adapter is not None:
+                hasher = hasher.for_adapter(adapter)
+                req.lora_name = adapter
+            if cache_salt is not None:
+                salt = cache_salt.encode("utf-8", "surrogatepass")
+                seed = xxhash.xxh3_64_intdigest(salt, hasher.seed)
+                hasher = dataclasses.replace(hasher, seed=seed)
+            req.block_hashes = hasher.hash_tokens(tokens)
         self.model.submit(req)
         gen = Generation(req)
         self._gens[req.request_id] = gen

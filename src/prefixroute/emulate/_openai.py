@@ -35,18 +35,21 @@ class ParsedRequest:
     max_tokens: int  # output length, tokens
     stream: bool
     cache_salt: str | None = None  # vLLM's: salts the prompt's block hashes (tenant isolation)
+    adapter: str | None = None  # the LoRA adapter asked for by name (None: the base model)
 
 
 def _dumps(obj: object) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
-def parse_request(endpoint: Endpoint, body: object, served_model: str) -> ParsedRequest:
+def parse_request(
+    endpoint: Endpoint, body: object, served_model: str, adapters: tuple[str, ...] = ()
+) -> ParsedRequest:
     """Validate a request body; raises InvalidRequest (400) or ModelNotFound (404)."""
     if not isinstance(body, Mapping):
         raise InvalidRequest("the request body must be a JSON object")
     model = body.get("model")
-    if model is not None and model != served_model:
+    if model is not None and model != served_model and model not in adapters:
         raise ModelNotFound(f"The model `{model}` does not exist.")
     if body.get("n") not in (None, 1):
         raise InvalidRequest("only n=1 is supported", param="n")
@@ -71,7 +74,8 @@ def parse_request(endpoint: Endpoint, body: object, served_model: str) -> Parsed
         raise InvalidRequest(  # vLLM's own check and message
             "Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt"
         )
-    return ParsedRequest(endpoint, tokens, max_tokens, stream, salt)
+    adapter = model if model is not None and model != served_model else None
+    return ParsedRequest(endpoint, tokens, max_tokens, stream, salt, adapter)
 
 
 def _messages(raw: object) -> list[tuple[str, str]]:
@@ -108,7 +112,7 @@ class ResponseWriter:
 
     def __init__(self, parsed: ParsedRequest, model: str) -> None:
         self.parsed = parsed
-        self.model = model
+        self.model = parsed.adapter or model  # vLLM answers with the name it was asked for
         chat = parsed.endpoint is Endpoint.CHAT
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -194,14 +198,21 @@ def error_event(message: str, err_type: str, code: int) -> bytes:
     return f"data: {_dumps(body)}\n\ndata: [DONE]\n\n".encode()
 
 
-def models_body(model: str, max_model_len: int, created: int) -> dict[str, Any]:
-    card = {
-        "id": model,
-        "object": "model",
-        "created": created,
-        "owned_by": "prefixroute",
-        "root": model,
-        "parent": None,
-        "max_model_len": max_model_len,
-    }
-    return {"object": "list", "data": [card]}
+def models_body(
+    model: str, max_model_len: int, created: int, adapters: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """vLLM's model list: the base model, then each LoRA adapter with the base as its
+    ``parent`` (and its path as ``root``; here its name, and no ``max_model_len``)."""
+    cards: list[dict[str, Any]] = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "prefixroute",
+            "root": name,
+            "parent": None if name == model else model,
+            "max_model_len": max_model_len if name == model else None,
+        }
+        for name in (model, *adapters)
+    ]
+    return {"object": "list", "data": cards}

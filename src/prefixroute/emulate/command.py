@@ -31,6 +31,13 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--count", type=int, default=1, help="replicas on consecutive ports")
     p.add_argument("--model", default="emulated", help="model name served (default %(default)s)")
+    p.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a LoRA adapter served beside the model, with its own cached blocks (repeatable)",
+    )
     p.add_argument("--kv-blocks", type=int, default=d.kv_capacity_blocks, help="KV cache, blocks")
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     p.add_argument(
@@ -78,6 +85,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     return EmulatorConfig(
         engine=engine,
         model=args.model,
+        adapters=tuple(args.adapter),
         time_scale=args.time_scale,
         host=args.host,
         port=args.port,

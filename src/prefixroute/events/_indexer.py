@@ -11,8 +11,16 @@ The engine hash -> our hash map (one per replica) resolves parents and translate
 batches, or skipped the parent) cannot be placed in a chain: its blocks are counted as orphans
 and left out, which under-predicts, never over-predicts.
 
-Blocks that tokens alone do not identify are left out too: another medium than the GPU cache
-(CPU or storage offload tiers), LoRA adapters, and extra keys (multimodal inputs, cache salt),
+A LoRA adapter's blocks are keyed by the adapter, as the request side keys that adapter's
+requests (``Router.view(..., adapter=)``, :meth:`BlockHasher.for_adapter`): vLLM names the
+adapter in ``lora_name`` (the name it serves the adapter under, which requests give as their
+``model``) and puts the same name in every block's extra keys, so a stored event whose extra
+keys hold nothing else maps to the adapter's key space. An event with ``lora_id`` and no
+``lora_name`` (vLLM before it hashed names) is left out: the id is the engine's own number for
+the adapter, which no API maps to the model name requests use.
+
+Blocks that tokens (and the adapter) do not identify are left out too: another medium than the
+GPU cache (CPU or storage offload tiers), and other extra keys (multimodal inputs, cache salt),
 whose hashes differ from a plain prompt's with the same tokens. So are blocks of another block
 size than ours: the request side could never produce their keys.
 
@@ -50,7 +58,8 @@ class IndexerStats:
     stored_blocks: int = 0  # blocks indexed from BlockStored
     removed_blocks: int = 0  # blocks dropped on BlockRemoved
     orphan_blocks: int = 0  # stored blocks whose parent we never saw: not indexed
-    skipped_blocks: int = 0  # stored blocks tokens do not identify (medium, LoRA, keys, size)
+    skipped_blocks: int = 0  # stored blocks tokens do not identify (medium, keys, size)
+    adapter_blocks: int = 0  # of the stored blocks, those indexed under a LoRA adapter's key
     unknown_removals: int = 0  # BlockRemoved for a hash we do not hold
 
 
@@ -91,7 +100,8 @@ class PreciseIndexer:
         stats = self.stats
         stats.stored_events += 1
         n = len(event.block_hashes)
-        if not self._identified_by_tokens(event):
+        hasher = self._hasher_of(event)
+        if hasher is None:
             stats.skipped_blocks += n
             return
         parent: BlockHash | None = None
@@ -100,7 +110,7 @@ class PreciseIndexer:
             if parent is None:
                 stats.orphan_blocks += n
                 return
-        ours = self.hasher.hash_tokens(event.token_ids, parent=parent)
+        ours = hasher.hash_tokens(event.token_ids, parent=parent)
         if len(ours) != n:  # token count does not match the block count
             stats.skipped_blocks += n
             return
@@ -108,6 +118,8 @@ class PreciseIndexer:
         if self.replica in self.index.replicas:  # a replica removed meanwhile stays removed
             self.index.insert(self.replica, ours, from_root=parent is None)
         stats.stored_blocks += n
+        if event.lora_name is not None:
+            stats.adapter_blocks += n
 
     def _removed(self, event: BlockRemoved) -> None:
         stats = self.stats
@@ -125,6 +137,14 @@ class PreciseIndexer:
             self.index.remove_blocks(self.replica, ours)
             stats.removed_blocks += len(ours)
 
+    def _hasher_of(self, event: BlockStored) -> BlockHasher | None:
+        """The hasher that keys ``event``'s blocks as requests are keyed: ours, or ours in
+        its LoRA adapter's space; None when tokens and adapter do not identify them."""
+        if not self._identified_by_tokens(event):
+            return None
+        lora = event.lora_name
+        return self.hasher if lora is None else self.hasher.for_adapter(lora)
+
     def _identified_by_tokens(self, event: BlockStored) -> bool:
         if event.block_size != self.hasher.block_size:
             if not self._warned_size:
@@ -137,10 +157,14 @@ class PreciseIndexer:
                     self.hasher.block_size,
                 )
             return False
+        lora = event.lora_name
+        adapter_key = (lora,) if lora is not None else None
         return (
             event.medium in (None, MEDIUM_GPU)
-            and event.lora_id is None
-            and event.lora_name is None
+            and (lora is not None or event.lora_id is None)
             and event.group_idx in (None, 0)
-            and (event.extra_keys is None or all(k is None for k in event.extra_keys))
+            and (
+                event.extra_keys is None
+                or all(k is None or tuple(k) == adapter_key for k in event.extra_keys)
+            )
         )

@@ -13,26 +13,55 @@ From the command line: ``prefixroute serve --replica URL [--replica URL ...] [--
 from prefixroute.gateway._app import build_app
 from prefixroute.gateway._auth import generate_api_key, hash_api_key
 from prefixroute.gateway._config import CONFIG_HELP, GatewayConfig, build_config, load_toml
-from prefixroute.gateway._registry import ReplicaRecord, ReplicaRegistry, ReplicaStatus
+from prefixroute.gateway._errors import error_body, spec_for
+from prefixroute.gateway._health import HealthChecker
+from prefixroute.gateway._metrics import GatewayMetrics
+from prefixroute.gateway._proxy import PREDICTED_HEADER, REASON_HEADER, REPLICA_HEADER
+from prefixroute.gateway._registry import (
+    ReplicaRecord,
+    ReplicaRegistry,
+    ReplicaStatus,
+    normalize_url,
+)
+from prefixroute.gateway._requests import Endpoint, RouteKey, key_of, parse_body
 from prefixroute.gateway._server import Gateway
+from prefixroute.gateway._sse import SSEScanner
 from prefixroute.gateway._tenant_config import TenancyConfig, TenantLimits, TenantSpec
 from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer
+from prefixroute.gateway._usage import Usage, usage_in_body
 
+# The request-side and response-side pieces below are also what ``prefixroute.epp`` (the Envoy
+# endpoint picker) routes and accounts with, so that both front ends parse and learn alike.
 __all__ = [
     "CONFIG_HELP",
+    "PREDICTED_HEADER",
+    "REASON_HEADER",
+    "REPLICA_HEADER",
+    "Endpoint",
     "Gateway",
     "GatewayConfig",
+    "GatewayMetrics",
     "HFTokenizer",
+    "HealthChecker",
     "PromptTokenizer",
     "ReplicaRecord",
     "ReplicaRegistry",
     "ReplicaStatus",
+    "RouteKey",
+    "SSEScanner",
     "TenancyConfig",
     "TenantLimits",
     "TenantSpec",
+    "Usage",
     "build_app",
     "build_config",
+    "error_body",
     "generate_api_key",
     "hash_api_key",
+    "key_of",
     "load_toml",
+    "normalize_url",
+    "parse_body",
+    "spec_for",
+    "usage_in_body",
 ]

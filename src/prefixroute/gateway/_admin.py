@@ -25,9 +25,11 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from prefixroute.core import ConfigError
+from prefixroute.gateway import _dashboard
 from prefixroute.gateway._auth import bearer_token, secrets_equal
 from prefixroute.gateway._errors import BadRequest, Unauthorized, make_error_middleware
 from prefixroute.gateway._expect import add_catch_all, expect_handler
+from prefixroute.gateway._fleetview import FLEET
 from prefixroute.gateway._request_id import make_request_id_middleware
 from prefixroute.gateway._requests import parse_body
 from prefixroute.gateway._state import STATE, GatewayState
@@ -65,7 +67,9 @@ def build_admin_app(main: web.Application) -> web.Application:
     )
     app[STATE] = state
     app[TENANTS] = main[TENANTS]
+    app[FLEET] = main[FLEET]
     add_routes(app)
+    _dashboard.add_routes(app)  # the fleet page goes where the admin API goes
     add_catch_all(app)
     return app
 

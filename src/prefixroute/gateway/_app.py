@@ -3,9 +3,10 @@
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (routed on the prompt or the
 messages), ``GET /v1/models`` (the union of the replicas' models), the allowlisted passthrough
 paths of ``_paths`` (``/v1/embeddings``: passed to a replica chosen on load alone), ``GET
-/health``, ``GET /metrics``, ``GET /openapi.json`` and, with an admin token,
-``/admin/replicas``. Every other path is a 404 that reaches no replica, and a replica only ever
-gets the route's own path (``_paths.upstream_target``), never the client's raw one.
+/health``, ``GET /metrics``, ``GET /openapi.json``, the fleet page ``GET /dashboard``
+(``_dashboard``: behind the admin token, or loopback-only without one) and, with an admin
+token, ``/admin/replicas``. Every other path is a 404 that reaches no replica, and a replica
+only ever gets the route's own path (``_paths.upstream_target``), never the client's raw one.
 
 A handler does four things: parse (``_requests``, and ``_tokenize`` with a tokenizer), ask the
 core and proxy (``_proxy``), and the accounting rides on the router's dispatch / first token /
@@ -37,11 +38,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from prefixroute.core import BlockHasher, ConfigError, ReplicaId, Router, make_policy
 from prefixroute.events import EventEndpoint
-from prefixroute.gateway import _admin
+from prefixroute.gateway import _admin, _dashboard
 from prefixroute.gateway._bodylog import LOG_BODIES
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import ShuttingDown, make_error_middleware
 from prefixroute.gateway._expect import add_catch_all, expect_handler
+from prefixroute.gateway._fleetview import FLEET, FleetView
 from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._limits import Limits
 from prefixroute.gateway._metrics import GatewayMetrics
@@ -103,12 +105,15 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
             config.sync_redis, config.sync_channel, router, metrics.registry,
             history=config.sync_history,
         )  # fmt: skip
+    fleet = FleetView()  # the dashboard's recent decisions and chart samples
 
     def observe(request: web.Request, response: web.StreamResponse) -> None:
         if request.path.startswith("/v1/") and request.path != "/v1/models":
             outcome = request.get(OUTCOME)
             replica, reason = (outcome.replica, outcome.reason) if outcome else ("none", "none")
             metrics.count_request(replica, response.status, reason)
+            if outcome is not None:
+                fleet.decided(request.path, outcome, response)
 
     app = web.Application(
         middlewares=[
@@ -122,6 +127,7 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
     app[STATE] = state
     app[TENANTS] = tenants
     app[LOG_BODIES] = config.log_bodies
+    app[FLEET] = fleet
     app.cleanup_ctx.append(_events_ctx)
     app.cleanup_ctx.append(_session_ctx)
     app.on_shutdown.append(_refuse_new)
@@ -137,6 +143,8 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
     app.router.add_get(OPENAPI_PATH, make_openapi_handler(), expect_handler=eh)
     if config.admin_token is not None and config.admin_port is None:
         _admin.add_routes(app)  # else on its own listener (``Gateway`` runs build_admin_app)
+    if _dashboard.mounted_on_main(config):  # /dashboard: who may see it, see _dashboard
+        _dashboard.add_routes(app)
     add_catch_all(app)
     return app
 

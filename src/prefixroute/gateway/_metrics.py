@@ -8,6 +8,8 @@ Per request (updated as requests end):
   ``prefixroute_actual_cached_tokens_total{replica}``: the router's prediction and the replica's
   reported ``cached_tokens``, both counted only for responses that reported usage, so the two
   are comparable; ``prefixroute_usage_missing_total{replica}`` counts the rest.
+  ``prefixroute_prompt_tokens_total{replica}``: the prompt tokens those responses reported, so
+  ``actual / prompt`` is the replicas' prefix hit rate and ``predicted / prompt`` the router's.
 * ``prefixroute_cache_predictions_total{replica, outcome}``: each of those responses judged
   ``exact`` (predicted == reported), ``over`` (predicted more than the replica had: a stale
   decision) or ``under``; the stale-decision rate is ``over / sum``.
@@ -21,7 +23,9 @@ Per request (updated as requests end):
   a client that stopped making room for the stream; ``shutdown``: cut at the drain bound).
 
 Read live at scrape: ``prefixroute_in_flight{replica}`` (the router's own load accounting),
-``prefixroute_replica_healthy{replica}``, ``prefixroute_prefix_index_blocks`` (distinct
+``prefixroute_replica_healthy{replica}``, ``prefixroute_chars_per_token{model}`` (each model's
+characters per token as the router has learned them from usage; ``model="none"`` for requests
+that named none), ``prefixroute_prefix_index_blocks`` (distinct
 blocks), ``prefixroute_prefix_index_entries`` and ``prefixroute_prefix_index_evictions_total``.
 In precise mode also ``prefixroute_speculative_entries`` and, per replica, the KV-event streams:
 ``prefixroute_kv_event_batches_total``, ``prefixroute_kv_events_total{type}``,
@@ -73,6 +77,12 @@ class GatewayMetrics:
         self.actual_cached = Counter(
             "prefixroute_actual_cached_tokens",
             "Prompt tokens the replica reported cached (usage.prompt_tokens_details).",
+            ["replica"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "prefixroute_prompt_tokens",
+            "Prompt tokens the replica reported (responses that reported cached tokens).",
             ["replica"],
             registry=r,
         )
@@ -145,10 +155,14 @@ class GatewayMetrics:
     def count_request(self, replica: str, status: int, reason: str) -> None:
         self._child(self.requests, replica, str(status), reason).inc()
 
-    def observe_usage(self, replica: str, predicted: int, actual: int | None) -> None:
+    def observe_usage(
+        self, replica: str, predicted: int, actual: int | None, prompt: int | None = None
+    ) -> None:
         if actual is None:
             self._child(self.usage_missing, replica).inc()
             return
+        if prompt is not None:
+            self._child(self.prompt_tokens, replica).inc(prompt)
         self._child(self.predicted_cached, replica).inc(predicted)
         self._child(self.actual_cached, replica).inc(actual)
         outcome = "exact" if predicted == actual else "over" if predicted > actual else "under"
@@ -205,6 +219,14 @@ class _LiveCollector(Collector):
         yield prefill_rate
         yield decode_step
         yield observations
+        chars = GaugeMetricFamily(
+            "prefixroute_chars_per_token",
+            "Characters of routing text per engine token, learned per model from usage.",
+            labels=["model"],
+        )
+        for model, learned in self.router.tokens.models().items():
+            chars.add_metric([model if model is not None else "none"], learned.value)
+        yield chars
         index = self.router.index
         yield GaugeMetricFamily(
             "prefixroute_prefix_index_blocks", "Distinct blocks in the prefix index.", len(index)

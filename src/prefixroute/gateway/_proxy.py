@@ -224,15 +224,17 @@ class Proxy:
     def _view(
         self, rid: str, key: RouteKey, seed: int | None = None, tenant: str | None = None
     ) -> RequestView:
-        """``seed``: the tenant's own key space under isolation (None: the common one)."""
+        """``seed``: the tenant's own key space under isolation (None: the common one); a LoRA
+        adapter's requests are keyed in the adapter's space within it."""
+        adapter = self.registry.adapter_of(key.model)
         if key.tokens is not None:
             return self.router.view(
                 rid, tokens=key.tokens, output_tokens=key.max_tokens, model=key.model,
-                tenant=tenant, seed=seed,
+                tenant=tenant, seed=seed, adapter=adapter,
             )  # fmt: skip
         return self.router.view(
             rid, text=key.text or "", output_tokens=key.max_tokens, model=key.model,
-            tenant=tenant, seed=seed,
+            tenant=tenant, seed=seed, adapter=adapter,
         )  # fmt: skip
 
     def _releaser(self, rid: str) -> Callable[[Usage | None], None]:
@@ -249,7 +251,7 @@ class Proxy:
             router = self.router
             output = None
             if usage is not None:
-                if usage.prompt_tokens is not None and usage.cached_tokens is not None:
+                if usage.prompt_tokens is not None:
                     router.observe_usage(rid, usage.prompt_tokens, usage.cached_tokens)
                 output = usage.completion_tokens
             router.complete(rid, time.monotonic(), output)
@@ -366,8 +368,9 @@ class Proxy:
         if verdict.suspect is not None:  # the retry did not fail the same way: the first did
             self._blame(verdict, verdict.suspect, verdict.kind or "error")
         if endpoint is not Endpoint.OTHER and result.status == 200 and result.failure is None:
+            prompt = result.usage.prompt_tokens if result.usage is not None else None
             self.metrics.observe_usage(
-                replica, decision.predicted_cached_tokens, result.cached_tokens
+                replica, decision.predicted_cached_tokens, result.cached_tokens, prompt
             )
         log.debug(
             "%s -> %s (%s) status=%d predicted_cached=%d cached=%s",

@@ -59,6 +59,7 @@ class ReplicaRecord:
     id: ReplicaId  # normalised base URL, e.g. "http://10.0.0.11:8000"
     models: frozenset[str] | None = None  # model ids from /v1/models; None until known
     model_cards: tuple[Mapping[str, Any], ...] = ()  # the /v1/models entries as sent
+    adapters: frozenset[str] = frozenset()  # of ``models``, the LoRA adapters (cards with a parent)
     healthy: bool = True  # may get traffic (unless draining)
     draining: bool = False  # drained by the admin: no new requests
     failures: int = 0  # consecutive failures (requests and probes)
@@ -108,6 +109,7 @@ class ReplicaRegistry:
         self._records: dict[ReplicaId, ReplicaRecord] = {}
         # Callbacks of requests waiting on a replica's first byte, fired when it is taken out.
         self._waiting: dict[ReplicaId, set[Callable[[], None]]] = {}
+        self._adapters: frozenset[str] = frozenset()  # adapter names any replica lists
 
     # --- membership -----------------------------------------------------------------------
     def add(self, url: str) -> ReplicaRecord:
@@ -124,6 +126,7 @@ class ReplicaRegistry:
         record = self.get(rid)
         in_flight = self.in_flight(rid)
         del self._records[rid]
+        self._adapters = frozenset().union(*(r.adapters for r in self._records.values()))
         self.router.remove_replica(rid)
         log.info("replica %s removed (%d requests still in flight)", rid, in_flight)
         return record
@@ -187,6 +190,11 @@ class ReplicaRegistry:
         if not free:
             raise Overloaded("every replica is at its in-flight limit; retry later")
         return free
+
+    def adapter_of(self, model: str | None) -> str | None:
+        """``model`` when a replica serves it as a LoRA adapter, else None (a base model, or
+        no model named): the key space its prefixes are cached in (``Router.view``)."""
+        return model if model is not None and model in self._adapters else None
 
     def model_cards(self) -> list[Mapping[str, Any]]:
         """The union of the replicas' ``/v1/models`` entries, first seen wins per id."""
@@ -272,6 +280,8 @@ class ReplicaRegistry:
         if record is not None:
             record.model_cards = tuple(cards)
             record.models = frozenset(str(c.get("id")) for c in cards)
+            record.adapters = frozenset(str(c.get("id")) for c in cards if _is_adapter(c))
+            self._adapters = frozenset().union(*(r.adapters for r in self._records.values()))
 
     def describe(self, record: ReplicaRecord) -> dict[str, Any]:
         """The admin API's view of one replica."""
@@ -286,6 +296,13 @@ class ReplicaRegistry:
             "consecutive_failures": record.failures,
             "total_failures": record.total_failures,
         }
+
+
+def _is_adapter(card: Mapping[str, Any]) -> bool:
+    """A LoRA adapter's card: vLLM lists each adapter with ``parent``, its base model's id;
+    a base model's card has ``parent: null``."""
+    parent = card.get("parent")
+    return isinstance(parent, str) and bool(parent) and parent != card.get("id")
 
 
 def _error_rate(records: Sequence[ReplicaRecord], now: float) -> tuple[float, int]:

@@ -54,7 +54,9 @@ from prefixroute.gateway._tenant_config import TENANT_NAME, TenancyConfig, Tenan
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})  # no key (/admin/*: its token)
+OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json"})  # no key
+# Paths that check the admin token themselves, not a client key (/dashboard: _dashboard).
+OWN_AUTH_PREFIXES = ("/admin/", "/dashboard")
 _SALT_CONTEXT = b"prefixroute cache_salt v1\x00"
 
 
@@ -229,7 +231,7 @@ def make_tenant_middleware(tenants: Tenants) -> Middleware:
 
     @web.middleware
     async def tenant_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS or request.path.startswith("/admin/"):
+        if request.path in OPEN_PATHS or request.path.startswith(OWN_AUTH_PREFIXES):
             return await handler(request)
         now = time.monotonic()
         tenant = tenants.get(tenants.identify(request.headers), now)

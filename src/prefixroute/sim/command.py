@@ -72,7 +72,10 @@ def add_parser(sub: Any) -> None:
         help=CHANGE_HELP,
     )
     p.add_argument("--seed", type=int, default=0, help="seed for workload and routing")
-    p.add_argument("--slo-ttft-ms", type=float, default=DEFAULT_TTFT_SLO_S * 1000)
+    p.add_argument(
+        "--slo-ttft-ms", type=float, default=DEFAULT_TTFT_SLO_S * 1000,
+        help="TTFT target of goodput, ms",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--markdown", action="store_true", help="print one markdown table")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="write TTFT CDF and load plot")
@@ -83,13 +86,15 @@ def add_parser(sub: Any) -> None:
 def add_replica_arguments(p: argparse.ArgumentParser) -> None:
     """Cluster and replica-model flags shared by ``simulate`` and ``demo``."""
     d = ReplicaConfig()
-    p.add_argument("--replicas", "-n", type=int, default=4, help="replicas (default 4)")
+    p.add_argument("--replicas", "-n", type=int, default=4, help="replicas (default %(default)s)")
     p.add_argument("--block-size", type=int, help="KV block size, tokens (default: workload's)")
     p.add_argument("--kv-tokens", type=int, default=DEFAULT_KV_TOKENS, help="KV cache, tokens")
     p.add_argument("--prefill-rate", type=float, default=d.prefill_tokens_per_s, help="tokens/s")
-    p.add_argument("--decode-step-ms", type=float, default=d.decode_step_s * 1000)
+    p.add_argument(
+        "--decode-step-ms", type=float, default=d.decode_step_s * 1000, help="ms per decode step"
+    )
     p.add_argument("--step-tokens", type=int, default=d.step_tokens, help="token budget/step")
-    p.add_argument("--max-running", type=int, default=d.max_running)
+    p.add_argument("--max-running", type=int, default=d.max_running, help="max batch, requests")
 
 
 def replica_config_from(args: argparse.Namespace, block_size: int) -> ReplicaConfig:

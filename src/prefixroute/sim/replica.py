@@ -66,6 +66,7 @@ class EngineRequest:
     output_tokens: int  # tokens to generate (>= 1)
     arrival_s: float  # when the replica received it, seconds
     block_hashes: list[BlockHash] = field(default_factory=list)  # engine's hashes of full blocks
+    lora_name: str | None = None  # LoRA adapter it runs under (its blocks' hashes are keyed)
     cached_tokens: int = 0  # prompt tokens found cached at admission
     computed: int = 0  # prompt tokens whose KV exists (cached + prefilled so far)
     generated: int = 0  # output tokens produced (kept current only with report_decodes)
@@ -99,6 +100,7 @@ class StoredBlock:
     block_hash: BlockHash  # the engine's hash of the block
     parent: BlockHash | None  # hash of the block before it in its prompt; None for the first
     tokens: list[int]  # its token ids, ``block_size`` of them
+    lora_name: str | None = None  # the LoRA adapter whose key space it was hashed in
 
 
 @dataclass(slots=True)
@@ -348,7 +350,7 @@ class ReplicaModel:
         bs = self.config.block_size
         parent = req.block_hashes[i - 1] if i else None
         chunk = req.tokens[i * bs : (i + 1) * bs]  # type: ignore[index]  # a list or an array
-        return StoredBlock(req.block_hashes[i], parent, [int(t) for t in chunk])
+        return StoredBlock(req.block_hashes[i], parent, [int(t) for t in chunk], req.lora_name)
 
     def _release(self, req: EngineRequest) -> None:
         self.cache.release(req._cached, req._anonymous)

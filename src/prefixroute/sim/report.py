@@ -25,10 +25,15 @@ def _fmt_int(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
 
 
-def summary_table(metrics: Sequence[PolicyMetrics], title: str) -> Table:
+# Columns only a simulation can fill: a live run sees neither the engines' evictions nor the
+# gateway's decision time (bench hides them: zeros there would read as measurements).
+SIM_ONLY_COLUMNS = ("evict", "route µs p99")
+
+
+def summary_table(metrics: Sequence[PolicyMetrics], title: str, live: bool = False) -> Table:
     """One row per policy: prefill work, cache hits, latency, balance, routing cost."""
     table = Table(title=title, title_justify="left", header_style="bold")
-    for col in (
+    columns = (
         "policy",
         "prefill tok",
         "cached tok",
@@ -42,10 +47,13 @@ def summary_table(metrics: Sequence[PolicyMetrics], title: str) -> Table:
         "evict",
         "route µs p99",
         "requests per replica",
-    ):
-        table.add_column(col, justify="left" if col.startswith(("policy", "req")) else "right")
+    )
+    shown = [not (live and col in SIM_ONLY_COLUMNS) for col in columns]
+    for col, show in zip(columns, shown, strict=True):
+        if show:
+            table.add_column(col, justify="left" if col.startswith(("policy", "req")) else "right")
     for m in metrics:
-        table.add_row(
+        cells = (
             m.policy,
             _fmt_int(m.prefill_tokens),
             _fmt_int(m.cached_tokens),
@@ -60,6 +68,7 @@ def summary_table(metrics: Sequence[PolicyMetrics], title: str) -> Table:
             f"{m.decision_us['p99']:.0f}",
             " ".join(str(v) for v in m.per_replica_requests.values()),
         )
+        table.add_row(*(c for c, show in zip(cells, shown, strict=True) if show))
     return table
 
 
@@ -128,13 +137,14 @@ def speed_table(metrics: Sequence[PolicyMetrics]) -> Table | None:
 
 
 def print_report(
-    metrics: Sequence[PolicyMetrics], title: str, console: Console | None = None
+    metrics: Sequence[PolicyMetrics], title: str, console: Console | None = None, live: bool = False
 ) -> None:
+    """The tables of a run; ``live``: measured on real servers (no simulation-only columns)."""
     console = console or make_console()
     detail = turns_table(metrics)
     if detail is not None:
         console.print(detail)
-    console.print(summary_table(metrics, title))
+    console.print(summary_table(metrics, title, live))
     speeds = speed_table(metrics)
     if speeds is not None and len(metrics[0].per_replica_speed) <= 16:
         console.print(speeds)

@@ -49,13 +49,18 @@ class RoutingContext:
         """Prompt tokens each candidate should find cached, as an engine counts them.
 
         Engines never report the whole prompt cached: the last token is always recomputed to
-        produce logits, so the hit is capped at the full blocks inside ``prompt - 1`` units.
+        produce logits, so the hit is capped at the full blocks inside ``prompt - 1`` units,
+        and, counted in tokens (characters converted at the model's learned ratio, rounded),
+        at ``prompt_tokens - 1``: a prediction never exceeds the prompt.
         """
         if self._cached is None:
             req = self.request
             cap = max(0, req.prompt_units - 1) // req.block_size
             scale = req.block_size * req.tokens_per_unit
-            self._cached = {r: round(min(m, cap) * scale) for r, m in self.matches.items()}
+            most = max(0, req.prompt_tokens - 1)
+            self._cached = {
+                r: min(round(min(m, cap) * scale), most) for r, m in self.matches.items()
+            }
         return self._cached
 
     def cached_tokens(self, replica: ReplicaId) -> int:

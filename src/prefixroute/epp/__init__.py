@@ -1,0 +1,50 @@
+"""The endpoint picker: prefixroute as an Envoy ``ext_proc`` server (Inference Extension).
+
+Envoy (or a gateway built on it) asks the picker, for each request, which endpoint of a pool
+should serve it; the picker answers with the protocol of proposal 004 of the Gateway API
+Inference Extension, version :data:`PROTOCOL_VERSION` (``_protocol`` says what that is), and
+picks with the same core ``Router``, policies, request parsing and usage accounting as
+``prefixroute serve``. In-process::
+
+    from prefixroute.epp import EndpointPicker, EppConfig
+    from prefixroute.gateway import GatewayConfig
+
+    config = EppConfig(GatewayConfig(replicas=("http://10.0.0.7:8000",)), grpc_port=0)
+    async with EndpointPicker(config) as epp:
+        epp.address   # "127.0.0.1:41234": Envoy's ext_proc grpc_service
+
+From the command line: ``prefixroute epp --endpoint 10.0.0.7:8000 ...`` (or ``--endpoints-file``,
+or ``--k8s-selector`` with the ``kubernetes`` extra).
+"""
+
+from prefixroute.epp._endpoints import EndpointSet, FileEndpoints, read_endpoints_file
+from prefixroute.epp._kube import PodEndpoints, PodInfo, pod_info
+from prefixroute.epp._protocol import (
+    DESTINATION_HEADER,
+    DESTINATION_NAMESPACE,
+    PROTOCOL_VERSION,
+    SUBSET_KEY,
+    SUBSET_NAMESPACE,
+)
+from prefixroute.epp._server import EndpointPicker, EppConfig
+from prefixroute.epp._stream import PickShared, PickStream, endpoint_of, replica_of
+
+__all__ = [
+    "DESTINATION_HEADER",
+    "DESTINATION_NAMESPACE",
+    "PROTOCOL_VERSION",
+    "SUBSET_KEY",
+    "SUBSET_NAMESPACE",
+    "EndpointPicker",
+    "EndpointSet",
+    "EppConfig",
+    "FileEndpoints",
+    "PickShared",
+    "PickStream",
+    "PodEndpoints",
+    "PodInfo",
+    "endpoint_of",
+    "pod_info",
+    "read_endpoints_file",
+    "replica_of",
+]

@@ -1,0 +1,109 @@
+"""Which endpoints the picker may pick: a static list, a file, or (``_kube``) pods.
+
+Every source ends in :meth:`EndpointSet.apply` with the whole set it now sees: new endpoints are
+added to the registry (and probed at once, as the gateway probes a replica added by the admin
+API), vanished ones removed (their requests in flight still finish and are accounted). So the
+registry, the router and the metrics see one membership, however it was discovered.
+
+The file source reads one ``ip:port`` (or URL) per line, ``#`` comments allowed, and is re-read
+when its modification time changes: a ConfigMap mounted as a file updates without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from prefixroute._tasks import cancel_and_wait
+from prefixroute.core import ConfigError, ReplicaId
+from prefixroute.epp._stream import replica_of
+from prefixroute.gateway import ReplicaRecord, ReplicaRegistry
+
+log = logging.getLogger(__name__)
+
+
+class EndpointSet:
+    """Keeps the registry's membership equal to what a discovery source last saw."""
+
+    def __init__(
+        self, registry: ReplicaRegistry, on_added: Callable[[ReplicaRecord], None] | None = None
+    ) -> None:
+        self.registry = registry
+        self.on_added = on_added  # e.g. probe it now
+
+    def apply(self, endpoints: Iterable[str]) -> tuple[list[ReplicaId], list[ReplicaId]]:
+        """Make the registry hold exactly ``endpoints``; returns (added, removed)."""
+        wanted: dict[ReplicaId, str] = {}
+        for endpoint in endpoints:
+            try:
+                wanted[replica_of(endpoint)] = endpoint
+            except ConfigError as exc:
+                log.warning("endpoint %r skipped: %s", endpoint, exc)
+        have = {record.id for record in self.registry}
+        added = [rid for rid in wanted if rid not in have]
+        removed = [rid for rid in have if rid not in wanted]
+        for rid in removed:
+            self.registry.remove(rid)
+        for rid in added:
+            record = self.registry.add(rid)
+            if self.on_added is not None:
+                self.on_added(record)
+        if added or removed:
+            log.info("endpoints: +%d -%d, now %d", len(added), len(removed), len(wanted))
+        return added, removed
+
+
+def read_endpoints_file(path: str | os.PathLike[str]) -> list[str]:
+    """The endpoints listed in ``path``: one per line, blank lines and ``#`` comments skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the endpoints file {path}: {exc.strerror}") from exc
+    out = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            out.append(line)
+    return out
+
+
+class FileEndpoints:
+    """Re-reads an endpoints file whenever its modification time changes."""
+
+    def __init__(self, path: str, target: EndpointSet, interval_s: float = 1.0) -> None:
+        self.path = path
+        self.target = target
+        self.interval_s = interval_s  # how often the file's mtime is checked, seconds
+        self._mtime: float | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def poll(self) -> bool:
+        """Apply the file if it changed since the last look; returns whether it did."""
+        try:
+            mtime = os.stat(self.path).st_mtime
+        except OSError:
+            return False  # gone for a moment (an atomic replace): keep what we have
+        if mtime == self._mtime:
+            return False
+        self._mtime = mtime
+        self.target.apply(read_endpoints_file(self.path))
+        return True
+
+    def start(self) -> None:
+        self.poll()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="epp-file")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.poll()
+            except ConfigError as exc:
+                log.warning("endpoints file: %s", exc)

@@ -1,0 +1,183 @@
+"""The endpoint picker protocol, v1.0.0, as messages of Envoy's ext_proc API.
+
+The Gateway API Inference Extension's proposal 004 (``004-endpoint-picker-protocol``, version
+v1.0.0 of 2025-07-29) says what an endpoint picker (EPP) reads and writes:
+
+* **Subset** (proxy to EPP): the request's ``metadata_context`` may hold, under the namespace
+  ``envoy.lb.subset_hint``, a list ``x-gateway-destination-endpoint-subset`` of ``ip:port``.
+  Then the EPP MUST pick from that list only, and answer 503 (an ``ImmediateResponse``) when the
+  list is empty or none of it is eligible.
+* **Destination** (EPP to proxy): the pick goes in the request header
+  ``x-gateway-destination-endpoint`` AND in the response's ``dynamic_metadata`` under the
+  namespace ``envoy.lb``, key ``x-gateway-destination-endpoint``, with the same value (one
+  ``ip:port``, or several separated by commas, the first being the primary). No ready endpoint:
+  503; a request to shed: 429.
+* **Served** (proxy to EPP): on the response, ``metadata_context`` under ``envoy.lb`` may say
+  which endpoint served it (``x-gateway-destination-endpoint-served``), for proxies that went
+  down a list of endpoints.
+* **Health**: the gRPC health service answers for ``liveness``, ``readiness`` and
+  ``envoy.service.ext_proc.v3.ExternalProcessor``.
+
+We send one endpoint, never a list: plain Envoy's ``ORIGINAL_DST`` cluster reads the header as
+one address. This module only builds and reads messages; it decides nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+PROTOCOL_VERSION = "v1.0.0"  # of proposal 004-endpoint-picker-protocol
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+DESTINATION_NAMESPACE = "envoy.lb"  # dynamic metadata namespace of the pick
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"  # filter metadata namespace of the subset
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+SERVED_KEY = "x-gateway-destination-endpoint-served"  # under DESTINATION_NAMESPACE
+# The gRPC health services the protocol names (the empty name is gRPC's "whole server").
+HEALTH_SERVICES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+
+# The generated messages carry no type information (mypy sees Any): these name them in signatures.
+Request: TypeAlias = Any  # pb.ProcessingRequest
+Response: TypeAlias = Any  # pb.ProcessingResponse
+Body: TypeAlias = Any  # pb.HttpBody
+# Body modes (ext_proc's ProcessingMode.BodySendMode); the protocol's streaming mode is full duplex.
+BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
+FULL_DUPLEX_STREAMED = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+
+
+def headers_of(message: pb.HttpHeaders) -> dict[str, str]:
+    """The headers of a headers message, lower-case names (Envoy sends ``raw_value``)."""
+    out: dict[str, str] = {}
+    for h in message.headers.headers:
+        value = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+        out[h.key.lower()] = value
+    return out
+
+
+def subset_of(request: pb.ProcessingRequest) -> list[str] | None:
+    """The subset hint of ``request``: None when absent (pick from the whole pool)."""
+    meta = request.metadata_context.filter_metadata
+    if SUBSET_NAMESPACE not in meta:
+        return None
+    fields = meta[SUBSET_NAMESPACE].fields
+    if SUBSET_KEY not in fields:
+        return None
+    value = fields[SUBSET_KEY]
+    if value.HasField("list_value"):
+        return [v.string_value for v in value.list_value.values if v.HasField("string_value")]
+    if value.HasField("string_value"):  # tolerated: a comma-separated string
+        return [s.strip() for s in value.string_value.split(",") if s.strip()]
+    return []
+
+
+def served_of(request: pb.ProcessingRequest) -> str | None:
+    """The endpoint the proxy says served the response, when it says so."""
+    meta = request.metadata_context.filter_metadata
+    if DESTINATION_NAMESPACE not in meta:
+        return None
+    value = meta[DESTINATION_NAMESPACE].fields.get(SERVED_KEY)
+    if value is None or not value.HasField("string_value"):
+        return None
+    return str(value.string_value)
+
+
+def _mutation(headers: Mapping[str, str]) -> pb.HeaderMutation:
+    return pb.HeaderMutation(
+        set_headers=[
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=k, raw_value=v.encode("utf-8")),
+                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+            )
+            for k, v in headers.items()
+        ]
+    )
+
+
+def destination_metadata(endpoint: str) -> struct_pb2.Struct:
+    meta = struct_pb2.Struct()
+    meta.update({DESTINATION_NAMESPACE: {DESTINATION_HEADER: endpoint}})
+    return meta
+
+
+def request_headers_response(
+    headers: Mapping[str, str], endpoint: str | None = None
+) -> pb.ProcessingResponse:
+    """Continue the request, setting ``headers`` (and the pick's metadata, with ``endpoint``)."""
+    out = pb.ProcessingResponse(
+        request_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(header_mutation=_mutation(headers))
+        )
+    )
+    if endpoint is not None:
+        out.dynamic_metadata.CopyFrom(destination_metadata(endpoint))
+    return out
+
+
+def request_body_response(
+    headers: Mapping[str, str] | None = None,
+    endpoint: str | None = None,
+    streamed: bytes | None = None,
+    end_of_stream: bool = False,
+) -> pb.ProcessingResponse:
+    """Continue the request body: buffered mode may set ``headers`` here (they are not sent
+    yet); full-duplex mode hands the body back as ``streamed``."""
+    common = pb.CommonResponse()
+    if headers:
+        common.header_mutation.CopyFrom(_mutation(headers))
+    if streamed is not None:
+        common.body_mutation.streamed_response.CopyFrom(
+            pb.StreamedBodyResponse(body=streamed, end_of_stream=end_of_stream)
+        )
+    out = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+    if endpoint is not None:
+        out.dynamic_metadata.CopyFrom(destination_metadata(endpoint))
+    return out
+
+
+def request_trailers_response() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+
+
+def response_headers_response(headers: Mapping[str, str]) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(
+        response_headers=pb.HeadersResponse(
+            response=pb.CommonResponse(header_mutation=_mutation(headers))
+        )
+    )
+
+
+def response_body_response(
+    streamed: bytes | None = None, end_of_stream: bool = False
+) -> pb.ProcessingResponse:
+    """Continue a response chunk; in full-duplex mode the chunk itself goes back."""
+    common = pb.CommonResponse()
+    if streamed is not None:
+        common.body_mutation.streamed_response.CopyFrom(
+            pb.StreamedBodyResponse(body=streamed, end_of_stream=end_of_stream)
+        )
+    return pb.ProcessingResponse(response_body=pb.BodyResponse(response=common))
+
+
+def response_trailers_response() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+
+
+def immediate_response(
+    status: int, body: bytes, headers: Mapping[str, str] | None = None, details: str = ""
+) -> pb.ProcessingResponse:
+    """Answer the client now, without any upstream (errors: 400, 429, 503...)."""
+    all_headers = {"content-type": "application/json", **(headers or {})}
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=status),
+            headers=_mutation(all_headers),
+            body=body,
+            details=details,
+        )
+    )

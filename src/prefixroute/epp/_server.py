@@ -1,0 +1,186 @@
+"""The picker's servers: ext_proc and gRPC health on one port, metrics and admin on another.
+
+One asyncio loop runs everything (``grpc.aio``, aiohttp, the health probes), so the router,
+which is not thread-safe, is only ever touched from that loop. The Kubernetes watcher runs the
+blocking client in a thread and hands each new endpoint set to the loop.
+
+The HTTP side is the gateway's, narrowed to what a picker has: ``GET /metrics`` (the gateway's
+Prometheus registry: decisions, requests by replica/status/reason, predicted against actual
+cached tokens, the live index and load), ``GET /health`` (200 while some endpoint is healthy,
+else 503) and ``GET /admin/replicas`` (the registry's listing, read-only).
+
+Fail-closed by default: the Envoy configurations we ship set ``failure_mode_allow: false``, so
+with the picker down Envoy answers 500 rather than sending requests nowhere in particular.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import grpc
+from aiohttp import web
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from prefixroute.core import BlockHasher, Router, make_policy
+from prefixroute.epp import _protocol as proto
+from prefixroute.epp._endpoints import EndpointSet, FileEndpoints
+from prefixroute.epp._stream import PickShared, PickStream
+from prefixroute.gateway import GatewayConfig, GatewayMetrics, HealthChecker, ReplicaRegistry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EppConfig:
+    """The picker's own settings; routing, health and limits come from ``routing`` (the same
+    ``GatewayConfig`` fields, TOML keys and defaults as ``prefixroute serve``)."""
+
+    routing: GatewayConfig = field(default_factory=GatewayConfig)  # its replicas: static list
+    grpc_host: str = "127.0.0.1"  # ext_proc and gRPC health listener address
+    grpc_port: int = 9002  # the Inference Extension's conventional EPP port; 0: any free one
+    http_host: str = "127.0.0.1"  # metrics/health/admin listener address
+    http_port: int | None = 9090  # None: no HTTP listener; 0: any free port
+    endpoints_file: str | None = None  # one ip:port per line, re-read when it changes
+    full_duplex: bool = True  # body mode assumed when Envoy does not send its protocol_config
+
+
+class _Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, shared: PickShared) -> None:
+        self.shared = shared
+
+    async def Process(  # noqa: N802 (gRPC's method name)
+        self, requests: AsyncIterator[Any], context: Any
+    ) -> AsyncIterator[Any]:
+        stream = PickStream(self.shared)
+        try:
+            async for req in requests:
+                for resp in stream.handle(req):
+                    yield resp
+        finally:
+            stream.close()
+
+
+class EndpointPicker:
+    """``async with EndpointPicker(config) as epp:`` serves until the block ends."""
+
+    def __init__(self, config: EppConfig) -> None:
+        self.config = config
+        rc = config.routing
+        self.router = Router(
+            make_policy(rc.policy, **rc.policy_params),
+            BlockHasher(rc.block_chars),
+            index_capacity_blocks=rc.index_capacity_blocks,
+            kv_block_size=rc.kv_block_size,
+            seed=rc.seed,
+        )
+        self.registry = ReplicaRegistry(self.router, rc)
+        self.metrics = GatewayMetrics(self.router, self.registry)
+        self.shared = PickShared(self.router, self.registry, self.metrics, config.full_duplex)
+        self.endpoints = EndpointSet(self.registry, self._probe_new)
+        self.grpc_port = 0  # bound ports, known after start
+        self.http_port = 0
+        self._grpc: grpc.aio.Server | None = None
+        self._health = HealthServicer()
+        self._session: aiohttp.ClientSession | None = None
+        self._checker: HealthChecker | None = None
+        self._runner: web.AppRunner | None = None
+        self._file: FileEndpoints | None = None
+        self._probes: set[asyncio.Task[bool]] = set()
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.grpc_host}:{self.grpc_port}"
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.endpoints.apply(cfg.routing.replicas)  # before the checker: probed just below
+        if cfg.endpoints_file is not None:
+            self._file = FileEndpoints(cfg.endpoints_file, self.endpoints)
+            self._file.start()
+        self._session = aiohttp.ClientSession()
+        self._checker = HealthChecker(self.registry, self._session, cfg.routing)
+        await self._checker.check_all(first=True)
+        self._checker.start()
+        server = self._grpc = grpc.aio.server()
+        pb_grpc.add_ExternalProcessorServicer_to_server(_Processor(self.shared), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        self.grpc_port = server.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
+        await server.start()
+        for service in proto.HEALTH_SERVICES:
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        if cfg.http_port is not None:
+            self._runner = web.AppRunner(self._http_app(), handle_signals=False)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, cfg.http_host, cfg.http_port)
+            await site.start()
+            self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        log.info(
+            "endpoint picker (protocol %s) on %s, %d endpoints",
+            proto.PROTOCOL_VERSION, self.address, len(self.registry),
+        )  # fmt: skip
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        for service in proto.HEALTH_SERVICES:
+            await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._grpc is not None:
+            await self._grpc.stop(grace_s)
+            self._grpc = None
+        if self._file is not None:
+            await self._file.stop()
+        for task in list(self._probes):
+            task.cancel()
+        if self._checker is not None:
+            await self._checker.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> EndpointPicker:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop(0)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _probe_new(self, record: Any) -> None:
+        """A new endpoint is probed at once (it starts unhealthy until it answers)."""
+        if self._checker is None:
+            return  # before start: start's first round probes everything
+        task = asyncio.get_running_loop().create_task(self._checker.check(record, first=True))
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    # --- HTTP: metrics, health, admin listing ---------------------------------------------
+    def _http_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/health", self._healthz)
+        app.router.add_get("/admin/replicas", self._replicas)
+        return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        healthy = sum(1 for r in self.registry if r.healthy and not r.draining)
+        status = 200 if healthy else 503
+        return web.json_response({"healthy_endpoints": healthy}, status=status)
+
+    async def _replicas(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [self.registry.describe(r) for r in self.registry]})

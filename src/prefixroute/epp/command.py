@@ -1,0 +1,117 @@
+"""``prefixroute epp``: the endpoint picker until SIGINT/SIGTERM (docs/kubernetes.md).
+
+Endpoints come from ``--endpoint`` flags and the config file's ``replicas``, from
+``--endpoints-file`` (re-read when it changes), or from Kubernetes pods (``--k8s-selector``).
+Routing and health settings are the gateway's, from the same ``--config`` TOML file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from typing import Any
+
+from prefixroute._serving import wait_for_signal
+from prefixroute.core import ConfigError, policy_names
+from prefixroute.epp._kube import KubernetesPods, PodEndpoints
+from prefixroute.epp._server import EndpointPicker, EppConfig
+from prefixroute.epp._stream import replica_of
+from prefixroute.gateway import build_config, load_toml
+
+log = logging.getLogger("prefixroute.epp")
+
+
+def add_parser(subparsers: Any) -> None:
+    d = EppConfig()
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "epp",
+        help="run as an Envoy ext_proc endpoint picker (Gateway API Inference Extension)",
+        description="An Envoy external-processing server that picks, per request, the endpoint "
+        "most likely to hold its prefix: the endpoint picker protocol of the Gateway API "
+        "Inference Extension (v1.0.0). Envoy routes with the x-gateway-destination-endpoint "
+        "header (an ORIGINAL_DST cluster) or the envoy.lb metadata.",
+    )
+    p.add_argument(
+        "--endpoint", action="append", dest="endpoints", metavar="IP:PORT", help="a model server"
+    )
+    p.add_argument(
+        "--endpoints-file", metavar="FILE", help="one IP:PORT per line, re-read when it changes"
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML file of gateway settings (serve's)")
+    p.add_argument("--policy", choices=policy_names(), help="routing policy")
+    p.add_argument("--grpc-host", default=d.grpc_host, help=f"default {d.grpc_host}")
+    p.add_argument("--grpc-port", type=int, default=d.grpc_port, help=f"default {d.grpc_port}")
+    p.add_argument("--http-host", default=d.http_host, help=f"metrics address ({d.http_host})")
+    p.add_argument(
+        "--http-port", type=int, default=d.http_port, help=f"metrics/health port ({d.http_port})"
+    )
+    p.add_argument("--block-chars", type=int, help="characters per routing block")
+    p.add_argument(
+        "--health-interval", type=float, dest="health_interval_s", help="probe period, s"
+    )
+    p.add_argument(
+        "--buffered",
+        action="store_true",
+        help="assume BUFFERED request bodies when Envoy does not say (default full duplex)",
+    )
+    k = p.add_argument_group("Kubernetes discovery (needs the kubernetes extra)")
+    k.add_argument("--k8s-selector", metavar="LABELS", help="pod label selector, e.g. app=vllm")
+    k.add_argument("--k8s-namespace", default="default", help="the pods' namespace")
+    k.add_argument("--k8s-target-port", type=int, help="the model servers' port on each pod")
+    k.add_argument("--k8s-resync", type=int, default=60, help="full relist period, s (60)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(run=run)
+
+
+def config_from_args(args: argparse.Namespace) -> EppConfig:
+    file_settings = load_toml(args.config) if args.config else {}
+    endpoints = [replica_of(e) for e in args.endpoints or ()]  # ConfigError on a bad one
+    routing = build_config(
+        file_settings,
+        replicas=endpoints,
+        policy=args.policy,
+        block_chars=args.block_chars,
+        health_interval_s=args.health_interval_s,
+    )
+    if args.k8s_selector and args.k8s_target_port is None:
+        raise ConfigError("--k8s-selector needs --k8s-target-port (the pool's target port)")
+    return EppConfig(
+        routing=routing,
+        grpc_host=args.grpc_host,
+        grpc_port=args.grpc_port,
+        http_host=args.http_host,
+        http_port=args.http_port,
+        endpoints_file=args.endpoints_file,
+        full_duplex=not args.buffered,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    level = logging.DEBUG if args.verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = config_from_args(args)
+    pods = None
+    if args.k8s_selector:
+        pods = (KubernetesPods(args.k8s_namespace, args.k8s_selector), args.k8s_target_port)
+    asyncio.run(_serve(config, pods, args.k8s_resync))  # grpc.aio: asyncio's own loop
+    return 0
+
+
+async def _serve(config: EppConfig, pods: tuple[KubernetesPods, int] | None, resync_s: int) -> None:
+    async with EndpointPicker(config) as epp:
+        watcher = None
+        if pods is not None:
+            loop = asyncio.get_running_loop()
+
+            def publish(endpoints: list[str]) -> None:
+                loop.call_soon_threadsafe(epp.endpoints.apply, endpoints)
+
+            watcher = PodEndpoints(pods[0], pods[1], publish, resync_s=resync_s)
+            watcher.start()
+        log.info("metrics on http://%s:%d/metrics", config.http_host, epp.http_port)
+        try:
+            await wait_for_signal()
+        finally:
+            if watcher is not None:
+                watcher.stop()

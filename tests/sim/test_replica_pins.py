@@ -1,0 +1,39 @@
+"""The replica model's step budget, exactly (sim/replica.py's docstring, docs/mutation.md):
+"each step has a token budget: one token per decoding request, the rest for prefill chunks";
+"step time = prefill tokens / prefill rate, plus decode_step_s when any request decodes"."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixroute.sim.replica import EngineRequest, ReplicaConfig, ReplicaModel
+
+
+@pytest.mark.parametrize("decoding", [1, 3])
+def test_decodes_take_one_token_each_of_the_step_budget(decoding: int) -> None:
+    # Budget 10 tokens; ``decoding`` requests generating throughout; then a 20-token prompt.
+    # Its chunks are (10 - decoding) tokens per step, each step also paying one decode step.
+    cfg = ReplicaConfig(
+        block_size=1, step_tokens=10, prefill_tokens_per_s=1000.0, decode_step_s=0.01
+    )
+    m = ReplicaModel(cfg)
+    now = 0.0
+    for i in range(decoding):
+        m.submit(EngineRequest(f"d{i}", [100 * (i + 1)], 1000, arrival_s=0.0))
+    while any(r.first_token_s is None for r in m.running) or m.waiting:  # all decoding now
+        d = m.begin_step(now)
+        now += d
+        m.end_step(now)
+    start = now
+    prompt = EngineRequest("p", list(range(1000, 1020)), 1, arrival_s=start)
+    m.submit(prompt)
+    durations = []
+    while prompt.first_token_s is None:
+        d = m.begin_step(now)
+        durations.append(d)
+        now += d
+        m.end_step(now)
+    per_step = 10 - decoding
+    chunks = [per_step] * (20 // per_step) + ([20 % per_step] if 20 % per_step else [])
+    assert durations == pytest.approx([c / 1000.0 + 0.01 for c in chunks])
+    assert prompt.first_token_s == pytest.approx(start + sum(durations))

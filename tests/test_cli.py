@@ -1,0 +1,104 @@
+"""The command line as a newcomer meets it (issue 14's friction list): help that states every
+flag's meaning and default, and one-line errors where a traceback used to be."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from prefixroute._help import DefaultsMixin
+from prefixroute.cli import build_parser, main
+from prefixroute.sim.report import SIM_ONLY_COLUMNS, summary_table
+
+EXE = Path(sys.executable).with_name("prefixroute")
+# Flags of commands being written elsewhere right now, not yet held to this rule.
+PENDING: set[tuple[str, str]] = {("epp", "--verbose")}
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_flag_has_help_and_states_its_default() -> None:
+    gaps = []
+    for name, command in _commands().items():
+        formatter = command._get_formatter()
+        assert isinstance(formatter, DefaultsMixin), name
+        for action in command._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            flag = action.option_strings[-1]
+            if isinstance(action, argparse._HelpAction | argparse._VersionAction):
+                continue
+            if (name, flag) in PENDING:
+                continue
+            text = formatter._get_help_string(action) or ""
+            if not text.strip():
+                gaps.append(f"{name} {flag}: no help")
+            default = action.default
+            tells = default not in (None, False, True, [], argparse.SUPPRESS)
+            if tells and "default" not in text and f"({default})" not in text:
+                gaps.append(f"{name} {flag}: default {default!r} not stated")
+    assert not gaps, "\n".join(gaps)
+
+
+def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in _commands():
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        out = capsys.readouterr().out
+        assert "``" not in out, f"{name} --help shows reST markup"
+
+
+def test_demo_help_states_its_own_replica_count(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "replicas (default 5)" in help_text
+    assert _commands()["demo"].get_default("replicas") == 5
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    assert "replicas (default 4)" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("command", ["serve", "emulate"])
+def test_a_port_in_use_is_one_line_and_a_non_zero_exit(command: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [str(EXE), command, "--port", str(port), *(["--emulate", "1"] if command == "serve"
+                                                       else [])],
+            capture_output=True, text=True, timeout=60, env=dict(os.environ, NO_COLOR="1"),
+        )  # fmt: skip
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == f"prefixroute: error: cannot listen on 127.0.0.1:{port}: address already in use"
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [last]
+
+
+def test_live_reports_hide_simulation_only_columns() -> None:
+    ms = {"p50": 1.0, "p90": 2.0, "p99": 3.0}
+    metrics: list[Any] = [SimpleNamespace(
+        policy="round_robin", prefill_tokens=10, cached_tokens=5, floor_ratio=1.0, hit_rate=0.5,
+        ttft_ms=ms, e2e_ms=ms, goodput_rps=1.0, evictions=0, decision_us=ms,
+        per_replica_requests={"r0": 1},
+    )]  # fmt: skip
+    simulated = [c.header for c in summary_table(metrics, "t").columns]
+    live = [c.header for c in summary_table(metrics, "t", live=True).columns]
+    assert set(SIM_ONLY_COLUMNS) <= set(simulated)
+    assert not set(SIM_ONLY_COLUMNS) & set(live)
+    assert [c for c in simulated if c not in SIM_ONLY_COLUMNS] == live

@@ -1,0 +1,117 @@
+"""``prefixroute top``: the fleet page in the terminal, read from a live gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from rich.console import Console
+
+from prefixroute.cli import main
+from prefixroute.core import ConfigError
+from prefixroute.emulate import EmulatorConfig, start_replicas
+from prefixroute.gateway import Gateway, GatewayConfig
+from prefixroute.sim.replica import ReplicaConfig
+from prefixroute.top import fetch_state, render
+
+TOKEN = "top-admin-token"
+FAST_REPLICA = EmulatorConfig(ReplicaConfig(block_size=1), time_scale=0.01)
+
+
+@contextlib.asynccontextmanager
+async def fleet_with_traffic(tmp_path: Path) -> AsyncIterator[tuple[Gateway, Path, list[str]]]:
+    """Two emulated replicas behind a gateway with an admin token, after 4 requests."""
+    cluster = await start_replicas(2, FAST_REPLICA)
+    config = GatewayConfig(port=0, replicas=tuple(cluster.urls), admin_token=TOKEN)
+    try:
+        async with Gateway(config) as gw:
+            async with aiohttp.ClientSession() as session:
+                for i in range(4):
+                    text = "same prefix " * 20 + str(i)
+                    body = {"messages": [{"role": "user", "content": text}], "max_tokens": 2}
+                    async with session.post(gw.url + "/v1/chat/completions", json=body) as r:
+                        assert r.status == 200
+            token_file = tmp_path / "token"
+            token_file.write_text(TOKEN + "\n")
+            yield gw, token_file, cluster.urls
+    finally:
+        await cluster.stop()
+
+
+def run_cli(args: list[str]) -> Awaitable[int]:
+    """``main(args)`` in a thread: it blocks, and the gateway lives on this test's loop."""
+    return asyncio.to_thread(main, args)
+
+
+async def test_once_prints_every_replica_and_the_decisions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    async with fleet_with_traffic(tmp_path) as (gw, token_file, urls):
+        args = ["top", "--once", "--url", gw.url, "--admin-token-file", str(token_file)]
+        code = await run_cli(args)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "4 requests" in out and "prefix_match" in out and "least_loaded" in out
+    for url in urls:
+        assert url.partition("://")[2] in out
+    assert max(len(line) for line in out.splitlines()) <= 100  # fits an SSH terminal
+
+
+async def test_token_from_the_environment_and_its_absence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with fleet_with_traffic(tmp_path) as (gw, _, _):
+        monkeypatch.delenv("PREFIXROUTE_ADMIN_TOKEN", raising=False)
+        assert await run_cli(["top", "--once", "--url", gw.url]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "wants a valid admin token" in err
+        monkeypatch.setenv("PREFIXROUTE_ADMIN_TOKEN", TOKEN)
+        assert await run_cli(["top", "--once", "--url", gw.url]) == 0
+        assert "prefix_match" in capsys.readouterr().out
+
+
+def test_unreachable_gateway_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["top", "--once", "--url", f"http://127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prefixroute: error: cannot reach the gateway") and err.count("\n") == 1
+
+
+def test_missing_token_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["top", "--once", "--admin-token-file", str(tmp_path / "nope")]) == 2
+    assert "cannot read the admin token file" in capsys.readouterr().err
+
+
+def test_rates_come_from_two_snapshots() -> None:
+    def state(t: float, requests: int) -> dict[str, object]:
+        replica = {
+            "id": "http://10.0.0.1:8000", "name": "r-1", "status": "healthy", "in_flight": 1,
+            "queued_prefill_tokens": 0, "queued_prefill_s": 0.0, "index_blocks": 3,
+            "requests": requests, "prompt_tokens": 100, "predicted_cached": 50,
+            "actual_cached": 40,
+            "speed": {"prefill_tokens_per_s": 10000.0, "decode_step_s": 0.015},
+        }  # fmt: skip
+        totals = {"requests": requests, "in_flight": 1, "prompt_tokens": 100,
+                  "predicted_cached": 50, "actual_cached": 40, "index_entries": 3}  # fmt: skip
+        return {"time": t, "policy": "p", "mode": "approximate", "totals": totals,
+                "replicas": [replica], "decisions": []}  # fmt: skip
+
+    console = Console(width=100, record=True)
+    console.print(render(state(12.0, 30), state(10.0, 10)))
+    text = console.export_text()
+    assert " 10.0 " in text  # (30 - 10) requests / 2 s
+    assert "50.0" in text and "40.0" in text  # hit rates predicted / reported, percent
+
+
+def test_fetch_state_of_nothing_is_a_config_error() -> None:
+    # Nothing listens on port 9 of loopback: a one-line ConfigError, not a urllib traceback.
+    with pytest.raises(ConfigError, match="cannot reach"):
+        fetch_state("http://127.0.0.1:9", None, 1.0)

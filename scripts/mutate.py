@@ -4,8 +4,9 @@ mutmut reads its settings from ``pyproject.toml`` in the folder it runs in and w
 under ``mutants/`` there. So each group of ``[tool.prefixroute.mutate.GROUP]`` in our
 ``pyproject.toml`` runs in a folder of its own, ``.cache/mutate/GROUP/``: links to ``src``,
 ``tests`` and ``../shared``, and a copy of our ``pyproject.toml`` whose ``[tool.mutmut]`` mutates
-that group's ``files`` against its ``tests`` only. mutmut keeps its results there, so a second run
-retests only the functions that changed.
+that group's ``files`` against its ``tests`` only. mutmut keeps its results there: ``--keep``
+retests only the functions whose code changed since (it does not notice new tests, so by default
+every run starts afresh).
 
     scripts/mutate.py                      # every group
     scripts/mutate.py policies registry    # some
@@ -26,6 +27,7 @@ import fnmatch
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -97,8 +99,11 @@ def group_pyproject(text: str, base: dict[str, object], group: Group) -> str:
 def prepare(group: Group, text: str, base: dict[str, object]) -> Path:
     folder = WORK / group.name
     folder.mkdir(parents=True, exist_ok=True)
-    for name, target in (("src", ROOT / "src"), ("tests", ROOT / "tests"),
-                         ("shared", ROOT.parent / "shared")):
+    for name, target in (
+        ("src", ROOT / "src"),
+        ("tests", ROOT / "tests"),
+        ("shared", ROOT.parent / "shared"),
+    ):
         link = folder / name
         if link.is_symlink() and link.readlink() != target:
             link.unlink()  # a checkout elsewhere (CI's clone): point at this one
@@ -108,7 +113,36 @@ def prepare(group: Group, text: str, base: dict[str, object]) -> Path:
     new = group_pyproject(text, base, group)
     if not config.is_file() or config.read_text() != new:
         config.write_text(new)
+    sync_unmutated(group, folder)
     return folder
+
+
+def sync_unmutated(group: Group, folder: Path) -> None:
+    """Refresh the copies of the files this group does not mutate.
+
+    mutmut copies ``src`` into ``mutants/`` once and regenerates only the files it mutates when
+    they change; a later run would test the mutants against stale copies of everything else
+    (a changed ``core/load.py`` under the policies group, say). So those copies are brought in
+    line with ``src`` before every run, and copies of deleted files are removed.
+    """
+    copy = folder / "mutants" / "src"
+    if not copy.is_dir():
+        return  # first run: mutmut copies everything
+    src = ROOT / "src"
+    for path in src.rglob("*"):
+        rel = path.relative_to(src)
+        if not path.is_file() or "__pycache__" in rel.parts:
+            continue
+        if any(fnmatch.fnmatch(f"src/{rel}", pattern) for pattern in group.files):
+            continue
+        target = copy / rel
+        if not target.is_file() or target.read_bytes() != path.read_bytes():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+    for target in copy.rglob("*.py"):
+        rel = target.relative_to(copy)
+        if "__pycache__" not in rel.parts and not (src / rel).exists():
+            target.unlink()
 
 
 def score(group: Group, folder: Path, seconds: float, equivalent: set[str]) -> Score:
@@ -133,8 +167,14 @@ def run(group: Group, folder: Path) -> float:
     mutmut = Path(sys.executable).with_name("mutmut")
     start = time.monotonic()
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    done = subprocess.run([str(mutmut), "run", *group.functions], cwd=folder, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(
+        [str(mutmut), "run", *group.functions],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seconds = time.monotonic() - start
     if done.returncode != 0:
         print(done.stdout[-4000:])
@@ -145,13 +185,20 @@ def run(group: Group, folder: Path) -> float:
 def check(name: str, tests: list[str]) -> int:
     """Run ``tests`` (from the repository root) with mutant ``name`` active: the mutant applied,
     without touching ``src``. Returns pytest's exit code (non-zero: the tests kill it)."""
-    found = [meta for meta in WORK.glob("*/mutants/**/*.py.meta")
-             if name in json.loads(meta.read_text())["exit_code_by_key"]]
+    found = [
+        meta
+        for meta in WORK.glob("*/mutants/**/*.py.meta")
+        if name in json.loads(meta.read_text())["exit_code_by_key"]
+    ]
     if not found:
         raise SystemExit(f"mutate: no mutant {name} under {WORK}; run its group first")
     folder = WORK / found[0].relative_to(WORK).parts[0]
-    env = dict(os.environ, MUTANT_UNDER_TEST=name, PYTHONDONTWRITEBYTECODE="1",
-               PYTHONPATH=str(folder / "mutants" / "src"))
+    env = dict(
+        os.environ,
+        MUTANT_UNDER_TEST=name,
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONPATH=str(folder / "mutants" / "src"),
+    )
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
     try:
         code = subprocess.run(cmd, cwd=ROOT, env=env, timeout=CHECK_TIMEOUT_S).returncode
@@ -164,15 +211,32 @@ def check(name: str, tests: list[str]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("groups", nargs="*", help="groups to run (default: all)")
-    parser.add_argument("--min-score", type=float, default=0.0,
-                        help="per cent, every group (each group's own min_score applies too)")
-    parser.add_argument("--fresh", action="store_true", help="forget earlier results first")
-    parser.add_argument("--report", action="store_true",
-                        help="score the results of earlier runs, run nothing")
-    parser.add_argument("--tests", nargs="+", metavar="ARG",
-                        help="pytest arguments replacing the groups' test selection")
-    parser.add_argument("--check", metavar="MUTANT",
-                        help="run the tests named in place of groups with MUTANT active")
+    parser.add_argument(
+        "--min-score",
+        type=float,
+        default=0.0,
+        help="per cent, every group (each group's own min_score applies too)",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep earlier results: retest only functions whose code changed (new or changed "
+        "tests are not noticed; without --keep every run starts afresh)",
+    )
+    parser.add_argument(
+        "--report", action="store_true", help="score the results of earlier runs, run nothing"
+    )
+    parser.add_argument(
+        "--tests",
+        nargs="+",
+        metavar="ARG",
+        help="pytest arguments replacing the groups' test selection",
+    )
+    parser.add_argument(
+        "--check",
+        metavar="MUTANT",
+        help="run the tests named in place of groups with MUTANT active",
+    )
     args = parser.parse_args()
     if args.check:
         return check(args.check, args.groups)
@@ -194,16 +258,20 @@ def main() -> int:
             scores.append(score(group, WORK / name, 0.0, equivalent))
             continue
         folder = prepare(group, text, base)
-        if args.fresh:
-            subprocess.run(["rm", "-rf", str(folder / "mutants")], check=True)
+        if not args.keep:
+            shutil.rmtree(folder / "mutants", ignore_errors=True)
         print(f"mutate: {name} ...", flush=True)
         scores.append(score(group, folder, run(group, folder), equivalent))
 
-    print(f"\n{'group':<12} {'mutants':>7} {'killed':>6} {'equiv':>5} {'survived':>8} "
-          f"{'score':>6} {'time':>6}")
+    print(
+        f"\n{'group':<12} {'mutants':>7} {'killed':>6} {'equiv':>5} {'survived':>8} "
+        f"{'score':>6} {'time':>6}"
+    )
     for s in scores:
-        print(f"{s.group:<12} {s.total:>7} {s.killed:>6} {s.equivalent:>5} "
-              f"{len(s.survivors):>8} {s.percent:>5.1f}% {s.seconds:>5.0f}s")
+        print(
+            f"{s.group:<12} {s.total:>7} {s.killed:>6} {s.equivalent:>5} "
+            f"{len(s.survivors):>8} {s.percent:>5.1f}% {s.seconds:>5.0f}s"
+        )
     floor = {s.group: max(args.min_score, table[s.group].min_score) for s in scores}
     failed = [s for s in scores if s.percent < floor[s.group]]
     for s in scores:

@@ -29,8 +29,7 @@ def test_demo_prints_the_articles_numbers_and_writes_its_plot(tmp_path: Path) ->
         "170 ms of time to first token." in out
     )
     assert (
-        "=> predicted_ttft: 9,000 tokens reused, requests per replica [10, 10, 10, 10, 10]."
-        in out
+        "=> predicted_ttft: 9,000 tokens reused, requests per replica [10, 10, 10, 10, 10]." in out
     )
     assert "multi-turn: 2,505 requests, 5 replicas" in out
     assert f"plot written to {plot}" in out

@@ -204,6 +204,27 @@ def test_cost_to_others_is_miss_penalty_plus_interference_capped_at_one_step(
     assert router.policy.cost_to_others(ctx, R0) == pytest.approx(expected)  # type: ignore[attr-defined]
 
 
+def test_cost_to_others_counts_only_the_uncached_part() -> None:
+    # 1,000-token prompt, 400 cached on R0 (one decoding request there, nothing prefilling):
+    # the cost is the miss penalty on the 600 uncached tokens only.
+    router = make_router("predicted_ttft")
+    prompt = tokens(1000, start=50_000)
+    prime(router, R0, prompt[:400])
+    busy(router, R0, prompt=10, prefilled=True)
+    ctx = context(router, prompt)
+    cost = router.policy.cost_to_others(ctx, R0)  # type: ignore[attr-defined]
+    assert cost == pytest.approx(0.5 * 600 / RATE)
+
+
+@pytest.mark.parametrize("name", ["cache_aware", "prefix_affinity"])
+def test_an_empty_prompt_is_a_weak_match_on_the_smallest_tree(name: str) -> None:
+    router = make_router(name)
+    for i, r in enumerate((R0, R1, R3)):
+        prime(router, r, tokens(5, start=900_000 + 100 * i))
+    d = route(router, [])
+    assert (d.replica, d.reason) == (R2, DecisionReason.WEAK_MATCH)
+
+
 def test_interference_cap_decides_where_a_long_prompt_goes() -> None:
     # A 10,000-token prompt; R0 caches 2,000 of it and has a 1,000-token prompt prefilling,
     # R1 caches nothing and is decoding one request (no queue).
@@ -668,3 +689,23 @@ def test_unknown_parameter_message_lists_the_valid_ones() -> None:
     with pytest.raises(ConfigError) as none:
         make_policy("round_robin", start=2)
     assert str(none.value).endswith("valid: none")
+
+
+# --- the load view's recent arrivals (core/load.py: "exponentially decayed", 10 s window) ----
+
+
+def test_arrival_rate_and_mean_uncached_decay_over_ten_seconds() -> None:
+    import math
+
+    router = make_router("predicted_ttft")
+    for now, prompt in ((0.0, 100), (10.0, 300), (20.0, 500)):
+        rid = f"a{next(_ids)}"
+        view = RequestView(rid, (), 1, prompt, prompt)
+        router.loads.dispatch(view, Decision(R0, DecisionReason.LEAST_LOADED, 0), now)
+    load = router.loads[R0]
+    e = math.exp(-1.0)  # each arrival is one window older than the next
+    count = (1 * e + 1) * e + 1
+    assert load.arrival_rate(20.0) == pytest.approx(count / 10)
+    assert load.arrival_rate(30.0) == pytest.approx(count * e / 10)
+    assert load.mean_uncached() == pytest.approx(((100 * e + 300) * e + 500) / count)
+    assert router.loads[R1].mean_uncached() == 0.0 and router.loads[R1].arrival_rate(5.0) == 0.0

@@ -22,9 +22,9 @@ import zmq.asyncio
 
 from prefixroute.core import BlockHasher, PrefixIndex, ReplicaId
 from prefixroute.events import (
-    BlockStored,
     AllBlocksCleared,
     BadEndpoint,
+    BlockStored,
     EventDecodeError,
     EventEndpoint,
     EventSubscriber,
@@ -63,7 +63,7 @@ def block(i: int, parent: int | None) -> BlockStored:
 async def context() -> AsyncIterator[zmq.asyncio.Context]:
     ctx = zmq.asyncio.Context()
     yield ctx
-    ctx.term()
+    ctx.destroy(linger=0)  # closes any socket a failed test left open; term() would wait on it
 
 
 class FakeReplay:
@@ -193,6 +193,13 @@ async def test_a_replayed_batch_that_does_not_decode_fails_the_replay(
         await replay.close()
     assert (sub.stats.replayed, sub.stats.replay_failures) == (0, 1)
     assert sub.stats.resyncs == {"gap": 1} and sub.state is StreamState.RESYNCING
+    replay = FakeReplay(context, {3: b"\xc1 not msgpack"})
+    try:
+        sub.endpoint = EventEndpoint(sub.endpoint.address, False, replay.address)
+        await sub.receive(frames(4, block(4, 4)))  # 3 lost: a second failure, counted
+    finally:
+        await replay.close()
+    assert (sub.stats.replay_failures, sub.stats.resyncs) == (2, {"gap": 2})
 
 
 async def test_every_counter_counts_every_time(context: zmq.asyncio.Context) -> None:
@@ -226,6 +233,7 @@ async def test_decode_errors_are_counted_one_by_one_on_the_socket(
     context: zmq.asyncio.Context,
 ) -> None:
     index = PrefixIndex()
+    index.add_replica(R)
     sub = EventSubscriber(
         EventEndpoint.parse("bind:tcp://127.0.0.1:*"), PreciseIndexer(R, index, HASHER), context
     )
@@ -233,18 +241,18 @@ async def test_decode_errors_are_counted_one_by_one_on_the_socket(
     await sub.stop()  # stopping what never started is harmless
     await sub.start()
     raw = context.socket(zmq.PUB)
-    raw.connect(sub.address or "")
     try:
+        raw.connect(sub.address or "")
         while sub.stats.batches == 0:  # until the subscription is through
             await raw.send_multipart(frames(0))
             await asyncio.sleep(0.01)
         before = sub.stats.decode_errors
-        await raw.send_multipart([b"", b"\x00" * 8, b"garbage"])
-        await raw.send_multipart([b"", b"\x00" * 8, b"more garbage"])
+        await raw.send_multipart([b"", (1).to_bytes(8, "big"), b"garbage"])
+        await raw.send_multipart([b"", (1).to_bytes(8, "big"), b"more garbage"])
         await raw.send_multipart(frames(1, block(0, None)))
         deadline = time.monotonic() + 5
         while index.blocks_of(R) == 0:
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, sub.stats
             await asyncio.sleep(0.005)
         assert sub.stats.decode_errors - before == 2
         task = sub._task
@@ -252,6 +260,7 @@ async def test_decode_errors_are_counted_one_by_one_on_the_socket(
         assert task is not None and task.done()  # stopped means the reader is gone
     finally:
         raw.close(linger=0)
+        await sub.stop()
 
 
 def test_replay_replies_without_the_delimiter_are_read_too() -> None:

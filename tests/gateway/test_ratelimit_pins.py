@@ -26,8 +26,7 @@ def test_the_429_messages_name_the_tenant_the_limit_and_the_wait() -> None:
     with pytest.raises(RateLimited) as cap:
         lim.admit(0.0)
     assert str(cap.value) == (
-        "tenant 'team-a' has 1 requests in flight, its max_in_flight limit; retry when one "
-        "finishes"
+        "tenant 'team-a' has 1 requests in flight, its max_in_flight limit; retry when one finishes"
     )
     lim = TenantLimiter("team-a", TenantLimits(prompt_tokens_per_minute=600), 0.0)
     lim.charge_prompt(500, 0.0)

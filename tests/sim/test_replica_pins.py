@@ -37,3 +37,38 @@ def test_decodes_take_one_token_each_of_the_step_budget(decoding: int) -> None:
     chunks = [per_step] * (20 // per_step) + ([20 % per_step] if 20 % per_step else [])
     assert durations == pytest.approx([c / 1000.0 + 0.01 for c in chunks])
     assert prompt.first_token_s == pytest.approx(start + sum(durations))
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "good", "message"),
+    [
+        (
+            "kv_capacity_blocks",
+            0,
+            1,
+            "replica sizes (capacity, block size, budget, batch) must be >= 1",
+        ),
+        ("block_size", 0, 1, "replica sizes (capacity, block size, budget, batch) must be >= 1"),
+        ("step_tokens", 0, 1, "replica sizes (capacity, block size, budget, batch) must be >= 1"),
+        ("max_running", 0, 1, "replica sizes (capacity, block size, budget, batch) must be >= 1"),
+        (
+            "prefill_tokens_per_s",
+            0.0,
+            0.5,
+            "prefill rate must be positive and decode step time non-negative",
+        ),
+        (
+            "decode_step_s",
+            -0.001,
+            0.0,
+            "prefill rate must be positive and decode step time non-negative",
+        ),
+    ],
+)
+def test_replica_config_bounds(field: str, bad: float, good: float, message: str) -> None:
+    from prefixroute.core import ConfigError
+
+    ReplicaConfig(**{field: good})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as info:
+        ReplicaConfig(**{field: bad})  # type: ignore[arg-type]
+    assert str(info.value) == message

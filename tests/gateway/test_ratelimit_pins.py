@@ -90,3 +90,12 @@ def test_reconfiguring_keeps_the_new_rate_and_a_token_budget() -> None:
     lim.charge_prompt(60, 0.0)  # the token bucket carried over, full
     with pytest.raises(RateLimited):
         lim.charge_prompt(1, 0.0)
+
+
+def test_reconfiguring_carries_the_token_bucket_level_over() -> None:
+    # docs/security.md: "bucket levels carry over, capped by the new sizes" (nothing forgiven).
+    lim = TenantLimiter("t", TenantLimits(prompt_tokens_per_minute=60), 0.0)
+    lim.charge_prompt(60, 0.0)
+    lim.configure(TenantLimits(prompt_tokens_per_minute=120), 0.0)
+    with pytest.raises(RateLimited):
+        lim.charge_prompt(1, 0.0)

@@ -1,0 +1,67 @@
+"""The replica registry's health rules at their edges (gateway/_registry.py's docstring,
+README "Health"; docs/mutation.md): a replica whose first probe fails starts out and comes in
+with its first successful probe; failures of probes count like failures of requests; the admin
+view counts them; the errors say why no replica could be chosen."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixroute.core import NoReplicaAvailable, ReplicaId, Router, make_policy
+from prefixroute.gateway import GatewayConfig, ReplicaRegistry, ReplicaStatus
+from prefixroute.gateway._errors import ModelNotFound, Overloaded
+
+A, B = ReplicaId("http://a:1"), ReplicaId("http://b:2")
+
+
+def registry(**settings: object) -> ReplicaRegistry:
+    reg = ReplicaRegistry(Router(make_policy("round_robin")), GatewayConfig(**settings))  # type: ignore[arg-type]
+    reg.add(A)
+    reg.add(B)
+    return reg
+
+
+def counts(reg: ReplicaRegistry, rid: ReplicaId) -> tuple[str, int, int]:
+    view = reg.describe(reg.get(rid))
+    return view["status"], view["consecutive_failures"], view["total_failures"]
+
+
+def test_a_replica_whose_first_probe_fails_starts_out_and_comes_in_with_a_good_probe() -> None:
+    reg = registry()
+    reg.record_probe(A, ok=False, now=100.0, first=True)
+    assert counts(reg, A) == ("unhealthy", 1, 1)
+    assert reg.candidates(None) == [B]
+    reg.record_probe(A, ok=True, now=100.5)  # no eject_s wait: it was never serving
+    assert counts(reg, A) == ("healthy", 0, 1)
+
+
+def test_a_later_failed_probe_is_one_failure_like_a_request_failure() -> None:
+    reg = registry()
+    reg.record_probe(A, ok=False, now=1.0)  # not the first probe: one failure of three
+    assert counts(reg, A) == ("healthy", 1, 1)
+    reg.record_failure(A, now=2.0, why="test")
+    reg.record_probe(A, ok=False, now=3.0)
+    assert counts(reg, A) == ("unhealthy", 3, 3)
+    reg.record_success(A)
+    reg.record_failure(A, now=4.0, why="test")
+    assert counts(reg, A) == ("unhealthy", 1, 4)  # total failures never reset
+
+
+def test_why_no_replica_could_be_chosen() -> None:
+    reg = registry(max_in_flight_per_replica=1)
+    reg.set_models(A, [{"id": "m"}])
+    reg.set_models(B, [{"id": "m"}])
+    with pytest.raises(ModelNotFound) as missing:
+        reg.candidates("other")
+    assert str(missing.value) == "the model 'other' is not served by any replica"
+    for rid in (A, B):
+        reg.router.route(reg.router.view(f"q{rid}", text="x"), 0.0, [rid])
+    with pytest.raises(Overloaded) as full:
+        reg.candidates("m")
+    assert str(full.value) == "every replica is at its in-flight limit; retry later"
+    reg.drain(A)
+    reg.drain(B)
+    with pytest.raises(NoReplicaAvailable) as none:
+        reg.candidates("m")
+    assert str(none.value) == "no healthy replica available for this request"
+    assert reg.get(A).status is ReplicaStatus.DRAINING

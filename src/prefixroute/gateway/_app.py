@@ -227,27 +227,29 @@ def _state(request: web.Request) -> tuple[GatewayState, Proxy]:
 
 async def _proxied(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     state, proxy = _state(request)
-    with state.limits.admit():
-        body = await state.limits.read_body(request)
-        obj: object | None
-        if endpoint is Endpoint.OTHER:
-            obj = _other_json(request, body)
-            key = _other_key(obj)
-        else:
-            obj = parse_body(body)
-            key = key_of(endpoint, obj)
-            if state.tokenizer is not None:
-                try:
+    try:
+        with state.limits.admit():
+            body = await state.limits.read_body(request)
+            obj: object | None
+            if endpoint is Endpoint.OTHER:
+                obj = _other_json(request, body)
+                key = _other_key(obj)
+            else:
+                obj = parse_body(body)
+                key = key_of(endpoint, obj)
+                if state.tokenizer is not None:
                     key = await state.tokenizer.key(key)
-                except asyncio.CancelledError:
-                    if not state.limits.cutting:
-                        raise  # the client left
-                    task = asyncio.current_task()
-                    if task is not None:
-                        task.uncancel()
-                    message = "the gateway shut down before this request was routed"
-                    raise ShuttingDown(message) from None
-        return await proxy.forward(request, body, endpoint, key, obj)
+            return await proxy.forward(request, body, endpoint, key, obj)
+    except asyncio.CancelledError:
+        # Cut at the drain bound before any byte was answered (reading the body, tokenizing,
+        # waiting on the replica): a 503, not a reset. A started stream ends itself (_relay).
+        if not state.limits.cutting:
+            raise  # the client left: aiohttp cancelled its handler
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        state.metrics.cut_streams.labels("shutdown").inc()
+        raise ShuttingDown("the gateway shut down before this request was answered") from None
 
 
 def _other_json(request: web.Request, body: bytes) -> object | None:

@@ -101,14 +101,6 @@ class Limits:
         try:
             async with asyncio.timeout(self.body_timeout_s):
                 return await request.read()
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if self.cutting and task is not None:  # nothing answered yet: a 503, not a reset
-                task.uncancel()
-                raise ShuttingDown(
-                    "the gateway shut down before the request body arrived"
-                ) from None
-            raise
         except web.RequestPayloadError as exc:  # bad chunked encoding, a short body: the client's
             raise MalformedBody(
                 "the request body is malformed (length, chunked or content encoding)"

@@ -55,7 +55,7 @@ from prefixroute.core import (
 )
 from prefixroute.gateway._bodylog import log_request_body, log_response_body
 from prefixroute.gateway._config import GatewayConfig
-from prefixroute.gateway._errors import Overloaded, ShuttingDown, UpstreamError
+from prefixroute.gateway._errors import Overloaded, UpstreamError
 from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._paths import upstream_target
 from prefixroute.gateway._registry import ReplicaRegistry
@@ -206,14 +206,6 @@ class Proxy:
                 self.metrics.retries.labels(kind).inc()
                 log.info("%s: retrying after %s on %s", rid, kind, decision.replica)
                 continue
-            except asyncio.CancelledError:
-                if not self.is_cutting():
-                    raise  # the client left: aiohttp cancelled its handler
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-                self.metrics.cut_streams.labels("shutdown").inc()
-                raise ShuttingDown("the gateway shut down before the replica answered") from None
             finally:
                 release(None)
             self._account(rid, endpoint, decision, result, verdict)

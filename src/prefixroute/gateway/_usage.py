@@ -36,10 +36,10 @@ def usage_of(obj: object) -> Usage | None:
     usage = obj.get("usage")
     if not isinstance(usage, Mapping):
         return None
+    details = usage.get("prompt_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else None
     return Usage(
-        _count(usage.get("prompt_tokens")),
-        _count(usage.get("completion_tokens")),
-        cached_tokens_of(obj),
+        _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), cached
     )
 
 
@@ -55,25 +55,11 @@ def usage_in_body(body: bytes) -> Usage | None:
 
 def cached_tokens_of(obj: object) -> int | None:
     """The cached-token count in a parsed response or stream chunk, or None when absent."""
-    if not isinstance(obj, Mapping):
-        return None
-    usage = obj.get("usage")
-    if not isinstance(usage, Mapping):
-        return None
-    details = usage.get("prompt_tokens_details")
-    if not isinstance(details, Mapping):
-        return None
-    cached = details.get("cached_tokens")
-    if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
-        return cached
-    return None
+    usage = usage_of(obj)
+    return usage.cached_tokens if usage is not None else None
 
 
 def cached_tokens_in_body(body: bytes) -> int | None:
     """The cached-token count in a whole JSON response body (None when absent or not JSON)."""
-    if b'"usage"' not in body:  # most bodies without usage skip the parse
-        return None
-    try:
-        return cached_tokens_of(json.loads(body))
-    except (ValueError, UnicodeDecodeError):
-        return None
+    usage = usage_in_body(body)
+    return usage.cached_tokens if usage is not None else None

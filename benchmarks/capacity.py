@@ -33,7 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefixroute.core import DEFAULT_POLICY, make_policy
+from prefixroute.core import DEFAULT_POLICY, ConfigError, make_policy
 from prefixroute.sim.cluster import ClusterSim
 from prefixroute.sim.fleet import parse_fleet
 from prefixroute.sim.metrics import oracle_floor, summarize
@@ -110,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet", help="per-replica speeds, as simulate --fleet (default: equal)")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: cores)")
     args = parser.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",")]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        if args.fleet is not None:
+            parse_fleet(args.fleet, ReplicaConfig())  # a bad spec: one line, before any run
+    except (ValueError, ConfigError) as exc:
+        parser.error(str(exc))
     jobs = [
         (s, p, seed, x, args.fleet) for s in SWEEPS for p in POLICIES for seed in seeds
         for x in s.grid

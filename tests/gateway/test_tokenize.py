@@ -18,7 +18,7 @@ from prefixroute.gateway._requests import Endpoint, route_key
 from prefixroute.gateway._tokenize import TokenizerPool
 from prefixroute.sim.replica import ReplicaConfig
 
-from .helpers import ClusterFactory, GatewayFactory, send
+from .helpers import STEADY, ClusterFactory, GatewayFactory, send
 
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny-tokenizer"  # the real-vLLM model's
 
@@ -109,7 +109,9 @@ async def test_with_a_tokenizer_approximate_predictions_are_token_exact(
     """Without events but with the replicas' tokenizer, the router's own picture predicts the
     replicas' cached tokens exactly (blocks of the engine's size, the last token recomputed)."""
     cluster = await make_cluster(3, EmulatorConfig(ReplicaConfig(block_size=16), time_scale=0.01))
-    gw = await make_gateway(cluster.urls, kv_block_size=16, tokenizer_object=EmulatedTokenizer())
+    gw = await make_gateway(
+        cluster.urls, kv_block_size=16, tokenizer_object=EmulatedTokenizer(), **STEADY
+    )
     cached = []
     for n in (100, 150, 200):
         body = {"model": "emulated", "prompt": " ".join(f"w{i}" for i in range(n)), "max_tokens": 2}

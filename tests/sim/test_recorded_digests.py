@@ -1,0 +1,56 @@
+"""Eight recorded simulation runs: their per-request outcomes must not change.
+
+Recorded on commit 4f50dc2, before the house redesign (issue 12) and the compiled hot path
+(issue 15). Both promise behaviour unchanged, and hash values unchanged: a digest covers which
+replica served each request, its cached tokens, its first token and its end, the replicas'
+evictions, and the router's index size at the end. Any change in hashing, the index, a policy,
+the load view or the KV model moves at least one of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from prefixroute.core import make_policy
+from prefixroute.sim.cluster import ClusterSim, RunResult
+from prefixroute.sim.replica import ReplicaConfig
+from prefixroute.sim.workloads import make_workload
+
+SMALL_CACHE = ReplicaConfig(kv_capacity_blocks=2048)  # small caches: evictions count too
+
+# (workload, overrides, policy, replicas) -> digest at 4f50dc2
+RECORDED: dict[tuple[str, tuple[tuple[str, str], ...], str, int], str] = {
+    ("multi-turn", (("sessions", "120"), ("rate", "6")), "predicted_ttft", 4): "1a66c08f34f51eaf",
+    ("multi-turn", (("sessions", "120"), ("rate", "6")), "cache_aware", 4): "70bc26b280ff72a1",
+    ("shared-prefix", (("num_groups", "12"),), "predicted_ttft", 4): "f2b63a0ba547f3d6",
+    ("shared-prefix", (("num_groups", "12"),), "round_robin", 4): "ea7f4f4f6504f5a3",
+    ("hot-prefix", (("requests", "400"),), "predicted_ttft", 8): "008f35202146e2e8",
+    ("mooncake", (("limit", "400"),), "predicted_ttft", 4): "2a632858bc86bdca",
+    ("mooncake", (("limit", "400"),), "least_loaded", 4): "6ffaaf52966cde01",
+    ("no-sharing", (("requests", "300"),), "consistent_hash", 4): "fe0e80c16fbe4e0d",
+}
+
+
+def digest(result: RunResult) -> str:
+    rows = [
+        (r.request_id, r.replica, r.cached_tokens, r.first_token_s, r.finish_s)
+        for r in result.records
+    ]
+    rows.append(tuple(r.evictions for r in result.replicas))
+    rows.append((result.index_blocks, result.index_evictions))
+    return hashlib.sha256(repr(rows).encode()).hexdigest()[:16]
+
+
+def run(workload: str, overrides: dict[str, str], policy: str, replicas: int) -> RunResult:
+    w = make_workload(workload, 0, overrides)
+    return ClusterSim(w, make_policy(policy), replicas, SMALL_CACHE, 0).run()
+
+
+@pytest.mark.parametrize("key", list(RECORDED), ids=lambda k: f"{k[0]}-{k[2]}-{k[3]}")
+def test_a_recorded_run_is_unchanged(
+    key: tuple[str, tuple[tuple[str, str], ...], str, int],
+) -> None:
+    workload, overrides, policy, replicas = key
+    assert digest(run(workload, dict(overrides), policy, replicas)) == RECORDED[key]

@@ -21,10 +21,13 @@ ENVOY_VENV := .cache/envoy-venv
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# pip also builds the compiled hot path (setup.py; a failed build leaves pure Python, and the
+# last line says so once, here rather than at every import).
+$(STAMP): pyproject.toml setup.py $(wildcard src/prefixroute/core/_native/*.[ch])
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m prefixroute.core._native
 	touch $(STAMP)
 
 demo: install

@@ -34,11 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefixroute.core import DEFAULT_POLICY, ConfigError, make_policy
-from prefixroute.sim.cluster import ClusterSim
-from prefixroute.sim.fleet import parse_fleet
-from prefixroute.sim.metrics import oracle_floor, summarize
-from prefixroute.sim.replica import ReplicaConfig
-from prefixroute.sim.workloads import make_workload
+from prefixroute.sim import (
+    ClusterSim,
+    ReplicaConfig,
+    make_workload,
+    oracle_floor,
+    parse_fleet,
+    summarize,
+)
 
 POLICIES = ("round_robin", "cache_aware", DEFAULT_POLICY)
 TARGETS = {"round_robin": 2.0, "cache_aware": 1.3}  # default capacity / theirs, at least

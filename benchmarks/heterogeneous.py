@@ -31,11 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from prefixroute.core import DEFAULT_POLICY, make_policy
-from prefixroute.sim.cluster import ClusterSim, SpeedSample
-from prefixroute.sim.fleet import Fleet, SpeedChange, parse_fleet
-from prefixroute.sim.metrics import oracle_floor, summarize
-from prefixroute.sim.replica import ReplicaConfig
-from prefixroute.sim.workloads import make_workload
+from prefixroute.sim import (
+    ClusterSim,
+    Fleet,
+    ReplicaConfig,
+    SpeedChange,
+    SpeedSample,
+    make_workload,
+    oracle_floor,
+    parse_fleet,
+    summarize,
+)
 
 FLEET = "2:prefill=20000+2:prefill=5000"
 WORKLOADS = ("multi-turn", "hot-prefix", "mooncake", "no-sharing")

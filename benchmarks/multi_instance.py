@@ -46,11 +46,8 @@ from prefixroute.bench import ReplayConfig, replay
 from prefixroute.core import ReplicaId
 from prefixroute.emulate import EmulatedTokenizer, EmulatorConfig, start_replicas
 from prefixroute.events import StreamState
-from prefixroute.gateway import Gateway, GatewayConfig
-from prefixroute.gateway._sync import RouteSync
-from prefixroute.sim.replica import ReplicaConfig
-from prefixroute.sim.workload import Workload
-from prefixroute.sim.workloads import make_workload
+from prefixroute.gateway import Gateway, GatewayConfig, RouteSync
+from prefixroute.sim import ReplicaConfig, Workload, make_workload
 
 REPLICAS = 4
 KV_TOKENS = 131_072  # per emulated replica, as `prefixroute bench`

@@ -16,9 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from prefixroute.core import DEFAULT_POLICY, policy_names
-from prefixroute.sim.replica import ReplicaConfig
-from prefixroute.sim.runner import compare_policies
-from prefixroute.sim.workloads import make_workload
+from prefixroute.sim import ReplicaConfig, compare_policies, make_workload
 
 WORKLOADS = ("shared-prefix", "multi-turn", "hot-prefix", "no-sharing")
 SEEDS = (0, 1, 2)

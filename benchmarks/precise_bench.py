@@ -21,7 +21,7 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from prefixroute.core import BlockHasher, PrefixIndex, ReplicaId
+from prefixroute.core import BlockHasher, Endpoint, PrefixIndex, ReplicaId
 from prefixroute.events import (
     BlockStored,
     EventEndpoint,
@@ -32,9 +32,7 @@ from prefixroute.events import (
     decode_batch,
     encode_batch,
 )
-from prefixroute.gateway import HFTokenizer
-from prefixroute.gateway._requests import Endpoint, route_key
-from prefixroute.gateway._tokenize import TokenizerPool
+from prefixroute.gateway import HFTokenizer, TokenizerPool, key_of, parse_body
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny-tokenizer"
 WORDS = ("the", "cache", "of", "a", "prefix", "is", "reused", "when", "the", "router", "sends")
@@ -81,7 +79,7 @@ async def _loop_stall(tok: HFTokenizer) -> None:
     body = (
         b'{"messages": [{"role": "user", "content": "' + text(8000).encode() + b'"}]}'
     )  # fmt: skip
-    key = route_key(Endpoint.CHAT, body)
+    key = key_of(Endpoint.CHAT, parse_body(body))
     assert key.messages is not None
 
     async def ticker(stop: asyncio.Event, gaps: list[float]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 BENCHES = (
     "core_bench", "sim_bench", "gateway_overhead", "policy_sweep", "precise_bench", "scale_sim",
-    "heterogeneous",
+    "heterogeneous", "hotpath", "observability_cost",
 )
 
 

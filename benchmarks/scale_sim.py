@@ -31,9 +31,7 @@ import time
 import numpy as np
 
 from prefixroute.core import DEFAULT_POLICY, make_policy
-from prefixroute.sim.cluster import ClusterSim
-from prefixroute.sim.replica import ReplicaConfig
-from prefixroute.sim.workloads import make_workload
+from prefixroute.sim import ClusterSim, ReplicaConfig, make_workload
 
 TRACE_ROWS = 12_031  # requests in the conversation trace
 PREFILL_TOKENS_PER_S = 10_000.0  # the replica model's default, tokens/s

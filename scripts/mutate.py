@@ -12,12 +12,17 @@ every run starts afresh).
     scripts/mutate.py policies registry    # some
     scripts/mutate.py --min-score 90       # exit 1 when a group scores below 90 %
                                            # (or below its own min_score in pyproject.toml)
+    scripts/mutate.py index --files src/prefixroute/core/_lru.py   # other files, same tests
     scripts/mutate.py --check NAME tests/core/test_policy_pins.py   # those tests, NAME active
 
 The score of a group is killed / (mutants - equivalent), in per cent. Killed includes timeouts.
 Equivalent mutants are those named in docs/mutation.md (a line ``- `NAME`: why``); a mutant that
 survives and is not named there is listed at the end of the run, with ``mutmut show NAME`` run
 in the group's folder to print its diff.
+
+Mutants are made of the Python source, so the tests run with ``PREFIXROUTE_PURE_PYTHON=1``:
+the compiled hot path (core/_native) would otherwise answer for the mutated hashing and LRU
+code, and every mutant there would survive.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".cache" / "mutate"
 EQUIVALENT_LIST = ROOT / "docs" / "mutation.md"
+PURE_PYTHON = {"PREFIXROUTE_PURE_PYTHON": "1"}  # test the Python that is mutated, not the C
 KILLED = {1, 3, 36, 37, -24, 24, 152, 255}  # mutmut's exit codes: failed, errored, timed out
 NAME = re.compile(r"^- `([^`]+)`")
 CHECK_TIMEOUT_S = 120.0  # --check: seconds before a hanging run counts as killed
@@ -166,7 +172,7 @@ def score(group: Group, folder: Path, seconds: float, equivalent: set[str]) -> S
 def run(group: Group, folder: Path) -> float:
     mutmut = Path(sys.executable).with_name("mutmut")
     start = time.monotonic()
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **PURE_PYTHON)
     done = subprocess.run(
         [str(mutmut), "run", *group.functions],
         cwd=folder,
@@ -197,6 +203,7 @@ def check(name: str, tests: list[str]) -> int:
         os.environ,
         MUTANT_UNDER_TEST=name,
         PYTHONDONTWRITEBYTECODE="1",
+        **PURE_PYTHON,
         PYTHONPATH=str(folder / "mutants" / "src"),
     )
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
@@ -233,6 +240,13 @@ def main() -> int:
         help="pytest arguments replacing the groups' test selection",
     )
     parser.add_argument(
+        "--files",
+        nargs="+",
+        metavar="GLOB",
+        help="files to mutate replacing the groups' own (try a group's new files before "
+        "adding them to pyproject.toml)",
+    )
+    parser.add_argument(
         "--check",
         metavar="MUTANT",
         help="run the tests named in place of groups with MUTANT active",
@@ -254,6 +268,8 @@ def main() -> int:
         group = table[name]
         if args.tests:
             group.tests = args.tests
+        if args.files:
+            group.files = args.files
         if args.report:
             scores.append(score(group, WORK / name, 0.0, equivalent))
             continue

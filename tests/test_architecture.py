@@ -2,7 +2,15 @@
 
 Imports are read with ``ast``, not by importing, so a forbidden import is caught even inside a
 function or an ``if TYPE_CHECKING`` block. Packages that do not exist yet simply have no modules
-to check.
+to check. The rules:
+
+- ``core`` imports no network, serialization or UI library and nothing else of ours;
+  ``NEVER_IMPORTS`` lists the other packages' forbidden arrows.
+- The subcommands live in ``prefixroute.commands`` (one module each), which only ``cli``
+  imports; argparse lives there, in ``cli`` and in ``_help``, never in a package.
+- Nothing outside a package imports its private (``_name``) modules, in ``src`` and in
+  ``benchmarks/`` alike; benchmarks import a package's names from its ``__init__`` only, each
+  one listed in its ``__all__``.
 """
 
 from __future__ import annotations
@@ -36,8 +44,10 @@ CORE_FORBIDDEN = {
 }
 # package -> packages of ours it must never import.
 # The emulator runs the simulator's replica model, so the gateway must not reach it either;
-# commands that wire several packages together live at the top level (serve.py, demo.py).
+# commands that wire several packages together live in prefixroute.commands, which no package
+# imports (the loop below adds it to every entry).
 NEVER_IMPORTS = {
+    "prefixroute.core": (),
     "prefixroute.sim": ("prefixroute.gateway", "prefixroute.emulate", "prefixroute.bench"),
     "prefixroute.gateway": ("prefixroute.sim", "prefixroute.emulate", "prefixroute.bench"),
     "prefixroute.emulate": ("prefixroute.gateway", "prefixroute.bench"),
@@ -52,6 +62,12 @@ NEVER_IMPORTS = {
     "prefixroute.epp": ("prefixroute.sim", "prefixroute.emulate", "prefixroute.bench"),
 }
 NEVER_IMPORTS["prefixroute.gateway"] += ("prefixroute.epp",)
+NEVER_IMPORTS["prefixroute.bench"] = ("prefixroute.gateway", "prefixroute.emulate")
+NEVER_IMPORTS["prefixroute.ray_serve"] = ()
+for _package in NEVER_IMPORTS:
+    NEVER_IMPORTS[_package] += ("prefixroute.commands",)
+# Where argparse may be imported: the entry point, its help formatter and the commands.
+ARGPARSE_HOMES = ("prefixroute.cli", "prefixroute._help", "prefixroute.commands")
 # Optional dependencies, each imported by one package of ours only, which no other package
 # imports: the rest of prefixroute installs, imports and type-checks without them. The
 # endpoint picker's gRPC stack and Envoy protos are installed always, but owned the same way.
@@ -161,8 +177,13 @@ def violations(module: Module, source: str, known: set[str] = KNOWN) -> list[str
             if top == library and not within(module.name, home):
                 found.append(f"{where}: only {home} may import {library}")
         for home in sorted(set(OPTIONAL.values())):
-            if any(within(t, home) for t in reached) and not within(module.name, home):
-                found.append(f"{where}: nothing outside {home} may import it")
+            command = home.replace("prefixroute.", "prefixroute.commands.", 1)
+            if any(within(t, home) for t in reached) and not (
+                within(module.name, home) or module.name == command
+            ):
+                found.append(f"{where}: nothing outside {home} (and its command) may import it")
+        if top == "argparse" and not any(within(module.name, h) for h in ARGPARSE_HOMES):
+            found.append(f"{where}: argparse belongs in prefixroute.commands, not a package")
         owner = private_owner(imp.target) if top == ROOT else None
         if owner is not None and not within(module.name, owner):
             found.append(f"{where}: private module of {owner} imported from outside it")
@@ -309,7 +330,7 @@ def test_dunder_all_matches_the_public_names(package: Module) -> None:
     else:
         mod = importlib.import_module(package.name)
         exported = getattr(mod, "__all__", None)
-        bound = set(dir(mod))
+        bound = {name for name in dir(mod) if hasattr(mod, name)}  # lazy names must resolve
     public = defined_public_names(package)
     if exported is None:
         assert not public, f"{package.name} defines public names but has no __all__"
@@ -338,3 +359,62 @@ def test_defined_public_names_reads_the_init(tmp_path: Path) -> None:
     )
     names = defined_public_names(Module("pkg", init, True))
     assert names == {"X", "A", "B", "Y", "make", "Box", "FAST", "SLOW"}
+
+
+# --- benchmarks: public names only ----------------------------------------------------------
+
+BENCHMARKS = sorted((SRC.parent / "benchmarks").glob("*.py"))
+PACKAGE_BY_NAME = {m.name: m for m in PACKAGES}
+
+
+def benchmark_violations(path: Path, source: str) -> list[str]:
+    """A benchmark imports ``from prefixroute.<package> import <name in its __all__>`` only:
+    never a private module, never a package's module directly."""
+    found = []
+    module = Module(f"benchmarks.{path.stem}", path, False)
+    for imp in imports_of(module, source):
+        if imp.target.split(".")[0] != ROOT:
+            continue
+        where = f"{path.name}:{imp.line} imports {imp.target}"
+        if private_owner(imp.target) is not None:
+            found.append(f"{where}: a private module")
+        elif imp.target not in PACKAGE_BY_NAME:
+            found.append(f"{where}: import from its package, not the module")
+        else:
+            exported, _ = bound_names(PACKAGE_BY_NAME[imp.target])
+            unlisted = [name for name, _ in imp.names if name not in (exported or [])]
+            if unlisted:
+                found.append(f"{where}: {', '.join(unlisted)} not in its __all__")
+    return found
+
+
+@pytest.mark.parametrize("path", BENCHMARKS, ids=lambda p: p.name)
+def test_benchmarks_import_public_names_only(path: Path) -> None:
+    assert benchmark_violations(path, path.read_text(encoding="utf-8")) == []
+
+
+def test_the_benchmark_check_catches_private_imports() -> None:
+    path = Path("fake_bench.py")
+    assert benchmark_violations(path, "from prefixroute.sim import ClusterSim\n") == []
+    bad = """
+from prefixroute.gateway._sync import RouteSync
+from prefixroute.sim.cluster import ClusterSim
+from prefixroute.sim import ClusterSim, _Live
+def later():
+    import prefixroute.gateway._requests
+"""
+    found = benchmark_violations(path, bad)
+    assert len(found) == 4, found
+    assert "_Live not in its __all__" in found[2]
+
+
+def test_only_cli_imports_the_commands_and_argparse_stays_there() -> None:
+    sim = Module("prefixroute.sim.runner", Path("runner.py"), False)
+    assert len(violations(sim, "import argparse\n")) == 1
+    assert len(violations(sim, "from prefixroute.commands import simulate\n")) == 1
+    cli = Module("prefixroute.cli", Path("cli.py"), False)
+    assert violations(cli, "import argparse\nfrom prefixroute.commands import serve\n") == []
+    command = Module("prefixroute.commands.epp", Path("epp.py"), False)
+    assert violations(command, "from prefixroute.epp import EppConfig\n") == []
+    other = Module("prefixroute.commands.serve", Path("serve.py"), False)
+    assert len(violations(other, "from prefixroute.epp import EppConfig\n")) == 1

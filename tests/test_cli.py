@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
+from prefixroute import cli
 from prefixroute._help import DefaultsMixin
 from prefixroute.cli import build_parser, main
-from prefixroute.sim.report import SIM_ONLY_COLUMNS, summary_table
+from prefixroute.sim import SIM_ONLY_COLUMNS, summary_table
 
 EXE = Path(sys.executable).with_name("prefixroute")
 # Flags of commands being written elsewhere right now, not yet held to this rule.
@@ -27,6 +28,18 @@ def _commands() -> dict[str, argparse.ArgumentParser]:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return dict(sub.choices)
+
+
+def test_each_command_is_the_commands_module_of_its_name() -> None:
+    """A newcomer finds ``prefixroute X``'s code in ``prefixroute/commands/X.py``, and the
+    entry point imports exactly those modules, in the order --help lists them."""
+    commands = Path(cli.__file__).with_name("commands")
+    names = list(_commands())
+    modules = [m.__name__.rpartition(".")[2] for m in cli.COMMANDS]
+    assert modules == [name.replace("-", "_") for name in names]
+    assert {m.__name__ for m in cli.COMMANDS} == {f"prefixroute.commands.{n}" for n in modules}
+    on_disk = {p.stem for p in commands.glob("*.py") if not p.stem.startswith("_")}
+    assert on_disk == set(modules)  # no command module left out of the entry point
 
 
 def test_every_flag_has_help_and_states_its_default() -> None:

@@ -13,11 +13,11 @@ import pytest
 from rich.console import Console
 
 from prefixroute.cli import main
+from prefixroute.commands.top import fetch_state, render
 from prefixroute.core import ConfigError
 from prefixroute.emulate import EmulatorConfig, start_replicas
 from prefixroute.gateway import Gateway, GatewayConfig
 from prefixroute.sim.replica import ReplicaConfig
-from prefixroute.top import fetch_state, render
 
 TOKEN = "top-admin-token"
 FAST_REPLICA = EmulatorConfig(ReplicaConfig(block_size=1), time_scale=0.01)

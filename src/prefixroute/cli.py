@@ -1,32 +1,23 @@
 """The ``prefixroute`` command: builds the objects and hands them down; no logic of its own.
 
-Each subcommand lives in its package's ``command`` module, which exposes
-``add_parser(subparsers) -> None`` and sets ``run=`` (a function of the parsed args returning an
-exit code) as the parser default. Modules are imported only when listed here.
+Each subcommand is one module of :mod:`prefixroute.commands`, named after it (``hash-key`` is
+``commands/hash_key.py``). A module exposes ``add_parser(subparsers) -> None``, which sets
+``run=`` (a function of the parsed args returning an exit code) as the parser's default.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
 from prefixroute import __version__
 from prefixroute._help import with_defaults
+from prefixroute.commands import bench, demo, emulate, epp, hash_key, serve, simulate, top
 from prefixroute.core import PrefixrouteError
 
-# Subcommand modules, in the order ``--help`` lists them.
-COMMAND_MODULES = (
-    "prefixroute.sim.command",
-    "prefixroute.demo",
-    "prefixroute.serve",
-    "prefixroute.epp.command",
-    "prefixroute.top",
-    "prefixroute.keys",
-    "prefixroute.emulate.command",
-    "prefixroute.bench.command",
-)
+# The subcommands, in the order ``--help`` lists them.
+COMMANDS = (simulate, demo, serve, epp, top, hash_key, emulate, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,10 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"prefixroute {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_parser(sub)
-    for command in sub.choices.values():
-        with_defaults(command)  # every flag's help states its default
+    for command in COMMANDS:
+        command.add_parser(sub)
+    for command_parser in sub.choices.values():
+        with_defaults(command_parser)  # every flag's help states its default
     return parser
 
 

@@ -23,12 +23,14 @@ import random
 import socket
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import aiohttp
+
+from prefixroute._tasks import cancel_and_wait
 
 from .harness import HOST
 
@@ -217,6 +219,33 @@ class Conversation:
         ]
 
 
+async def converse(
+    client: aiohttp.ClientSession,
+    url: str,
+    rng: random.Random,
+    system: str,
+    *,
+    running: Callable[[], bool],
+    body: Callable[[Conversation], dict[str, Any]],
+    timeout_s: float,
+    sent: Callable[[float, Outcome], None],
+    between: Callable[[Outcome], Awaitable[None]] | None = None,
+) -> None:
+    """One client's conversation while ``running()``: each turn's ``body`` is posted to ``url``
+    and its outcome given to ``sent`` with the turn's start; an answered turn carries the
+    conversation on; ``between`` runs after every turn (think time, say)."""
+    conv = Conversation(rng, system)
+    while running():
+        request = body(conv)
+        t = time.monotonic()
+        o = await post(client, url, request, timeout_s=timeout_s)
+        sent(t, o)
+        if o.kind is Kind.OK:
+            conv.answered(o.text)
+        if between is not None:
+            await between(o)
+
+
 class Canary:
     """A small chat request every ``interval_s`` (without waiting for the last one to end);
     each must get a 200 within ``timeout_s``. ``async with`` runs it."""
@@ -239,10 +268,7 @@ class Canary:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._loop is not None:
-            self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
+        await cancel_and_wait(self._loop)
         await asyncio.gather(*self._tasks)
 
     async def _run(self) -> None:

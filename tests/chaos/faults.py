@@ -30,12 +30,11 @@ from pathlib import Path
 from .clients import (
     CHAT,
     MODEL,
-    Conversation,
     Kind,
     Outcome,
     RawResponse,
+    converse,
     parse_response,
-    post,
     raw_bytes,
     raw_request,
     session,
@@ -91,13 +90,12 @@ async def kill(
 
         async def user(i: int) -> None:
             crng = random.Random(seed * 1000 + i)
-            conv = Conversation(crng, system)
-            while time.monotonic() < stop_at:
-                body = conv.body(stream=i % 2 == 0, max_tokens=crng.randint(30, 120))
-                o = await post(client, fleet.url + CHAT, body, timeout_s=timeout_s)
-                outcomes.append(o)
-                if o.kind is Kind.OK:
-                    conv.answered(o.text)
+            await converse(
+                client, fleet.url + CHAT, crng, system,
+                running=lambda: time.monotonic() < stop_at,
+                body=lambda conv: conv.body(stream=i % 2 == 0, max_tokens=crng.randint(30, 120)),
+                timeout_s=timeout_s, sent=lambda t, o: outcomes.append(o),
+            )  # fmt: skip
 
         async def chaos() -> None:
             next_at = time.monotonic() + kill_every_s
@@ -148,19 +146,24 @@ async def freeze(
 
         async def user(i: int) -> None:
             crng = random.Random(seed * 1000 + i)
-            conv = Conversation(crng, system)
-            while not done.is_set():
-                body = conv.body(stream=True, max_tokens=crng.randint(30, 80))
-                t = time.monotonic()
-                o = await post(client, fleet.url + CHAT, body, timeout_s=timeout_s)
+
+            def record(t: float, o: Outcome) -> None:
                 outcomes.append(o)
                 sent.append((t, fleet.replica_index(o.replica)))
                 if o.kind is Kind.OK:
-                    conv.answered(o.text)
                     homes[i] = fleet.replica_index(o.replica)
-                # Think time: at any moment some clients are between turns, and their next
-                # turn goes to the replica that holds their conversation.
+
+            async def think(o: Outcome) -> None:
+                # At any moment some clients are between turns, and their next turn goes to
+                # the replica that holds their conversation.
                 await asyncio.sleep(crng.uniform(0.5, 1.5))
+
+            await converse(
+                client, fleet.url + CHAT, crng, system,
+                running=lambda: not done.is_set(),
+                body=lambda conv: conv.body(stream=True, max_tokens=crng.randint(30, 80)),
+                timeout_s=timeout_s, sent=record, between=think,
+            )  # fmt: skip
 
         async def chaos() -> None:
             await asyncio.sleep(warmup_s)
@@ -259,16 +262,13 @@ async def shutdown(
         async with session() as client:
 
             async def user(i: int) -> None:
-                crng = random.Random(seed * 1000 + i)
-                conv = Conversation(crng, system)
-                while not stop_sending.is_set():
-                    tokens = long_tokens if i % 2 == 0 else short_tokens
-                    body = conv.body(stream=i % 4 != 3, max_tokens=tokens)
-                    t = time.monotonic()
-                    o = await post(client, fleet.url + CHAT, body, timeout_s=bound_s + 15)
-                    runs.append((t, o))
-                    if o.kind is Kind.OK:
-                        conv.answered(o.text)
+                tokens = long_tokens if i % 2 == 0 else short_tokens
+                await converse(
+                    client, fleet.url + CHAT, random.Random(seed * 1000 + i), system,
+                    running=lambda: not stop_sending.is_set(),
+                    body=lambda conv: conv.body(stream=i % 4 != 3, max_tokens=tokens),
+                    timeout_s=bound_s + 15, sent=lambda t, o: runs.append((t, o)),
+                )  # fmt: skip
 
             users = [asyncio.create_task(user(i)) for i in range(clients)]
             keepalive = asyncio.create_task(

@@ -32,6 +32,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from prefixroute._tasks import cancel_and_wait
+
 from .tap import Tap
 
 HOST = "127.0.0.1"
@@ -294,10 +296,7 @@ class EjectionWatcher:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
             await self.poll()
 

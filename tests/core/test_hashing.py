@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixroute.core import BlockHash, BlockHasher, ConfigError
 
+# Both block loops: the compiled one (when built) and the Python reference.
+BACKENDS = pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
 token_ids = st.integers(min_value=0, max_value=2**32 - 1)
 token_lists = st.lists(token_ids, max_size=64)
 block_sizes = st.integers(min_value=1, max_value=8)
 
 
+@BACKENDS
 @given(tokens=token_lists, block_size=block_sizes)
-def test_only_full_blocks_are_hashed(tokens: list[int], block_size: int) -> None:
-    hashes = BlockHasher(block_size=block_size).hash_tokens(tokens)
+def test_only_full_blocks_are_hashed(tokens: list[int], block_size: int, compiled: bool) -> None:
+    hashes = BlockHasher(block_size=block_size, compiled=compiled).hash_tokens(tokens)
     assert len(hashes) == len(tokens) // block_size
 
 
@@ -27,15 +31,16 @@ def test_partial_tail_block_does_not_change_hashes(tokens: list[int], block_size
     assert hasher.hash_tokens(tokens) == hasher.hash_tokens(tokens[:full])
 
 
+@BACKENDS
 @given(
     tokens=st.lists(token_ids, min_size=1, max_size=64),
     block_size=block_sizes,
     data=st.data(),
 )
 def test_changing_block_i_changes_hash_i_and_all_later_not_earlier(
-    tokens: list[int], block_size: int, data: st.DataObject
+    tokens: list[int], block_size: int, data: st.DataObject, compiled: bool
 ) -> None:
-    hasher = BlockHasher(block_size=block_size)
+    hasher = BlockHasher(block_size=block_size, compiled=compiled)
     n_blocks = len(tokens) // block_size
     if n_blocks == 0:
         return
@@ -60,9 +65,12 @@ def test_hash_depends_on_parent_not_only_on_block_content() -> None:
     assert len(set(same)) == 3
 
 
+@BACKENDS
 @given(tokens=token_lists, block_size=block_sizes)
-def test_list_and_numpy_arrays_hash_identically(tokens: list[int], block_size: int) -> None:
-    hasher = BlockHasher(block_size=block_size)
+def test_list_and_numpy_arrays_hash_identically(
+    tokens: list[int], block_size: int, compiled: bool
+) -> None:
+    hasher = BlockHasher(block_size=block_size, compiled=compiled)
     expected = hasher.hash_tokens(tokens)
     assert hasher.hash_tokens(np.array(tokens, dtype=np.uint32)) == expected
     assert hasher.hash_tokens(np.array(tokens, dtype=np.int64)) == expected
@@ -75,11 +83,12 @@ def test_numpy_big_endian_array_hashes_like_a_list() -> None:
     assert hasher.hash_tokens(np.array(tokens, dtype=">u4")) == hasher.hash_tokens(tokens)
 
 
+@BACKENDS
 @given(tokens=token_lists, block_size=block_sizes, data=st.data())
 def test_known_prefix_reuse_equals_full_hashing(
-    tokens: list[int], block_size: int, data: st.DataObject
+    tokens: list[int], block_size: int, data: st.DataObject, compiled: bool
 ) -> None:
-    hasher = BlockHasher(block_size=block_size)
+    hasher = BlockHasher(block_size=block_size, compiled=compiled)
     cut = data.draw(st.integers(min_value=0, max_value=len(tokens)), label="cut")
     # The earlier turn was a prefix of this one; its hashes are handed in as ``known``.
     known = hasher.hash_tokens(tokens[:cut])
@@ -134,9 +143,10 @@ def test_text_mode_counts_characters(text: str, block_size: int, blocks: int) ->
     assert len(BlockHasher(block_size=block_size).hash_text(text)) == blocks
 
 
+@BACKENDS
 @given(text=st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=40))
-def test_text_mode_hashes_one_unit_per_character(text: str) -> None:
-    hasher = BlockHasher(block_size=3)
+def test_text_mode_hashes_one_unit_per_character(text: str, compiled: bool) -> None:
+    hasher = BlockHasher(block_size=3, compiled=compiled)
     hashes = hasher.hash_text(text)
     assert len(hashes) == len(text) // 3
     # A non-ASCII character in block i changes block i and later, like a token would.
@@ -145,9 +155,12 @@ def test_text_mode_hashes_one_unit_per_character(text: str) -> None:
         assert hasher.hash_text(changed)[0] != hashes[0]
 
 
+@BACKENDS
 @given(text=st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=40), data=st.data())
-def test_text_known_prefix_reuse_equals_full_hashing(text: str, data: st.DataObject) -> None:
-    hasher = BlockHasher(block_size=2)
+def test_text_known_prefix_reuse_equals_full_hashing(
+    text: str, data: st.DataObject, compiled: bool
+) -> None:
+    hasher = BlockHasher(block_size=2, compiled=compiled)
     cut = data.draw(st.integers(min_value=0, max_value=len(text)), label="cut")
     assert hasher.hash_text(text, hasher.hash_text(text[:cut])) == hasher.hash_text(text)
 
@@ -171,12 +184,13 @@ def test_text_with_a_lone_surrogate_from_json_hashes() -> None:
     assert len(BlockHasher(block_size=1).hash_text(text)) == 4
 
 
+@BACKENDS
 @given(head=token_lists, tail=token_lists, block_size=block_sizes)
 def test_a_continuation_from_a_parent_extends_the_chain(
-    head: list[int], tail: list[int], block_size: int
+    head: list[int], tail: list[int], block_size: int, compiled: bool
 ) -> None:
     """What an engine event needs: new blocks hashed after a known parent, not from the root."""
-    hasher = BlockHasher(block_size=block_size)
+    hasher = BlockHasher(block_size=block_size, compiled=compiled)
     whole = head[: len(head) // block_size * block_size]
     first = hasher.hash_tokens(whole)
     rest = hasher.hash_tokens(tail, parent=first[-1] if first else None)
@@ -204,3 +218,58 @@ def test_an_adapter_has_its_own_key_space_nested_in_the_seed() -> None:
     assert base.for_adapter("a").block_size == 4
     cont = base.hash_tokens(tokens[20:], parent=a[4])  # any hasher continues a's chain
     assert cont == a[5:]
+
+
+def test_the_hash_function_is_a_parameter() -> None:
+    """Issue 12: the hasher takes its hash function; every block, adapter and salt uses it."""
+    calls: list[tuple[bytes, int]] = []
+
+    def fake(data: bytes | memoryview, seed: int) -> int:
+        calls.append((bytes(data), seed))
+        return seed + 1
+
+    hasher = BlockHasher(2, seed=10, hash_fn=fake)
+    assert hasher.hash_tokens([1, 2, 3, 4, 5]) == [11, 12]
+    assert calls[0] == ((1).to_bytes(4, "little") + (2).to_bytes(4, "little"), 10)
+    assert hasher.hash_text("abcd") == [11, 12]
+    assert hasher.salted("s").seed == 11
+    assert hasher.for_adapter("a").seed == 11
+    assert hasher.salted("s").hash_fn is fake  # derived hashers keep the function
+    # The default is xxh3-64, the parent hash as its seed.
+    assert BlockHasher().hash_fn is xxhash.xxh3_64_intdigest
+    data = bytes(range(8))
+    assert BlockHasher(2, seed=5).hash_tokens([0x03020100, 0x07060504]) == [
+        xxhash.xxh3_64_intdigest(data, 5)
+    ]
+
+
+def test_a_hash_function_out_of_range_is_refused_where_it_makes_a_seed() -> None:
+    hasher = BlockHasher(2, hash_fn=lambda data, seed: -1)
+    with pytest.raises(ConfigError, match="hash seed"):
+        hasher.salted("s")
+
+
+def test_a_salt_is_its_own_key_space_composed_with_seed_and_adapter() -> None:
+    """``salted`` hashes the salt (UTF-8, lone surrogates kept) into the seed, as the emulated
+    engine salts a prompt: salted, unsalted, other salts, other seeds never share a block."""
+    base = BlockHasher(4, seed=3)
+    salt = "tenant-a\ud800"
+    expected = xxhash.xxh3_64_intdigest(salt.encode("utf-8", "surrogatepass"), 3)
+    assert base.salted(salt) == BlockHasher(4, seed=expected)
+    tokens = list(range(24))
+    spaces = [
+        base.hash_tokens(tokens),
+        base.salted("a").hash_tokens(tokens),
+        base.salted("b").hash_tokens(tokens),
+        BlockHasher(4, seed=4).salted("a").hash_tokens(tokens),
+        base.for_adapter("x").salted("a").hash_tokens(tokens),
+        base.salted("a").for_adapter("x").hash_tokens(tokens),
+    ]
+    assert len({h for space in spaces for h in space}) == 6 * 6  # all disjoint
+    assert base.salted("a").block_size == 4
+    assert base.salted("a").hash_tokens(tokens) == spaces[1]  # deterministic
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_backend_is_not_part_of_a_hashers_identity(compiled: bool) -> None:
+    assert BlockHasher(4, compiled=compiled) == BlockHasher(4)

@@ -38,3 +38,10 @@ def test_adapter_names_with_lone_surrogates_hash_and_stay_apart() -> None:
     odd = base.for_adapter("\ud800")  # JSON may carry one in a model name
     assert odd.hash_tokens([1, 2, 3, 4]) != base.hash_tokens([1, 2, 3, 4])
     assert odd.hash_tokens([1, 2, 3, 4]) != base.for_adapter("\ud801").hash_tokens([1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("container", [bytes, bytearray])
+def test_bytes_are_token_ids_one_per_byte(container: type[bytes | bytearray]) -> None:
+    """A bytes object is a sequence of ints like any other, not raw uint32 memory."""
+    ids = [1, 2, 3, 250, 7, 0, 9, 8]
+    assert BlockHasher(2).hash_tokens(container(ids)) == BlockHasher(2).hash_tokens(ids)

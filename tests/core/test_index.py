@@ -17,6 +17,7 @@ from hypothesis.stateful import (
 )
 
 from prefixroute.core import BlockHash, BlockHasher, ConfigError, PrefixIndex, ReplicaId
+from prefixroute.core._lru import COMPACT_FACTOR, COMPACT_MIN, ReplicaLRU, lru_factory
 
 HASHER = BlockHasher(block_size=1)
 NAMES = [ReplicaId(f"r{i}") for i in range(5)]
@@ -77,6 +78,7 @@ capacities = st.none() | st.integers(min_value=1, max_value=10)
 class IndexMachine(RuleBasedStateMachine):
     """Random add/insert/remove/clear sequences; after every step the index equals the model."""
 
+    COMPILED = True  # the compiled LRU when it is built; PythonIndexMachine runs the reference
     chains = Bundle("chains")
 
     def __init__(self) -> None:
@@ -91,7 +93,9 @@ class IndexMachine(RuleBasedStateMachine):
     @initialize(default=capacities, holder_map=st.booleans())
     def setup(self, default: int | None, holder_map: bool) -> None:
         # The holder map (large clusters) must never change what the index holds or matches.
-        self.index = PrefixIndex(default, holder_map=holder_map, holder_stride=HOLDER_STRIDE)
+        self.index = PrefixIndex(
+            default, holder_map=holder_map, holder_stride=HOLDER_STRIDE, compiled=self.COMPILED
+        )
         self.model = ModelIndex(default)
 
     def _remember(self, hashes: list[BlockHash]) -> None:
@@ -213,8 +217,16 @@ class IndexMachine(RuleBasedStateMachine):
         assert index.evictions == model.evictions
 
 
-IndexMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+class PythonIndexMachine(IndexMachine):
+    """The same rules against the pure-Python LRU, the reference of the compiled one."""
+
+    COMPILED = False
+
+
+for _machine in (IndexMachine, PythonIndexMachine):
+    _machine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 TestIndexMachine = IndexMachine.TestCase
+TestPythonIndexMachine = PythonIndexMachine.TestCase
 
 
 # --- example-based tests --------------------------------------------------------------------
@@ -474,3 +486,25 @@ def test_stale_holders_are_swept_so_the_map_stays_bounded() -> None:
     assert index.blocks_of(R0) == 8
     recorded = sum(len(s) for s in index._holders.values())  # type: ignore[union-attr]
     assert recorded < HOLDER_SWEEP_MIN + 16
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_an_empty_chain_touches_nothing(compiled: bool) -> None:
+    lru = lru_factory(compiled)(3)
+    assert lru.touch([]) == 0
+    assert len(lru) == 0
+    assert lru.match([]) == 0
+
+
+@pytest.mark.parametrize("capacity", [None, 50, 10_000])
+def test_the_reference_lru_queue_stays_bounded(capacity: int | None) -> None:
+    """_lru's docstring: stale queue entries are dropped, by eviction or by compaction once the
+    queue holds four times the live entries (plus 4,096), so memory stays bounded however often
+    the same blocks are touched."""
+    lru = ReplicaLRU(capacity)
+    chains = [chain(k, 1, 2, 3, 4, 5, 6, 7) for k in range(20)]
+    for i in range(3_000):
+        lru.touch(chains[i % len(chains)])
+        queued = sum(len(hashes) for hashes, _ in lru.queue)
+        assert queued == lru.queued  # the count it compacts on is the true count
+        assert queued <= COMPACT_FACTOR * len(lru) + COMPACT_MIN + 8

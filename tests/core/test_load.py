@@ -30,6 +30,18 @@ def decision(replica: ReplicaId, cached: int = 0) -> Decision:
     return Decision(replica, DecisionReason.LEAST_LOADED, cached)
 
 
+def send(
+    tracker: LoadTracker,
+    request_id: str,
+    prompt: int,
+    output: int = 0,
+    cached: int = 0,
+    now: float = 0.0,
+) -> None:
+    """Dispatch a request of these numbers to ``R0``."""
+    tracker.dispatch(view(request_id, prompt, output), decision(R0, cached), now=now)
+
+
 def assert_idle(tracker: LoadTracker, replica: ReplicaId) -> None:
     load = tracker[replica]
     assert (load.in_flight, load.prefilling, load.decoding) == (0, 0, 0)
@@ -37,10 +49,15 @@ def assert_idle(tracker: LoadTracker, replica: ReplicaId) -> None:
     assert load.active_blocks == 0
 
 
+@pytest.fixture
+def tracker() -> LoadTracker:
+    return LoadTracker()
+
+
 def test_dispatch_first_token_complete() -> None:
     tracker = LoadTracker(block_size=16)
     tracker.add_replica(R0)
-    tracker.dispatch(view("a", prompt=100, output=30), decision(R0, cached=64), now=0.0)
+    send(tracker, "a", prompt=100, output=30, cached=64)
     load = tracker[R0]
     assert load.in_flight == 1
     assert load.prefilling == 1
@@ -58,25 +75,23 @@ def test_dispatch_first_token_complete() -> None:
     assert load.completed == 1
 
 
-def test_cached_beyond_prompt_never_queues_negative_work() -> None:
-    tracker = LoadTracker()
-    tracker.dispatch(view("a", prompt=10), decision(R0, cached=50), now=0.0)
-    assert tracker[R0].queued_prefill_tokens == 0
-    tracker.complete("a", now=1.0)
-    assert_idle(tracker, R0)
-
-
-def test_complete_without_first_token_releases_everything() -> None:
-    tracker = LoadTracker()
-    tracker.dispatch(view("a", prompt=40, output=8), decision(R0), now=0.0)
+@pytest.mark.parametrize(
+    ("prompt", "output", "cached", "queued"),
+    [(10, 0, 50, 0), (40, 8, 0, 40)],
+    ids=["cached-beyond-prompt-never-queues-negative-work", "complete-before-first-token"],
+)
+def test_complete_without_first_token_releases_everything(
+    tracker: LoadTracker, prompt: int, output: int, cached: int, queued: int
+) -> None:
+    send(tracker, "a", prompt, output, cached)
+    assert tracker[R0].queued_prefill_tokens == queued
     tracker.complete("a", now=1.0)  # failed or cancelled before its first token
     assert_idle(tracker, R0)
 
 
-def test_complete_twice_is_safe() -> None:
-    tracker = LoadTracker()
-    tracker.dispatch(view("a", prompt=40), decision(R0), now=0.0)
-    tracker.dispatch(view("b", prompt=40), decision(R0), now=0.0)
+def test_complete_twice_is_safe(tracker: LoadTracker) -> None:
+    send(tracker, "a", prompt=40)
+    send(tracker, "b", prompt=40)
     tracker.complete("a", now=1.0)
     tracker.complete("a", now=1.0)
     load = tracker[R0]
@@ -87,9 +102,8 @@ def test_complete_twice_is_safe() -> None:
     assert load.completed == 2
 
 
-def test_first_token_twice_and_unknown_ids_are_ignored() -> None:
-    tracker = LoadTracker()
-    tracker.dispatch(view("a", prompt=40), decision(R0), now=0.0)
+def test_first_token_twice_and_unknown_ids_are_ignored(tracker: LoadTracker) -> None:
+    send(tracker, "a", prompt=40)
     tracker.first_token("a", now=1.0)
     tracker.first_token("a", now=1.0)
     assert tracker[R0].prefilling == 0
@@ -100,17 +114,15 @@ def test_first_token_twice_and_unknown_ids_are_ignored() -> None:
     assert_idle(tracker, R0)
 
 
-def test_get_registers_and_getitem_does_not() -> None:
-    tracker = LoadTracker()
+def test_get_registers_and_getitem_does_not(tracker: LoadTracker) -> None:
     with pytest.raises(KeyError):
         tracker[R0]
     assert tracker.get(R0).in_flight == 0
     assert tracker.replicas == [R0]
 
 
-def test_removed_replica_completes_quietly() -> None:
-    tracker = LoadTracker()
-    tracker.dispatch(view("a", prompt=40), decision(R0), now=0.0)
+def test_removed_replica_completes_quietly(tracker: LoadTracker) -> None:
+    send(tracker, "a", prompt=40)
     tracker.remove_replica(R0)
     assert tracker.replicas == []
     tracker.first_token("a", now=1.0)
@@ -118,9 +130,8 @@ def test_removed_replica_completes_quietly() -> None:
     assert tracker.replicas == []
 
 
-def test_observe_keeps_scraped_numbers_apart() -> None:
-    tracker = LoadTracker()
-    tracker.dispatch(view("a", prompt=40), decision(R0), now=0.0)
+def test_observe_keeps_scraped_numbers_apart(tracker: LoadTracker) -> None:
+    send(tracker, "a", prompt=40)
     tracker.observe(R0, kv_usage=0.5, num_waiting=3)
     tracker.observe(R0, num_running=2)
     load = tracker[R0]
@@ -128,9 +139,8 @@ def test_observe_keeps_scraped_numbers_apart() -> None:
     assert load.in_flight == 1  # the router's own count is untouched
 
 
-def test_throughput_decays() -> None:
-    tracker = LoadTracker()
-    tracker.dispatch(view("a", prompt=1000, output=200), decision(R0), now=0.0)
+def test_throughput_decays(tracker: LoadTracker) -> None:
+    send(tracker, "a", prompt=1000, output=200)
     tracker.first_token("a", now=1.0)  # 1000 prefill tokens processed
     tracker.complete("a", now=1.0)  # 200 output tokens
     load = tracker[R0]
@@ -142,8 +152,7 @@ def test_throughput_decays() -> None:
     assert load.throughput(1.0 + 50 * THROUGHPUT_WINDOW_S) < 1e-6
 
 
-def test_throughput_accumulates_with_decay() -> None:
-    tracker = LoadTracker()
+def test_throughput_accumulates_with_decay(tracker: LoadTracker) -> None:
     for i, t in enumerate((0.0, THROUGHPUT_WINDOW_S)):
         tracker.dispatch(view(str(i), prompt=100), decision(R0), now=t)
         tracker.complete(str(i), now=t, output_tokens=0)
@@ -152,9 +161,8 @@ def test_throughput_accumulates_with_decay() -> None:
     assert load.throughput(THROUGHPUT_WINDOW_S) == pytest.approx(expected)
 
 
-def test_complete_can_override_output_tokens() -> None:
-    tracker = LoadTracker()
-    tracker.dispatch(view("a", prompt=0, output=500), decision(R0), now=0.0)
+def test_complete_can_override_output_tokens(tracker: LoadTracker) -> None:
+    send(tracker, "a", prompt=0, output=500)
     tracker.complete("a", now=0.0, output_tokens=7)
     assert tracker[R0].throughput(0.0) == pytest.approx(7 / THROUGHPUT_WINDOW_S)
 
@@ -214,28 +222,27 @@ def test_any_sequence_returns_to_zero_after_completing_everything(
 # --- regressions: bugs found by this suite, fixed ---------------------------------------------
 
 
-def test_request_from_before_a_remove_does_not_touch_the_re_added_replica() -> None:
-    tracker = LoadTracker()
+def test_request_from_before_a_remove_does_not_touch_the_re_added_replica(
+    tracker: LoadTracker,
+) -> None:
     tracker.add_replica(R0)
-    tracker.dispatch(view("a", prompt=100, output=10), decision(R0), now=0.0)
+    send(tracker, "a", prompt=100, output=10)
     tracker.remove_replica(R0)  # health check failed ...
     tracker.add_replica(R0)  # ... and passed again, while "a" was still running
     tracker.complete("a", now=1.0)
     assert_idle(tracker, R0)  # today: in_flight == -1, queued_prefill_tokens == -100
 
 
-def test_dispatching_a_live_request_id_again_does_not_leak_load() -> None:
-    tracker = LoadTracker()
-    tracker.dispatch(view("a", prompt=100), decision(R0), now=0.0)
+def test_dispatching_a_live_request_id_again_does_not_leak_load(tracker: LoadTracker) -> None:
+    send(tracker, "a", prompt=100)
     with contextlib.suppress(PrefixrouteError):  # rejecting the duplicate is a fine fix too
-        tracker.dispatch(view("a", prompt=100), decision(R0), now=0.0)
+        send(tracker, "a", prompt=100)
     tracker.complete("a", now=1.0)
     tracker.complete("a", now=1.0)
     assert_idle(tracker, R0)  # today: in_flight == 1 forever
 
 
-def test_arrival_rate_and_mean_uncached_decay() -> None:
-    tracker = LoadTracker()
+def test_arrival_rate_and_mean_uncached_decay(tracker: LoadTracker) -> None:
     for i in range(10):
         view = RequestView(f"a{i}", (), 1, 300, 300)
         tracker.dispatch(view, Decision(ReplicaId("r0"), DecisionReason.LEAST_LOADED, 100), 0.0)

@@ -26,7 +26,6 @@ from prefixroute.core import (
     Decision,
     DecisionReason,
     ReplicaId,
-    RequestView,
     Router,
     RoutingContext,
     UnknownPolicy,
@@ -35,22 +34,11 @@ from prefixroute.core import (
     policy_names,
 )
 
-NAMES = [ReplicaId(f"r{i}") for i in range(4)]
-R0, R1, R2, R3 = NAMES
+from .helpers import NAMES, R0, R1, R2, R3, arrivals, busy, busy_each, make_router, prime, tokens
+
 R4 = ReplicaId("r4")
 FILLER = 1_000_000  # token ids from here on never occur in prompts
 _ids = itertools.count()
-
-
-def make_router(policy: str, *, seed: int = 0, n: int = 4, **params: Any) -> Router:
-    router = Router(make_policy(policy, **params), BlockHasher(block_size=1), seed=seed)
-    for r in NAMES[:n]:
-        router.add_replica(r)
-    return router
-
-
-def tokens(n: int, start: int = 0) -> list[int]:
-    return list(range(start, start + n))
 
 
 def route(
@@ -69,23 +57,6 @@ def route(
     expected = min(before.get(decision.replica, 0), max(0, len(toks) - 1))
     assert decision.predicted_cached_tokens == expected
     return decision
-
-
-def busy(
-    router: Router, replica: ReplicaId, n: int = 1, *, prompt: int = 0, prefilled: bool = False
-) -> None:
-    """Put ``n`` in-flight requests of ``prompt`` uncached tokens on ``replica``'s load only."""
-    for _ in range(n):
-        rid = f"load{next(_ids)}"
-        view = RequestView(rid, (), 1, prompt, prompt)
-        router.loads.dispatch(view, Decision(replica, DecisionReason.LEAST_LOADED, 0), 0.0)
-        if prefilled:
-            router.loads.first_token(rid, 0.0)
-
-
-def prime(router: Router, replica: ReplicaId, toks: Sequence[int]) -> None:
-    """Make the index believe ``replica`` caches ``toks``."""
-    router.index.insert(replica, router.hasher.hash_tokens(toks))
 
 
 def trees(router: Router, sizes: dict[ReplicaId, int]) -> None:
@@ -257,9 +228,7 @@ def test_prefix_affinity_best_match_ties_go_to_lowest_queue_then_candidate_order
     router = make_router("prefix_affinity")
     for r in (R1, R2, R3):
         prime(router, r, PROMPT[:60])
-    busy(router, R1, 2)
-    busy(router, R2, 1)
-    busy(router, R3, 1)
+    busy_each(router, {R1: 2, R2: 1, R3: 1})
     assert route(router, PROMPT).replica == R2  # R2 and R3 tie on queue: first in order
 
 
@@ -342,9 +311,7 @@ def test_cache_aware_equal_longest_matches_go_to_least_loaded() -> None:
     router = make_router("cache_aware")
     for r in (R0, R1, R3):
         prime(router, r, PROMPT[:80])
-    busy(router, R0, 3)
-    busy(router, R1, 1)
-    busy(router, R3, 2)
+    busy_each(router, {R0: 3, R1: 1, R3: 2})
     assert route(router, PROMPT).replica == R1
 
 
@@ -667,11 +634,7 @@ def test_predicted_ttft_sends_a_long_cold_prompt_where_fewer_requests_arrive() -
     router = make_router("predicted_ttft", n=2)
     busy(router, R0, prompt=100, prefilled=True)
     busy(router, R1, prompt=100, prefilled=True)
-    for i in range(20):  # recent arrivals on R0, already finished
-        rid = f"recent{i}"
-        view = RequestView(rid, (), 1, 200, 200)
-        router.loads.dispatch(view, Decision(R0, DecisionReason.LEAST_LOADED, 0), 0.0)
-        router.loads.complete(rid, 0.0)
+    arrivals(router, R0, 20, 200)  # recent arrivals on R0, already finished
     d = route(router, tokens(5_000, start=70_000))
     assert d.replica == R1
 

@@ -23,14 +23,26 @@ from prefixroute.core import (
     Decision,
     DecisionReason,
     ReplicaId,
-    RequestView,
     Router,
     RoutingContext,
     make_policy,
 )
 
-NAMES = [ReplicaId(f"r{i}") for i in range(4)]
-R0, R1, R2, R3 = NAMES
+from .helpers import (
+    NAMES,
+    R0,
+    R1,
+    R2,
+    R3,
+    arrivals,
+    busy,
+    busy_each,
+    dispatch,
+    make_router,
+    prime,
+    tokens,
+)
+
 SEEDS = range(12)  # a rule that holds for every one of these is not a coin flip (2^-12)
 _ids = itertools.count()
 
@@ -39,50 +51,6 @@ RATE = 10_000.0  # prefill tokens/s
 STEP = 2048  # tokens per batch step
 DECODE = 0.015  # s per decoding step
 NO_PENALTIES = {"miss_penalty": 0.0, "interference": 0.0, "arrivals": 0.0}
-
-
-def make_router(policy: str, *, seed: int = 0, n: int = 4, **params: Any) -> Router:
-    router = Router(make_policy(policy, **params), BlockHasher(block_size=1), seed=seed)
-    for r in NAMES[:n]:
-        router.add_replica(r)
-    return router
-
-
-def tokens(n: int, start: int = 0) -> list[int]:
-    return list(range(start, start + n))
-
-
-def prime(router: Router, replica: ReplicaId, toks: Sequence[int]) -> None:
-    router.index.insert(replica, router.hasher.hash_tokens(toks))
-
-
-def busy(
-    router: Router,
-    replica: ReplicaId,
-    n: int = 1,
-    *,
-    prompt: int = 0,
-    prefilled: bool = False,
-    now: float = 0.0,
-) -> None:
-    """``n`` in-flight requests of ``prompt`` uncached tokens on ``replica``'s load; with
-    ``prefilled`` they are decoding (their first token came back)."""
-    for _ in range(n):
-        rid = f"load{next(_ids)}"
-        view = RequestView(rid, (), 1, prompt, prompt)
-        router.loads.dispatch(view, Decision(replica, DecisionReason.LEAST_LOADED, 0), now)
-        if prefilled:
-            router.loads.first_token(rid, now)
-
-
-def arrivals(router: Router, replica: ReplicaId, n: int, prompt: int) -> None:
-    """``n`` requests of ``prompt`` uncached tokens that arrived at ``replica`` at time 0 and
-    are already over: they count in its recent arrival rate only."""
-    for _ in range(n):
-        rid = f"past{next(_ids)}"
-        view = RequestView(rid, (), 1, prompt, prompt)
-        router.loads.dispatch(view, Decision(replica, DecisionReason.LEAST_LOADED, 0), 0.0)
-        router.loads.complete(rid, 0.0)
 
 
 def context(router: Router, toks: Sequence[int], now: float = 0.0) -> RoutingContext:
@@ -533,46 +501,37 @@ def test_prefix_affinity_without_any_match_takes_the_smallest_tree_even_at_rate_
 # --- weighted_scorer: llm-d's default profile (README table) ----------------------------------
 
 
-def test_weighted_scorer_score_is_2_queue_plus_2_free_kv_plus_3_prefix() -> None:
-    # R0: the shortest queue (2 x 1) and a full cache (2 x 0) = 2.0
-    # R1: the longest queue (0), an empty cache (2 x 1), nothing cached (0) = 2.0
-    # R2: the longest queue (0), half-full cache (2 x 0.5), half the prompt cached (3 x 0.5) = 2.5
-    for seed in SEEDS:
+@pytest.mark.parametrize(
+    ("queues", "kv_usage", "cached", "winner"),
+    [
+        # R0: the shortest queue (2 x 1) and a full cache (2 x 0) = 2.0
+        # R1: the longest queue (0), an empty cache (2 x 1), nothing cached (0) = 2.0
+        # R2: the longest queue (0), half-full cache (2 x 0.5), half the prompt cached
+        # (3 x 0.5) = 2.5
+        ({R1: 4, R2: 4}, (1.0, 0.0, 0.5), (R2, 5), R2),
+        # Queues scale between the shortest (1) and the longest (0): R0 at 2 of (1..5) scores
+        # 0.75. R0: 2 x 0.75 + 2 x 1 = 3.5; R1: 2 x 1 + 2 x 0.2 + 3 x 0.3 = 3.3 -> R0.
+        ({R0: 2, R1: 1, R2: 5}, (0.0, 0.8, 0.0), (R1, 3), R0),
+        # Queues 2..6: R0 at 3 scores 0.75, R1 at 2 scores 1. R0: 1.5 + 2 = 3.5;
+        # R1: 2 + 2 x 0.2 + 3 x 0.4 = 3.6 -> R1 (scaled by the range 4, not by the sum 8).
+        ({R0: 3, R1: 2, R2: 6}, (0.0, 0.8, 0.0), (R1, 4), R1),
+    ],
+    ids=["prefix-wins", "queue-wins", "range-not-sum"],
+)
+def test_weighted_scorer_score_is_2_queue_plus_2_free_kv_plus_3_prefix(
+    queues: dict[ReplicaId, int],
+    kv_usage: tuple[float, float, float],
+    cached: tuple[ReplicaId, int],
+    winner: ReplicaId,
+) -> None:
+    for seed in SEEDS:  # the same winner on every seed
         router = make_router("weighted_scorer", n=3, seed=seed)
         prompt = tokens(10)
-        busy(router, R1, 4)
-        busy(router, R2, 4)
-        router.loads.observe(R0, kv_usage=1.0)
-        router.loads.observe(R1, kv_usage=0.0)
-        router.loads.observe(R2, kv_usage=0.5)
-        prime(router, R2, prompt[:5])
-        assert route(router, prompt).replica == R2
-    # Queues scale between the shortest (1) and the longest (0): R0 at 2 of (1..5) scores 0.75.
-    # R0: 2 x 0.75 + 2 x 1 = 3.5; R1: 2 x 1 + 2 x 0.2 + 3 x 0.3 = 3.3 -> R0, on every seed.
-    for seed in SEEDS:
-        router = make_router("weighted_scorer", n=3, seed=seed)
-        prompt = tokens(10)
-        busy(router, R0, 2)
-        busy(router, R1, 1)
-        busy(router, R2, 5)
-        router.loads.observe(R0, kv_usage=0.0)
-        router.loads.observe(R1, kv_usage=0.8)
-        router.loads.observe(R2, kv_usage=0.0)
-        prime(router, R1, prompt[:3])
-        assert route(router, prompt).replica == R0
-    # Queues 2..6: R0 at 3 scores 0.75, R1 at 2 scores 1. R0: 1.5 + 2 = 3.5;
-    # R1: 2 + 2 x 0.2 + 3 x 0.4 = 3.6 -> R1 (scaled by the range 4, not by the sum 8).
-    for seed in SEEDS:
-        router = make_router("weighted_scorer", n=3, seed=seed)
-        prompt = tokens(10)
-        busy(router, R0, 3)
-        busy(router, R1, 2)
-        busy(router, R2, 6)
-        router.loads.observe(R0, kv_usage=0.0)
-        router.loads.observe(R1, kv_usage=0.8)
-        router.loads.observe(R2, kv_usage=0.0)
-        prime(router, R1, prompt[:4])
-        assert route(router, prompt).replica == R1
+        busy_each(router, queues)
+        for replica, usage in zip((R0, R1, R2), kv_usage, strict=True):
+            router.loads.observe(replica, kv_usage=usage)
+        prime(router, cached[0], prompt[: cached[1]])
+        assert route(router, prompt).replica == winner
 
 
 def test_weighted_scorer_empty_prompt_has_no_prefix_score() -> None:
@@ -699,9 +658,7 @@ def test_arrival_rate_and_mean_uncached_decay_over_ten_seconds() -> None:
 
     router = make_router("predicted_ttft")
     for now, prompt in ((0.0, 100), (10.0, 300), (20.0, 500)):
-        rid = f"a{next(_ids)}"
-        view = RequestView(rid, (), 1, prompt, prompt)
-        router.loads.dispatch(view, Decision(R0, DecisionReason.LEAST_LOADED, 0), now)
+        dispatch(router, R0, prompt, now)
     load = router.loads[R0]
     e = math.exp(-1.0)  # each arrival is one window older than the next
     count = (1 * e + 1) * e + 1

@@ -20,15 +20,14 @@ from prefixroute.core import (
     policy_names,
 )
 
+from .helpers import router_over
+
 NAMES = [ReplicaId(f"r{i}") for i in range(5)]
 TURNS = [400, 700, 1000, 1400, 1700]  # the article's conversation: each prompt extends the last
 
 
 def make_router(policy: str, n: int = 5, **kwargs: int) -> Router:
-    router = Router(make_policy(policy), BlockHasher(block_size=1), **kwargs)
-    for r in NAMES[:n]:
-        router.add_replica(r)
-    return router
+    return router_over(policy, NAMES[:n], **kwargs)
 
 
 def conversation(seed: int = 0) -> list[list[int]]:
@@ -248,9 +247,10 @@ def test_a_seeded_view_matches_only_its_own_seed() -> None:
     assert router.view("d", tokens=tokens, seed=None).block_hashes == plain.block_hashes
     assert set(a.block_hashes).isdisjoint(plain.block_hashes)
     assert set(a.block_hashes).isdisjoint(router.view("b", tokens=tokens, seed=12).block_hashes)
-    assert router.view("t", text="x" * 40, seed=11).block_hashes != router.view(
-        "u", text="x" * 40
-    ).block_hashes
+    assert (
+        router.view("t", text="x" * 40, seed=11).block_hashes
+        != router.view("u", text="x" * 40).block_hashes
+    )
     first = router.route(a, now=0.0)
     again = router.route(router.view("a2", tokens=tokens + [1], seed=11), now=0.1)
     assert again.replica == first.replica and again.predicted_cached_tokens == 400

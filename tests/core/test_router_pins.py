@@ -10,7 +10,6 @@ import pytest
 
 from prefixroute.core import (
     BlockHash,
-    BlockHasher,
     ConfigError,
     Decision,
     DecisionReason,
@@ -18,18 +17,16 @@ from prefixroute.core import (
     ReplicaId,
     Router,
     RoutingContext,
-    make_policy,
 )
 from prefixroute.core.speculative import SpeculativeEntries
+
+from .helpers import router_over
 
 A, B = ReplicaId("a"), ReplicaId("b")
 
 
 def router(policy: str = "round_robin", **kwargs: object) -> Router:
-    r = Router(make_policy(policy), BlockHasher(block_size=1), **kwargs)  # type: ignore[arg-type]
-    r.add_replica(A)
-    r.add_replica(B)
-    return r
+    return router_over(policy, (A, B), **kwargs)
 
 
 def test_the_default_seed_is_0() -> None:

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
+from prefixroute.commands.emulate import add_parser, config_from_args, fleet_from_args
 from prefixroute.core import ConfigError
 from prefixroute.emulate import EmulatedCluster, EmulatorConfig, EngineLoop
-from prefixroute.emulate.command import add_parser, config_from_args, fleet_from_args
 from prefixroute.sim.fleet import SpeedChange, parse_fleet
 from prefixroute.sim.replica import ReplicaConfig, ReplicaModel
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 import zmq.asyncio
+from polling import until
 
+from prefixroute.commands.emulate import add_parser, config_from_args
 from prefixroute.core import BlockHasher, PrefixIndex, ReplicaId
 from prefixroute.emulate import EmulatedCluster, EmulatedReplica, EmulatorConfig, tokenize
-from prefixroute.emulate.command import add_parser, config_from_args
 from prefixroute.events import (
     EventEndpoint,
     EventSubscriber,
@@ -30,14 +31,6 @@ CONFIG = EmulatorConfig(
     hash_seed=12345,  # the engine's hashes differ from the subscriber's: only tokens count
     adapters=("lora-a",),
 )
-
-
-async def until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ import aiohttp
 import pytest
 
 from prefixroute.cli import build_parser
+from prefixroute.commands.emulate import config_from_args
 from prefixroute.core import ConfigError
 from prefixroute.emulate import EmulatedCluster, EmulatedReplica, EmulatorConfig, start_replicas
-from prefixroute.emulate.command import config_from_args
 
 
 async def test_cluster_starts_on_distinct_ports_and_stops() -> None:

@@ -6,6 +6,7 @@ Without an Envoy binary (``scripts/setup_envoy.sh``) the Envoy tests skip, unles
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -38,6 +39,23 @@ class Stack:
 
 
 StackFactory = Callable[..., Awaitable[Stack]]
+
+
+PickerStarter = Callable[[EppConfig], Awaitable[EndpointPicker]]
+
+
+@pytest.fixture
+async def start_picker() -> AsyncIterator[PickerStarter]:
+    """Pickers started from their config, stopped (no drain) when the test ends."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(config: EppConfig) -> EndpointPicker:
+            epp = EndpointPicker(config)
+            stack.push_async_callback(epp.stop, 0)  # a half-started one is stopped too
+            await epp.start()
+            return epp
+
+        yield start
 
 
 @pytest.fixture

@@ -15,8 +15,10 @@ import shutil
 import socket
 import subprocess
 import time
-import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
+
+from polling import answers_200
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED = os.environ.get("PREFIXROUTE_ENVOY_REQUIRED") == "1"
@@ -86,8 +88,10 @@ static_resources:
       cluster_name: epp
       endpoints:
       - lb_endpoints:
+{epp_endpoints}"""
+EPP_ENDPOINT = """\
         - endpoint:
-            address: {{socket_address: {{address: 127.0.0.1, port_value: {epp_port}}}}}
+            address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
 """
 
 
@@ -111,8 +115,13 @@ def free_port() -> int:
 class Envoy:
     """``start()`` returns once Envoy says it is ready; ``stop()`` ends it."""
 
-    def __init__(self, binary: str, epp_port: int, workdir: Path, body_mode: str) -> None:
+    def __init__(
+        self, binary: str, epp_port: int | Sequence[int], workdir: Path, body_mode: str
+    ) -> None:
+        """``epp_port``: the picker's gRPC port, or several pickers' (Envoy's default
+        round-robin spreads the ext_proc streams, one per request, over them)."""
         self.binary = binary
+        ports = [epp_port] if isinstance(epp_port, int) else list(epp_port)
         self.port = free_port()
         self.admin_port = free_port()
         self.workdir = workdir
@@ -121,7 +130,7 @@ class Envoy:
             CONFIG.format(
                 port=self.port,
                 admin_port=self.admin_port,
-                epp_port=epp_port,
+                epp_endpoints="".join(EPP_ENDPOINT.format(port=p) for p in ports),
                 body_mode=body_mode,
                 hcm=HCM,
                 ext_proc=EXT_PROC,
@@ -147,14 +156,8 @@ class Envoy:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"envoy exited {self.proc.returncode}: {self.tail()}")
-            try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{self.admin_port}/ready", timeout=1
-                ) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
+            if answers_200(f"http://127.0.0.1:{self.admin_port}/ready", timeout_s=1):
+                return
             time.sleep(0.05)
         raise RuntimeError(f"envoy not ready in {STARTUP_TIMEOUT_S} s: {self.tail()}")
 

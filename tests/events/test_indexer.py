@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefixroute.core import BlockHash, BlockHasher, PrefixIndex, ReplicaId
+from prefixroute.core import BlockHash, BlockHasher, PrefixIndex, ReplicaId, Router, make_policy
 from prefixroute.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -107,9 +107,31 @@ def test_blocks_tokens_do_not_identify_are_skipped() -> None:
 
 def test_a_replica_removed_from_the_index_is_not_brought_back() -> None:
     index, ix, _ = make()
+    assert ix.index is index
     index.remove_replica(R)
     ix.apply(batch(stored(list(range(4)), None)))
     assert R not in index.replicas
+
+
+def test_fed_to_a_router_the_events_go_through_its_engine_methods() -> None:
+    """The gateway's precise mode: the indexer tells the Router, which owns its index."""
+    hasher = BlockHasher(BS)
+    router = Router(make_policy("round_robin"), hasher, insert_on_route=False)
+    router.add_replica(R)
+    ix = PreciseIndexer(R, router, hasher)
+    assert ix.index is None  # nothing to reach into: the router is read through its methods
+    tokens = list(range(12))
+    ix.apply(batch(stored(tokens[:8], None, [0xAA, 0xBB]), stored(tokens[8:], 0xBB, [0xCC])))
+    ours = hasher.hash_tokens(tokens)
+    assert router.index.match(ours) == {R: 3}
+    assert router.index.gapped_replicas == {R}  # the continuation was not from the root
+    ix.apply(batch(BlockRemoved([0xCC], "GPU")))
+    assert router.indexed_blocks(R) == 2
+    ix.apply(batch(AllBlocksCleared()))
+    assert router.indexed_blocks(R) == 0 and len(ix) == 0
+    router.remove_replica(R)
+    ix.apply(batch(stored(tokens[:4], None)))
+    assert not router.has_replica(R) and R not in router.index.replicas
 
 
 def test_on_real_vllm_events_our_prediction_equals_vllms_cached_tokens() -> None:

@@ -10,54 +10,23 @@ from typing import Any
 import pytest
 import zmq
 import zmq.asyncio
+from polling import until
 
-from prefixroute.core import BlockHasher, PrefixIndex, ReplicaId
+from prefixroute.core import PrefixIndex
 from prefixroute.events import (
     AllBlocksCleared,
     BadEndpoint,
-    BlockStored,
     EventDecodeError,
     EventEndpoint,
     EventPublisher,
     EventSubscriber,
-    KVEvent,
-    KVEventBatch,
-    PreciseIndexer,
     StreamState,
-    encode_batch,
-    pack_frames,
 )
 
-R = ReplicaId("r")
-BS = 4
-HASHER = BlockHasher(BS)
-
-
-def stored(tokens: list[int], parent: int | None, hashes: list[int]) -> BlockStored:
-    return BlockStored(hashes, parent, tokens, BS, None, "GPU", None)
-
-
-def frames(seq: int, *events: KVEvent) -> list[bytes]:
-    return list(pack_frames(b"", seq, encode_batch(KVEventBatch(0.0, list(events)))))
-
-
-async def until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
-
+from .helpers import BIND_ANY, HASHER, R, frames, indexed, stored, subscriber
 
 Pair = tuple[EventPublisher, EventSubscriber, PrefixIndex]
 MakePair = Callable[..., Awaitable[Pair]]
-
-
-@pytest.fixture
-async def context() -> AsyncIterator[zmq.asyncio.Context]:
-    ctx = zmq.asyncio.Context()
-    yield ctx
-    ctx.destroy(linger=0)  # closes any socket a failed test left open; term() would wait on it
 
 
 @pytest.fixture
@@ -67,8 +36,7 @@ async def make_pair(context: zmq.asyncio.Context) -> AsyncIterator[MakePair]:
     async def make(
         publisher_binds: bool = True, replay: bool = False, replay_timeout_s: float = 1.0
     ) -> Pair:
-        index = PrefixIndex()
-        index.add_replica(R)
+        index = indexed()
         if publisher_binds:
             spec = "bind:tcp://127.0.0.1:*" + (",replay=tcp://127.0.0.1:*" if replay else "")
             pub = EventPublisher(EventEndpoint.parse(spec), context)
@@ -76,18 +44,11 @@ async def make_pair(context: zmq.asyncio.Context) -> AsyncIterator[MakePair]:
             started.append(pub)
             assert pub.address is not None
             sub_ep = EventEndpoint(pub.address, False, pub.replay_address)
-            sub = EventSubscriber(
-                sub_ep, PreciseIndexer(R, index, HASHER), context, replay_timeout_s=replay_timeout_s
-            )
+            sub = subscriber(context, sub_ep, index, replay_timeout_s=replay_timeout_s)
             await sub.start()
             started.append(sub)
         else:
-            sub = EventSubscriber(
-                EventEndpoint.parse("bind:tcp://127.0.0.1:*"),
-                PreciseIndexer(R, index, HASHER),
-                context,
-                replay_timeout_s=replay_timeout_s,
-            )
+            sub = subscriber(context, BIND_ANY, index, replay_timeout_s=replay_timeout_s)
             await sub.start()
             started.append(sub)
             assert sub.address is not None
@@ -148,13 +109,12 @@ async def test_a_gap_without_replay_clears_and_resyncs(make_pair: MakePair) -> N
 async def test_a_replay_that_does_not_answer_counts_as_failed(
     context: zmq.asyncio.Context,
 ) -> None:
-    index = PrefixIndex()
-    index.add_replica(R)
+    index = indexed()
     silent = context.socket(zmq.ROUTER)  # accepts the request, never answers
     silent.bind("tcp://127.0.0.1:*")
     address = silent.getsockopt(zmq.LAST_ENDPOINT).decode()  # type: ignore[union-attr]
     endpoint = EventEndpoint("tcp://127.0.0.1:1", False, address)
-    sub = EventSubscriber(endpoint, PreciseIndexer(R, index, HASHER), context, replay_timeout_s=0.1)
+    sub = subscriber(context, endpoint, index, replay_timeout_s=0.1)
     try:
         await sub.receive(frames(0, stored(list(range(4)), None, [1])))
         await sub.receive(frames(2, stored(list(range(4, 8)), 1, [2])))
@@ -167,10 +127,8 @@ async def test_a_replay_that_does_not_answer_counts_as_failed(
 
 
 async def test_a_restarted_engine_starts_over(context: zmq.asyncio.Context) -> None:
-    index = PrefixIndex()
-    index.add_replica(R)
-    endpoint = EventEndpoint("tcp://127.0.0.1:1", False)
-    sub = EventSubscriber(endpoint, PreciseIndexer(R, index, HASHER), context)
+    index = indexed()
+    sub = subscriber(context, index=index)
     await sub.receive(frames(0, stored(list(range(4)), None, [1])))
     assert sub.state is StreamState.LIVE  # a stream from 0 is a fresh, empty engine
     await sub.receive(frames(1, stored(list(range(4, 8)), 1, [2])))
@@ -187,11 +145,8 @@ async def test_a_restarted_engine_starts_over(context: zmq.asyncio.Context) -> N
 async def test_a_stream_joined_late_is_resyncing_until_a_reset(
     context: zmq.asyncio.Context,
 ) -> None:
-    index = PrefixIndex()
-    index.add_replica(R)
-    sub = EventSubscriber(
-        EventEndpoint("tcp://127.0.0.1:1", False), PreciseIndexer(R, index, HASHER), context
-    )
+    index = indexed()
+    sub = subscriber(context, index=index)
     assert sub.state is StreamState.WAITING
     await sub.receive(frames(7, stored(list(range(4)), None, [1])))
     assert sub.state is StreamState.RESYNCING  # the engine ran before we listened
@@ -203,11 +158,8 @@ async def test_a_stream_joined_late_is_resyncing_until_a_reset(
 async def test_undecodable_messages_are_counted_and_skipped(
     context: zmq.asyncio.Context,
 ) -> None:
-    index = PrefixIndex()
-    index.add_replica(R)
-    sub = EventSubscriber(
-        EventEndpoint.parse("bind:tcp://127.0.0.1:*"), PreciseIndexer(R, index, HASHER), context
-    )
+    index = indexed()
+    sub = subscriber(context, BIND_ANY, index)
     with pytest.raises(EventDecodeError):
         await sub.receive([b"", (0).to_bytes(8, "big"), b"\xc1"])
     assert sub.sequence.last is None  # a bad payload does not move the sequence
@@ -228,14 +180,10 @@ async def test_undecodable_messages_are_counted_and_skipped(
 
 async def test_a_busy_address_is_a_config_error(context: zmq.asyncio.Context) -> None:
     index = PrefixIndex()
-    first = EventSubscriber(
-        EventEndpoint.parse("bind:tcp://127.0.0.1:*"), PreciseIndexer(R, index, HASHER), context
-    )
+    first = subscriber(context, BIND_ANY, index)
     await first.start()
     try:
-        second = EventSubscriber(
-            EventEndpoint(first.address or "", True), PreciseIndexer(R, index, HASHER), context
-        )
+        second = subscriber(context, EventEndpoint(first.address or "", True), index)
         with pytest.raises(BadEndpoint):
             await second.start()
     finally:

@@ -14,56 +14,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 import zmq
 import zmq.asyncio
 
-from prefixroute.core import BlockHasher, PrefixIndex, ReplicaId
+from prefixroute.core import PrefixIndex
 from prefixroute.events import (
     AllBlocksCleared,
     BadEndpoint,
-    BlockStored,
     EventDecodeError,
     EventEndpoint,
     EventSubscriber,
-    KVEvent,
-    KVEventBatch,
-    PreciseIndexer,
     StreamState,
-    encode_batch,
-    pack_frames,
 )
 
-R = ReplicaId("r")
-BS = 4
-HASHER = BlockHasher(BS)
+from .helpers import BIND_ANY, HASHER, NOWHERE, R, block, frames, indexed, payload, stored
+from .helpers import subscriber as make_subscriber
+
 END = (-1).to_bytes(8, "big", signed=True)
-
-
-def stored(tokens: list[int], parent: int | None, hashes: list[int]) -> BlockStored:
-    return BlockStored(hashes, parent, tokens, BS, None, "GPU", None)
-
-
-def payload(*events: KVEvent) -> bytes:
-    return encode_batch(KVEventBatch(0.0, list(events)))
-
-
-def frames(seq: int, *events: KVEvent) -> list[bytes]:
-    return list(pack_frames(b"", seq, payload(*events)))
-
-
-def block(i: int, parent: int | None) -> BlockStored:
-    """Block ``i`` of one chain: tokens 4i..4i+3, engine hash i + 1."""
-    return stored(list(range(4 * i, 4 * i + 4)), parent, [i + 1])
-
-
-@pytest.fixture
-async def context() -> AsyncIterator[zmq.asyncio.Context]:
-    ctx = zmq.asyncio.Context()
-    yield ctx
-    ctx.destroy(linger=0)  # closes any socket a failed test left open; term() would wait on it
 
 
 class FakeReplay:
@@ -97,12 +66,23 @@ class FakeReplay:
 def subscriber(
     context: zmq.asyncio.Context, replay: str | None = None, timeout_s: float = 1.0
 ) -> EventSubscriber:
-    index = PrefixIndex()
-    index.add_replica(R)
-    endpoint = EventEndpoint("tcp://127.0.0.1:1", False, replay)
-    return EventSubscriber(
-        endpoint, PreciseIndexer(R, index, HASHER), context, replay_timeout_s=timeout_s
-    )
+    endpoint = EventEndpoint(NOWHERE.address, False, replay)
+    return make_subscriber(context, endpoint, replay_timeout_s=timeout_s)
+
+
+async def through_replay(
+    context: zmq.asyncio.Context, batches: dict[int, bytes], *sent: int
+) -> tuple[EventSubscriber, FakeReplay]:
+    """A fresh subscriber, with ``batches`` on its replay socket, is sent block ``i`` of one
+    chain as batch ``i`` for each of ``sent``, in order; the replay socket is closed after."""
+    replay = FakeReplay(context, batches)
+    try:
+        sub = subscriber(context, replay.address)
+        for i in sent:
+            await sub.receive(frames(i, block(i, None if i == 0 else i)))
+    finally:
+        await replay.close()
+    return sub, replay
 
 
 async def test_a_restart_at_a_number_above_zero_is_resyncing_not_live(
@@ -122,13 +102,8 @@ async def test_a_restart_at_a_number_above_zero_is_resyncing_not_live(
 async def test_a_full_replay_closes_the_gap_and_counts_each_missed_batch(
     context: zmq.asyncio.Context,
 ) -> None:
-    replay = FakeReplay(context, {1: payload(block(1, 1)), 2: payload(block(2, 2))})
-    try:
-        sub = subscriber(context, replay.address)
-        await sub.receive(frames(0, block(0, None)))
-        await sub.receive(frames(3, block(3, 3)))  # 1 and 2 lost
-    finally:
-        await replay.close()
+    batches = {1: payload(block(1, 1)), 2: payload(block(2, 2))}
+    sub, replay = await through_replay(context, batches, 0, 3)  # 1 and 2 lost
     assert replay.requests == [1]  # asked from the first missing number
     stats = sub.stats
     assert (stats.gaps, stats.missed, stats.replayed, stats.replay_failures) == (1, 2, 2, 0)
@@ -139,13 +114,7 @@ async def test_a_full_replay_closes_the_gap_and_counts_each_missed_batch(
 
 async def test_a_partial_replay_is_a_failure_and_clears(context: zmq.asyncio.Context) -> None:
     # The engine still has batch 2 but no longer batch 1: the gap stays open.
-    replay = FakeReplay(context, {2: payload(block(2, 2))})
-    try:
-        sub = subscriber(context, replay.address)
-        await sub.receive(frames(0, block(0, None)))
-        await sub.receive(frames(3, block(3, 3)))
-    finally:
-        await replay.close()
+    sub, _ = await through_replay(context, {2: payload(block(2, 2))}, 0, 3)
     stats = sub.stats
     assert (stats.gaps, stats.missed, stats.replayed, stats.replay_failures) == (1, 2, 0, 1)
     assert stats.resyncs == {"gap": 1}
@@ -184,13 +153,7 @@ async def test_the_replay_ends_at_the_end_marker_not_at_the_timeout(
 async def test_a_replayed_batch_that_does_not_decode_fails_the_replay(
     context: zmq.asyncio.Context,
 ) -> None:
-    replay = FakeReplay(context, {1: b"\xc1 not msgpack"})
-    try:
-        sub = subscriber(context, replay.address)
-        await sub.receive(frames(0, block(0, None)))
-        await sub.receive(frames(2, block(2, 2)))
-    finally:
-        await replay.close()
+    sub, _ = await through_replay(context, {1: b"\xc1 not msgpack"}, 0, 2)
     assert (sub.stats.replayed, sub.stats.replay_failures) == (0, 1)
     assert sub.stats.resyncs == {"gap": 1} and sub.state is StreamState.RESYNCING
     replay = FakeReplay(context, {3: b"\xc1 not msgpack"})
@@ -218,25 +181,16 @@ async def test_every_counter_counts_every_time(context: zmq.asyncio.Context) -> 
     assert (s.batches, s.events, s.gaps, s.missed) == (5, 6, 2, 2)
     assert (s.replay_failures, s.replayed, s.restarts) == (2, 0, 2)
     assert s.resyncs == {"gap": 2, "cleared": 2, "restart": 2}
-    replay = FakeReplay(context, {1: payload(block(1, 1)), 3: payload(block(3, 3))})
-    try:
-        sub = subscriber(context, replay.address)
-        await sub.receive(frames(0, block(0, None)))
-        await sub.receive(frames(2, block(2, 2)))  # 1 replayed
-        await sub.receive(frames(4, block(4, 4)))  # 3 replayed
-    finally:
-        await replay.close()
+    batches = {1: payload(block(1, 1)), 3: payload(block(3, 3))}
+    sub, _ = await through_replay(context, batches, 0, 2, 4)  # 1 and 3 replayed
     assert (sub.stats.replayed, sub.stats.missed, sub.stats.replay_failures) == (2, 2, 0)
 
 
 async def test_decode_errors_are_counted_one_by_one_on_the_socket(
     context: zmq.asyncio.Context,
 ) -> None:
-    index = PrefixIndex()
-    index.add_replica(R)
-    sub = EventSubscriber(
-        EventEndpoint.parse("bind:tcp://127.0.0.1:*"), PreciseIndexer(R, index, HASHER), context
-    )
+    index = indexed()
+    sub = make_subscriber(context, BIND_ANY, index)
     assert sub.address is None  # until started
     await sub.stop()  # stopping what never started is harmless
     await sub.start()
@@ -273,22 +227,16 @@ def test_replay_replies_without_the_delimiter_are_read_too() -> None:
 
 async def test_bad_addresses_say_what_could_not_be_done(context: zmq.asyncio.Context) -> None:
     index = PrefixIndex()
-    first = EventSubscriber(
-        EventEndpoint.parse("bind:tcp://127.0.0.1:*"), PreciseIndexer(R, index, HASHER), context
-    )
+    first = make_subscriber(context, BIND_ANY, index)
     await first.start()
     try:
         address = first.address or ""
-        second = EventSubscriber(
-            EventEndpoint(address, True), PreciseIndexer(R, index, HASHER), context
-        )
+        second = make_subscriber(context, EventEndpoint(address, True), index)
         with pytest.raises(BadEndpoint, match=f"^cannot bind {address}: "):
             await second.start()
     finally:
         await first.stop()
-    bad = EventSubscriber(
-        EventEndpoint("nonsense://x", False), PreciseIndexer(R, index, HASHER), context
-    )
+    bad = make_subscriber(context, EventEndpoint("nonsense://x", False), index)
     with pytest.raises(BadEndpoint, match="^cannot connect nonsense://x: "):
         await bad.start()
     assert EventDecodeError  # (imported for the module's error tree; decode errors above)

@@ -1,9 +1,12 @@
+"""The gateway tests' fixtures: a client session, and factories of emulated clusters, gateways
+and fake replicas that stop whatever they started when the test ends."""
+
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import pytest
@@ -11,8 +14,32 @@ import pytest
 from prefixroute.emulate import EmulatedCluster, EmulatorConfig, start_replicas
 from prefixroute.gateway import Gateway
 
-from .helpers import FAST_GATEWAY, FAST_REPLICA, ClusterFactory, GatewayFactory
-from .redis_server import RedisServer
+from . import helpers as h
+from .fakes import FakeReplica
+
+
+class _Stoppable(Protocol):
+    async def stop(self) -> None: ...
+
+
+T = TypeVar("T", bound=_Stoppable)
+
+
+@asynccontextmanager
+async def _stopped_after(
+    start: Callable[..., Awaitable[T]],
+) -> AsyncIterator[Callable[..., Awaitable[T]]]:
+    """``start`` as a factory whose every product is stopped on the way out, in order."""
+    made: list[T] = []
+
+    async def make(*args: Any, **kwargs: Any) -> T:
+        thing = await start(*args, **kwargs)
+        made.append(thing)
+        return thing
+
+    yield make
+    for thing in made:
+        await thing.stop()
 
 
 @pytest.fixture
@@ -23,39 +50,46 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 @pytest.fixture
-async def make_cluster() -> AsyncIterator[ClusterFactory]:
-    clusters: list[EmulatedCluster] = []
+async def make_cluster() -> AsyncIterator[h.ClusterFactory]:
+    async def start(n: int, config: EmulatorConfig = h.FAST_REPLICA) -> EmulatedCluster:
+        return await start_replicas(n, config)
 
-    async def make(n: int, config: EmulatorConfig = FAST_REPLICA) -> EmulatedCluster:
-        cluster = await start_replicas(n, config)
-        clusters.append(cluster)
-        return cluster
-
-    yield make
-    for c in clusters:
-        await c.stop()
+    async with _stopped_after(start) as make:
+        yield make
 
 
 @pytest.fixture
-async def make_gateway() -> AsyncIterator[GatewayFactory]:
-    gateways: list[Gateway] = []
-
-    async def make(replicas: list[str], **settings: Any) -> Gateway:
+async def make_gateway() -> AsyncIterator[h.GatewayFactory]:
+    async def start(replicas: list[str], **settings: Any) -> Gateway:
         tokenizer = settings.pop("tokenizer_object", None)
-        config = dataclasses.replace(FAST_GATEWAY, replicas=tuple(replicas), **settings)
+        config = dataclasses.replace(h.FAST_GATEWAY, replicas=tuple(replicas), **settings)
         gw = Gateway(config, tokenizer=tokenizer)
         await gw.start()
-        gateways.append(gw)
         return gw
 
-    yield make
-    for gw in gateways:
-        await gw.stop()
+    async with _stopped_after(start) as make:
+        yield make
 
 
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
+async def make_fake() -> AsyncIterator[h.FakeFactory]:
+    """Started ``FakeReplica``s."""
+
+    async def start(**kwargs: Any) -> FakeReplica:
+        fake = FakeReplica(**kwargs)
+        await fake.start()
+        return fake
+
+    async with _stopped_after(start) as make:
+        yield make
+
+
+@pytest.fixture
+def gateway_of(make_cluster: h.ClusterFactory, make_gateway: h.GatewayFactory) -> h.GatewayOf:
+    """A gateway over ``n`` fresh emulated replicas, with ``settings`` over the test defaults."""
+
+    async def make(n: int, **settings: Any) -> Gateway:
+        cluster = await make_cluster(n)
+        return await make_gateway(cluster.urls, **settings)
+
+    return make

@@ -11,6 +11,7 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -56,6 +57,18 @@ class Seen:
     body: bytes
 
 
+async def serve_every_path(handler: Handler, **runner: Any) -> tuple[web.AppRunner, str]:
+    """A server on 127.0.0.1 (a free port) that hands every method and path to ``handler``:
+    its runner (``cleanup()`` stops it) and its URL."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    running = web.AppRunner(app, access_log=None, **runner)
+    await running.setup()
+    await web.TCPSite(running, "127.0.0.1", 0).start()
+    host, port = running.addresses[0][:2]
+    return running, f"http://{host}:{port}"
+
+
 @dataclass
 class FakeReplica:
     handler: Handler | None = None  # None: answer a fixed completion
@@ -66,14 +79,7 @@ class FakeReplica:
     _runner: web.AppRunner | None = None
 
     async def start(self) -> str:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._runner, self.url = await serve_every_path(self._dispatch, handler_cancellation=True)
         return self.url
 
     async def stop(self) -> None:
@@ -128,4 +134,3 @@ class SilentReplica:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
 from prefixroute.emulate import EmulatedCluster, EmulatorConfig
 from prefixroute.gateway import Gateway, GatewayConfig
 from prefixroute.sim.replica import ReplicaConfig
+
+from .fakes import FakeReplica
 
 # Block size 1 makes cache counts token-exact; time runs 100x faster than real time.
 FAST_REPLICA = EmulatorConfig(ReplicaConfig(block_size=1), time_scale=0.01)
@@ -30,6 +35,8 @@ FAST_GATEWAY = GatewayConfig(
 
 ClusterFactory = Callable[..., Awaitable[EmulatedCluster]]
 GatewayFactory = Callable[..., Awaitable[Gateway]]
+GatewayOf = Callable[..., Awaitable[Gateway]]  # (n replicas, **settings): a gateway over them
+FakeFactory = Callable[..., Awaitable[FakeReplica]]  # FakeReplica's arguments: a started one
 
 
 @dataclass
@@ -100,6 +107,59 @@ def words(n: int) -> str:
     return " ".join(f"w{i}" for i in range(n))
 
 
+def question(name: str, turn: int) -> dict[str, str]:
+    """Turn ``turn`` of conversation ``name``: a user message of 300 words no other has."""
+    return {"role": "user", "content": " ".join(f"{name}{turn}w{i}" for i in range(300))}
+
+
 # For tests that are not about health checking: probes that tolerate a loaded machine, so a slow
 # probe never takes the only replica out in the middle of a test (make_gateway(..., **STEADY)).
 STEADY: dict[str, Any] = {"health_timeout_s": 5.0, "failure_threshold": 1000}
+
+
+async def read_until(stream: asyncio.StreamReader, pattern: str, seen: list[str]) -> re.Match[str]:
+    """Read a process's log lines, keeping them in ``seen``, until one matches ``pattern``."""
+    while True:
+        line = (await stream.readline()).decode()
+        if not line:
+            raise AssertionError("the process ended early:\n" + "".join(seen))
+        seen.append(line)
+        if match := re.search(pattern, line):
+            return match
+
+
+class _Threaded(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Threaded)
+
+
+def running(servers: S) -> Iterator[S]:
+    """``servers`` started for a fixture's lifetime: ``yield from running(Servers())``."""
+    try:
+        servers.start()
+        yield servers
+    finally:
+        servers.stop()
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    """An HTTP Basic ``Authorization`` header."""
+    raw = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {raw}"}
+
+
+def wrong_credentials(token: str) -> list[dict[str, str]]:
+    """Headers that must not pass for admin ``token``: none, a wrong bearer, the token without
+    a scheme, Basic with it undecoded, with a wrong password, as the user name, not base64."""
+    return [
+        {},
+        {"Authorization": "Bearer wrong-token-123"},
+        {"Authorization": token},
+        {"Authorization": f"Basic {token}"},
+        basic("admin", "wrong-token-123"),
+        basic(token, ""),  # the token as the user name is not the password
+        {"Authorization": "Basic !!!not-base64"},
+    ]

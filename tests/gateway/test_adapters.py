@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from polling import until
 
 from prefixroute.core import ReplicaId
 from prefixroute.emulate import EmulatedTokenizer, EmulatorConfig
@@ -23,7 +24,7 @@ from prefixroute.gateway import Gateway
 from prefixroute.sim.replica import ReplicaConfig
 
 from .helpers import STEADY, ClusterFactory, GatewayFactory, send, words
-from .test_precise import batches, until
+from .test_precise import batches
 
 BS = 16  # the replica's KV block size, tokens
 MODELS = ("base", "sql", "chat")  # the base model and two adapters of it

@@ -6,24 +6,17 @@ from urllib.parse import quote
 
 import aiohttp
 
-from .helpers import ClusterFactory, GatewayFactory, send
+from .helpers import ClusterFactory, GatewayFactory, GatewayOf, send, wrong_credentials
 
 TOKEN = "s3cret-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 async def test_wrong_or_missing_token_is_401(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls, admin_token=TOKEN)
-    bad = [
-        {},
-        {"Authorization": "Bearer wrong-token"},
-        {"Authorization": TOKEN},
-        {"Authorization": f"Basic {TOKEN}"},
-    ]
-    for headers in bad:
+    gw = await gateway_of(1, admin_token=TOKEN)
+    for headers in wrong_credentials(TOKEN):
         async with session.get(gw.url + "/admin/replicas", headers=headers) as resp:
             assert resp.status == 401
             assert (await resp.json())["error"]["type"] == "authentication_error"
@@ -35,10 +28,9 @@ async def test_wrong_or_missing_token_is_401(
 
 
 async def test_admin_api_is_absent_without_a_token(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls)
+    gw = await gateway_of(1)
     async with session.get(gw.url + "/admin/replicas", headers=AUTH) as resp:
         assert resp.status == 404
 

@@ -13,42 +13,45 @@ from aiohttp import web
 from prefixroute.gateway import Gateway
 
 from .fakes import FakeReplica, completion_body, held_until
-from .helpers import FAST_GATEWAY, FAST_REPLICA, ClusterFactory, GatewayFactory, send, words
+from .helpers import (
+    FAST_GATEWAY,
+    FAST_REPLICA,
+    ClusterFactory,
+    FakeFactory,
+    GatewayFactory,
+    GatewayOf,
+    send,
+    words,
+)
 
 
 async def test_headers_and_body_forwarded_untouched(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession, make_fake: FakeFactory
 ) -> None:
-    fake = FakeReplica()
-    await fake.start()
-    try:
-        gw = await make_gateway([fake.url])
-        raw = b'{"prompt":  "hello world",\n "max_tokens": 3}'
-        headers = {
-            "Authorization": "Bearer sk-client",
-            "Content-Type": "application/json",
-            "X-Custom": "kept",
-            "Connection": "keep-alive, X-Hop",
-            "X-Hop": "dropped",
-            "TE": "trailers",
-        }
-        async with session.post(
-            gw.url + "/v1/completions?trace=1", data=raw, headers=headers
-        ) as resp:
-            body = await resp.read()
-            assert resp.status == 200
-            assert resp.headers["x-prefixroute-replica"] == fake.url
-            assert resp.headers["x-prefixroute-reason"] == "only_candidate"
-        assert body == completion_body()  # relayed byte for byte
-        seen = fake.seen[-1]
-        # The replica gets what the gateway parsed, re-encoded (compact UTF-8 JSON).
-        assert seen.body == b'{"prompt":"hello world","max_tokens":3}'
-        assert seen.path == "/v1/completions?trace=1"
-        assert seen.headers["Authorization"] == "Bearer sk-client"
-        assert seen.headers["X-Custom"] == "kept"
-        assert "X-Hop" not in seen.headers and "TE" not in seen.headers
-    finally:
-        await fake.stop()
+    fake = await make_fake()
+    gw = await make_gateway([fake.url])
+    raw = b'{"prompt":  "hello world",\n "max_tokens": 3}'
+    headers = {
+        "Authorization": "Bearer sk-client",
+        "Content-Type": "application/json",
+        "X-Custom": "kept",
+        "Connection": "keep-alive, X-Hop",
+        "X-Hop": "dropped",
+        "TE": "trailers",
+    }
+    async with session.post(gw.url + "/v1/completions?trace=1", data=raw, headers=headers) as resp:
+        body = await resp.read()
+        assert resp.status == 200
+        assert resp.headers["x-prefixroute-replica"] == fake.url
+        assert resp.headers["x-prefixroute-reason"] == "only_candidate"
+    assert body == completion_body()  # relayed byte for byte
+    seen = fake.seen[-1]
+    # The replica gets what the gateway parsed, re-encoded (compact UTF-8 JSON).
+    assert seen.body == b'{"prompt":"hello world","max_tokens":3}'
+    assert seen.path == "/v1/completions?trace=1"
+    assert seen.headers["Authorization"] == "Bearer sk-client"
+    assert seen.headers["X-Custom"] == "kept"
+    assert "X-Hop" not in seen.headers and "TE" not in seen.headers
 
 
 async def test_stream_relayed_byte_for_byte(
@@ -83,11 +86,8 @@ async def test_stream_relayed_byte_for_byte(
         await fake.stop()
 
 
-async def test_malformed_json_is_400(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
-) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls)
+async def test_malformed_json_is_400(gateway_of: GatewayOf, session: aiohttp.ClientSession) -> None:
+    gw = await gateway_of(1)
     for path in ("/v1/completions", "/v1/chat/completions"):
         async with session.post(gw.url + path, data=b"{not json") as resp:
             assert resp.status == 400
@@ -98,11 +98,8 @@ async def test_malformed_json_is_400(
     assert r.status == 400 and r.error is not None
 
 
-async def test_oversized_body_is_413(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
-) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls, max_body_bytes=1000)
+async def test_oversized_body_is_413(gateway_of: GatewayOf, session: aiohttp.ClientSession) -> None:
+    gw = await gateway_of(1, max_body_bytes=1000)
     r = await send(session, gw.url, "/v1/completions", {"prompt": words(500)})
     assert r.status == 413
     assert r.error is not None and r.error["code"] == "request_too_large"
@@ -139,25 +136,20 @@ async def test_unknown_model_is_404_and_models_are_merged(
 
 
 async def test_other_v1_calls_pass_through(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession, make_fake: FakeFactory
 ) -> None:
-    fake = FakeReplica()
-    await fake.start()
-    try:
-        gw = await make_gateway([fake.url])
-        async with session.post(gw.url + "/v1/embeddings", json={"input": "hi"}) as resp:
-            assert resp.status == 200
-        assert fake.seen[-1].path == "/v1/embeddings"
-        assert json.loads(fake.seen[-1].body) == {"input": "hi"}
-    finally:
-        await fake.stop()
+    fake = await make_fake()
+    gw = await make_gateway([fake.url])
+    async with session.post(gw.url + "/v1/embeddings", json={"input": "hi"}) as resp:
+        assert resp.status == 200
+    assert fake.seen[-1].path == "/v1/embeddings"
+    assert json.loads(fake.seen[-1].body) == {"input": "hi"}
 
 
 async def test_unknown_path_is_json_404(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls)
+    gw = await gateway_of(1)
     async with session.get(gw.url + "/nothing") as resp:
         assert resp.status == 404
         assert "error" in await resp.json()

@@ -23,7 +23,7 @@ import pytest
 
 from prefixroute.core import DEFAULT_POLICY
 
-from .helpers import ClusterFactory, GatewayFactory, Reply, send, words
+from .helpers import GatewayOf, Reply, send, words
 
 TURNS = (400, 700, 1000, 1400, 1700)
 POLICIES = ("round_robin", DEFAULT_POLICY)
@@ -55,17 +55,20 @@ async def _chat(session: aiohttp.ClientSession, url: str, stream: bool) -> list[
     return replies
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.fixture(params=POLICIES)
+def policy(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=[False, True], ids=["plain", "stream"])
+def stream(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
 async def test_article_completions(
-    make_cluster: ClusterFactory,
-    make_gateway: GatewayFactory,
-    session: aiohttp.ClientSession,
-    policy: str,
-    stream: bool,
+    gateway_of: GatewayOf, session: aiohttp.ClientSession, policy: str, stream: bool
 ) -> None:
-    cluster = await make_cluster(5)
-    gw = await make_gateway(cluster.urls, policy=policy)
+    gw = await gateway_of(5, policy=policy)
     replies = await _completions(session, gw.url, stream)
     assert [r.usage["prompt_tokens"] for r in replies] == list(TURNS)  # type: ignore[index]
     prefill = sum(r.uncached for r in replies)
@@ -78,17 +81,10 @@ async def test_article_completions(
         assert {r.headers["x-prefixroute-reason"] for r in replies[1:]} == {"prefix_match"}
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-@pytest.mark.parametrize("policy", POLICIES)
 async def test_article_chat(
-    make_cluster: ClusterFactory,
-    make_gateway: GatewayFactory,
-    session: aiohttp.ClientSession,
-    policy: str,
-    stream: bool,
+    gateway_of: GatewayOf, session: aiohttp.ClientSession, policy: str, stream: bool
 ) -> None:
-    cluster = await make_cluster(5)
-    gw = await make_gateway(cluster.urls, policy=policy)
+    gw = await gateway_of(5, policy=policy)
     replies = await _chat(session, gw.url, stream)
     prompts = [r.usage["prompt_tokens"] for r in replies]  # type: ignore[index]
     prefill = sum(r.uncached for r in replies)
@@ -102,10 +98,9 @@ async def test_article_chat(
 
 
 async def test_gateway_metrics_compare_predicted_and_actual(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(2)
-    gw = await make_gateway(cluster.urls)
+    gw = await gateway_of(2)
     await _completions(session, gw.url, stream=True)
     async with session.get(gw.url + "/metrics") as resp:
         text = await resp.text()

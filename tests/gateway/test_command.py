@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import sys
 
 import aiohttp
 
-from .helpers import send
-
-
-async def _read_until(stream: asyncio.StreamReader, pattern: str, seen: list[str]) -> re.Match[str]:
-    while True:
-        line = (await stream.readline()).decode()
-        if not line:
-            raise AssertionError("the process ended early:\n" + "".join(seen))
-        seen.append(line)
-        if match := re.search(pattern, line):
-            return match
+from .helpers import read_until, send
 
 
 async def test_serve_without_replicas_starts_emulated_ones() -> None:
@@ -32,8 +21,8 @@ async def test_serve_without_replicas_starts_emulated_ones() -> None:
     seen: list[str] = []
     try:
         async with asyncio.timeout(30):
-            await _read_until(proc.stderr, r"started 2 emulated replicas", seen)
-            url = (await _read_until(proc.stderr, r"gateway serving (http://\S+)", seen)).group(1)
+            await read_until(proc.stderr, r"started 2 emulated replicas", seen)
+            url = (await read_until(proc.stderr, r"gateway serving (http://\S+)", seen)).group(1)
             async with aiohttp.ClientSession() as session:
                 reply = await send(session, url, "/v1/completions", {"prompt": "hello world"})
                 assert reply.complete, reply

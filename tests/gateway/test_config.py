@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from prefixroute.cli import build_parser
+from prefixroute.commands.serve import config_from_args
 from prefixroute.core import DEFAULT_POLICY, ConfigError, UnknownPolicy
 from prefixroute.gateway import GatewayConfig, build_config, load_toml
-from prefixroute.serve import config_from_args
 
 TOML = """
 port = 9000
@@ -70,7 +70,7 @@ def test_bad_settings(tmp_path: Path) -> None:
 
 
 def test_the_documented_example_loads(tmp_path: Path) -> None:
-    from prefixroute.gateway._config import CONFIG_HELP
+    from prefixroute.gateway import CONFIG_HELP
 
     lines = [ln[4:] for ln in CONFIG_HELP.splitlines() if ln.startswith("    ")]
     path = tmp_path / "example.toml"

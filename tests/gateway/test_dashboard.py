@@ -21,16 +21,11 @@ from prefixroute.gateway._dashboard import (
 )
 from prefixroute.gateway._fleetview import DecisionEntry, DecisionLog, History
 
-from .helpers import ClusterFactory, GatewayFactory, send
+from .helpers import ClusterFactory, GatewayFactory, GatewayOf, basic, send, wrong_credentials
 
 TOKEN = "dashboard-admin-token"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 PATHS = ("/dashboard", "/dashboard/app.js", "/dashboard/app.css", "/dashboard/state.json")
-
-
-def basic(user: str, password: str) -> dict[str, str]:
-    raw = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return {"Authorization": f"Basic {raw}"}
 
 
 async def _chat(session: aiohttp.ClientSession, url: str, text: str, **extra: Any) -> None:
@@ -40,20 +35,11 @@ async def _chat(session: aiohttp.ClientSession, url: str, text: str, **extra: An
 
 
 async def test_every_dashboard_path_needs_the_admin_token(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls, admin_token=TOKEN)
-    refused = [
-        {},
-        {"Authorization": "Bearer wrong-token-123"},
-        {"Authorization": TOKEN},
-        basic("admin", "wrong-token-123"),
-        basic(TOKEN, ""),  # the token as the user name is not the password
-        {"Authorization": "Basic !!!not-base64"},
-    ]
+    gw = await gateway_of(1, admin_token=TOKEN)
     for path in PATHS:
-        for headers in refused:
+        for headers in wrong_credentials(TOKEN):
             async with session.get(gw.url + path, headers=headers) as resp:
                 assert resp.status == 401, (path, headers)
                 assert (await resp.json())["error"]["type"] == "authentication_error"
@@ -69,10 +55,9 @@ async def test_every_dashboard_path_needs_the_admin_token(
 
 
 async def test_the_page_and_its_assets_are_served_from_the_package(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls, admin_token=TOKEN)
+    gw = await gateway_of(1, admin_token=TOKEN)
     kinds = {"/dashboard": "text/html", "/dashboard/app.js": "text/javascript",
              "/dashboard/app.css": "text/css"}  # fmt: skip
     for path, ctype in kinds.items():
@@ -131,10 +116,9 @@ def test_loopback_and_basic_parsing() -> None:
 
 
 async def test_admin_listener_serves_the_page_and_the_main_one_does_not(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls, admin_token=TOKEN, admin_port=0)
+    gw = await gateway_of(1, admin_token=TOKEN, admin_port=0)
     await _chat(session, gw.url, "hello " * 20)
     async with session.get(gw.url + "/dashboard/state.json", headers=BEARER) as resp:
         assert resp.status == 404
@@ -210,10 +194,9 @@ async def test_state_reports_load_speed_hits_index_and_decisions(
 
 
 async def test_history_is_sampled_on_read_and_since_filters_it(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls, admin_token=TOKEN)
+    gw = await gateway_of(1, admin_token=TOKEN)
     url = gw.url + "/dashboard/state.json"
     async with session.get(url, headers=BEARER) as resp:
         first = await resp.json()

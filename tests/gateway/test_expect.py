@@ -6,14 +6,13 @@ import asyncio
 
 import aiohttp
 
-from .helpers import STEADY, ClusterFactory, GatewayFactory
+from .helpers import STEADY, GatewayOf
 
 
 async def test_expect_continue_and_unknown_expectations(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls, **STEADY)
+    gw = await gateway_of(1, **STEADY)
     body = {"prompt": "a b c", "max_tokens": 1}
     async with session.post(gw.url + "/v1/completions", json=body, expect100=True) as resp:
         assert resp.status == 200

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import aiohttp
+from aiohttp import web
 
 from prefixroute.emulate import start_replicas
 from prefixroute.gateway import ReplicaStatus
 
 from .fakes import FakeReplica, SilentReplica
 from .helpers import FAST_REPLICA, ClusterFactory, GatewayFactory, Reply, send, words
+from .test_precise import metric
 
 # Slow enough that requests are still running when a replica dies (about 0.3 s each).
 SLOW_REPLICA = dataclasses.replace(FAST_REPLICA, time_scale=0.5)
@@ -185,3 +188,88 @@ async def test_client_disconnect_aborts_upstream(
     async with asyncio.timeout(5):
         while await running() != 0 or loads.get(gw.registry.find(cluster.urls[0]).id).in_flight:
             await asyncio.sleep(0.02)
+
+
+# --- the retry loop (gateway/_proxy.py: retried once among the remaining candidates) ----------
+
+
+async def test_no_healthy_replica_is_a_503(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    fake = FakeReplica()
+    await fake.start()
+    try:
+        gw = await make_gateway([fake.url], health_interval_s=60)
+        record = gw.registry.find(fake.url)
+        record.healthy = False
+        record.out_until = float("inf")
+        reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"})
+        assert reply.status == 503
+        assert reply.error is not None and reply.error["code"] == "no_replica_available"
+        assert [s for s in fake.seen if s.path.startswith("/v1/")] == []
+    finally:
+        await fake.stop()
+
+
+async def test_with_nowhere_left_to_retry_the_client_gets_the_upstream_failure(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    # Two replicas, one request in flight each at most. The first request fails with a 503
+    # while the other replica has just filled up: the retry finds no candidate, and the client
+    # hears about the upstream failure (502), not about the full replica.
+    busy, release = asyncio.Event(), asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        prompt = json.loads(await request.read())["prompt"]
+        if prompt == "fails":
+            await busy.wait()  # the other replica is full now
+            return web.json_response({"error": {"message": "overloaded"}}, status=503)
+        busy.set()
+        await release.wait()
+        return web.json_response({"choices": [{"text": "ok"}]})
+
+    fakes = [FakeReplica(handler=handler), FakeReplica(handler=handler)]
+    for f in fakes:
+        await f.start()
+    try:
+        gw = await make_gateway(
+            [f.url for f in fakes], max_in_flight_per_replica=1, health_interval_s=60
+        )
+        first = asyncio.create_task(send(session, gw.url, "/v1/completions", {"prompt": "fails"}))
+        await asyncio.sleep(0.2)  # routed: its replica is full from now on
+        second = asyncio.create_task(send(session, gw.url, "/v1/completions", {"prompt": "held"}))
+        reply = await asyncio.wait_for(first, 10)
+        release.set()
+        assert (await asyncio.wait_for(second, 10)).status == 200
+        assert reply.status == 502
+        assert reply.error is not None and reply.error["code"] == "bad_gateway"
+    finally:
+        release.set()
+        for f in fakes:
+            await f.stop()
+
+
+async def test_a_retried_request_makes_one_decision_per_attempt(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    # prefixroute_decision_seconds: the time to hash and decide, in seconds; the prompt is hashed
+    # once, so its time counts into the first decision only. Two decisions of a short prompt
+    # take far less than a second together.
+    failing, good = FakeReplica(failing=True), FakeReplica()
+    await failing.start()
+    await good.start()
+    try:
+        gw = await make_gateway([failing.url, good.url], policy="round_robin", health_interval_s=60)
+        record = gw.registry.find(failing.url)
+        record.healthy, record.failures = True, 0  # it failed its first probe; let it in
+        for i in range(2):  # round robin: one of the two starts on the failing replica
+            reply = await send(session, gw.url, "/v1/completions", {"prompt": f"p{i}"})
+            assert reply.status == 200
+        async with session.get(gw.url + "/metrics") as resp:
+            text = await resp.text()
+        assert metric(text, "prefixroute_decision_seconds_count") == 3
+        assert 0 <= metric(text, "prefixroute_decision_seconds_sum") < 1.0
+        assert metric(text, "prefixroute_retries_total", reason="status") == 1
+    finally:
+        await failing.stop()
+        await good.stop()

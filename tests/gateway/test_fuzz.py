@@ -47,6 +47,9 @@ from prefixroute.gateway import (
 from prefixroute.gateway._state import STATE
 from prefixroute.gateway._tenants import TENANTS
 
+from .helpers import running
+from .rawhttp import exchange, split_answer
+
 SCALE = int(os.environ.get("PREFIXROUTE_FUZZ_SCALE", "1"))
 BOUND_S = 15.0  # longest any fuzz request may take, seconds
 CANARY_BOUND_S = 3.0  # longest a canary request may take, seconds
@@ -64,6 +67,7 @@ def fuzz_settings(examples: int) -> settings:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         derandomize=SCALE == 1,  # the default run is reproducible; longer runs explore
     )
+
 
 T = TypeVar("T")
 
@@ -133,7 +137,7 @@ class Servers:
         started = [_start_replica(m) for m in ("emulated", "emulated", "canary")]
         self.procs = [p for p, _ in started]
         urls = [u for _, u in started]
-        for (proc, url) in started:
+        for proc, url in started:
             _wait_healthy(url, proc)
         self.thread.start()
         base = GatewayConfig(
@@ -197,12 +201,7 @@ class Servers:
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[Servers]:
-    s = Servers()
-    try:
-        s.start()
-        yield s
-    finally:
-        s.stop()
+    yield from running(Servers())
 
 
 # --- a raw HTTP/1.1 client ----------------------------------------------------------------------
@@ -228,46 +227,15 @@ def http(
     content_length: bool = True,
 ) -> Answer:
     """One request on a fresh connection (``Connection: close``); read to EOF, within timeout."""
-    head = [method + b" " + path + b" HTTP/1.1", b"Host: 127.0.0.1", b"Connection: close"]
-    head += [k + b": " + v for k, v in headers]
-    if content_length:
-        head.append(b"Content-Length: " + str(len(body)).encode())
-    data = b"\r\n".join(head) + b"\r\n\r\n" + body
     started = time.monotonic()
-    deadline = started + timeout
-    chunks: list[bytes] = []
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            s.sendall(data)  # the server may answer (413) and close before it has it all
-        while True:
-            s.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                chunk = s.recv(65536)
-            except TimeoutError:
-                raise AssertionError(f"no answer within {timeout} s") from None
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-    return _parse(b"".join(chunks), time.monotonic() - started)
-
-
-def _parse(raw: bytes, seconds: float) -> Answer:
-    while raw.startswith(b"HTTP/1.1 1"):  # an interim answer (100 Continue): the final follows
-        raw = raw.partition(b"\r\n\r\n")[2]
-    if not raw.startswith(b"HTTP/1."):
-        return Answer(None, {}, raw, seconds)
-    head, _, body = raw.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ")[1])
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    if headers.get("transfer-encoding") == "chunked":
-        body = _dechunk(body)
-    return Answer(status, headers, body, seconds)
+    raw = exchange(
+        port, method, path, list(headers), body, timeout=timeout, content_length=content_length
+    )
+    seconds = time.monotonic() - started
+    status, parsed, rest = split_answer(raw)
+    if status is not None and parsed.get("transfer-encoding") == "chunked":
+        rest = _dechunk(rest)
+    return Answer(status, parsed, rest, seconds)
 
 
 def _dechunk(data: bytes) -> bytes:
@@ -379,9 +347,7 @@ header_values = st.binary(max_size=200).filter(
     keyed=st.booleans(),
     headers=st.lists(st.tuples(header_names, header_values), max_size=8),
 )
-def test_hostile_headers(
-    servers: Servers, keyed: bool, headers: list[tuple[bytes, bytes]]
-) -> None:
+def test_hostile_headers(servers: Servers, keyed: bool, headers: list[tuple[bytes, bytes]]) -> None:
     port = servers.keyed_port if keyed else servers.port
     body = b'{"prompt": "hello", "max_tokens": 2}'
     answer = http(port, b"POST", b"/v1/completions", headers, body)
@@ -389,9 +355,7 @@ def test_hostile_headers(
         return  # refused by HTTP parsing itself (a bad header line): clear, and fine
     assert_clear(answer)
     if keyed and answer.status == 200:
-        assert (b"authorization", b"Bearer " + KEY.encode()) in [
-            (k.lower(), v) for k, v in headers
-        ]
+        assert (b"authorization", b"Bearer " + KEY.encode()) in [(k.lower(), v) for k, v in headers]
 
 
 @fuzz_settings(20)
@@ -445,7 +409,7 @@ def test_huge_prompts_and_bodies(servers: Servers) -> None:
         b"POST",
         ENDPOINTS[0],
         [(b"transfer-encoding", b"chunked"), (b"x-tenant-id", b"fuzzer")],
-        b"".join(hex(len(c))[2:].encode() + b"\r\n" + c + b"\r\n" for c in [over[:2**22]] * 3)
+        b"".join(hex(len(c))[2:].encode() + b"\r\n" + c + b"\r\n" for c in [over[: 2**22]] * 3)
         + b"0\r\n\r\n",
         content_length=False,
     )

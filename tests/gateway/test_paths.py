@@ -15,12 +15,9 @@ the dot segments before sending, which is the very bug.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
-import socket
 import threading
-import time
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -48,8 +45,9 @@ from prefixroute.gateway._paths import (
     upstream_target,
 )
 
-from .fakes import MODEL, completion_body
-from .helpers import FAST_GATEWAY
+from .fakes import MODEL, completion_body, serve_every_path
+from .helpers import FAST_GATEWAY, running
+from .rawhttp import exchange, split_answer
 
 KEY = "pr-" + "p" * 40
 TOKEN = "paths-admin-token"
@@ -74,14 +72,7 @@ class Recorder:
     _runner: web.AppRunner | None = None
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._runner, self.url = await serve_every_path(self._handle)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -141,12 +132,7 @@ class Servers:
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[Servers]:
-    s = Servers()
-    try:
-        s.start()
-        yield s
-    finally:
-        s.stop()
+    yield from running(Servers())
 
 
 @pytest.fixture
@@ -179,38 +165,8 @@ def http(
     body: bytes = b"",
 ) -> Answer:
     """Send exactly ``target`` as the request target; read the answer to EOF."""
-    head = [method + b" " + target + b" HTTP/1.1", b"Host: 127.0.0.1", b"Connection: close"]
-    head += [k + b": " + v for k, v in headers or ()]
-    head.append(b"Content-Length: " + str(len(body)).encode())
-    data = b"\r\n".join(head) + b"\r\n\r\n" + body
-    deadline = time.monotonic() + BOUND_S
-    chunks: list[bytes] = []
-    with socket.create_connection(("127.0.0.1", port), timeout=BOUND_S) as s:
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            s.sendall(data)
-        while True:
-            s.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                chunk = s.recv(65536)
-            except TimeoutError:
-                raise AssertionError(f"no answer to {target!r} within {BOUND_S} s") from None
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-    raw = b"".join(chunks)
-    while raw.startswith(b"HTTP/1.1 1"):  # 100 Continue: the final answer follows
-        raw = raw.partition(b"\r\n\r\n")[2]
-    if not raw.startswith(b"HTTP/1."):
-        return Answer(None, {}, raw)
-    head_bytes, _, rest = raw.partition(b"\r\n\r\n")
-    lines = head_bytes.decode("latin-1").split("\r\n")
-    parsed = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        parsed[name.strip().lower()] = value.strip()
-    return Answer(int(lines[0].split(" ")[1]), parsed, rest)
+    raw = exchange(port, method, target, headers or [], body, timeout=BOUND_S)
+    return Answer(*split_answer(raw))
 
 
 JSON = [(b"content-type", b"application/json")]

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from polling import until
 
 from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.emulate import EmulatedReplica, EmulatedTokenizer, EmulatorConfig
@@ -38,14 +38,6 @@ def free_port() -> int:
 def replica_config(**kw: Any) -> EmulatorConfig:
     engine = ReplicaConfig(block_size=BS, kv_capacity_blocks=4096)
     return EmulatorConfig(engine, time_scale=kw.pop("time_scale", 0.01), hash_seed=777, **kw)
-
-
-async def until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
 
 
 async def precise_cluster(
@@ -217,12 +209,10 @@ def unset(text: str, family: str) -> bool:
     return not any(line.startswith(series) for line in text.splitlines())
 
 
-
-
 def test_precise_settings_from_toml_and_flags(tmp_path: Path) -> None:
     import argparse
 
-    from prefixroute.serve import add_parser, config_from_args
+    from prefixroute.commands.serve import add_parser, config_from_args
 
     path = tmp_path / "gw.toml"
     path.write_text(

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
+from polling import until
 
 from prefixroute.core import ReplicaId
 from prefixroute.emulate import EmulatedTokenizer
@@ -21,7 +22,7 @@ from prefixroute.gateway import Gateway
 
 from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, send
 from .redis_server import RedisServer
-from .test_precise import BS, TURNS, batches, metric, metrics, replica_config, until
+from .test_precise import BS, TURNS, batches, metric, metrics, replica_config
 from .test_sync import all_connected
 
 INSTANCES = 3
@@ -40,8 +41,13 @@ async def precise_fleet(
     settings = {"speculative_ttl_s": 0.001} | settings
     gws = [
         await make_gateway(
-            [r.url for r in replicas], kv_events=specs, kv_block_size=BS, seed=i,
-            tokenizer_object=EmulatedTokenizer(), **STEADY, **settings,
+            [r.url for r in replicas],
+            kv_events=specs,
+            kv_block_size=BS,
+            seed=i,
+            tokenizer_object=EmulatedTokenizer(),
+            **STEADY,
+            **settings,
         )  # fmt: skip
         for i in range(instances)
     ]

@@ -11,31 +11,45 @@ from prefixroute.gateway._ratelimit import TenantLimiter
 from prefixroute.gateway._tenant_config import TenantLimits
 
 
-def test_the_429_messages_name_the_tenant_the_limit_and_the_wait() -> None:
-    # docs/security.md: "tenant 'team-a' is over its requests_per_second limit (5/s); retry in
-    # 0.20 s"
-    lim = TenantLimiter("team-a", TenantLimits(requests_per_second=5, burst=1), 0.0)
-    lim.admit(0.0)
-    with pytest.raises(RateLimited) as rps:
+@pytest.mark.parametrize(
+    ("limits", "charge", "message"),
+    [
+        # docs/security.md: "tenant 'team-a' is over its requests_per_second limit (5/s);
+        # retry in 0.20 s"
+        (
+            TenantLimits(requests_per_second=5, burst=1),
+            None,
+            "tenant 'team-a' is over its requests_per_second limit (5/s); retry in 0.20 s",
+        ),
+        (
+            TenantLimits(max_in_flight=1),
+            None,
+            "tenant 'team-a' has 1 requests in flight, its max_in_flight limit; retry when one "
+            "finishes",
+        ),
+        (
+            TenantLimits(prompt_tokens_per_minute=600),
+            (500, 200),
+            "tenant 'team-a' is over its prompt_tokens_per_minute limit (600); this prompt is "
+            "about 200 tokens; retry in 10.0 s",
+        ),
+    ],
+    ids=["requests_per_second", "max_in_flight", "prompt_tokens_per_minute"],
+)
+def test_the_429_messages_name_the_tenant_the_limit_and_the_wait(
+    limits: TenantLimits, charge: tuple[int, int] | None, message: str
+) -> None:
+    """One request (or prompt, ``charge[0]`` tokens) is let through; the next is refused."""
+    lim = TenantLimiter("team-a", limits, 0.0)
+    if charge is None:
         lim.admit(0.0)
-    assert str(rps.value) == (
-        "tenant 'team-a' is over its requests_per_second limit (5/s); retry in 0.20 s"
-    )
-    lim = TenantLimiter("team-a", TenantLimits(max_in_flight=1), 0.0)
-    lim.admit(0.0)
-    with pytest.raises(RateLimited) as cap:
-        lim.admit(0.0)
-    assert str(cap.value) == (
-        "tenant 'team-a' has 1 requests in flight, its max_in_flight limit; retry when one finishes"
-    )
-    lim = TenantLimiter("team-a", TenantLimits(prompt_tokens_per_minute=600), 0.0)
-    lim.charge_prompt(500, 0.0)
-    with pytest.raises(RateLimited) as tokens:
-        lim.charge_prompt(200, 0.0)
-    assert str(tokens.value) == (
-        "tenant 'team-a' is over its prompt_tokens_per_minute limit (600); this prompt is "
-        "about 200 tokens; retry in 10.0 s"
-    )
+        with pytest.raises(RateLimited) as refused:
+            lim.admit(0.0)
+    else:
+        lim.charge_prompt(charge[0], 0.0)
+        with pytest.raises(RateLimited) as refused:
+            lim.charge_prompt(charge[1], 0.0)
+    assert str(refused.value) == message
 
 
 def test_a_one_token_prompt_is_charged() -> None:

@@ -6,9 +6,10 @@ import asyncio
 import re
 
 import aiohttp
+from polling import until
 
-from .fakes import FakeReplica, Seen, held_until
-from .helpers import STEADY, ClusterFactory, GatewayFactory, send
+from .fakes import Seen, held_until
+from .helpers import STEADY, FakeFactory, GatewayFactory, GatewayOf, send
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
 
@@ -18,35 +19,30 @@ def upstream_id(seen: Seen) -> str:
 
 
 async def test_client_id_goes_to_the_replica_and_back(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession, make_fake: FakeFactory
 ) -> None:
-    fake = FakeReplica()
-    await fake.start()
-    try:
-        gw = await make_gateway([fake.url], **STEADY)
-        headers = {"x-request-id": "client-42.a:b"}
-        reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=headers)
-        assert reply.headers["X-Request-ID"] == "client-42.a:b"
-        assert upstream_id(fake.seen[-1]) == "client-42.a:b"
+    fake = await make_fake()
+    gw = await make_gateway([fake.url], **STEADY)
+    headers = {"x-request-id": "client-42.a:b"}
+    reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=headers)
+    assert reply.headers["X-Request-ID"] == "client-42.a:b"
+    assert upstream_id(fake.seen[-1]) == "client-42.a:b"
 
-        reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"})
-        made = reply.headers["X-Request-ID"]
-        assert HEX32.fullmatch(made) and upstream_id(fake.seen[-1]) == made
+    reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"})
+    made = reply.headers["X-Request-ID"]
+    assert HEX32.fullmatch(made) and upstream_id(fake.seen[-1]) == made
 
-        for bad in ("has space", "x" * 129, "semi;colon"):
-            reply = await send(
-                session, gw.url, "/v1/completions", {"prompt": "x"}, headers={"x-request-id": bad}
-            )
-            assert HEX32.fullmatch(reply.headers["X-Request-ID"]), bad
-    finally:
-        await fake.stop()
+    for bad in ("has space", "x" * 129, "semi;colon"):
+        reply = await send(
+            session, gw.url, "/v1/completions", {"prompt": "x"}, headers={"x-request-id": bad}
+        )
+        assert HEX32.fullmatch(reply.headers["X-Request-ID"]), bad
 
 
 async def test_errors_and_streams_carry_it(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls, **STEADY)
+    gw = await gateway_of(1, **STEADY)
     headers = {"x-request-id": "req-1"}
     for body in ({"prompt": "x", "model": "nope"}, {"prompt": 3}):
         reply = await send(session, gw.url, "/v1/completions", body, headers=headers)
@@ -61,27 +57,22 @@ async def test_errors_and_streams_carry_it(
 
 
 async def test_a_live_id_is_not_reused(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession, make_fake: FakeFactory
 ) -> None:
     """Two requests in flight never share an id upstream: the second gets a fresh one."""
     release = asyncio.Event()
-    fake = FakeReplica(handler=held_until(release))
-    await fake.start()
-    try:
-        gw = await make_gateway([fake.url], **STEADY)
-        headers = {"x-request-id": "same"}
-        tasks = [
-            asyncio.create_task(
-                send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=headers)
-            )
-            for _ in range(2)
-        ]
-        while len([s for s in fake.seen if s.path.startswith("/v1/")]) < 2:
-            await asyncio.sleep(0.01)
-        release.set()
-        ids = sorted(r.headers["X-Request-ID"] for r in await asyncio.gather(*tasks))
-        assert ids[1] == "same" and HEX32.fullmatch(ids[0])
-        upstream = {upstream_id(s) for s in fake.seen if s.path.startswith("/v1/")}
-        assert upstream == set(ids)
-    finally:
-        await fake.stop()
+    fake = await make_fake(handler=held_until(release))
+    gw = await make_gateway([fake.url], **STEADY)
+    headers = {"x-request-id": "same"}
+    tasks = [
+        asyncio.create_task(
+            send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=headers)
+        )
+        for _ in range(2)
+    ]
+    await until(lambda: len([s for s in fake.seen if s.path.startswith("/v1/")]) >= 2)
+    release.set()
+    ids = sorted(r.headers["X-Request-ID"] for r in await asyncio.gather(*tasks))
+    assert ids[1] == "same" and HEX32.fullmatch(ids[0])
+    upstream = {upstream_id(s) for s in fake.seen if s.path.startswith("/v1/")}
+    assert upstream == set(ids)

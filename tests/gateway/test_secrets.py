@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from prefixroute import cli
+from prefixroute.commands.serve import TOKEN_ENV, UPSTREAM_KEY_ENV, config_from_args
 from prefixroute.core import ConfigError
 from prefixroute.gateway import GatewayConfig, load_toml
-from prefixroute.serve import TOKEN_ENV, UPSTREAM_KEY_ENV, config_from_args
 
 TOKEN = "admin-token-from-a-file"
 KEY = "upstream-key-from-a-file"

@@ -14,43 +14,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import aiohttp
+from polling import until
 
 from prefixroute.emulate import EmulatorConfig
 from prefixroute.gateway._state import STATE
 from prefixroute.sim.replica import ReplicaConfig
 
-from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, parse_stream, send
+from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, parse_stream, read_until, send
 
 BOUND_S = 1.0  # the drain bound of these tests, seconds
 SLACK_S = 2.0  # stop() must return within the bound plus this, seconds
 # Real time: 15 ms per decoded token, so 2,000 tokens take 30 s, far past the bound.
 SLOW = EmulatorConfig(ReplicaConfig(block_size=1), time_scale=1.0)
 LONG = {"prompt": "a long answer", "max_tokens": 2000}
-
-
-async def _until(predicate: Any, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.02)
-
-
-async def _read_until(stream: asyncio.StreamReader, pattern: str, seen: list[str]) -> str:
-    """Read log lines until one matches ``pattern``; its first group."""
-    while True:
-        line = (await stream.readline()).decode()
-        if not line:
-            raise AssertionError("the process ended early:\n" + "".join(seen))
-        seen.append(line)
-        if match := re.search(pattern, line):
-            return match.group(1)
 
 
 async def _raw(port: int, request: bytes) -> tuple[int, dict[str, str], bytes, bool]:
@@ -150,7 +132,7 @@ async def test_stop_returns_once_requests_finish_not_at_the_bound(
         asyncio.create_task(send(session, gw.url, "/v1/completions", {**body, "stream": s}))
         for s in (False, True, False, True)
     ]
-    await _until(lambda: limits.in_flight == len(requests))
+    await until(lambda: limits.in_flight == len(requests))
     started = time.monotonic()
     await gw.stop()
     took = time.monotonic() - started
@@ -183,7 +165,7 @@ async def test_serve_exits_by_the_bound_after_sigterm(tmp_path: Path) -> None:
     seen: list[str] = []
     try:
         async with asyncio.timeout(30):
-            url = await _read_until(proc.stderr, r"gateway serving (http://\S+)", seen)
+            url = (await read_until(proc.stderr, r"gateway serving (http://\S+)", seen)).group(1)
             async with (
                 aiohttp.ClientSession() as session,
                 session.post(url + "/v1/completions", json={**LONG, "stream": True}) as resp,

@@ -8,29 +8,21 @@ second turn reaches an instance that knows nothing of the first (it predicts no 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import msgspec
 import pytest
+from polling import until
 
 from prefixroute.core import BlockHash, ConfigError, ReplicaId
 from prefixroute.gateway import Gateway, GatewayConfig
 
-from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, send
+from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, question, send
 from .redis_server import RedisServer
 from .test_precise import metric, metrics, unset
 
 TURNS = 4
-
-
-async def until_async(cond: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not await cond():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def gauge(session: aiohttp.ClientSession, gw: Gateway, name: str) -> float:
@@ -50,7 +42,20 @@ async def all_connected(session: aiohttp.ClientSession, gws: list[Gateway], up: 
         values = [await gauge(session, gw, "prefixroute_sync_connected") for gw in gws]
         return all(v == (1.0 if up else 0.0) for v in values)
 
-    await until_async(check)
+    await until(check)
+
+
+@pytest.fixture
+async def synced(
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> list[Gateway]:
+    """Three instances over three replicas, connected to one live Redis."""
+    gws = await fleet(make_cluster, make_gateway, redis_server.url)
+    await all_connected(session, gws, up=True)
+    return gws
 
 
 async def conversation(
@@ -61,8 +66,7 @@ async def conversation(
     messages: list[dict[str, str]] = []
     replies: list[Reply] = []
     for turn in range(TURNS):
-        words = " ".join(f"{name}{turn}w{i}" for i in range(300))
-        messages.append({"role": "user", "content": words})
+        messages.append(question(name, turn))
         gw = gws[turn % len(gws)]
         others = [g for g in gws if g is not gw]
         before = (
@@ -81,7 +85,7 @@ async def conversation(
                 now = [await gauge(session, g, "prefixroute_sync_applied_total") for g in others]
                 return all(n > b for n, b in zip(now, before, strict=True))
 
-            await until_async(applied)
+            await until(applied)
     return replies
 
 
@@ -94,13 +98,9 @@ def replicas(replies: list[Reply]) -> set[str]:
 
 
 async def test_turns_at_three_instances_land_on_one_replica_with_sharing(
-    make_cluster: ClusterFactory,
-    make_gateway: GatewayFactory,
-    session: aiohttp.ClientSession,
-    redis_server: RedisServer,
+    session: aiohttp.ClientSession, synced: list[Gateway]
 ) -> None:
-    gws = await fleet(make_cluster, make_gateway, redis_server.url)
-    await all_connected(session, gws, up=True)
+    gws = synced
     replies = await conversation(session, gws, "a", shared=True)
     assert len(replicas(replies)) == 1
     assert predicted(replies)[0] == 0 and all(p > 0 for p in predicted(replies)[1:])
@@ -120,13 +120,9 @@ async def test_without_sharing_the_next_instance_knows_nothing(
 
 
 async def test_redis_down_means_local_only_and_sharing_resumes_after_restart(
-    make_cluster: ClusterFactory,
-    make_gateway: GatewayFactory,
-    session: aiohttp.ClientSession,
-    redis_server: RedisServer,
+    session: aiohttp.ClientSession, redis_server: RedisServer, synced: list[Gateway]
 ) -> None:
-    gws = await fleet(make_cluster, make_gateway, redis_server.url)
-    await all_connected(session, gws, up=True)
+    gws = synced
     await conversation(session, gws, "c", shared=True)
     redis_server.stop()
     await all_connected(session, gws, up=False)
@@ -173,7 +169,7 @@ async def test_an_instance_started_later_begins_warm_from_the_history(
     async def published() -> bool:
         return await gauge(session, first, "prefixroute_sync_published_total") >= 1
 
-    await until_async(published)
+    await until(published)
     # Scale-out: a second instance starts after the first turn was routed and published.
     later = await make_gateway(urls, seed=1, sync_redis=redis_server.url, sync_history=history)
     await all_connected(session, [later], up=True)  # connected: the history is applied
@@ -210,7 +206,7 @@ def test_sync_settings() -> None:
 def test_sync_settings_from_toml_and_flags(tmp_path: Path) -> None:
     import argparse
 
-    from prefixroute.serve import add_parser, config_from_args
+    from prefixroute.commands.serve import add_parser, config_from_args
 
     path = tmp_path / "gw.toml"
     path.write_text('sync_redis = "redis://a:6379/0"\nsync_channel = "fleet-a"\n')
@@ -226,7 +222,7 @@ def test_sync_settings_from_toml_and_flags(tmp_path: Path) -> None:
 
 
 def test_decisions_encode_compactly() -> None:
-    from prefixroute.gateway._sync import Progress, Routed, decode, encode, encode_progress
+    from prefixroute.gateway._sync_wire import Progress, Routed, decode, encode, encode_progress
 
     hashes = [BlockHash(h) for h in (0, 1, 2**64 - 1, 12345678901234567890)]
     payload = encode("me", ReplicaId("http://r:1"), hashes)
@@ -251,7 +247,7 @@ def remote_decision(
     instance: str, request_id: str, replica: str, prompt: int = 400, cached: int = 100
 ) -> bytes:
     from prefixroute.core import Decision, DecisionReason, RequestView
-    from prefixroute.gateway._sync import encode
+    from prefixroute.gateway._sync_wire import encode
 
     view = RequestView(
         request_id=request_id, block_hashes=[BlockHash(7), BlockHash(8)], block_size=16,
@@ -266,7 +262,9 @@ def test_the_others_requests_count_in_the_load_view_until_they_end() -> None:
     from prometheus_client.registry import CollectorRegistry
 
     from prefixroute.core import Router, make_policy
-    from prefixroute.gateway._sync import REMOTE_TTL_S, RouteSync, encode_progress
+    from prefixroute.gateway._sync import RouteSync
+    from prefixroute.gateway._sync_remote import EXPIRE_EVERY_S, REMOTE_TTL_S
+    from prefixroute.gateway._sync_wire import encode, encode_progress
 
     router = Router(make_policy("round_robin"))
     r = ReplicaId("http://r:1")
@@ -278,36 +276,64 @@ def test_the_others_requests_count_in_the_load_view_until_they_end() -> None:
     def sample(name: str) -> float:
         return registry.get_sample_value(name) or 0.0
 
-    assert sync._apply(remote_decision("other", "q1", r))
+    assert sync.remote.apply(remote_decision("other", "q1", r))
     assert (load.in_flight, load.prefilling, load.queued_prefill_tokens) == (1, 1, 300)
     assert router.index.match([BlockHash(7), BlockHash(8)]) == {r: 2}
     assert sample("prefixroute_sync_remote_in_flight") == 1
-    sync._apply(encode_progress("other", "q1", False))  # first token: prefill is over
+    sync.remote.apply(encode_progress("other", "q1", False))  # first token: prefill is over
     assert (load.in_flight, load.prefilling, load.queued_prefill_tokens) == (1, 0, 0)
-    sync._apply(encode_progress("other", "q1", True))
+    sync.remote.apply(encode_progress("other", "q1", True))
     assert load.in_flight == 0 and sample("prefixroute_sync_remote_in_flight") == 0
-    sync._apply(encode_progress("other", "q1", True))  # a repeated end changes nothing
+    sync.remote.apply(encode_progress("other", "q1", True))  # a repeated end changes nothing
     assert load.in_flight == 0 and load.completed == 1
 
     # Ours, from the history, or for a replica we do not route to: never load.
-    sync._apply(remote_decision("me", "q2", r))
-    sync._apply(remote_decision("other", "q3", r), count=False)
-    sync._apply(remote_decision("other", "q4", "http://elsewhere:1"))
+    sync.remote.apply(remote_decision("me", "q2", r))
+    sync.remote.apply(remote_decision("other", "q3", r), live=False)
+    sync.remote.apply(remote_decision("other", "q4", "http://elsewhere:1"))
+    assert sync.remote.apply(encode("other", r, [BlockHash(9)]))  # an index entry, no request
     assert load.in_flight == 0 and sample("prefixroute_sync_remote_in_flight") == 0
 
     # An end never heard: expired after the TTL; a broken subscription drops them all.
-    sync._apply(remote_decision("other", "q5", r))
-    sync._apply(remote_decision("other", "q6", r))
+    sync.remote.apply(remote_decision("other", "q5", r))
+    sync.remote.apply(remote_decision("other", "q6", r))
     assert load.in_flight == 2
     import time
 
-    sync._expire(time.monotonic() + 1)
+    sync.remote.expire(time.monotonic() + 1)
     assert load.in_flight == 2
-    sync._expire(time.monotonic() + REMOTE_TTL_S + 1)
+    sync.remote.expire(time.monotonic() + REMOTE_TTL_S + 1)
     assert load.in_flight == 0 and sample("prefixroute_sync_expired_total") == 2
-    sync._apply(remote_decision("other", "q7", r))
-    sync._forget_remote()
+    sync.remote.apply(remote_decision("other", "q7", r))
+    sync.remote.forget()
     assert load.in_flight == 0 and sample("prefixroute_sync_remote_in_flight") == 0
+
+    # The subscriber offers every loop turn for expiry; a pass runs once per EXPIRE_EVERY_S.
+    far = time.monotonic() + REMOTE_TTL_S + 10
+    sync.remote.expire_due(far)
+    sync.remote.apply(remote_decision("other", "q8", r))
+    sync.remote.expire_due(far + EXPIRE_EVERY_S / 2)
+    assert load.in_flight == 1
+    sync.remote.expire_due(far + EXPIRE_EVERY_S)
+    assert load.in_flight == 0
+
+
+def test_in_precise_mode_a_live_remote_decision_is_a_speculative_entry() -> None:
+    """The engines' events own the index; the others' decisions only bridge the wait."""
+    from prometheus_client.registry import CollectorRegistry
+
+    from prefixroute.core import Router, make_policy
+    from prefixroute.gateway._sync import RouteSync
+
+    router = Router(make_policy("round_robin"), insert_on_route=False, speculative_ttl_s=60.0)
+    r = ReplicaId("http://r:1")
+    router.add_replica(r)
+    sync = RouteSync("redis://127.0.0.1:9/0", "c", router, CollectorRegistry(), instance_id="me")
+    sync.remote.apply(remote_decision("other", "q0", r), live=False)  # from the history
+    assert router.speculative_entries() == 0
+    assert sync.remote.apply(remote_decision("other", "q1", r))
+    assert router.speculative_entries() == 2 and router.index_entries() == 0
+    assert router.replica_load(r).in_flight == 1 and len(sync.remote) == 1
 
 
 async def test_a_request_at_one_instance_is_in_flight_at_the_others(
@@ -328,12 +354,6 @@ async def test_a_request_at_one_instance_is_in_flight_at_the_others(
     def remote(gw: Gateway) -> tuple[int, int]:  # (in flight, prefilling) over all replicas
         loads = [gw.router.loads.get(ReplicaId(u)) for u in urls]
         return sum(x.in_flight for x in loads), sum(x.prefilling for x in loads)
-
-    async def until(cond: Callable[[], bool]) -> None:
-        async def check() -> bool:
-            return cond()
-
-        await until_async(check)
 
     body = {"model": "emulated", "prompt": "hello " * 50, "max_tokens": 120, "stream": True}
     request = asyncio.create_task(send(session, gws[0].url, "/v1/completions", body))
@@ -370,3 +390,54 @@ async def test_a_full_queue_drops_the_oldest_message_and_never_blocks() -> None:
         assert not sync.connected
     finally:
         await sync.stop()
+
+
+def test_with_a_lock_every_call_into_the_router_holds_it() -> None:
+    """A router other threads also call (Ray Serve's) hands its lock to the sync: the others'
+    decisions, progress, expiry and forgetting all reach the router holding it."""
+    import time
+
+    from prometheus_client.registry import CollectorRegistry
+
+    from prefixroute.core import Router, make_policy
+    from prefixroute.gateway._sync import RouteSync
+    from prefixroute.gateway._sync_remote import REMOTE_TTL_S
+    from prefixroute.gateway._sync_wire import encode_progress
+
+    class Lock:
+        held = False
+
+        def __enter__(self) -> None:
+            assert not self.held
+            self.held = True
+
+        def __exit__(self, *exc: object) -> None:
+            self.held = False
+
+    lock = Lock()
+    router = Router(make_policy("round_robin"))
+    r = ReplicaId("http://r:1")
+    router.add_replica(r)
+    calls: list[str] = []
+    for name in ("has_replica", "remote_routed", "remote_dispatch", "first_token", "complete"):
+
+        def guarded(*args: object, _real: object = getattr(router, name), _name: str = name,
+                    **kwargs: object) -> object:  # fmt: skip
+            assert lock.held, f"{_name} called without the lock"
+            calls.append(_name)
+            return _real(*args, **kwargs)  # type: ignore[operator]
+
+        setattr(router, name, guarded)
+    sync = RouteSync(
+        "redis://127.0.0.1:9/0", "c", router, CollectorRegistry(), instance_id="me", lock=lock
+    )
+    assert sync.remote.apply(remote_decision("other", "q1", r))
+    sync.remote.apply(encode_progress("other", "q1", False))
+    sync.remote.apply(encode_progress("other", "q1", True))
+    sync.remote.apply(remote_decision("other", "q2", r))
+    sync.remote.expire(time.monotonic() + REMOTE_TTL_S + 1)
+    sync.remote.apply(remote_decision("other", "q3", r))
+    sync.remote.forget()
+    assert not lock.held
+    assert calls.count("remote_routed") == 3 and calls.count("complete") == 3
+    assert {"has_replica", "remote_dispatch", "first_token"} <= set(calls)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from prefixroute.cli import build_parser
+from prefixroute.commands.serve import config_from_args
 from prefixroute.core import ConfigError
 from prefixroute.gateway import (
     GatewayConfig,
@@ -17,7 +18,6 @@ from prefixroute.gateway import (
     hash_api_key,
     load_toml,
 )
-from prefixroute.serve import config_from_args
 
 KEY = "pr-" + "k" * 40
 
@@ -31,14 +31,14 @@ cache_salt_secret = "0123456789abcdef0123"
 shareable_prefixes = ["system: shared\\n"]
 
 [tenancy.default_limits]
-requests_per_second = 20
 prompt_tokens_per_minute = 100000
+requests_per_second = 20
 
 [[tenancy.tenants]]
 name = "team-a"
-api_key_sha256 = ["{hash_api_key(KEY)}"]
-requests_per_second = 5.5
 max_in_flight = 3
+requests_per_second = 5.5
+api_key_sha256 = ["{hash_api_key(KEY)}"]
 
 [[tenancy.tenants]]
 name = "team-b"
@@ -65,7 +65,7 @@ def test_tenancy_table(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("snippet", "message"),
     [
-        ('[tenancy]\nisolate = true', r"unknown \[tenancy\] setting"),
+        ("[tenancy]\nisolate = true", r"unknown \[tenancy\] setting"),
         ('[[tenancy.tenants]]\nname = "a"\nrps = 3', "unknown limit"),
         ('[[tenancy.tenants]]\nname = "a"\napi_key_sha256 = ["pr-plain-key"]', "never the key"),
         ('[[tenancy.tenants]]\nname = "a b"', "tenant name"),

@@ -13,14 +13,35 @@ from typing import Any
 
 import aiohttp
 import pytest
+from polling import until
+from prometheus_client import CollectorRegistry
 
+from prefixroute.core import EMPTY_KEY, Endpoint, RouteKey
 from prefixroute.gateway import Gateway, TenancyConfig, TenantLimits, TenantSpec, hash_api_key
+from prefixroute.gateway._requests import key_of
+from prefixroute.gateway._tenants import Tenants, TenantScope
 
 from .fakes import FakeReplica, Seen, held_until
-from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, send, words
+from .helpers import (
+    STEADY,
+    ClusterFactory,
+    FakeFactory,
+    GatewayFactory,
+    GatewayOf,
+    Reply,
+    send,
+    words,
+)
 
 SECRET = "0123456789abcdef-tenant-salt-secret"
-ISOLATED = TenancyConfig(isolation=True, cache_salt_secret=SECRET)
+
+
+def isolated(**settings: Any) -> TenancyConfig:
+    """Tenancy with isolation on and a salt secret, plus ``settings``."""
+    return TenancyConfig(isolation=True, cache_salt_secret=SECRET, **settings)
+
+
+ISOLATED = isolated()
 KEY_A, KEY_B = "pr-" + "a" * 40, "pr-" + "b" * 40
 TOKEN = "s3cret-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -79,10 +100,9 @@ async def test_two_tenants_with_identical_prompts_are_strangers(
 
 
 async def test_a_tenants_conversation_sticks_and_a_stranger_starts_cold(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(4)
-    gw = await make_gateway(cluster.urls, tenancy=ISOLATED, **STEADY)
+    gw = await gateway_of(4, tenancy=ISOLATED, **STEADY)
 
     async def chat(
         tenant: str, messages: list[dict[str, str]]
@@ -141,97 +161,81 @@ async def test_shareable_prefix_is_shared_and_the_rest_is_not(
 
 
 async def test_the_gateway_owns_cache_salt(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession, make_fake: FakeFactory
 ) -> None:
-    fake = FakeReplica()
-    await fake.start()
-    try:
-        tenancy = TenancyConfig(
-            isolation=True,
-            cache_salt_secret=SECRET,
-            shareable_prefixes=("public:",),
-            tenants=(TenantSpec("team-c", cache_salt="configured-salt"),),
-        )
-        gw = await make_gateway([fake.url], tenancy=tenancy, **STEADY)
-        sent = []
-        for tenant, prompt, salt in [
-            ("team-a", "hello", None),
-            ("team-a", "hello", "client-chosen"),
-            ("team-b", "hello", None),
-            ("team-c", "hello", None),
-            ("team-a", "public: hello", "client-chosen"),
-        ]:
-            body: dict[str, Any] = {"prompt": prompt, "model": "emulated"}
-            if salt:
-                body["cache_salt"] = salt
-            reply = await send(session, gw.url, "/v1/completions", body, headers=team(tenant))
-            assert reply.status == 200
-            sent.append(json.loads(fake.seen[-1].body))
-        salts = [b.get("cache_salt") for b in sent]
-        assert salts[0] == salts[1] and len(salts[0]) == 43  # 256-bit base64url, client's replaced
-        assert salts[2] != salts[0] and salts[3] == "configured-salt"
-        assert "cache_salt" not in sent[4]  # shared: no salt at all
-        assert sent[0]["prompt"] == "hello" and sent[0]["model"] == "emulated"
-    finally:
-        await fake.stop()
+    fake = await make_fake()
+    tenancy = isolated(
+        shareable_prefixes=("public:",),
+        tenants=(TenantSpec("team-c", cache_salt="configured-salt"),),
+    )
+    gw = await make_gateway([fake.url], tenancy=tenancy, **STEADY)
+    sent = []
+    for tenant, prompt, salt in [
+        ("team-a", "hello", None),
+        ("team-a", "hello", "client-chosen"),
+        ("team-b", "hello", None),
+        ("team-c", "hello", None),
+        ("team-a", "public: hello", "client-chosen"),
+    ]:
+        body: dict[str, Any] = {"prompt": prompt, "model": "emulated"}
+        if salt:
+            body["cache_salt"] = salt
+        reply = await send(session, gw.url, "/v1/completions", body, headers=team(tenant))
+        assert reply.status == 200
+        sent.append(json.loads(fake.seen[-1].body))
+    salts = [b.get("cache_salt") for b in sent]
+    assert salts[0] == salts[1] and len(salts[0]) == 43  # 256-bit base64url, client's replaced
+    assert salts[2] != salts[0] and salts[3] == "configured-salt"
+    assert "cache_salt" not in sent[4]  # shared: no salt at all
+    assert sent[0]["prompt"] == "hello" and sent[0]["model"] == "emulated"
 
 
-async def test_api_keys(make_gateway: GatewayFactory, session: aiohttp.ClientSession) -> None:
-    fake = FakeReplica()
-    await fake.start()
-    try:
-        tenancy = TenancyConfig(
-            isolation=True,
-            cache_salt_secret=SECRET,
-            tenants=(
-                TenantSpec("team-a", (hash_api_key(KEY_A),)),
-                TenantSpec("team-b", (hash_api_key(KEY_B),)),
-            ),
-        )
-        gw = await make_gateway([fake.url], tenancy=tenancy, **STEADY)
-        body = {"prompt": "hello"}
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY_A}):
-            reply = await send(session, gw.url, "/v1/completions", body, headers=headers)
-            assert reply.status == 401 and reply.error is not None
-            assert reply.error["code"] == "invalid_api_key"
-        async with session.get(gw.url + "/v1/models") as resp:
-            assert resp.status == 401  # every /v1 path needs a key
-        async with session.get(gw.url + "/health") as resp:
-            assert resp.status == 200  # probes do not
-        assert not completions(fake)
+async def test_api_keys(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession, make_fake: FakeFactory
+) -> None:
+    fake = await make_fake()
+    tenancy = isolated(
+        tenants=(
+            TenantSpec("team-a", (hash_api_key(KEY_A),)),
+            TenantSpec("team-b", (hash_api_key(KEY_B),)),
+        ),
+    )
+    gw = await make_gateway([fake.url], tenancy=tenancy, **STEADY)
+    body = {"prompt": "hello"}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY_A}):
+        reply = await send(session, gw.url, "/v1/completions", body, headers=headers)
+        assert reply.status == 401 and reply.error is not None
+        assert reply.error["code"] == "invalid_api_key"
+    async with session.get(gw.url + "/v1/models") as resp:
+        assert resp.status == 401  # every /v1 path needs a key
+    async with session.get(gw.url + "/health") as resp:
+        assert resp.status == 200  # probes do not
+    assert not completions(fake)
 
-        salts = []
-        for headers in (
-            {"Authorization": f"Bearer {KEY_A}"},
-            {"Authorization": f"Bearer {KEY_A}", "x-tenant-id": "team-b"},  # header ignored
-            {"Authorization": f"Bearer {KEY_B}"},
-        ):
-            reply = await send(session, gw.url, "/v1/completions", body, headers=headers)
-            assert reply.status == 200
-            assert "Authorization" not in fake.seen[-1].headers  # the key was for the gateway
-            salts.append(json.loads(fake.seen[-1].body)["cache_salt"])
-        assert salts[0] == salts[1] != salts[2]
-    finally:
-        await fake.stop()
+    salts = []
+    for headers in (
+        {"Authorization": f"Bearer {KEY_A}"},
+        {"Authorization": f"Bearer {KEY_A}", "x-tenant-id": "team-b"},  # header ignored
+        {"Authorization": f"Bearer {KEY_B}"},
+    ):
+        reply = await send(session, gw.url, "/v1/completions", body, headers=headers)
+        assert reply.status == 200
+        assert "Authorization" not in fake.seen[-1].headers  # the key was for the gateway
+        salts.append(json.loads(fake.seen[-1].body)["cache_salt"])
+    assert salts[0] == salts[1] != salts[2]
 
 
 async def test_upstream_key_replaces_the_clients(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession, make_fake: FakeFactory
 ) -> None:
-    fake = FakeReplica()
-    await fake.start()
-    try:
-        tenancy = TenancyConfig(tenants=(TenantSpec("team-a", (hash_api_key(KEY_A),)),))
-        gw = await make_gateway(
-            [fake.url], tenancy=tenancy, upstream_api_key="replica-key", **STEADY
-        )
-        headers = {"Authorization": f"Bearer {KEY_A}"}
-        reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=headers)
-        assert reply.status == 200
-        assert fake.seen[-1].headers["Authorization"] == "Bearer replica-key"
-        assert "cache_salt" not in json.loads(fake.seen[-1].body)  # isolation is off
-    finally:
-        await fake.stop()
+    fake = await make_fake()
+    tenancy = TenancyConfig(tenants=(TenantSpec("team-a", (hash_api_key(KEY_A),)),))
+    gw = await make_gateway([fake.url], tenancy=tenancy, upstream_api_key="replica-key", **STEADY)
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=headers)
+    assert reply.status == 200
+    assert fake.seen[-1].headers["Authorization"] == "Bearer replica-key"
+    assert "cache_salt" not in json.loads(fake.seen[-1].body)  # isolation is off
 
 
 def completions(fake: FakeReplica) -> list[Seen]:
@@ -275,48 +279,42 @@ async def test_request_rate_and_prompt_token_limits(
     assert 'prefixroute_tenant_rejections_total{limit="prompt_tokens_per_minute"} 1.0' in text
 
 
-async def test_in_flight_cap(make_gateway: GatewayFactory, session: aiohttp.ClientSession) -> None:
+async def test_in_flight_cap(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession, make_fake: FakeFactory
+) -> None:
     release = asyncio.Event()
-    fake = FakeReplica(handler=held_until(release))
-    await fake.start()
-    try:
-        tenancy = TenancyConfig(default_limits=TenantLimits(max_in_flight=1))
-        gw = await make_gateway([fake.url], tenancy=tenancy, **STEADY)
-        first = asyncio.create_task(
-            send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=team("a"))
-        )
-        while not completions(fake):
-            await asyncio.sleep(0.01)
-        second = await send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=team("a"))
-        rejected(second, "max_in_flight")
-        other = asyncio.create_task(
-            send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=team("b"))
-        )
-        while len(completions(fake)) < 2:
-            await asyncio.sleep(0.01)
-        release.set()
-        assert (await first).status == 200 and (await other).status == 200
-        reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=team("a"))
-        assert reply.status == 200  # the slot came back
-    finally:
-        await fake.stop()
+    fake = await make_fake(handler=held_until(release))
+    tenancy = TenancyConfig(default_limits=TenantLimits(max_in_flight=1))
+    gw = await make_gateway([fake.url], tenancy=tenancy, **STEADY)
+    first = asyncio.create_task(
+        send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=team("a"))
+    )
+    await until(lambda: bool(completions(fake)))  # the first is held at the replica
+    second = await send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=team("a"))
+    rejected(second, "max_in_flight")
+    other = asyncio.create_task(
+        send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=team("b"))
+    )
+    await until(lambda: len(completions(fake)) >= 2)
+    release.set()
+    assert (await first).status == 200 and (await other).status == 200
+    reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=team("a"))
+    assert reply.status == 200  # the slot came back
 
 
 async def test_bad_tenant_header_is_400(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls, **STEADY)
+    gw = await gateway_of(1, **STEADY)
     for bad in ("", "a b", "x" * 65, "-lead", "é"):
         reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"}, headers=team(bad))
         assert reply.status == 400, bad
 
 
 async def test_admin_sets_and_resets_limits(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls, admin_token=TOKEN, **STEADY)
+    gw = await gateway_of(1, admin_token=TOKEN, **STEADY)
     api = gw.url + "/admin/tenants"
     body = {"prompt": "x", "max_tokens": 1}
     async with session.put(api + "/team-a/limits", json={"requests_per_second": 1}) as resp:
@@ -347,10 +345,9 @@ async def test_admin_sets_and_resets_limits(
 
 
 async def test_admin_on_its_own_listener(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
 ) -> None:
-    cluster = await make_cluster(1)
-    gw = await make_gateway(cluster.urls, admin_token=TOKEN, admin_port=0, **STEADY)
+    gw = await gateway_of(1, admin_token=TOKEN, admin_port=0, **STEADY)
     assert gw.admin_url != gw.url
     async with session.get(gw.url + "/admin/replicas", headers=ADMIN) as resp:
         assert resp.status == 404  # not on the public listener
@@ -363,3 +360,28 @@ async def test_admin_on_its_own_listener(
         assert resp.status == 404  # and no traffic on the admin one
     reply = await send(session, gw.url, "/v1/completions", {"prompt": "x", "max_tokens": 1})
     assert reply.complete
+
+
+def test_isolation_reads_the_key_and_edits_the_parsed_body() -> None:
+    """The shareable check reads the routing text the key already holds (never the body
+    again), so it must run before a tokenizer turns that text into token ids."""
+    tenancy = TenancyConfig(
+        isolation=True, cache_salt_secret=SECRET, shareable_prefixes=("system: public\n",)
+    )
+    tenants = Tenants(tenancy, registry=CollectorRegistry())
+    scope = TenantScope(tenants.get("team-a", 0.0), tenants)
+    seed, salt = scope.tenant.seed, scope.tenant.salt
+    chat = {"messages": [{"role": "system", "content": "public"}], "cache_salt": "mine"}
+    key = scope.isolate_key(Endpoint.CHAT, key_of(Endpoint.CHAT, chat), chat)
+    assert (key.tenant, key.seed) == ("team-a", None) and "cache_salt" not in chat  # shared
+    # The same text in the body but not in the key: the key decides, the body is not re-read.
+    private = scope.isolate_key(Endpoint.CHAT, RouteKey(None, [1, 2]), chat)
+    assert (private.seed, chat["cache_salt"]) == (seed, salt)
+    other: dict[str, object] = {"input": "x"}  # another /v1 call: no key space, no salt
+    assert scope.isolate_key(Endpoint.OTHER, EMPTY_KEY, other).seed is None
+    assert other == {"input": "x"}
+    no_isolation = Tenants(TenancyConfig(), registry=CollectorRegistry())
+    plain: dict[str, object] = {"prompt": "p"}
+    open_scope = TenantScope(no_isolation.get("team-b", 0.0), no_isolation)
+    key = open_scope.isolate_key(Endpoint.COMPLETIONS, RouteKey("p", None), plain)
+    assert (key.tenant, key.seed, plain) == ("team-b", None, {"prompt": "p"})

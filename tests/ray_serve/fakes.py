@@ -67,3 +67,14 @@ async def settle() -> None:
     """Let the future callbacks the router scheduled run (they are ``call_soon``)."""
     for _ in range(3):
         await asyncio.sleep(0)
+
+
+async def send(router: Any, pool: list[Any], request: Any) -> tuple[Any, Any]:
+    """Route ``request`` as Ray does and send it to our first choice; (pending, replica)."""
+    pr = pending(request)
+    ranks = await router.choose_replicas(pool, pr)
+    chosen = ranks[0][0]
+    pr.future.set_result(chosen)
+    router.on_request_routed(pr, chosen.replica_id, None)
+    await settle()
+    return pr, chosen

@@ -9,7 +9,7 @@ import pytest
 from prefixroute.core import ReplicaId
 from prefixroute.ray_serve import UnroutableRequest
 
-from .fakes import FakeReplica, chat, make_router, pending, settle
+from .fakes import FakeReplica, chat, make_router, pending, send, settle
 from .support import MARKS
 
 pytestmark = MARKS
@@ -17,17 +17,6 @@ pytestmark = MARKS
 
 def replicas(n: int) -> list[Any]:
     return [FakeReplica(f"r{i}") for i in range(n)]
-
-
-async def send(router: Any, candidates: list[Any], request: Any) -> tuple[Any, Any]:
-    """Route ``request`` as Ray does and send it to our first choice; (pending, replica)."""
-    pr = pending(request)
-    ranks = await router.choose_replicas(candidates, pr)
-    chosen = ranks[0][0]
-    pr.future.set_result(chosen)
-    router.on_request_routed(pr, chosen.replica_id, None)
-    await settle()
-    return pr, chosen
 
 
 async def test_our_choice_first_then_everyone_else() -> None:

@@ -143,3 +143,106 @@ def test_stored_blocks_need_record_events_and_reset_clears_the_cache() -> None:
     m.submit(req("b", list(range(10))))
     m.begin_step(0.0)  # b is running: a reset is refused, as vLLM refuses it
     assert not m.reset_prefix_cache()
+
+
+# --- queue, budget and batch (the module docstring's engine rules) -----------------------------
+
+
+def _durations(m: ReplicaModel, now: float = 0.0) -> tuple[float, list[float]]:
+    """Step ``m`` until it has no work (at most 1,000 steps); the end time and the durations."""
+    durations: list[float] = []
+    while m.has_work():
+        assert len(durations) < 1000, "the replica stopped making progress"
+        d = m.begin_step(now)
+        durations.append(d)
+        now += d
+        m.end_step(now)
+    return now, durations
+
+
+MS = ReplicaConfig(block_size=1, prefill_tokens_per_s=1000.0, decode_step_s=0.01)  # 1 token: 1 ms
+
+
+def test_abort_takes_a_waiting_request_out_of_the_queue() -> None:
+    m = ReplicaModel(MS)
+    m.submit(req("a", [1, 2]))
+    m.submit(req("b", [3, 4]))
+    assert m.abort("b") is True
+    assert [r.request_id for r in m.waiting] == ["a"]
+
+
+def test_abort_of_a_request_still_in_prefill_frees_it_for_good() -> None:
+    m = ReplicaModel(ReplicaConfig(block_size=1, step_tokens=4, prefill_tokens_per_s=1000.0))
+    m.submit(req("a", list(range(10))))
+    m.begin_step(0.0)
+    m.end_step(0.004)  # 4 of 10 prompt tokens done
+    assert m.abort("a") is True
+    assert not m.has_work() and m.cache.used == 0
+    b = req("b", list(range(100, 104)), at=0.004)
+    m.submit(b)
+    _, durations = _durations(m, 0.004)
+    assert durations == pytest.approx([0.004])  # only b's 4 tokens: a is not planned again
+
+
+def test_the_budget_left_by_the_request_in_prefill_goes_to_the_next_in_the_queue() -> None:
+    # Budget 10 tokens: a's 13 tokens take 10, then its last 3 and 7 of b's; then b's 10 and 3.
+    m = ReplicaModel(ReplicaConfig(block_size=1, step_tokens=10, prefill_tokens_per_s=1000.0))
+    a, b = req("a", list(range(13))), req("b", list(range(100, 120)))
+    m.submit(a)
+    m.submit(b)
+    _, durations = _durations(m)
+    assert durations == pytest.approx([0.010, 0.010, 0.010, 0.003])
+    assert a.first_token_s == pytest.approx(0.020) and b.first_token_s == pytest.approx(0.033)
+    assert b.start_s == pytest.approx(0.010)
+
+
+def test_a_budget_of_one_token_beside_the_decodes_still_prefills_one_token_a_step() -> None:
+    # Budget 3 with two requests decoding: each step has one token left for the prompt.
+    cfg = ReplicaConfig(
+        block_size=1, step_tokens=3, prefill_tokens_per_s=1000.0, decode_step_s=0.01
+    )
+    m = ReplicaModel(cfg)
+    m.submit(req("d0", [100], 50))
+    m.submit(req("d1", [200], 50))
+    m.end_step(m.begin_step(0.0))  # their 1-token prompts: 2 ms; both decode from now on
+    p = req("p", [1, 2, 3, 4], at=0.002)
+    m.submit(p)
+    now, durations = 0.002, []
+    while p.first_token_s is None and len(durations) < 100:
+        d = m.begin_step(now)
+        durations.append(d)
+        now += d
+        m.end_step(now)
+    assert durations == pytest.approx([0.011] * 4)  # 1 prompt token + a decode step, 4 times
+
+
+def test_several_prompts_share_one_step_budget_in_admission_order() -> None:
+    m = ReplicaModel(ReplicaConfig(block_size=1, step_tokens=10, prefill_tokens_per_s=1000.0))
+    reqs = [req("a", [1, 2, 3]), req("b", [4, 5, 6]), req("c", list(range(100, 110)))]
+    for r in reqs:
+        m.submit(r)
+    _, durations = _durations(m)
+    assert durations == pytest.approx([0.010, 0.006])  # 3 + 3 + 4 tokens, then c's other 6
+    assert [r.first_token_s for r in reqs] == pytest.approx([0.010, 0.010, 0.016])
+
+
+def test_a_request_is_admitted_and_looks_the_cache_up_only_when_the_budget_reaches_it() -> None:
+    # Budget 4: a's 8 tokens fill two steps, so b is admitted in the third, after a's blocks
+    # were computed: b finds its first 4 tokens cached (admission, not arrival, looks up).
+    m = ReplicaModel(ReplicaConfig(block_size=1, step_tokens=4, prefill_tokens_per_s=1000.0))
+    a, b = req("a", list(range(8))), req("b", [0, 1, 2, 3, 100])
+    m.submit(a)
+    m.submit(b)
+    _durations(m)
+    assert b.start_s == pytest.approx(0.008)
+    assert b.cached_tokens == 4
+
+
+def test_the_running_batch_holds_at_most_max_running_requests() -> None:
+    m = ReplicaModel(ReplicaConfig(block_size=1, max_running=1, decode_step_s=0.01))
+    a, b = req("a", [1, 2], 3), req("b", [3, 4])
+    m.submit(a)
+    m.submit(b)
+    _durations(m)
+    assert b.start_s is not None and a.finish_s is not None
+    assert b.start_s >= a.finish_s

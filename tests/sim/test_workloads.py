@@ -13,10 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixroute.core import ConfigError, UnknownWorkload
+from prefixroute.core import ConfigError
 from prefixroute.sim import workloads
 from prefixroute.sim.workload import Session, TokenArray, Workload
-from prefixroute.sim.workloads import make_workload, workload_names, workload_params
+from prefixroute.sim.workloads import (
+    UnknownWorkload,
+    make_workload,
+    workload_names,
+    workload_params,
+)
 from prefixroute.sim.workloads._data import shared_data_dir
 from prefixroute.sim.workloads._text import WordTokenizer
 

@@ -18,6 +18,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polling import answers_200
+
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".cache" / "vllm-venv" / "bin" / "python"
 MODEL = ROOT / ".cache" / "tiny-llama"
@@ -100,13 +102,9 @@ class VLLMServer:
             if self.proc.poll() is not None:
                 code = self.proc.returncode
                 raise RuntimeError(f"vLLM {self.name} exited ({code}): {self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        self.started_s = time.monotonic() - self._t0
-                        return
-            except OSError:
-                pass
+            if answers_200(self.url + "/health", timeout_s=2):
+                self.started_s = time.monotonic() - self._t0
+                return
             time.sleep(0.5)
         raise RuntimeError(f"vLLM {self.name} not ready in time: {self.tail()}")
 

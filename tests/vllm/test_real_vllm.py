@@ -101,6 +101,16 @@ def _replace(config: GatewayConfig, **changes: Any) -> GatewayConfig:
     return dataclasses.replace(config, **changes)
 
 
+def streamed(**fields: Any) -> dict[str, Any]:
+    """A request body for the model, streamed with its usage in the last chunk."""
+    return {
+        "model": MODEL_NAME,
+        **fields,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as s:
@@ -136,13 +146,7 @@ async def reset_and_sync(
 async def chat(
     session: aiohttp.ClientSession, gw: Gateway, messages: list[dict[str, str]], workload: str
 ) -> Sample:
-    body = {
-        "model": MODEL_NAME,
-        "messages": messages,
-        "max_tokens": 8,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = streamed(messages=messages, max_tokens=8)
     return await stream_request(session, gw.url + "/v1/chat/completions", body, workload)
 
 
@@ -222,13 +226,7 @@ async def test_mode(engines: list[VLLMServer], session: aiohttp.ClientSession, m
             text = ttft_prompt(tokenizer, 100 * seed + probe, 3000)
             for workload, prompt in (("ttft-cold", text), ("ttft-warm", text + " and one more")):
                 before = batches(gw)
-                body = {
-                    "model": MODEL_NAME,
-                    "prompt": prompt,
-                    "max_tokens": 2,
-                    "stream": True,
-                    "stream_options": {"include_usage": True},
-                }
+                body = streamed(prompt=prompt, max_tokens=2)
                 url = gw.url + "/v1/completions"
                 result.samples.append(await stream_request(session, url, body, workload))
                 if gw.event_streams:

@@ -1,6 +1,20 @@
 """Load generator for live deployments: replays simulator workloads over real HTTP streams."""
 
 from prefixroute.bench._client import Outcome, stream_completion
-from prefixroute.bench._replay import ReplayConfig, ReplayResult, prompt_text, replay
+from prefixroute.bench._replay import (
+    ReplayConfig,
+    ReplayResult,
+    itl_percentiles,
+    prompt_text,
+    replay,
+)
 
-__all__ = ["Outcome", "ReplayConfig", "ReplayResult", "prompt_text", "replay", "stream_completion"]
+__all__ = [
+    "Outcome",
+    "ReplayConfig",
+    "ReplayResult",
+    "itl_percentiles",
+    "prompt_text",
+    "replay",
+    "stream_completion",
+]

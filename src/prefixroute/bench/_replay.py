@@ -18,8 +18,7 @@ import aiohttp
 import numpy as np
 
 from prefixroute.bench._client import Outcome, stream_completion
-from prefixroute.sim.cluster import ReplicaRecord, RequestRecord, RunResult
-from prefixroute.sim.workload import Session, Turn, Workload
+from prefixroute.sim import ReplicaRecord, RequestRecord, RunResult, Session, Turn, Workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,58 +50,17 @@ async def replay(
     label: str,
     on_done: Callable[[int], None] | None = None,
 ) -> ReplayResult:
-    url = cfg.url.rstrip("/") + "/v1/completions"
-    records: list[RequestRecord] = []
-    itl: list[float] = []
-    errors: list[str] = []
-    done = 0
+    """Every session of ``workload`` sent to ``cfg.url``, as the simulator schedules them;
+    ``on_done(n)`` after each answer (a progress bar). The run is named ``label``."""
+    run = _Replay(cfg, on_done)
     connector = aiohttp.TCPConnector(limit=cfg.max_connections, force_close=False)
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s, sock_connect=10)
-    t_start = time.perf_counter()
-
-    def clock() -> float:
-        return (time.perf_counter() - t_start) / cfg.time_scale
-
-    async def run_session(session: Session, http: aiohttp.ClientSession) -> None:
-        nonlocal done
-        await asyncio.sleep(max(0.0, session.start_s * cfg.time_scale))
-        for i, turn in enumerate(session.turns):
-            if i:
-                await asyncio.sleep(turn.think_s * cfg.time_scale)
-            body: dict[str, object] = {
-                "prompt": prompt_text(turn),
-                "max_tokens": turn.output_tokens,
-                "min_tokens": turn.output_tokens,
-                "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            if cfg.model:
-                body["model"] = cfg.model
-            rec = RequestRecord(
-                request_id=f"{session.session_id}/{i}",
-                session_id=session.session_id,
-                turn=i,
-                arrival_s=clock(),
-                prompt_tokens=len(turn.tokens),
-                output_tokens=turn.output_tokens,
-            )
-            records.append(rec)
-            out = await stream_completion(http, url, body)
-            _fill(rec, out, cfg.time_scale)
-            itl.extend(g / cfg.time_scale for g in out.itl_s)
-            done += 1
-            if on_done is not None:
-                on_done(done)
-            if not out.ok:
-                errors.append(out.error or f"HTTP {out.status}")
-                return  # a conversation stops at its first failed turn
-
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        await asyncio.gather(*(run_session(s, http) for s in workload.sessions))
+        await asyncio.gather(*(run.session(s, http) for s in workload.sessions))
+    records = run.records
     finish = [r.finish_s for r in records if r.finish_s is not None]
     per_replica = Counter(r.replica for r in records if r.replica)
-    run = RunResult(
+    result = RunResult(
         policy=label,
         workload=workload.name,
         block_size=workload.block_size,
@@ -112,9 +70,77 @@ async def replay(
         index_blocks=0,
         index_evictions=0,
         events=0,
-        wall_s=time.perf_counter() - t_start,
+        wall_s=time.perf_counter() - run.t_start,
     )
-    return ReplayResult(run, itl, errors)
+    return ReplayResult(result, run.itl, run.errors)
+
+
+class _Replay:
+    """One replay's clock and what it collects, shared by its session tasks."""
+
+    def __init__(self, cfg: ReplayConfig, on_done: Callable[[int], None] | None) -> None:
+        self.cfg = cfg
+        self.on_done = on_done
+        self.records: list[RequestRecord] = []
+        self.itl: list[float] = []  # every inter-token gap, workload seconds
+        self.errors: list[str] = []
+        self.done = 0  # requests answered (or failed)
+        self.t_start = time.perf_counter()
+
+    def clock(self) -> float:
+        """Workload seconds since the replay started."""
+        return (time.perf_counter() - self.t_start) / self.cfg.time_scale
+
+    async def session(self, session: Session, http: aiohttp.ClientSession) -> None:
+        """One conversation: its first turn at ``start_s``, each later one ``think_s`` after
+        the previous answer ended; it stops at its first failed turn."""
+        scale = self.cfg.time_scale
+        await asyncio.sleep(max(0.0, session.start_s * scale))
+        for i, turn in enumerate(session.turns):
+            if i:
+                await asyncio.sleep(turn.think_s * scale)
+            if not await self._turn(session, i, turn, http):
+                return
+
+    async def _turn(
+        self, session: Session, i: int, turn: Turn, http: aiohttp.ClientSession
+    ) -> bool:
+        """Send one turn and record it; False when it failed."""
+        body = _body(turn, self.cfg.model)  # built before the arrival time is taken
+        rec = RequestRecord(
+            request_id=f"{session.session_id}/{i}",
+            session_id=session.session_id,
+            turn=i,
+            arrival_s=self.clock(),
+            prompt_tokens=len(turn.tokens),
+            output_tokens=turn.output_tokens,
+        )
+        self.records.append(rec)
+        url = self.cfg.url.rstrip("/") + "/v1/completions"
+        out = await stream_completion(http, url, body)
+        _fill(rec, out, self.cfg.time_scale)
+        self.itl.extend(g / self.cfg.time_scale for g in out.itl_s)
+        self.done += 1
+        if self.on_done is not None:
+            self.on_done(self.done)
+        if not out.ok:
+            self.errors.append(out.error or f"HTTP {out.status}")
+        return out.ok
+
+
+def _body(turn: Turn, model: str | None) -> dict[str, object]:
+    """A streamed completion that generates exactly the turn's output tokens."""
+    body: dict[str, object] = {
+        "prompt": prompt_text(turn),
+        "max_tokens": turn.output_tokens,
+        "min_tokens": turn.output_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if model:
+        body["model"] = model
+    return body
 
 
 def _fill(rec: RequestRecord, out: Outcome, scale: float) -> None:

@@ -1,12 +1,18 @@
 """The routing core: pure, synchronous and clock-free; used unchanged by simulator and gateway."""
 
+# The simulator's KV block pool in C (core/_native/kvcache.c), or None when it is not built or
+# PREFIXROUTE_PURE_PYTHON is set: sim/kv_cache.py holds its reference and chooses.
+from prefixroute.core._native import KVCache as CompiledKVCache
 from prefixroute.core.errors import (
     ConfigError,
+    ErrorSpec,
+    InvalidPrompt,
+    ModelNotFound,
     NoReplicaAvailable,
     PrefixrouteError,
     RequestTooLarge,
     UnknownPolicy,
-    UnknownWorkload,
+    spec_along_mro,
 )
 from prefixroute.core.hashing import BlockHash, BlockHasher, TokenIds
 from prefixroute.core.index import PrefixIndex
@@ -20,22 +26,36 @@ from prefixroute.core.policies import (
     parse_policy_list,
     policy_names,
 )
+from prefixroute.core.request_key import EMPTY_KEY, Endpoint, RouteKey, key_of
 from prefixroute.core.router import Router
 from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.speed import ReplicaSpeed, SpeedConfig
 from prefixroute.core.token_count import CharsPerToken, TokenCountConfig, TokenCounts
-from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
+from prefixroute.core.types import (
+    CandidateScore,
+    Decision,
+    DecisionReason,
+    ReplicaId,
+    RequestView,
+)
 
 __all__ = [
     "DEFAULT_POLICY",
+    "EMPTY_KEY",
     "POLICIES",
     "BlockHash",
     "BlockHasher",
     "CharsPerToken",
     "ConfigError",
+    "CandidateScore",
+    "CompiledKVCache",
     "Decision",
     "DecisionReason",
+    "Endpoint",
+    "ErrorSpec",
+    "InvalidPrompt",
     "LoadTracker",
+    "ModelNotFound",
     "NoReplicaAvailable",
     "Policy",
     "PrefixIndex",
@@ -46,6 +66,7 @@ __all__ = [
     "RequestTooLarge",
     "RequestView",
     "Router",
+    "RouteKey",
     "RoutingContext",
     "SpeculativeEntries",
     "SpeedConfig",
@@ -53,8 +74,9 @@ __all__ = [
     "TokenCounts",
     "TokenIds",
     "UnknownPolicy",
-    "UnknownWorkload",
+    "key_of",
     "make_policy",
     "parse_policy_list",
     "policy_names",
+    "spec_along_mro",
 ]

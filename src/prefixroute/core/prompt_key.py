@@ -1,4 +1,4 @@
-"""The routing text of an OpenAI-style request: one rule for the gateway and the Ray Serve router.
+"""The routing text of an OpenAI-style request: one rule for every front end (see ``request_key``).
 
 Chat requests are keyed on their messages in order, roles included: each message renders as
 ``"role: content\\n"`` and the renders are concatenated. A conversation's next turn repeats the
@@ -17,13 +17,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from prefixroute.core.errors import PrefixrouteError
+from prefixroute.core.errors import InvalidPrompt
 
 MAX_TOKEN_ID = 2**32  # token ids are hashed as uint32
-
-
-class InvalidPrompt(PrefixrouteError, ValueError):
-    """A request's ``messages`` or ``prompt`` cannot be read; the message says which and why."""
 
 
 def field_of(obj: object, name: str) -> tuple[bool, object]:

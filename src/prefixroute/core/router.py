@@ -28,25 +28,36 @@ vLLM keys nothing for it, whichever of its served names a request used.
 
 Approximate mode (the default) records every decision in the index: the index is the router's
 own picture of the caches. Precise mode (``insert_on_route=False``) leaves the index to the
-engines' KV events, fed by an adapter through the index's plain methods, and with
-``speculative_ttl_s`` records each decision as a short-lived speculative entry instead, which
-covers the requests routed before their events arrive (see :mod:`prefixroute.core.speculative`).
+engines' KV events, which an adapter (``prefixroute.events``) passes to the ``engine_*``
+methods, and with ``speculative_ttl_s`` records each decision as a short-lived speculative
+entry instead, which covers the requests routed before their events arrive (see
+:mod:`prefixroute.core.speculative`).
+
+Every change to what the router believes goes through a method here, whoever hears of it: its
+own decisions (:meth:`route` and the calls after it), another router instance's decisions
+(:meth:`remote_routed`, :meth:`remote_dispatch`), an engine's KV events (:meth:`engine_stored`,
+:meth:`engine_removed`, :meth:`engine_cleared`) and the numbers a replica reports about itself
+(:meth:`observe_replica`). The index, the load view and the speculative entries are the
+router's own: code outside ``core`` reads them through the methods at the end of the class
+(``tests/test_router_ownership.py`` holds it to that), so a newcomer finds every change to the
+routing state in this file.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from prefixroute.core.errors import ConfigError, NoReplicaAvailable
 from prefixroute.core.hashing import BlockHash, BlockHasher, TokenIds
 from prefixroute.core.index import PrefixIndex
-from prefixroute.core.load import LoadTracker
+from prefixroute.core.load import LoadTracker, ReplicaLoad
 from prefixroute.core.policies import Policy, RoutingContext
 from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.speed import SpeedConfig
-from prefixroute.core.token_count import TokenCountConfig, TokenCounts
+from prefixroute.core.token_count import CharsPerToken, TokenCountConfig, TokenCounts
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 
 
@@ -161,24 +172,21 @@ class Router:
         )
 
     def route(
-        self, request: RequestView, now: float, candidates: Sequence[ReplicaId] | None = None
+        self,
+        request: RequestView,
+        now: float,
+        candidates: Sequence[ReplicaId] | None = None,
+        *,
+        explain: bool = False,
     ) -> Decision:
         """Choose a replica for ``request`` among ``candidates`` (default: all registered).
 
         The decision is recorded: the index learns that the replica now holds the prompt (or,
         in precise mode, a speculative entry says so for a while), and the load view counts the
-        request as in flight until :meth:`complete`.
+        request as in flight until :meth:`complete`. With ``explain`` the decision also carries
+        what the policy saw of every candidate (``Decision.candidates``: tracing).
         """
-        pool = self._replicas if candidates is None else candidates
-        if not pool:
-            raise NoReplicaAvailable("no replica available to route to")
-        ctx = RoutingContext(
-            request, pool, self.index, self.loads, self.rng, now, self.speculative
-        )
-        if len(pool) == 1:
-            decision = ctx.decide(pool[0], DecisionReason.ONLY_CANDIDATE)
-        else:
-            decision = self.policy.decide(ctx)
+        decision = self._decide(request, now, candidates, self.policy, self.rng, explain)
         if self.insert_on_route:
             self.index.insert(decision.replica, request.block_hashes)
         if self.speculative is not None:
@@ -187,6 +195,38 @@ class Router:
         if request.char_units:
             self.tokens.routed(request.request_id, request.model, request.prompt_units)
         return decision
+
+    def explain(
+        self, request: RequestView, now: float, candidates: Sequence[ReplicaId] | None = None
+    ) -> Decision:
+        """Where :meth:`route` would send ``request`` now, and what the policy saw of every
+        candidate, without routing it.
+
+        Nothing is recorded, and the policy decides on copies of its own state and of the
+        random generator, so a round-robin turn or a random draw is not used up: the next real
+        decision is the one it would have been had nobody asked.
+        """
+        policy, rng = copy.deepcopy(self.policy), copy.deepcopy(self.rng)
+        return self._decide(request, now, candidates, policy, rng, explain=True)
+
+    def _decide(
+        self,
+        request: RequestView,
+        now: float,
+        candidates: Sequence[ReplicaId] | None,
+        policy: Policy,
+        rng: random.Random,
+        explain: bool,
+    ) -> Decision:
+        pool = self._replicas if candidates is None else candidates
+        if not pool:
+            raise NoReplicaAvailable("no replica available to route to")
+        ctx = RoutingContext(
+            request, pool, self.index, self.loads, rng, now, self.speculative, explain=explain
+        )
+        if len(pool) == 1:
+            return ctx.decide(pool[0], DecisionReason.ONLY_CANDIDATE)
+        return policy.decide(ctx)
 
     def first_token(self, request_id: str, now: float, measured: bool = True) -> None:
         """The request's first token arrived at ``now`` (its prefill is over).
@@ -223,6 +263,121 @@ class Router:
         the decode step from it; without it only the prefill rate is learned."""
         self.loads.complete(request_id, now, output_tokens)
         self.tokens.forget(request_id)
+
+    # --- what other router instances decided (the gateway's Redis sync) -------------------
+    def remote_routed(
+        self,
+        replica: ReplicaId,
+        block_hashes: Sequence[BlockHash],
+        now: float,
+        *,
+        live: bool = True,
+    ) -> None:
+        """Another router instance sent a prompt with these blocks to ``replica``.
+
+        Approximate mode records it in the index, as :meth:`route` records a decision of its
+        own. Precise mode, whose index only the engines' events write, records a speculative
+        entry instead, and only for a ``live`` decision: one replayed from the past
+        (``live=False``) has long been reported by the engine, or evicted.
+        """
+        if not block_hashes:
+            return
+        if self.insert_on_route:
+            self.index.insert(replica, block_hashes)
+        elif live and self.speculative is not None:
+            self.speculative.add(replica, block_hashes, now)
+
+    def remote_dispatch(
+        self,
+        request_id: str,
+        replica: ReplicaId,
+        *,
+        prompt_tokens: int,
+        output_tokens: int,
+        predicted_cached_tokens: int,
+        now: float,
+    ) -> None:
+        """Another router instance sent request ``request_id`` to ``replica``: count it in the
+        load view, known by its numbers only (tokens), until :meth:`first_token` (never
+        measured: it is heard late) and :meth:`complete`. A reused id ends the earlier one."""
+        self.loads.count_dispatch(
+            request_id,
+            replica,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            predicted_cached_tokens=predicted_cached_tokens,
+            now=now,
+        )
+
+    # --- what the engines report (precise mode's KV events) -------------------------------
+    def engine_stored(
+        self, replica: ReplicaId, block_hashes: Sequence[BlockHash], *, from_root: bool = True
+    ) -> None:
+        """``replica``'s engine cached these blocks (our hashes of them). ``from_root=False``
+        when they continue a chain reported earlier (see :meth:`PrefixIndex.insert`). A replica
+        removed meanwhile stays removed: its late events are dropped."""
+        if replica in self._registered:
+            self.index.insert(replica, block_hashes, from_root=from_root)
+
+    def engine_removed(self, replica: ReplicaId, block_hashes: Iterable[BlockHash]) -> None:
+        """``replica``'s engine evicted these blocks."""
+        self.index.remove_blocks(replica, block_hashes)
+
+    def engine_cleared(self, replica: ReplicaId) -> None:
+        """``replica``'s engine dropped its whole cache (or its events can no longer be
+        trusted: a gap, a restart); it stays registered."""
+        self.index.clear_replica(replica)
+
+    # --- what a replica reports about itself ----------------------------------------------
+    def observe_replica(
+        self,
+        replica: ReplicaId,
+        *,
+        kv_usage: float | None = None,
+        num_waiting: int | None = None,
+        num_running: int | None = None,
+    ) -> None:
+        """Numbers ``replica`` reported (a metrics scrape, a simulator step, Ray's routing
+        stats): KV usage (0..1), requests waiting and running in the engine. Kept beside the
+        router's own accounting, never mixed in; None leaves the last report standing."""
+        self.loads.observe(
+            replica, kv_usage=kv_usage, num_waiting=num_waiting, num_running=num_running
+        )
+
+    # --- reads, for metrics, dashboards and reports ---------------------------------------
+    def replica_load(self, replica: ReplicaId) -> ReplicaLoad:
+        """``replica``'s load and learned speed as the router sees them (a replica never seen
+        gets an empty entry). To read: every change goes through the methods above."""
+        return self.loads.get(replica)
+
+    def queued_prefill_s(self, replica: ReplicaId, now: float) -> float:
+        """How long a request sent to ``replica`` at ``now`` waits before its own prefill
+        starts, at the replica's learned speed, seconds."""
+        return self.loads.get(replica).queued_prefill_s(now)
+
+    def indexed_blocks(self, replica: ReplicaId) -> int:
+        """Blocks the index says ``replica`` holds."""
+        return self.index.blocks_of(replica)
+
+    def index_blocks(self) -> int:
+        """Distinct blocks in the index (one held by three replicas counts once); O(entries)."""
+        return len(self.index)
+
+    def index_entries(self) -> int:
+        """(replica, block) entries in the index."""
+        return self.index.entries
+
+    def index_evictions(self) -> int:
+        """Index entries dropped by a replica's capacity since the router was made."""
+        return self.index.evictions
+
+    def speculative_entries(self) -> int | None:
+        """(replica, block) speculative entries not yet dropped; None without them."""
+        return len(self.speculative) if self.speculative is not None else None
+
+    def chars_per_token(self) -> dict[str | None, CharsPerToken]:
+        """Each model's characters per token as learned from usage (None: no model named)."""
+        return self.tokens.models()
 
 
 def speed_priors_of(policy: Policy) -> SpeedConfig:

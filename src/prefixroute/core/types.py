@@ -53,9 +53,32 @@ class DecisionReason(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class CandidateScore:
+    """What the policy saw of one candidate, for explaining a decision (tracing, /admin/explain).
+
+    ``predicted_ttft_s`` and ``score`` are filled by policies that compute them (the default
+    policy: its predicted time to first token, and that plus the delay to others it minimised);
+    ``None`` for policies that decide by other rules (the reason says which).
+    """
+
+    replica: ReplicaId
+    matched_blocks: int  # blocks of the prompt the index (or recent decisions) says it holds
+    cached_tokens: int  # the prompt tokens that match stands for
+    in_flight: int  # requests routed there and not finished
+    queued_prefill_tokens: int  # prompt tokens routed there and not yet prefilled
+    predicted_ttft_s: float | None = None
+    score: float | None = None  # the policy's objective (lower wins), when it has one
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
-    """A routing decision: where, why, and how many prompt tokens the router expects cached."""
+    """A routing decision: where, why, and how many prompt tokens the router expects cached.
+
+    ``candidates`` is filled only when the decision was asked to be explained (it costs a little
+    per candidate): every candidate the policy scored, in its order.
+    """
 
     replica: ReplicaId
     reason: DecisionReason
     predicted_cached_tokens: int  # tokens the router believes the replica has cached
+    candidates: tuple[CandidateScore, ...] = ()

@@ -1,8 +1,25 @@
-"""The simulator's replica model on the wall clock: one asyncio task runs its step loop.
+"""An emulated vLLM engine: the simulator's replica model and step loop, on a real-time kernel.
 
-This is SimPy's ``rt.py`` idea: the model is the same one the simulator drives; only the way time
-advances changes. The loop plans a batch (``begin_step``), sleeps for its duration (times
-``time_scale``), applies it (``end_step``) and wakes the handlers of the requests it touched.
+This is SimPy's ``rt.py`` idea: the model is the one the simulator drives, and so is the loop
+that steps it (:class:`~prefixroute.sim.stepper.ReplicaStepper`: plan a batch with
+``begin_step``, schedule its end ``duration`` later, apply it with ``end_step``, plan the next).
+Only the kernel differs: a :class:`~prefixroute.sim.realtime.RealtimeKernel`, whose clock is the
+wall clock divided by ``time_scale``, and which one asyncio task advances by sleeping until each
+event is due. Sharing the loop means a fix or a rule in how a replica steps (when it goes idle,
+how a kick starts it) holds for both clocks, and the emulator's steps are the simulator's events.
+
+Model time is the kernel's: it starts at 0 when :meth:`EngineLoop.start` runs, and a step ends
+exactly ``duration`` after it began even when the event loop wakes late (steps after a stall
+then run back to back until they have caught up; the kernel is not ``strict``, since a loaded
+machine must slow the emulator, not stop it). A request arrives at the wall clock's present
+model time and kicks the stepper through an event at that time; speed changes are events at
+their model times, as in the simulator.
+
+What stays here is what only a serving engine does: counting prefix-cache queries at admission
+(the stepper's ``on_plan``), holding aborts back while a step is planned, waking the handlers and
+publishing KV events after each step (``on_step``), and applying a zero-second step rather than
+idling (``empty_steps``: a replica with ``decode_step_s = 0`` must still stream its tokens; the
+simulator idles there, as its recorded runs were made).
 
 Each request gets a :class:`Generation` whose queue carries how many output tokens exist so far;
 ``FINISHED`` ends it and ``ABORTED`` means the engine stopped under it. A handler that goes away
@@ -14,18 +31,19 @@ holds the request, so the abort waits until ``end_step`` has applied the batch.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import xxhash
+from functools import partial
 
 from prefixroute._tasks import cancel_and_wait
 from prefixroute.core import ConfigError, PrefixrouteError
 from prefixroute.sim.fleet import SpeedChange
+from prefixroute.sim.kernel import URGENT
+from prefixroute.sim.realtime import RealtimeKernel
 from prefixroute.sim.replica import EngineRequest, ReplicaModel, StepResult
+from prefixroute.sim.stepper import ReplicaStepper
 
 log = logging.getLogger(__name__)
 
@@ -68,42 +86,40 @@ class EngineLoop:
         self.time_scale = time_scale  # wall seconds per model second
         self.after_step = after_step  # called after each applied step (KV events go out here)
         self.speed_changes = tuple(speed_changes)  # applied at model times after start()
-        self._timers: list[asyncio.TimerHandle] = []
         self.prefix_queries = 0  # prompt tokens looked up at admission, tokens
         self.prefix_hits = 0  # of those, tokens found cached, tokens
         self.prompt_tokens = 0  # prompt tokens of admitted requests, tokens
         self.generation_tokens = 0  # output tokens produced, tokens
         self._gens: dict[str, Generation] = {}
         self._ids = itertools.count()
-        self._wake = asyncio.Event()
+        self._kernel: RealtimeKernel | None = None  # made by start(): model time 0 is then
+        self._stepper: ReplicaStepper | None = None
         self._task: asyncio.Task[None] | None = None
-        self._in_step = False
         self._deferred_aborts: list[str] = []
         self._failed: BaseException | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
-        if self._task is None:
-            loop = asyncio.get_running_loop()
-            self._task = loop.create_task(self._run(), name="engine-loop")
-            # The model reads its speeds when it plans a step: a change applies from the next.
-            self._timers = [
-                loop.call_later(
-                    ch.at_s * self.time_scale,
-                    self.model.set_speed,
-                    ch.prefill_tokens_per_s,
-                    ch.decode_step_s,
-                )
-                for ch in self.speed_changes
-            ]
+        if self._task is not None:
+            return
+        loop = asyncio.get_running_loop()
+        kernel = self._kernel = RealtimeKernel(self.time_scale, clock=loop.time)
+        self._stepper = ReplicaStepper(
+            kernel, self.model, self._on_step, on_plan=self._count_admissions, empty_steps=True
+        )
+        # The model reads its speeds when it plans a step: a change applies from the next one.
+        # URGENT, as in the simulator: a change due at a step's end applies to the next step.
+        for ch in self.speed_changes:
+            change = partial(self.model.set_speed, ch.prefill_tokens_per_s, ch.decode_step_s)
+            kernel.at(ch.at_s, change, URGENT)
+        self._task = loop.create_task(self._run(kernel), name="engine-loop")
 
     async def stop(self) -> None:
         """Stop stepping; every unfinished request is told ABORTED."""
-        for timer in self._timers:
-            timer.cancel()
-        self._timers = []
         task, self._task = self._task, None
         await cancel_and_wait(task)
+        self._kernel = self._stepper = None  # no step will end now: release() aborts at once
+        self._apply_deferred_aborts()
         self._abort_all()
 
     @property
@@ -126,24 +142,22 @@ class EngineLoop:
         adapter's name) keys every block the same way, as vLLM hashes ``lora_name`` into each:
         the base model and each adapter never share a cached block.
         """
-        if not self.running:
+        kernel, stepper = self._kernel, self._stepper
+        if not self.running or kernel is None or stepper is None:
             raise EngineStopped("the engine is not running")
-        loop = asyncio.get_running_loop()
-        req = EngineRequest(f"req-{next(self._ids)}", tokens, output_tokens, self._now(loop))
+        req = EngineRequest(f"req-{next(self._ids)}", tokens, output_tokens, kernel.wall_now())
         if cache_salt is not None or adapter is not None:
             hasher = self.model.hasher
             if adapter is not None:
                 hasher = hasher.for_adapter(adapter)
                 req.lora_name = adapter
             if cache_salt is not None:
-                salt = cache_salt.encode("utf-8", "surrogatepass")
-                seed = xxhash.xxh3_64_intdigest(salt, hasher.seed)
-                hasher = dataclasses.replace(hasher, seed=seed)
+                hasher = hasher.salted(cache_salt)
             req.block_hashes = hasher.hash_tokens(tokens)
-        self.model.submit(req)
+        self.model.submit(req)  # synchronous, so RequestTooLarge reaches the handler
         gen = Generation(req)
         self._gens[req.request_id] = gen
-        self._wake.set()
+        kernel.call_now(stepper.kick)  # an event at the wall clock's time, not the last event's
         return gen
 
     def release(self, gen: Generation) -> None:
@@ -153,40 +167,15 @@ class EngineLoop:
         gen.done = True
         rid = gen.request.request_id
         self._gens.pop(rid, None)
-        if self._in_step:
+        if self._stepper is not None and self._stepper.in_step:
             self._deferred_aborts.append(rid)
         else:
             self.model.abort(rid)
 
-    # --- the step loop --------------------------------------------------------------------
-    def _now(self, loop: asyncio.AbstractEventLoop) -> float:
-        """Model time, seconds: wall time divided by the time scale."""
-        return loop.time() / self.time_scale
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        model = self.model
+    # --- the kernel's callbacks -----------------------------------------------------------
+    async def _run(self, kernel: RealtimeKernel) -> None:
         try:
-            while True:
-                if not model.has_work():
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                waiting_before = model.num_waiting
-                self._in_step = True
-                try:
-                    duration = model.begin_step(self._now(loop))
-                    self._count_admissions(waiting_before - model.num_waiting)
-                    # A zero-length step (nothing to prefill, zero decode time) still yields, so
-                    # handlers and new arrivals run between steps.
-                    await asyncio.sleep(duration * self.time_scale)
-                    result = model.end_step(self._now(loop))
-                finally:
-                    self._in_step = False
-                    self._apply_deferred_aborts()
-                if self.after_step is not None:
-                    self.after_step()  # before the handlers hear of it, as an engine publishes
-                self._publish(result)
+            await kernel.run_realtime()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a model bug must not leave handlers waiting forever
@@ -201,6 +190,13 @@ class EngineLoop:
             self.prefix_queries += req.prompt_tokens
             self.prefix_hits += req.cached_tokens
             self.prompt_tokens += req.prompt_tokens
+
+    def _on_step(self, result: StepResult) -> None:
+        """A step was applied: aborts held back during it, then KV events, then handlers."""
+        self._apply_deferred_aborts()
+        if self.after_step is not None:
+            self.after_step()  # before the handlers hear of it, as an engine publishes
+        self._publish(result)
 
     def _apply_deferred_aborts(self) -> None:
         aborts, self._deferred_aborts = self._deferred_aborts, []

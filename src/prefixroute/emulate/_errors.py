@@ -1,18 +1,20 @@
 """The emulated replica's errors and the one table that turns them into OpenAI-style responses.
 
-Hierarchy::
+The emulated replica's part of the one hierarchy (``prefixroute.core.errors`` draws all of it),
+with the status each class answers::
 
     PrefixrouteError                (core)
     ├── ConfigError                 400 a value the model rejects
     ├── RequestTooLarge             400 the prompt can never fit the KV cache
+    ├── ModelNotFound               404 a ``model`` this replica does not serve (core)
     ├── EngineStopped               503 the engine loop is not running (in _engine)
     └── EmulateError                500
-        ├── InvalidRequest          400 malformed JSON or a bad field
-        └── ModelNotFound           404 a ``model`` this replica does not serve
+        └── InvalidRequest          400 malformed JSON or a bad field
 
 Bodies are ``{"error": {"message", "type", "param", "code"}}`` as OpenAI sends them; ``code``
-is the HTTP status, as vLLM fills it. The table is looked up along the exception's MRO, and an
-outermost catch-all answers anything else with a JSON 500 instead of a traceback.
+is the HTTP status, as vLLM fills it (so the rows leave ``ErrorSpec.code`` unset). The table is
+looked up along the exception's MRO, and an outermost catch-all answers anything else with a
+JSON 500 instead of a traceback.
 """
 
 from __future__ import annotations
@@ -20,12 +22,18 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from prefixroute.core import ConfigError, PrefixrouteError, RequestTooLarge
+from prefixroute.core import (
+    ConfigError,
+    ErrorSpec,
+    ModelNotFound,
+    PrefixrouteError,
+    RequestTooLarge,
+    spec_along_mro,
+)
 from prefixroute.emulate._engine import EngineStopped
 
 log = logging.getLogger(__name__)
@@ -43,16 +51,6 @@ class InvalidRequest(EmulateError):
     """The request body is not valid JSON or has a bad field."""
 
 
-class ModelNotFound(EmulateError):
-    """The request names a model this replica does not serve."""
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorSpec:
-    status: int  # HTTP status
-    type: str  # OpenAI error type
-
-
 ERROR_TABLE: dict[type[BaseException], ErrorSpec] = {
     InvalidRequest: ErrorSpec(400, "BadRequestError"),
     ConfigError: ErrorSpec(400, "BadRequestError"),
@@ -65,11 +63,8 @@ _INTERNAL = ErrorSpec(500, "InternalServerError")
 
 
 def spec_for(exc: BaseException) -> ErrorSpec:
-    for cls in type(exc).__mro__:
-        spec = ERROR_TABLE.get(cls)
-        if spec is not None:
-            return spec
-    return _INTERNAL
+    """The table row of the nearest class on ``exc``'s MRO (the catch-all row otherwise)."""
+    return spec_along_mro(ERROR_TABLE, exc, _INTERNAL)
 
 
 def error_response(

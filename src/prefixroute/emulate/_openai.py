@@ -14,18 +14,14 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
-from prefixroute.emulate._errors import InvalidRequest, ModelNotFound
+from prefixroute.core import Endpoint as Endpoint  # the core's: one name for one call
+from prefixroute.core import ModelNotFound
+from prefixroute.emulate._errors import InvalidRequest
 from prefixroute.emulate._tokenizer import filler, message_text, render_chat, tokenize
 
 DEFAULT_MAX_TOKENS = 16  # output tokens when the request does not say
-
-
-class Endpoint(StrEnum):
-    COMPLETIONS = "completions"
-    CHAT = "chat"
 
 
 @dataclass(frozen=True, slots=True)

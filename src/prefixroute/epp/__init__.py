@@ -18,7 +18,7 @@ or ``--k8s-selector`` with the ``kubernetes`` extra).
 """
 
 from prefixroute.epp._endpoints import EndpointSet, FileEndpoints, read_endpoints_file
-from prefixroute.epp._kube import PodEndpoints, PodInfo, pod_info
+from prefixroute.epp._kube import KubernetesPods, PodEndpoints, PodInfo, pod_info
 from prefixroute.epp._protocol import (
     DESTINATION_HEADER,
     DESTINATION_NAMESPACE,
@@ -39,6 +39,7 @@ __all__ = [
     "EndpointSet",
     "EppConfig",
     "FileEndpoints",
+    "KubernetesPods",
     "PickShared",
     "PickStream",
     "PodEndpoints",

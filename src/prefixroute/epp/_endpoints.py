@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from prefixroute._tasks import cancel_and_wait
+from prefixroute._tasks import cancel_and_wait, every
 from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.epp._stream import replica_of
 from prefixroute.gateway import ReplicaRecord, ReplicaRegistry
@@ -94,16 +94,15 @@ class FileEndpoints:
 
     def start(self) -> None:
         self.poll()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="epp-file")
+        self._task = every(self.interval_s, self._tick, self._failed, "epp-file", (ConfigError,))
 
     async def stop(self) -> None:
         task, self._task = self._task, None
         await cancel_and_wait(task)
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                self.poll()
-            except ConfigError as exc:
-                log.warning("endpoints file: %s", exc)
+    async def _tick(self) -> None:
+        self.poll()
+
+    @staticmethod
+    def _failed(exc: Exception) -> None:
+        log.warning("endpoints file: %s", exc)

@@ -9,6 +9,10 @@ Prometheus registry: decisions, requests by replica/status/reason, predicted aga
 cached tokens, the live index and load), ``GET /health`` (200 while some endpoint is healthy,
 else 503) and ``GET /admin/replicas`` (the registry's listing, read-only).
 
+With ``sync_redis`` (the gateway's setting, its TOML keys and ``--sync-redis``) the picker joins
+the gateways' Redis sync (``gateway.RouteSync``, same channel, same messages): it publishes its
+decisions, first tokens and ends, and applies the other pickers' and gateways', on this loop.
+
 Fail-closed by default: the Envoy configurations we ship set ``failure_mode_allow: false``, so
 with the picker down Envoy answers 500 rather than sending requests nowhere in particular.
 """
@@ -33,7 +37,15 @@ from prefixroute.core import BlockHasher, Router, make_policy
 from prefixroute.epp import _protocol as proto
 from prefixroute.epp._endpoints import EndpointSet, FileEndpoints
 from prefixroute.epp._stream import PickShared, PickStream
-from prefixroute.gateway import GatewayConfig, GatewayMetrics, HealthChecker, ReplicaRegistry
+from prefixroute.gateway import (
+    GatewayConfig,
+    GatewayMetrics,
+    HealthChecker,
+    ReplicaRegistry,
+    RouteSync,
+    admin_refusal,
+    mount_fleet_page,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +95,15 @@ class EndpointPicker:
         )
         self.registry = ReplicaRegistry(self.router, rc)
         self.metrics = GatewayMetrics(self.router, self.registry)
-        self.shared = PickShared(self.router, self.registry, self.metrics, config.full_duplex)
+        self.sync: RouteSync | None = None  # sync_redis: one view with the other pickers
+        if rc.sync_redis is not None:
+            self.sync = RouteSync(
+                rc.sync_redis, rc.sync_channel, self.router, self.metrics.registry,
+                history=rc.sync_history,
+            )  # fmt: skip
+        self.shared = PickShared(
+            self.router, self.registry, self.metrics, config.full_duplex, sync=self.sync
+        )
         self.endpoints = EndpointSet(self.registry, self._probe_new)
         self.grpc_port = 0  # bound ports, known after start
         self.http_port = 0
@@ -109,6 +129,8 @@ class EndpointPicker:
         self._checker = HealthChecker(self.registry, self._session, cfg.routing)
         await self._checker.check_all(first=True)
         self._checker.start()
+        if self.sync is not None:
+            await self.sync.start()  # never fails: an unreachable Redis is retried in background
         server = self._grpc = grpc.aio.server()
         pb_grpc.add_ExternalProcessorServicer_to_server(_Processor(self.shared), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -139,6 +161,8 @@ class EndpointPicker:
             task.cancel()
         if self._checker is not None:
             await self._checker.stop()
+        if self.sync is not None:
+            await self.sync.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -167,10 +191,19 @@ class EndpointPicker:
 
     # --- HTTP: metrics, health, admin listing ---------------------------------------------
     def _http_app(self) -> web.Application:
+        """``/metrics`` and ``/health`` (probes, Prometheus) for anyone; the admin listing and
+        the fleet page (``/dashboard``) as the gateway serves them: with the admin token, or
+        on a loopback listener for loopback clients only, else not at all."""
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._healthz)
-        app.router.add_get("/admin/replicas", self._replicas)
+        cfg = self.config
+        fleet = mount_fleet_page(
+            app, cfg.routing, self.router, self.registry, self.metrics, cfg.http_host
+        )
+        if fleet is not None:
+            self.shared.fleet = fleet
+            app.router.add_get("/admin/replicas", self._replicas)
         return app
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -183,4 +216,7 @@ class EndpointPicker:
         return web.json_response({"healthy_endpoints": healthy}, status=status)
 
     async def _replicas(self, request: web.Request) -> web.Response:
+        refused = admin_refusal(request)
+        if refused is not None:
+            return refused
         return web.json_response({"data": [self.registry.describe(r) for r in self.registry]})

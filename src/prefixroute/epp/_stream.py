@@ -15,8 +15,9 @@ its end. Two body modes are served, told apart by the ``protocol_config`` Envoy 
 * ``BUFFERED``: Envoy sends the whole body in one message after our (empty) headers answer; the
   destination goes in the body answer, whose header mutation still applies (nothing was sent).
 
-Picking is the gateway's: the body is parsed by ``parse_body``/``key_of``, the view is built by
-``Router.view`` and the decision is ``Router.route`` among the registry's candidates (healthy,
+Picking is the gateway's: the body is read under the gateway's strict JSON rules
+(``parse_body``/``key_of``) into the core's ``RouteKey``, whose ``view`` is what the router
+routes on, and the decision is ``Router.route`` among the registry's candidates (healthy,
 serving the model, under their in-flight cap), narrowed to the proxy's subset hint when there is
 one. Errors become an ``ImmediateResponse`` with the status and JSON body of the gateway's one
 error table (400 for a body we cannot route, 503 when nothing is eligible).
@@ -27,6 +28,10 @@ last usage-bearing event (or of the whole JSON body) goes to ``Router.observe_us
 ``Router.complete`` with the completion tokens. ``close`` (the stream ended, however) completes a
 request that did not end cleanly, once. Response chunks go back at once: full duplex hands them
 back as streamed chunks, other modes just continue, so streaming is not held up.
+
+With ``sync_redis``, the decision, the first token and the end are also handed to the Redis sync
+(``gateway.RouteSync``) at the same three points as in the gateway's proxy, so several pickers,
+and gateways, on one channel share one index and one load view.
 """
 
 from __future__ import annotations
@@ -40,11 +45,14 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from prefixroute.core import (
+    EMPTY_KEY,
     ConfigError,
     Decision,
+    Endpoint,
     NoReplicaAvailable,
     PrefixrouteError,
     ReplicaId,
+    RouteKey,
     Router,
 )
 from prefixroute.epp import _protocol as proto
@@ -52,10 +60,11 @@ from prefixroute.gateway import (
     PREDICTED_HEADER,
     REASON_HEADER,
     REPLICA_HEADER,
-    Endpoint,
+    DecisionEntry,
+    FleetView,
     GatewayMetrics,
     ReplicaRegistry,
-    RouteKey,
+    RouteSync,
     SSEScanner,
     Usage,
     error_body,
@@ -100,6 +109,10 @@ class PickShared:
     default_full_duplex: bool = True  # body mode when Envoy does not say (older Envoys)
     clock: Callable[[], float] = time.monotonic  # seconds
     ids: itertools.count[int] = field(default_factory=itertools.count)
+    # sync_redis: each decision, first token and end is also told to the other pickers and
+    # gateways, as the gateway's proxy tells them (its methods return at once, never raise)
+    sync: RouteSync | None = None
+    fleet: FleetView | None = None  # the fleet page's recent decisions, when it is mounted
 
 
 class PickStream:
@@ -164,7 +177,7 @@ class PickStream:
     # --- picking --------------------------------------------------------------------------
     def _pick_headers_only(self) -> list[proto.Response]:
         try:
-            decision = self._route(RouteKey("", None, None, False, 0))
+            decision = self._route(EMPTY_KEY)
         except PrefixrouteError as exc:
             return [self._error(exc)]
         endpoint = endpoint_of(decision.replica)
@@ -190,24 +203,19 @@ class PickStream:
         path = self.headers.get(":path", "").split("?", 1)[0]
         endpoint = _PATHS.get(path, Endpoint.OTHER)
         if not body:
-            return RouteKey("", None, None, False, 0)
+            return EMPTY_KEY
         return key_of(endpoint, parse_body(body))  # BadRequest / InvalidJSON: a 400
 
     def _route(self, key: RouteKey) -> Decision:
         s = self.s
         started = time.perf_counter()
-        if key.tokens is not None:
-            view = s.router.view(
-                self.rid, tokens=key.tokens, output_tokens=key.max_tokens, model=key.model
-            )
-        else:
-            view = s.router.view(
-                self.rid, text=key.text or "", output_tokens=key.max_tokens, model=key.model
-            )
+        view = key.view(s.router, self.rid)
         candidates = _narrow(s.registry.candidates(key.model), self.subset)
         decision = s.router.route(view, s.clock(), candidates)
         s.metrics.decision_seconds.observe(time.perf_counter() - started)
         self.decision = decision
+        if s.sync is not None:
+            s.sync.routed(view, decision)
         return decision
 
     def _error(self, exc: PrefixrouteError) -> proto.Response:
@@ -215,7 +223,9 @@ class PickStream:
         self._done = True  # nothing was routed: nothing to account
         self.s.metrics.count_request("none", spec.status, "none")
         body = json.dumps(error_body(str(exc), spec.type, spec.code), separators=(",", ":"))
-        return proto.immediate_response(spec.status, body.encode(), details=spec.code)
+        # Every row of the gateway's table names a code; the type stands in for one that did not.
+        details = spec.code or spec.type
+        return proto.immediate_response(spec.status, body.encode(), details=details)
 
     # --- the answer -----------------------------------------------------------------------
     def _response_headers(self, req: proto.Request) -> list[proto.Response]:
@@ -251,6 +261,8 @@ class PickStream:
                 if scanner.saw_data and not self._first_token:
                     self._first_token = True
                     self.s.router.first_token(self.rid, self.s.clock())
+                    if self.s.sync is not None:
+                        self.s.sync.first_token(self.rid)
             elif self._plain_bytes < MAX_PLAIN_BODY:
                 self._plain.append(chunk)
                 self._plain_bytes += len(chunk)
@@ -274,6 +286,14 @@ class PickStream:
         replica, s = decision.replica, self.s
         status = self.status
         s.metrics.count_request(s.registry.public_name(replica), status, decision.reason.value)
+        if s.fleet is not None:
+            path = self.headers.get(":path", "").partition("?")[0]
+            s.fleet.decisions.record(
+                DecisionEntry(
+                    time.time(), replica, decision.reason.value, status,
+                    decision.predicted_cached_tokens, path,
+                )
+            )  # fmt: skip
         if status == 200 and usage is not None:
             s.metrics.observe_usage(replica, decision.predicted_cached_tokens, usage.cached_tokens)
         if s.registry.router.has_replica(replica):
@@ -294,6 +314,8 @@ class PickStream:
                 router.observe_usage(self.rid, usage.prompt_tokens, usage.cached_tokens)
             output = usage.completion_tokens
         router.complete(self.rid, self.s.clock(), output)
+        if self.s.sync is not None:
+            self.s.sync.completed(self.rid)
 
 
 def _narrow(candidates: Sequence[ReplicaId], subset: Sequence[str] | None) -> list[ReplicaId]:

@@ -2,15 +2,16 @@
 
 The adapter between engines and the routing core (STYLE rule 12). Engines publish what their
 prefix caches store and evict; this package decodes it (``decode_batch``), follows each
-replica's stream (``EventSubscriber``: sequence numbers, replay, resync) and applies it to the
-router's :class:`~prefixroute.core.PrefixIndex` through its plain methods (``PreciseIndexer``),
-keyed by our own hashes of the token ids the events carry. The core never sees a socket, a
-frame or an engine hash. ``EventPublisher`` speaks the same protocol for emulated engines.
+replica's stream (``EventSubscriber``: sequence numbers, replay, resync) and tells the router
+through its engine-event methods (``PreciseIndexer``; a bare
+:class:`~prefixroute.core.PrefixIndex` through ``IndexTarget``), keyed by our own hashes of
+the token ids the events carry. The core never sees a socket, a frame or an engine hash.
+``EventPublisher`` speaks the same protocol for emulated engines.
 """
 
 from prefixroute.events._endpoint import EventEndpoint
 from prefixroute.events._errors import BadEndpoint, EventDecodeError, EventStreamError
-from prefixroute.events._indexer import IndexerStats, PreciseIndexer
+from prefixroute.events._indexer import EngineBlocks, IndexerStats, IndexTarget, PreciseIndexer
 from prefixroute.events._publisher import EventPublisher
 from prefixroute.events._sequence import SeqOutcome, SequenceTracker
 from prefixroute.events._subscriber import EventSubscriber, StreamState, StreamStats
@@ -36,6 +37,7 @@ __all__ = [
     "BadEndpoint",
     "BlockRemoved",
     "BlockStored",
+    "EngineBlocks",
     "EventBatch",
     "EventDecodeError",
     "EventEndpoint",
@@ -43,6 +45,7 @@ __all__ = [
     "EventStreamError",
     "EventSubscriber",
     "ExternalBlockHash",
+    "IndexTarget",
     "IndexerStats",
     "KVCacheEvent",
     "KVEvent",

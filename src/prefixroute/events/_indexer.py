@@ -28,12 +28,19 @@ Copies: an engine may hold two physical blocks with one hash (two requests compu
 prefix at once) and report each eviction. We keep one entry per hash, so the first eviction
 removes it while a copy may remain: again an under-prediction, and rare in vLLM v1, which
 caches blocks when it schedules them.
+
+The blocks go to the router through its engine-event methods (``Router.engine_stored`` and
+its siblings), so every change to the routing state stays a Router method. A bare
+:class:`~prefixroute.core.PrefixIndex` works too (tests, benchmarks, an observer that routes
+nothing), through :class:`IndexTarget`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from prefixroute.core import BlockHash, BlockHasher, PrefixIndex, ReplicaId
 from prefixroute.events._wire import (
@@ -63,12 +70,49 @@ class IndexerStats:
     unknown_removals: int = 0  # BlockRemoved for a hash we do not hold
 
 
-class PreciseIndexer:
-    """Keeps ``replica``'s entries in ``index`` equal to what its engine reported."""
+class EngineBlocks(Protocol):
+    """What the indexer tells: a replica's engine stored, evicted or dropped blocks (our
+    hashes). :class:`~prefixroute.core.Router` is one; :class:`IndexTarget` another."""
 
-    def __init__(self, replica: ReplicaId, index: PrefixIndex, hasher: BlockHasher) -> None:
-        self.replica = replica
+    def engine_stored(
+        self, replica: ReplicaId, block_hashes: Sequence[BlockHash], *, from_root: bool = True
+    ) -> None: ...
+
+    def engine_removed(self, replica: ReplicaId, block_hashes: Iterable[BlockHash]) -> None: ...
+
+    def engine_cleared(self, replica: ReplicaId) -> None: ...
+
+
+class IndexTarget:
+    """A bare prefix index told what an engine reports, as the Router tells its own."""
+
+    def __init__(self, index: PrefixIndex) -> None:
         self.index = index
+
+    def engine_stored(
+        self, replica: ReplicaId, block_hashes: Sequence[BlockHash], *, from_root: bool = True
+    ) -> None:
+        if replica in self.index.replicas:  # a replica removed meanwhile stays removed
+            self.index.insert(replica, block_hashes, from_root=from_root)
+
+    def engine_removed(self, replica: ReplicaId, block_hashes: Iterable[BlockHash]) -> None:
+        self.index.remove_blocks(replica, block_hashes)
+
+    def engine_cleared(self, replica: ReplicaId) -> None:
+        self.index.clear_replica(replica)
+
+
+class PreciseIndexer:
+    """Keeps ``replica``'s entries in the router's index (or a bare ``index``) equal to what
+    its engine reported."""
+
+    def __init__(
+        self, replica: ReplicaId, target: EngineBlocks | PrefixIndex, hasher: BlockHasher
+    ) -> None:
+        self.replica = replica
+        if isinstance(target, PrefixIndex):
+            target = IndexTarget(target)
+        self.target = target
         self.hasher = hasher
         self.stats = IndexerStats()
         self._ours: dict[ExternalBlockHash, BlockHash] = {}  # engine hash -> our hash
@@ -89,11 +133,16 @@ class PreciseIndexer:
     def clear(self) -> None:
         """Forget everything this replica reported (a reset, a gap, a restart)."""
         self._ours.clear()
-        self.index.clear_replica(self.replica)
+        self.target.engine_cleared(self.replica)
 
     def __len__(self) -> int:
         """Engine blocks currently mapped."""
         return len(self._ours)
+
+    @property
+    def index(self) -> PrefixIndex | None:
+        """The bare index it feeds; None when it feeds a router (read the router instead)."""
+        return self.target.index if isinstance(self.target, IndexTarget) else None
 
     # --- events ---------------------------------------------------------------------------
     def _stored(self, event: BlockStored) -> None:
@@ -115,8 +164,7 @@ class PreciseIndexer:
             stats.skipped_blocks += n
             return
         self._ours.update(zip(event.block_hashes, ours, strict=True))
-        if self.replica in self.index.replicas:  # a replica removed meanwhile stays removed
-            self.index.insert(self.replica, ours, from_root=parent is None)
+        self.target.engine_stored(self.replica, ours, from_root=parent is None)
         stats.stored_blocks += n
         if event.lora_name is not None:
             stats.adapter_blocks += n
@@ -134,7 +182,7 @@ class PreciseIndexer:
             else:
                 ours.append(h)
         if ours:
-            self.index.remove_blocks(self.replica, ours)
+            self.target.engine_removed(self.replica, ours)
             stats.removed_blocks += len(ours)
 
     def _hasher_of(self, event: BlockStored) -> BlockHasher | None:

@@ -12,8 +12,18 @@ From the command line: ``prefixroute serve --replica URL [--replica URL ...] [--
 
 from prefixroute.gateway._app import build_app
 from prefixroute.gateway._auth import generate_api_key, hash_api_key
-from prefixroute.gateway._config import CONFIG_HELP, GatewayConfig, build_config, load_toml
+from prefixroute.gateway._config import (
+    ADMIN_TOKEN_ENV,
+    UPSTREAM_API_KEY_ENV,
+    ConfigField,
+    GatewayConfig,
+    Setting,
+    config_fields,
+)
+from prefixroute.gateway._config_file import CONFIG_HELP, build_config, load_toml
+from prefixroute.gateway._dashboard import admin_refusal, mount_fleet_page
 from prefixroute.gateway._errors import error_body, spec_for
+from prefixroute.gateway._fleetview import DecisionEntry, FleetView
 from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._proxy import PREDICTED_HEADER, REASON_HEADER, REPLICA_HEADER
@@ -23,21 +33,28 @@ from prefixroute.gateway._registry import (
     ReplicaStatus,
     normalize_url,
 )
-from prefixroute.gateway._requests import Endpoint, RouteKey, key_of, parse_body
+from prefixroute.gateway._requests import key_of, parse_body
 from prefixroute.gateway._server import Gateway
 from prefixroute.gateway._sse import SSEScanner
+from prefixroute.gateway._sync import RouteSync
 from prefixroute.gateway._tenant_config import TenancyConfig, TenantLimits, TenantSpec
-from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer
+from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
 from prefixroute.gateway._usage import Usage, usage_in_body
 
 # The request-side and response-side pieces below are also what ``prefixroute.epp`` (the Envoy
-# endpoint picker) routes and accounts with, so that both front ends parse and learn alike.
+# endpoint picker) routes and accounts with, so that both front ends parse and learn alike:
+# ``parse_body`` and ``key_of`` read a body under the gateway's strict JSON rules into the
+# core's ``RouteKey`` (``prefixroute.core.request_key``).
 __all__ = [
+    "ADMIN_TOKEN_ENV",
     "CONFIG_HELP",
     "PREDICTED_HEADER",
     "REASON_HEADER",
     "REPLICA_HEADER",
-    "Endpoint",
+    "UPSTREAM_API_KEY_ENV",
+    "ConfigField",
+    "DecisionEntry",
+    "FleetView",
     "Gateway",
     "GatewayConfig",
     "GatewayMetrics",
@@ -47,19 +64,24 @@ __all__ = [
     "ReplicaRecord",
     "ReplicaRegistry",
     "ReplicaStatus",
-    "RouteKey",
+    "RouteSync",
+    "Setting",
     "SSEScanner",
     "TenancyConfig",
     "TenantLimits",
     "TenantSpec",
+    "TokenizerPool",
     "Usage",
+    "admin_refusal",
     "build_app",
     "build_config",
+    "config_fields",
     "error_body",
     "generate_api_key",
     "hash_api_key",
     "key_of",
     "load_toml",
+    "mount_fleet_page",
     "normalize_url",
     "parse_body",
     "spec_for",

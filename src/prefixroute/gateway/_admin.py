@@ -8,6 +8,8 @@
     GET    /admin/tenants/{name}            {"tenant": {limits, in_flight, bucket levels}}
     PUT    /admin/tenants/{name}/limits     body: limit fields (null: the config's) -> 200
     DELETE /admin/tenants/{name}/limits     back to the config file's limits -> 200
+    POST   /admin/explain/v1/completions    body: a request as a client sends it (also
+    POST   /admin/explain/v1/chat/completions   ?tenant=NAME) -> where it would go, and why
 
 ``{id}`` is the replica's URL, URL-quoted (``http%3A%2F%2F10.0.0.11%3A8000``) or as is. Every
 call needs ``Authorization: Bearer <token>`` with the token given at start; the comparison is
@@ -15,36 +17,47 @@ constant-time (``hmac.compare_digest`` of digests, which hides the length too). 
 token the admin API is not mounted at all; with ``admin_port`` it is served only on its own
 listener (:func:`build_admin_app`). A replica added here is probed at once and, if it answers,
 takes traffic from the next request. Limits set here last until the gateway stops.
+
+``/admin/explain`` answers "why would my request go there?": the request is keyed exactly as
+the proxied path keys it (``GatewayState.route_key``) and the router explains its decision
+(``Router.explain``: every candidate's match, load and, from the default policy, predicted TTFT
+and score) without routing it, so nothing is recorded and nothing is sent to a replica.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 
-from prefixroute.core import ConfigError
+from prefixroute.core import ConfigError, Decision, Endpoint
 from prefixroute.gateway import _dashboard
+from prefixroute.gateway._admission import (
+    add_catch_all,
+    expect_handler,
+    make_request_id_middleware,
+    request_id_of,
+)
 from prefixroute.gateway._auth import bearer_token, secrets_equal
 from prefixroute.gateway._errors import BadRequest, Unauthorized, make_error_middleware
-from prefixroute.gateway._expect import add_catch_all, expect_handler
 from prefixroute.gateway._fleetview import FLEET
-from prefixroute.gateway._request_id import make_request_id_middleware
-from prefixroute.gateway._requests import parse_body
+from prefixroute.gateway._requests import key_of, parse_body
 from prefixroute.gateway._state import STATE, GatewayState
 from prefixroute.gateway._tenant_config import (
     LIMIT_NAMES,
     check_tenant_name,
     limits_from,
 )
-from prefixroute.gateway._tenants import TENANTS
+from prefixroute.gateway._tenants import TENANTS, TenantScope
 
 MAX_ADMIN_BODY = 64 * 1024  # bytes
+EXPLAINED = {Endpoint.COMPLETIONS: "/v1/completions", Endpoint.CHAT: "/v1/chat/completions"}
 
 
 def add_routes(app: web.Application) -> None:
-    eh = expect_handler  # aiohttp's default can fail (see _expect)
+    eh = expect_handler  # aiohttp's default can fail (see _admission)
     app.router.add_get("/admin/replicas", list_replicas, expect_handler=eh)
     app.router.add_post("/admin/replicas", add_replica, expect_handler=eh)
     app.router.add_post(r"/admin/replicas/{ref:.+}/drain", drain_replica, expect_handler=eh)
@@ -53,6 +66,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/tenants/{name}", get_tenant, expect_handler=eh)
     app.router.add_put("/admin/tenants/{name}/limits", set_tenant_limits, expect_handler=eh)
     app.router.add_delete("/admin/tenants/{name}/limits", reset_tenant_limits, expect_handler=eh)
+    for endpoint, path in EXPLAINED.items():
+        app.router.add_post(f"/admin/explain{path}", _explainer(endpoint), expect_handler=eh)
 
 
 def build_admin_app(main: web.Application) -> web.Application:
@@ -168,3 +183,52 @@ def _tenant_name(request: web.Request) -> str:
         return check_tenant_name(request.match_info["name"])
     except ConfigError as exc:
         raise BadRequest(str(exc)) from exc
+
+
+def _explainer(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def explain(request: web.Request) -> web.Response:
+        state = _authorize(request)
+        obj = parse_body(await request.read())
+        key = key_of(endpoint, obj)
+        scope = None
+        if "tenant" in request.query:
+            try:
+                name = check_tenant_name(request.query["tenant"])
+            except ConfigError as exc:
+                raise BadRequest(str(exc)) from exc
+            tenants = request.app[TENANTS]
+            scope = TenantScope(tenants.get(name, time.monotonic()), tenants)
+        key = await state.route_key(endpoint, key, obj, scope)
+        view = key.view(state.router, f"explain-{request_id_of(request)}")
+        candidates = state.registry.candidates(key.model)
+        decision = state.router.explain(view, time.monotonic(), candidates)
+        return web.json_response(_explained(state, view.prompt_tokens, decision))
+
+    return explain
+
+
+def _explained(state: GatewayState, prompt_tokens: int, decision: Decision) -> dict[str, Any]:
+    """The explanation's JSON: replicas by public name and URL (this is the admin API)."""
+    name = state.registry.public_name
+    return {
+        "replica": name(decision.replica),
+        "url": decision.replica,
+        "reason": decision.reason.value,
+        "policy": state.router.policy.name,
+        "prompt_tokens": prompt_tokens,
+        "predicted_cached_tokens": decision.predicted_cached_tokens,
+        "candidates": [
+            {
+                "replica": name(c.replica),
+                "url": c.replica,
+                "chosen": c.replica == decision.replica,
+                "matched_blocks": c.matched_blocks,
+                "cached_tokens": c.cached_tokens,
+                "in_flight": c.in_flight,
+                "queued_prefill_tokens": c.queued_prefill_tokens,
+                "predicted_ttft_s": c.predicted_ttft_s,
+                "score": c.score,
+            }
+            for c in decision.candidates
+        ],
+    }

@@ -8,9 +8,10 @@ paths of ``_paths`` (``/v1/embeddings``: passed to a replica chosen on load alon
 token, ``/admin/replicas``. Every other path is a 404 that reaches no replica, and a replica
 only ever gets the route's own path (``_paths.upstream_target``), never the client's raw one.
 
-A handler does four things: parse (``_requests``, and ``_tokenize`` with a tokenizer), ask the
-core and proxy (``_proxy``), and the accounting rides on the router's dispatch / first token /
-complete calls.
+A handler does four things: parse, once (``_admit``: the body read under ``_requests``' strict
+rules into the core's route key, put in the tenant's key space, re-encoded, and tokenized with
+``_tokenize``), ask the core and proxy (``_proxy``, handed that ``Admitted`` request), and the
+accounting rides on the router's dispatch / first token / complete calls.
 
 Modes: by default the router keys requests on characters and its index records its own
 decisions (approximate). ``--tokenizer`` keys them on the engine's token ids in blocks of
@@ -39,10 +40,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prefixroute.core import BlockHasher, ConfigError, ReplicaId, Router, make_policy
 from prefixroute.events import EventEndpoint
 from prefixroute.gateway import _admin, _dashboard
-from prefixroute.gateway._bodylog import LOG_BODIES
+from prefixroute.gateway._admission import (
+    LOG_BODIES,
+    add_catch_all,
+    expect_handler,
+    log_request_body,
+    log_response_body,
+    make_request_id_middleware,
+    request_id_of,
+)
 from prefixroute.gateway._config import GatewayConfig
-from prefixroute.gateway._errors import ShuttingDown, make_error_middleware
-from prefixroute.gateway._expect import add_catch_all, expect_handler
+from prefixroute.gateway._errors import Observer, ShuttingDown, make_error_middleware
 from prefixroute.gateway._fleetview import FLEET, FleetView
 from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._limits import Limits
@@ -52,12 +60,25 @@ from prefixroute.gateway._paths import PASSTHROUGH_PATHS, make_path_middleware
 from prefixroute.gateway._precise import PreciseMode
 from prefixroute.gateway._proxy import OUTCOME, Proxy
 from prefixroute.gateway._registry import ReplicaRegistry, normalize_url
-from prefixroute.gateway._request_id import make_request_id_middleware
-from prefixroute.gateway._requests import EMPTY_KEY, Endpoint, RouteKey, key_of, parse_body
+from prefixroute.gateway._requests import (
+    Admitted,
+    Endpoint,
+    encode_body,
+    key_of,
+    other_key,
+    parse_body,
+)
 from prefixroute.gateway._state import STATE, GatewayState
 from prefixroute.gateway._sync import RouteSync
-from prefixroute.gateway._tenants import TENANTS, Tenants, make_tenant_middleware
+from prefixroute.gateway._tenants import (
+    TENANT_SCOPE,
+    TENANTS,
+    Tenants,
+    make_tenant_middleware,
+    upstream_headers,
+)
 from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
+from prefixroute.gateway._tracing import RequestTracing
 
 # Tokenizer threads: all cores but one, which stays with the event loop (on 2 cores one thread
 # kept the loop's longest stall at ~5 ms beside 8k-token prompts; two threads: ~15 ms).
@@ -73,6 +94,31 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
         tokenizer = HFTokenizer(config.tokenizer)
     if config.precise and tokenizer is None:
         raise ConfigError("precise mode (--kv-events) needs --tokenizer: events carry token ids")
+    state = _gateway_state(config, tokenizer)
+    tenants = Tenants(config.tenancy, config.upstream_api_key, state.metrics.registry)
+    fleet = FleetView()  # the dashboard's recent decisions and chart samples
+    app = web.Application(
+        middlewares=[
+            make_request_id_middleware(),  # outermost: every answer carries its request id
+            make_error_middleware(config.retry_after_s, _observer(state.metrics, fleet)),
+            make_path_middleware(),  # ambiguous raw paths (dot segments, %2f, ...): 404
+            make_tenant_middleware(tenants),  # who, and may they: 401 / 429 as JSON errors
+        ],
+        client_max_size=config.max_body_bytes,
+    )
+    app[STATE] = state
+    app[TENANTS] = tenants
+    app[LOG_BODIES] = config.log_bodies
+    app[FLEET] = fleet
+    app.cleanup_ctx.append(_events_ctx)
+    app.cleanup_ctx.append(_session_ctx)
+    app.on_shutdown.append(_refuse_new)
+    _add_routes(app, config)
+    return app
+
+
+def _gateway_state(config: GatewayConfig, tokenizer: PromptTokenizer | None) -> GatewayState:
+    """The router and everything around it that lives as long as the app."""
     router = Router(
         make_policy(config.policy, **config.policy_params),
         BlockHasher(config.kv_block_size if tokenizer is not None else config.block_chars),
@@ -91,7 +137,6 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
         config, router, registry, metrics,
         Limits(config.max_in_flight, config.max_body_bytes, config.client_body_timeout_s),
     )  # fmt: skip
-    tenants = Tenants(config.tenancy, config.upstream_api_key, metrics.registry)
     if tokenizer is not None:
         state.tokenizer = TokenizerPool(
             tokenizer, TOKENIZE_WORKERS, metrics.tokenize_seconds.observe,
@@ -105,7 +150,14 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
             config.sync_redis, config.sync_channel, router, metrics.registry,
             history=config.sync_history,
         )  # fmt: skip
-    fleet = FleetView()  # the dashboard's recent decisions and chart samples
+    if config.otlp_endpoint is not None:
+        state.tracing = RequestTracing.to_otlp(config.otlp_endpoint, config.trace_service_name)
+    return state
+
+
+def _observer(metrics: GatewayMetrics, fleet: FleetView) -> Observer:
+    """What the error middleware shows every final answer to: the requests counter and the
+    dashboard's recent decisions, for the proxied /v1 calls."""
 
     def observe(request: web.Request, response: web.StreamResponse) -> None:
         if request.path.startswith("/v1/") and request.path != "/v1/models":
@@ -115,23 +167,11 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
             if outcome is not None:
                 fleet.decided(request.path, outcome, response)
 
-    app = web.Application(
-        middlewares=[
-            make_request_id_middleware(),  # outermost: every answer carries its request id
-            make_error_middleware(config.retry_after_s, observe),
-            make_path_middleware(),  # ambiguous raw paths (dot segments, %2f, ...): 404
-            make_tenant_middleware(tenants),  # who, and may they: 401 / 429 as JSON errors
-        ],
-        client_max_size=config.max_body_bytes,
-    )
-    app[STATE] = state
-    app[TENANTS] = tenants
-    app[LOG_BODIES] = config.log_bodies
-    app[FLEET] = fleet
-    app.cleanup_ctx.append(_events_ctx)
-    app.cleanup_ctx.append(_session_ctx)
-    app.on_shutdown.append(_refuse_new)
-    # Every route gets our expect handler: aiohttp's default can fail (see _expect).
+    return observe
+
+
+def _add_routes(app: web.Application, config: GatewayConfig) -> None:
+    # Every route gets our expect handler: aiohttp's default can fail (see _admission).
     eh = expect_handler
     app.router.add_post("/v1/completions", completions, expect_handler=eh)
     app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=eh)
@@ -146,7 +186,6 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
     if _dashboard.mounted_on_main(config):  # /dashboard: who may see it, see _dashboard
         _dashboard.add_routes(app)
     add_catch_all(app)
-    return app
 
 
 def _event_endpoints(
@@ -179,6 +218,8 @@ async def _events_ctx(app: web.Application) -> AsyncIterator[None]:
             await state.precise.stop()
         if state.tokenizer is not None:
             state.tokenizer.shutdown()
+        if state.tracing is not None:
+            state.tracing.shutdown()  # exports what is still batched
 
 
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -200,7 +241,7 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     limits = state.limits
     state.proxy = Proxy(
         session, state.router, state.registry, state.metrics, state.sync,
-        is_cutting=lambda: limits.cutting,
+        is_cutting=lambda: limits.cutting, tracing=state.tracing,
     )  # fmt: skip
     state.health = HealthChecker(state.registry, session, cfg)
     try:
@@ -229,17 +270,11 @@ async def _proxied(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
     state, proxy = _state(request)
     try:
         with state.limits.admit():
-            body = await state.limits.read_body(request)
-            obj: object | None
-            if endpoint is Endpoint.OTHER:
-                obj = _other_json(request, body)
-                key = _other_key(obj)
-            else:
-                obj = parse_body(body)
-                key = key_of(endpoint, obj)
-                if state.tokenizer is not None:
-                    key = await state.tokenizer.key(key)
-            return await proxy.forward(request, body, endpoint, key, obj)
+            admitted = await _admit(request, state, endpoint)
+            log_request_body(request.app, admitted.request_id, admitted.body)
+            response = await proxy.forward(request, admitted)
+            log_response_body(request.app, admitted.request_id, response)
+            return response
     except asyncio.CancelledError:
         # Cut at the drain bound before any byte was answered (reading the body, tokenizing,
         # waiting on the replica): a 503, not a reset. A started stream ends itself (_relay).
@@ -252,6 +287,28 @@ async def _proxied(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
         raise ShuttingDown("the gateway shut down before this request was answered") from None
 
 
+async def _admit(request: web.Request, state: GatewayState, endpoint: Endpoint) -> Admitted:
+    """Read the request once: the body parsed and keyed, the key made the router's
+    (``GatewayState.route_key``: the tenant's space, which edits the parsed body's
+    ``cache_salt``, the adapter, tokens), and the body re-encoded for the replica."""
+    body = await state.limits.read_body(request)
+    rid = request_id_of(request)
+    scope = request.get(TENANT_SCOPE)
+    headers = upstream_headers(request.headers, rid, scope)
+    obj: object | None
+    if endpoint is Endpoint.OTHER:
+        obj = _other_json(request, body)
+        key = other_key(obj)
+    else:
+        obj = parse_body(body)
+        key = key_of(endpoint, obj)
+    key = await state.route_key(endpoint, key, obj, scope)  # edits obj's cache_salt
+    if obj is not None:  # what the replica reads is what we parsed (see _requests)
+        body = encode_body(obj)
+        headers["Content-Type"] = "application/json"
+    return Admitted(rid, endpoint, key, body, headers, scope)
+
+
 def _other_json(request: web.Request, body: bytes) -> object | None:
     """A passthrough body parsed as the prompt endpoints' are, when it is JSON (declared, or
     undeclared); None for an empty body or another declared type (a file upload, say), which
@@ -261,14 +318,6 @@ def _other_json(request: web.Request, body: bytes) -> object | None:
     if not body or (declared and ctype != "application/json" and not ctype.endswith("+json")):
         return None
     return parse_body(body)
-
-
-def _other_key(obj: object | None) -> RouteKey:
-    """Any other /v1 call routes on load alone, among the replicas serving its model."""
-    model = obj.get("model") if isinstance(obj, dict) else None
-    if model is None:
-        return EMPTY_KEY
-    return RouteKey("", None, model if isinstance(model, str) else None, False, 0)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

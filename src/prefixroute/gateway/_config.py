@@ -1,122 +1,218 @@
-"""The gateway's settings and the TOML file they can come from (format in ``CONFIG_HELP``)."""
+"""The gateway's settings: one declaration per field, from which everything else is made.
+
+Each :class:`GatewayConfig` field is declared with :func:`setting`: its default, a one-line help
+(units included) and, when it has one, its ``prefixroute serve`` flag. The TOML keys are the
+field names; ``prefixroute.commands._settings`` makes the ``serve`` (and ``epp``) flags and
+``--help`` from :func:`config_fields`, and ``scripts/config_table.py`` writes the table in
+docs/configuration.md from the same list, so a new field is stated once. ``_config_file``
+reads the TOML file.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
-from collections.abc import Mapping
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from prefixroute.core import DEFAULT_POLICY, ConfigError, make_policy
+from prefixroute.core import DEFAULT_POLICY, ConfigError, make_policy, policy_names
 from prefixroute.events import EventEndpoint
-from prefixroute.gateway._tenant_config import TenancyConfig, tenancy_from_toml
+from prefixroute.gateway._tenant_config import TenancyConfig
 
-CONFIG_HELP = """\
-config file (--config FILE, TOML): every GatewayConfig field by name, the replica list and
-the policy's parameters. Flags given on the command line override the file.
+T = TypeVar("T")
+ADMIN_TOKEN_ENV = "PREFIXROUTE_ADMIN_TOKEN"
+UPSTREAM_API_KEY_ENV = "PREFIXROUTE_UPSTREAM_API_KEY"
 
-    # gateway.toml -- prefixroute serve --config gateway.toml
-    host = "0.0.0.0"
-    port = 8000
-    policy = "predicted_ttft"          # any name from `prefixroute simulate --help`
-    # Secrets from files or the environment, not the command line (docs/security.md):
-    # admin_token_file = "/run/secrets/admin-token"     # or $PREFIXROUTE_ADMIN_TOKEN
-    # upstream_api_key_file = "/run/secrets/vllm-key"  # or $PREFIXROUTE_UPSTREAM_API_KEY
-    block_chars = 64                   # characters per routing block
-    read_timeout_s = 300.0
-    # Precise mode: the replicas' own KV events and token-exact keys (docs/vllm.md).
-    # tokenizer = "/models/llama/"     # local HF tokenizer dir (never downloaded)
-    # kv_block_size = 16               # the engines' --block-size
-    # kv_events = ["http://10.0.0.11:8000=connect:tcp://10.0.0.11:5557",
-    #              "http://10.0.0.12:8000=bind:tcp://0.0.0.0:5602"]
-    # speculative_ttl_s = 2.0          # seconds a decision counts before its events
-    # Several instances: share routing decisions and load (docs/deployment.md); in precise
-    # mode the decisions become speculative entries and no history is kept.
-    # sync_redis = "redis://10.0.0.5:6379/0"
-    # sync_channel = "prefixroute:routed"  # one channel per gateway fleet
-    # sync_history = 4096              # decisions kept for instances that start later
 
-    [policy_params]                    # fields of the policy's config dataclass
-    prefill_tokens_per_s = 12000.0
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """How one field is documented and set, kept in the field's ``metadata``."""
 
-    [[replicas]]
-    url = "http://10.0.0.11:8000"
+    help: str  # what it sets, with its unit: the flag's help and docs/configuration.md's "meaning"
+    flag: str | None = None  # its ``prefixroute serve`` flag; None: the config file only
+    metavar: str | None = None  # the flag's value in --help (None: argparse's own)
+    # A secret: also read from the file that TOML key / flag ``<name>_file`` names, or from
+    # this environment variable; never shown in the config's repr.
+    env: str | None = None
+    choices: Callable[[], Sequence[str]] | None = None  # the values the flag accepts
+    shown_default: str | None = None  # the default as documented, when its repr says little
 
-    [[replicas]]
-    url = "http://10.0.0.12:8000"
 
-Tenants, API keys, limits and isolation (docs/security.md has the whole reference; the
-admin API can listen on its own address: admin_host, admin_port):
+def setting(
+    default: T,
+    help: str,
+    flag: str | None = None,
+    *,
+    metavar: str | None = None,
+    env: str | None = None,
+    choices: Callable[[], Sequence[str]] | None = None,
+    shown_default: str | None = None,
+) -> T:
+    """A config field: its default, help and flag (typed as the default for mypy). A secret
+    (``env`` given) stays out of the config's repr."""
+    meta = {"setting": Setting(help, flag, metavar, env, choices, shown_default)}
+    return field(default=default, metadata=meta, repr=env is None)
 
-    [tenancy]
-    isolation = true                   # per-tenant prefix keys and vLLM cache_salt
-    cache_salt_secret = "a long random string"
-    [tenancy.default_limits]
-    requests_per_second = 20
-    prompt_tokens_per_minute = 1000000
-    max_in_flight = 64
-    [[tenancy.tenants]]
-    name = "team-a"
-    api_key_sha256 = ["fa703e12fd6be9fd7f09e60202dfb96aaf1efa0d384639c6e17747bc2bfc2a17"]
-    requests_per_second = 5
 
-Other fields: max_body_bytes, max_in_flight, max_in_flight_per_replica, retry_after_s,
-connect_timeout_s, health_interval_s, health_timeout_s, scrape_metrics, failure_threshold,
-eject_s, shutdown_timeout_s, index_capacity_blocks, kv_block_size, seed,
-client_header_timeout_s, client_body_timeout_s, log_bodies, upstream_api_key, admin_host,
-first_byte_floor_s, first_byte_cap_s, client_buffer_bytes, client_write_timeout_s,
-expose_replica_urls.
-"""
+def setting_factory(
+    factory: Callable[[], T],
+    help: str,
+    flag: str | None = None,
+    *,
+    metavar: str | None = None,
+    shown_default: str | None = None,
+) -> T:
+    """:func:`setting` for a mutable default, made fresh for each config."""
+    meta = {"setting": Setting(help, flag, metavar, shown_default=shown_default)}
+    made: T = field(default_factory=factory, metadata=meta)
+    return made
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigField:
+    """One field of :class:`GatewayConfig` as its documentation and flags need it."""
+
+    name: str  # the field's name, and its TOML key
+    kind: Any  # its annotated type: int, float | None, tuple[str, ...], ...
+    default: Any  # its default value
+    setting: Setting
+
+    @property
+    def secret_file_key(self) -> str | None:
+        """The TOML key (``admin_token_file``) naming a file that holds this secret."""
+        return f"{self.name}_file" if self.setting.env is not None else None
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
-    host: str = "127.0.0.1"  # address to bind
-    port: int = 8000  # port to bind; 0 picks a free one
-    replicas: tuple[str, ...] = ()  # replica base URLs at start
-    policy: str = DEFAULT_POLICY  # routing policy, by registry name
-    policy_params: Mapping[str, Any] = field(default_factory=dict)  # policy config overrides
-    # bearer token of /admin/*; None disables the admin API (kept out of the config's repr)
-    admin_token: str | None = field(default=None, repr=False)
-    admin_host: str | None = None  # address of a separate admin listener (default: host)
-    admin_port: int | None = None  # port of a separate admin listener; None: /admin/* on port
-    block_chars: int = 64  # characters (or token ids) per routing block
-    index_capacity_blocks: int | None = 16384  # prefix-index entries per replica, blocks
-    kv_block_size: int = 16  # replicas' tokens per KV block (load view; token-mode key blocks)
-    max_body_bytes: int = 8 * 1024 * 1024  # largest request body accepted, bytes (else 413)
-    max_in_flight: int = 4096  # requests the gateway handles at once (else 429)
-    max_in_flight_per_replica: int = 512  # requests in flight per replica (all full: 503)
-    retry_after_s: int = 1  # Retry-After on 429/503, seconds
-    connect_timeout_s: float = 5.0  # upstream connect timeout, seconds
-    read_timeout_s: float = 300.0  # longest silence from an upstream, seconds (504 if first)
-    health_interval_s: float = 2.0  # active /health probe period, seconds
-    health_timeout_s: float = 1.0  # one probe's timeout, seconds
-    scrape_metrics: bool = True  # read the replicas' own load from their /metrics each round
-    failure_threshold: int = 3  # consecutive failures that take a replica out
-    eject_s: float = 5.0  # shortest time out after failures, seconds
-    shutdown_timeout_s: float = 30.0  # graceful shutdown: in-flight requests may finish, s
+    """Every setting of a gateway (and of the endpoint picker's routing); checked at once."""
+
+    host: str = setting("127.0.0.1", "address to bind", "--host")
+    port: int = setting(8000, "port to bind; 0 picks a free one", "--port")
+    replicas: tuple[str, ...] = setting(
+        (), "replica base URL, once per replica (file: [[replicas]] url = ...)", "--replica",
+        metavar="URL", shown_default="none",
+    )  # fmt: skip
+    policy: str = setting(DEFAULT_POLICY, "routing policy", "--policy", choices=policy_names)
+    policy_params: Mapping[str, Any] = setting_factory(
+        dict, "a field of the policy's config, KEY=VALUE (file: a [policy_params] table)",
+        "--policy-param", metavar="KEY=VALUE", shown_default="the policy's own",
+    )  # fmt: skip
+    admin_token: str | None = setting(
+        None, "the bearer token of /admin/*", "--admin-token",
+        env=ADMIN_TOKEN_ENV,
+    )  # fmt: skip
+    admin_host: str | None = setting(
+        None, "address of a separate admin listener (needs admin_port)", "--admin-host",
+        shown_default="host",
+    )  # fmt: skip
+    admin_port: int | None = setting(
+        None, "serve /admin/* on this port only, not on the main port", "--admin-port"
+    )
+    block_chars: int = setting(64, "characters (or token ids) per routing block", "--block-chars")
+    index_capacity_blocks: int | None = setting(
+        16384, "prefix-index entries per replica, blocks (none: unbounded)"
+    )
+    kv_block_size: int = setting(
+        16, "the replicas' KV block size, tokens (load view; token-mode key blocks)",
+        "--kv-block-size",
+    )  # fmt: skip
+    max_body_bytes: int = setting(
+        8 * 1024 * 1024, "largest request body accepted, bytes (else 413)", "--max-body-bytes"
+    )
+    max_in_flight: int = setting(
+        4096, "requests the gateway handles at once (else 429)", "--max-in-flight"
+    )
+    max_in_flight_per_replica: int = setting(
+        512, "requests in flight per replica (all full: 503)", "--max-in-flight-per-replica"
+    )
+    retry_after_s: int = setting(1, "Retry-After on 429/503, seconds")
+    connect_timeout_s: float = setting(
+        5.0, "upstream connect timeout, seconds", "--connect-timeout"
+    )
+    read_timeout_s: float = setting(
+        300.0, "longest silence from an upstream, seconds (504 if before the first byte)",
+        "--read-timeout",
+    )  # fmt: skip
+    health_interval_s: float = setting(
+        2.0, "active /health probe period, seconds", "--health-interval"
+    )
+    health_timeout_s: float = setting(1.0, "one probe's timeout, seconds")
+    scrape_metrics: bool = setting(
+        True, "read the replicas' own load from their /metrics each probe round"
+    )
+    failure_threshold: int = setting(3, "consecutive failures that take a replica out")
+    eject_s: float = setting(5.0, "shortest time out after failures, seconds")
+    shutdown_timeout_s: float = setting(
+        30.0, "graceful shutdown: how long in-flight requests may finish, seconds"
+    )
     # A stream's first event must arrive within clamp(4 x predicted TTFT, floor, cap), else the
     # attempt is abandoned and retried elsewhere (before any byte reached the client).
-    first_byte_floor_s: float = 10.0  # shortest first-byte deadline, seconds
-    first_byte_cap_s: float = 120.0  # longest first-byte deadline, seconds
-    client_buffer_bytes: int = 1024 * 1024  # stream bytes held for a slow client, bytes
-    client_write_timeout_s: float = 30.0  # a client not reading for this long is cut, s
-    expose_replica_urls: bool = False  # name replicas by URL towards clients (else by r-<hash>)
-    client_header_timeout_s: float = 60.0  # a connection's next request must arrive within, s
-    client_body_timeout_s: float = 60.0  # a request body must arrive within, s (else 408)
-    log_bodies: bool = False  # debug: log request and response bodies (prompts!) at INFO
-    # sent to replicas as the bearer token (vLLM --api-key); kept out of the config's repr
-    upstream_api_key: str | None = field(default=None, repr=False)
-    tenancy: TenancyConfig = field(default_factory=TenancyConfig)  # tenants, keys, limits
-    seed: int = 0  # router randomness (tie breaks)
-    tokenizer: str | None = None  # local HF tokenizer dir: key requests by engine token blocks
-    kv_events: tuple[str, ...] = ()  # "REPLICA_URL=bind|connect:ADDR[,replay=ADDR]" per replica
-    speculative_ttl_s: float = 2.0  # precise mode: how long a decision counts as cached, s
-    sync_redis: str | None = None  # redis:// URL: share routing decisions with other instances
-    sync_channel: str = "prefixroute:routed"  # Redis PUB/SUB channel of the decisions
-    sync_history: int = 4096  # decisions kept in Redis for instances that start later; 0 = none
+    first_byte_floor_s: float = setting(10.0, "shortest first-byte deadline, seconds")
+    first_byte_cap_s: float = setting(120.0, "longest first-byte deadline, seconds")
+    client_buffer_bytes: int = setting(1024 * 1024, "stream bytes held for a slow client, bytes")
+    client_write_timeout_s: float = setting(
+        30.0, "a client not reading for this long is cut, seconds"
+    )
+    expose_replica_urls: bool = setting(
+        False, "name replicas by URL towards clients (else r- and 8 hex digits)"
+    )
+    client_header_timeout_s: float = setting(
+        60.0, "a connection's next request must arrive within this, seconds"
+    )
+    client_body_timeout_s: float = setting(
+        60.0, "a request body must arrive within this, seconds (else 408)"
+    )
+    log_bodies: bool = setting(
+        False, "debug only: log request and response bodies (prompt and completion text)",
+        "--log-bodies",
+    )  # fmt: skip
+    upstream_api_key: str | None = setting(
+        None, "the key sent to the replicas as their bearer token (vLLM --api-key)",
+        env=UPSTREAM_API_KEY_ENV,
+    )  # fmt: skip
+    tenancy: TenancyConfig = setting_factory(
+        TenancyConfig, "tenants, API keys, limits and isolation: a [tenancy] table "
+        "(docs/security.md)", shown_default="one tenant, no limits",
+    )  # fmt: skip
+    seed: int = setting(0, "router randomness (tie breaks)")
+    tokenizer: str | None = setting(
+        None, "local Hugging Face tokenizer dir (tokenizer.json, tokenizer_config.json): key "
+        "requests by the engines' token ids in --kv-block-size blocks (never downloads)",
+        "--tokenizer", metavar="DIR",
+    )  # fmt: skip
+    kv_events: tuple[str, ...] = setting(
+        (), "precise mode: follow this replica's KV events; SPEC is bind:ADDR (engines connect "
+        "to us: vLLM endpoint tcp://GATEWAY:PORT) or connect:ADDR (vLLM binds tcp://*:PORT), "
+        "optionally ,replay=ADDR; once per replica; needs --tokenizer",
+        "--kv-events", metavar="URL=SPEC", shown_default="none",
+    )  # fmt: skip
+    speculative_ttl_s: float = setting(
+        2.0, "precise mode: seconds a routing decision counts as cached before its events "
+        "arrive", "--speculative-ttl",
+    )  # fmt: skip
+    sync_redis: str | None = setting(
+        None, "several instances: share routing decisions and load through this Redis "
+        "(redis://HOST:PORT/DB); Redis down means local-only routing, not errors",
+        "--sync-redis", metavar="URL",
+    )  # fmt: skip
+    sync_channel: str = setting(
+        "prefixroute:routed", "Redis PUB/SUB channel of the decisions, one per gateway fleet"
+    )
+    sync_history: int = setting(
+        4096, "with --sync-redis in approximate mode: keep the last N decisions in Redis, so "
+        "an instance that starts or reconnects later begins warm (0: none)",
+        "--sync-history", metavar="N",
+    )  # fmt: skip
+    otlp_endpoint: str | None = setting(
+        None, "OpenTelemetry: export a span per request (the decision, every candidate's "
+        "score, the upstream call) over OTLP/gRPC to this collector (http://HOST:4317); "
+        "unset: no tracing", "--otlp-endpoint", metavar="URL",
+    )  # fmt: skip
+    trace_service_name: str = setting(
+        "prefixroute", "OpenTelemetry service.name of this gateway's spans"
+    )
 
     @property
     def precise(self) -> bool:
@@ -172,6 +268,9 @@ class GatewayConfig:
                 raise ConfigError(f"sync_redis must be a redis:// URL, got {self.sync_redis!r}")
             if not self.sync_channel:
                 raise ConfigError("sync_channel must not be empty")
+        otlp = self.otlp_endpoint
+        if otlp is not None and not otlp.startswith(("http://", "https://")):
+            raise ConfigError(f"otlp_endpoint must be http(s)://HOST:PORT, not {otlp!r}")
         if self.sync_history < 0:
             raise ConfigError(f"sync_history must be 0 or more, got {self.sync_history}")
         if self.admin_port is not None and not 0 <= self.admin_port < 65536:
@@ -187,82 +286,13 @@ class GatewayConfig:
         make_policy(self.policy, **self.policy_params)  # unknown names fail here, at start
 
 
-_FIELDS = {f.name for f in dataclasses.fields(GatewayConfig)}
-# TOML keys naming a file that holds a secret field's value (a mounted Kubernetes Secret, say).
-SECRET_FILES = {"admin_token_file": "admin_token", "upstream_api_key_file": "upstream_api_key"}
-
-
-def read_secret(path: str | Path, what: str) -> str:
-    """The secret in file ``path``, without its trailing newline; ConfigError when the file
-    cannot be read, is empty, or holds more than one line (a header value cannot)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the {what} file {path}: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"the {what} file {path} is not UTF-8 text") from exc
-    secret = text.rstrip("\r\n")
-    if not secret:
-        raise ConfigError(f"the {what} file {path} is empty")
-    if "\n" in secret or "\r" in secret:
-        raise ConfigError(f"the {what} file {path} holds more than one line")
-    return secret
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    """Settings from a TOML file, as keyword arguments of :class:`GatewayConfig`."""
-    try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key == "replicas":
-            out["replicas"] = tuple(_replica_url(path, item) for item in value)
-        elif key == "tenancy":
-            out[key] = tenancy_from_toml(value, str(path))
-        elif key == "kv_events":
-            out[key] = tuple(value) if isinstance(value, list) else value
-        elif key in SECRET_FILES:
-            if SECRET_FILES[key] in raw:
-                raise ConfigError(f"config file {path}: {SECRET_FILES[key]} or {key}, not both")
-            if not isinstance(value, str):
-                raise ConfigError(f"config file {path}: {key} must be a file path")
-            out[SECRET_FILES[key]] = read_secret(value, SECRET_FILES[key].replace("_", " "))
-        elif key in _FIELDS:
-            out[key] = value
-        else:
-            raise ConfigError(f"config file {path}: unknown setting {key!r}")
+def config_fields() -> list[ConfigField]:
+    """Every :class:`GatewayConfig` field with its type, default and :class:`Setting`, in
+    declaration order: what the flags, ``--help`` and the settings table are made from."""
+    hints = typing.get_type_hints(GatewayConfig)
+    out = []
+    for f in dataclasses.fields(GatewayConfig):
+        factory = f.default_factory  # dataclasses.MISSING (not callable) when there is none
+        default = factory() if callable(factory) else f.default
+        out.append(ConfigField(f.name, hints[f.name], default, f.metadata["setting"]))
     return out
-
-
-def _replica_url(path: str | Path, item: object) -> str:
-    if isinstance(item, str):
-        return item
-    if isinstance(item, Mapping) and isinstance(item.get("url"), str):
-        return str(item["url"])
-    raise ConfigError(f"config file {path}: each [[replicas]] entry needs a url")
-
-
-def build_config(file_settings: Mapping[str, Any], **overrides: Any) -> GatewayConfig:
-    """File settings, then every override that is not None; replicas from both are merged.
-
-    An override named in ``SECRET_FILES`` (``admin_token_file=PATH``) sets its secret field to
-    the file's contents."""
-    settings = dict(file_settings)
-    for key, value in overrides.items():
-        if value is None:
-            continue
-        if key in SECRET_FILES:
-            settings[SECRET_FILES[key]] = read_secret(value, SECRET_FILES[key].replace("_", " "))
-        elif key in ("replicas", "kv_events"):
-            settings[key] = tuple(settings.get(key, ())) + tuple(value)
-        else:
-            settings[key] = value
-    try:
-        return GatewayConfig(**settings)
-    except TypeError as exc:
-        raise ConfigError(f"bad gateway setting: {exc}") from exc

@@ -37,12 +37,16 @@ from importlib import resources
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from prefixroute.core import Router
+from prefixroute.gateway._admission import expect_handler
 from prefixroute.gateway._auth import bearer_token, secrets_equal
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import ERROR_TABLE, BadRequest, Unauthorized, error_body
-from prefixroute.gateway._expect import expect_handler
-from prefixroute.gateway._fleetview import FLEET, fleet_state
-from prefixroute.gateway._state import STATE
+from prefixroute.gateway._fleetview import FLEET, FleetView, fleet_state
+from prefixroute.gateway._limits import Limits
+from prefixroute.gateway._metrics import GatewayMetrics
+from prefixroute.gateway._registry import ReplicaRegistry
+from prefixroute.gateway._state import STATE, GatewayState
 
 DASHBOARD_PATH = "/dashboard"
 STATE_PATH = "/dashboard/state.json"
@@ -81,6 +85,33 @@ def mounted_on_main(config: GatewayConfig) -> bool:
     if config.admin_port is not None:
         return False  # with a token, on the admin listener (build_admin_app)
     return config.admin_token is not None or is_loopback(config.host)
+
+
+def mount_fleet_page(
+    app: web.Application,
+    config: GatewayConfig,
+    router: Router,
+    registry: ReplicaRegistry,
+    metrics: GatewayMetrics,
+    listener_host: str,
+) -> FleetView | None:
+    """The fleet page on an app that is not the gateway's (the endpoint picker's HTTP
+    listener, bound to ``listener_host``), under the same rules: mounted with an admin token,
+    or on a loopback listener for loopback clients only. Returns the view to record decisions
+    in (``FleetView.decisions``), or None when the page is not mounted."""
+    if config.admin_token is None and not is_loopback(listener_host):
+        return None
+    limits = Limits(config.max_in_flight, config.max_body_bytes, config.client_body_timeout_s)
+    app[STATE] = GatewayState(config, router, registry, metrics, limits)
+    fleet = app[FLEET] = FleetView()
+    add_routes(app)
+    return fleet
+
+
+def admin_refusal(request: web.Request) -> web.Response | None:
+    """None when ``request`` may read admin surfaces mounted with :func:`mount_fleet_page`
+    (the admin token, or a loopback client when there is none), else the refusing answer."""
+    return _refusal(request, BEARER_CHALLENGE)
 
 
 def add_routes(app: web.Application) -> None:

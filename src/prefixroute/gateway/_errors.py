@@ -1,11 +1,13 @@
 """The gateway's errors and the one table that maps every error to a status and a JSON body.
 
-Hierarchy (core errors first; gateway errors below ``GatewayError``)::
+The gateway's branch of the one hierarchy (``prefixroute.core.errors`` draws all of it), with
+the status each class answers (core errors first; gateway errors below ``GatewayError``)::
 
     PrefixrouteError                      500 anything else we raise on purpose
     ├── ConfigError                       400 a bad value in a request (or in an admin call)
     ├── NoReplicaAvailable                503 no healthy replica serves the request
     ├── RequestTooLarge                   400
+    ├── ModelNotFound                     404 no replica serves the requested model
     └── GatewayError                      500
         ├── BadRequest                    400 a request we cannot route
         │   ├── InvalidJSON               400 the body is not JSON
@@ -13,7 +15,6 @@ Hierarchy (core errors first; gateway errors below ``GatewayError``)::
         ├── Unauthorized                  401 missing or wrong API key / admin bearer token
         ├── RequestTimeout                408 the client sent its body too slowly
         ├── NotFound                      404 an unknown admin resource
-        │   └── ModelNotFound             404 no replica serves the requested model
         ├── Conflict                      409 adding a replica twice
         ├── PayloadTooLarge               413 body over --max-body-bytes
         ├── TooManyRequests               429 over --max-in-flight (Retry-After)
@@ -37,13 +38,20 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from prefixroute._serving import TracebackLimiter
-from prefixroute.core import ConfigError, NoReplicaAvailable, PrefixrouteError, RequestTooLarge
+from prefixroute.core import (
+    ConfigError,
+    ErrorSpec,
+    NoReplicaAvailable,
+    PrefixrouteError,
+    RequestTooLarge,
+    spec_along_mro,
+)
+from prefixroute.core import ModelNotFound as ModelNotFound  # raised by the registry, mapped here
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +84,6 @@ class RequestTimeout(GatewayError):
 
 class NotFound(GatewayError):
     """An unknown resource (an admin replica id)."""
-
-
-class ModelNotFound(NotFound):
-    """No registered replica serves the requested model."""
 
 
 class Conflict(GatewayError):
@@ -120,14 +124,6 @@ class UpstreamTimeout(UpstreamError):
     """The replica did not connect or answer within the configured timeout."""
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorSpec:
-    status: int  # HTTP status
-    type: str  # OpenAI error ``type``
-    code: str  # OpenAI error ``code``
-    retry_after: bool = False  # add Retry-After
-
-
 ERROR_TABLE: dict[type[BaseException], ErrorSpec] = {
     PrefixrouteError: ErrorSpec(500, "internal_error", "internal_error"),
     ConfigError: ErrorSpec(400, "invalid_request_error", "invalid_value"),
@@ -153,11 +149,7 @@ INTERNAL = ErrorSpec(500, "internal_error", "internal_error")
 
 def spec_for(exc: BaseException) -> ErrorSpec:
     """The table row of the nearest class on ``exc``'s MRO (the catch-all row otherwise)."""
-    for cls in type(exc).__mro__:
-        spec = ERROR_TABLE.get(cls)
-        if spec is not None:
-            return spec
-    return INTERNAL
+    return spec_along_mro(ERROR_TABLE, exc, INTERNAL)
 
 
 _compact = functools.partial(json.dumps, separators=(",", ":"))

@@ -43,7 +43,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter
 
+from prefixroute.core import ReplicaId, Router
+from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._proxy import PREDICTED_HEADER, RequestOutcome
+from prefixroute.gateway._registry import ReplicaRecord
 from prefixroute.gateway._state import GatewayState
 
 DECISIONS_KEPT = 50  # recent decisions shown, newest first
@@ -138,6 +141,25 @@ def _total(values: Iterable[float]) -> int:
     return int(sum(values))
 
 
+@dataclass(frozen=True, slots=True)
+class _Counts:
+    """The Prometheus counters' totals per replica id, read once per document."""
+
+    requests: dict[str, float]
+    prompt: dict[str, float]  # tokens
+    predicted: dict[str, float]  # tokens
+    actual: dict[str, float]  # tokens
+
+    @classmethod
+    def of(cls, metrics: GatewayMetrics) -> _Counts:
+        return cls(
+            _by_replica(metrics.requests),
+            _by_replica(metrics.prompt_tokens),
+            _by_replica(metrics.predicted_cached),
+            _by_replica(metrics.actual_cached),
+        )
+
+
 def fleet_state(
     state: GatewayState,
     fleet: FleetView,
@@ -147,40 +169,13 @@ def fleet_state(
     """The document described in the module docstring. ``now``: Unix time (tests pin it)."""
     now = time.time() if now is None else now
     mono = time.monotonic()
-    router, metrics, cfg = state.router, state.metrics, state.config
-    requests = _by_replica(metrics.requests)
-    prompt = _by_replica(metrics.prompt_tokens)
-    predicted = _by_replica(metrics.predicted_cached)
-    actual = _by_replica(metrics.actual_cached)
+    router, cfg = state.router, state.config
+    counts = _Counts.of(state.metrics)
     replicas: list[dict[str, Any]] = []
     sample: dict[str, dict[str, float]] = {}
     for record in state.registry:
-        rid = record.id
-        load = router.loads.get(rid)
-        numbers = {
-            "in_flight": load.in_flight,
-            "queued_prefill_s": round(load.queued_prefill_s(mono), 6),
-            "requests": int(requests.get(rid, 0)),
-            "prompt_tokens": int(prompt.get(rid, 0)),
-            "predicted_cached": int(predicted.get(rid, 0)),
-            "actual_cached": int(actual.get(rid, 0)),
-        }
-        sample[rid] = numbers
-        replicas.append(
-            {
-                "id": record.url,
-                "name": record.name,
-                "status": record.status.value,
-                **numbers,
-                "prefilling": load.prefilling,
-                "queued_prefill_tokens": load.queued_prefill_tokens,
-                "speed": load.speed.snapshot(),
-                "index_blocks": router.index.blocks_of(rid),
-                "kv_usage": load.kv_usage,
-                "num_waiting": load.num_waiting,
-                "num_running": load.num_running,
-            }
-        )
+        numbers = sample[record.id] = _charted(router, record.id, counts, mono)
+        replicas.append(_replica_row(router, record, numbers))
     fleet.history.offer({"time": now, "replicas": sample})
     mode = "precise" if cfg.precise else "tokens" if state.tokenizer is not None else "approximate"
     return {
@@ -189,24 +184,56 @@ def fleet_state(
         "policy": cfg.policy,
         "mode": mode,
         "totals": {
-            "requests": _total(requests.values()),
+            "requests": _total(counts.requests.values()),
             "in_flight": sum(r["in_flight"] for r in replicas),
-            "prompt_tokens": _total(prompt.values()),
-            "predicted_cached": _total(predicted.values()),
-            "actual_cached": _total(actual.values()),
-            "index_entries": router.index.entries,
+            "prompt_tokens": _total(counts.prompt.values()),
+            "predicted_cached": _total(counts.predicted.values()),
+            "actual_cached": _total(counts.actual.values()),
+            "index_entries": router.index_entries(),
         },
         "replicas": replicas,
-        "decisions": [
-            {
-                "time": d.time,
-                "replica": d.replica,
-                "reason": d.reason,
-                "status": d.status,
-                "predicted_cached": d.predicted_cached,
-                "path": d.path,
-            }
-            for d in fleet.decisions.recent()
-        ],
+        "decisions": [_decision_row(d) for d in fleet.decisions.recent()],
         "history": fleet.history.since(since),
+    }
+
+
+def _charted(router: Router, rid: ReplicaId, counts: _Counts, mono: float) -> dict[str, float]:
+    """The numbers of one replica that the charts sample (its row shows them too)."""
+    return {
+        "in_flight": router.replica_load(rid).in_flight,
+        "queued_prefill_s": round(router.queued_prefill_s(rid, mono), 6),
+        "requests": int(counts.requests.get(rid, 0)),
+        "prompt_tokens": int(counts.prompt.get(rid, 0)),
+        "predicted_cached": int(counts.predicted.get(rid, 0)),
+        "actual_cached": int(counts.actual.get(rid, 0)),
+    }
+
+
+def _replica_row(
+    router: Router, record: ReplicaRecord, numbers: dict[str, float]
+) -> dict[str, Any]:
+    load = router.replica_load(record.id)
+    return {
+        "id": record.url,
+        "name": record.name,
+        "status": record.status.value,
+        **numbers,
+        "prefilling": load.prefilling,
+        "queued_prefill_tokens": load.queued_prefill_tokens,
+        "speed": load.speed.snapshot(),
+        "index_blocks": router.indexed_blocks(record.id),
+        "kv_usage": load.kv_usage,
+        "num_waiting": load.num_waiting,
+        "num_running": load.num_running,
+    }
+
+
+def _decision_row(d: DecisionEntry) -> dict[str, Any]:
+    return {
+        "time": d.time,
+        "replica": d.replica,
+        "reason": d.reason,
+        "status": d.status,
+        "predicted_cached": d.predicted_cached,
+        "path": d.path,
     }

@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from prefixroute._tasks import cancel_and_wait
+from prefixroute._tasks import cancel_and_wait, every
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._registry import ReplicaRecord, ReplicaRegistry
 from prefixroute.gateway._scrape import parse_engine_load
@@ -39,19 +39,17 @@ class HealthChecker:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="health")
+            self._task = every(
+                self.config.health_interval_s, self.check_all, self._failed, "health"
+            )
 
     async def stop(self) -> None:
         task, self._task = self._task, None
         await cancel_and_wait(task)
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.health_interval_s)
-            try:
-                await self.check_all()
-            except Exception:  # a bug here must not end health checking for good
-                log.exception("health check round failed")
+    @staticmethod
+    def _failed(exc: Exception) -> None:
+        log.exception("health check round failed")  # a bug here must not end health checking
 
     async def check_all(self, first: bool = False) -> None:
         await asyncio.gather(*(self.check(record, first) for record in self.registry))
@@ -81,7 +79,7 @@ class HealthChecker:
             return
         load = parse_engine_load(text)
         if self.registry.router.has_replica(record.id):
-            self.registry.router.loads.observe(
+            self.registry.router.observe_replica(
                 record.id,
                 kv_usage=load.kv_usage,
                 num_waiting=load.num_waiting,

@@ -38,7 +38,8 @@ current one of waiting, live, resyncing).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Histogram
@@ -59,56 +60,51 @@ TOKENIZE_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 
 
 
 class GatewayMetrics:
+    """The per-request families, one declaration each, and the collectors read at scrape."""
+
     def __init__(self, router: Router, replicas: ReplicaRegistry) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = Counter(
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        counter = partial(_counter, r)
+        self.requests = counter(
             "prefixroute_requests",
             "Requests answered, by replica, HTTP status and routing reason.",
-            ["replica", "status", "reason"],
-            registry=r,
-        )
-        self.predicted_cached = Counter(
+            "replica", "status", "reason",
+        )  # fmt: skip
+        self.predicted_cached = counter(
             "prefixroute_predicted_cached_tokens",
             "Prompt tokens the router predicted cached (responses that reported usage).",
-            ["replica"],
-            registry=r,
+            "replica",
         )
-        self.actual_cached = Counter(
+        self.actual_cached = counter(
             "prefixroute_actual_cached_tokens",
             "Prompt tokens the replica reported cached (usage.prompt_tokens_details).",
-            ["replica"],
-            registry=r,
+            "replica",
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = counter(
             "prefixroute_prompt_tokens",
             "Prompt tokens the replica reported (responses that reported cached tokens).",
-            ["replica"],
-            registry=r,
+            "replica",
         )
-        self.usage_missing = Counter(
+        self.usage_missing = counter(
             "prefixroute_usage_missing",
             "Responses without usage.prompt_tokens_details.cached_tokens.",
-            ["replica"],
-            registry=r,
+            "replica",
         )
-        self.cache_predictions = Counter(
+        self.cache_predictions = counter(
             "prefixroute_cache_predictions",
             "Responses with usage, by whether the predicted cached tokens were exact, over "
             "(a stale decision) or under the replica's report.",
-            ["replica", "outcome"],
-            registry=r,
-        )
+            "replica", "outcome",
+        )  # fmt: skip
         self.tokenize_seconds = Histogram(
             "prefixroute_tokenize_seconds",
             "Time to tokenize one prompt (chat template included) in a worker thread, seconds.",
             buckets=TOKENIZE_BUCKETS,
             registry=r,
         )
-        self.tokenize_failures = Counter(
+        self.tokenize_failures = counter(
             "prefixroute_tokenize_failures",
             "Prompts that could not be tokenized (routed on their text instead).",
-            registry=r,
         )
         self.decision_seconds = Histogram(
             "prefixroute_decision_seconds",
@@ -116,34 +112,34 @@ class GatewayMetrics:
             buckets=DECISION_BUCKETS,
             registry=r,
         )
-        self.retries = Counter(
-            "prefixroute_retries",
-            "Requests retried on another replica after a failure before the first byte.",
-            ["reason"],
-            registry=r,
-        )
-        self.upstream_failures = Counter(
-            "prefixroute_upstream_failures",
-            "Upstream failures, by replica and kind.",
-            ["replica", "kind"],
-            registry=r,
-        )
-        self.request_faults = Counter(
-            "prefixroute_request_faults",
-            "Failures judged the request's own (the same on two replicas): no replica marked.",
-            ["kind"],
-            registry=r,
-        )
-        self.cut_streams = Counter(
-            "prefixroute_cut_streams",
-            "Responses the gateway ended early: slow_client (not reading) or shutdown (drain).",
-            ["reason"],
-            registry=r,
-        )
+        self._failure_families(counter)
         r.register(_LiveCollector(router, replicas))
         # Labelled children by (metric, labels): ``labels()`` takes a lock and builds a key on
         # every call; these are looked up once per request, so keep them.
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _failure_families(self, counter: Callable[..., Counter]) -> None:
+        """Retries, failures and streams cut short."""
+        self.retries = counter(
+            "prefixroute_retries",
+            "Requests retried on another replica after a failure before the first byte.",
+            "reason",
+        )
+        self.upstream_failures = counter(
+            "prefixroute_upstream_failures",
+            "Upstream failures, by replica and kind.",
+            "replica", "kind",
+        )  # fmt: skip
+        self.request_faults = counter(
+            "prefixroute_request_faults",
+            "Failures judged the request's own (the same on two replicas): no replica marked.",
+            "kind",
+        )
+        self.cut_streams = counter(
+            "prefixroute_cut_streams",
+            "Responses the gateway ended early: slow_client (not reading) or shutdown (drain).",
+            "reason",
+        )
 
     def _child(self, metric: Counter, *labels: str) -> Any:
         key = (id(metric), labels)
@@ -173,6 +169,10 @@ class GatewayMetrics:
         self.registry.register(_EventCollector(precise))
 
 
+def _counter(registry: CollectorRegistry, name: str, doc: str, *labels: str) -> Counter:
+    return Counter(name, doc, labels, registry=registry)
+
+
 class _LiveCollector(Collector):
     """Numbers read from the router and the registry at scrape time."""
 
@@ -181,66 +181,67 @@ class _LiveCollector(Collector):
         self.replicas = replicas
 
     def collect(self) -> Iterator[Metric]:
-        in_flight = GaugeMetricFamily(
-            "prefixroute_in_flight", "Requests in flight, by replica.", labels=["replica"]
-        )
-        healthy = GaugeMetricFamily(
-            "prefixroute_replica_healthy",
-            "1 when the replica may get new requests (healthy and not draining).",
-            labels=["replica"],
-        )
-        prefill_rate = GaugeMetricFamily(
-            "prefixroute_replica_prefill_tokens_per_second",
-            "The replica's prefill rate as the router has learned it (the prior until then).",
-            labels=["replica"],
-        )
-        decode_step = GaugeMetricFamily(
-            "prefixroute_replica_decode_step_seconds",
-            "The replica's per-step decode overhead as the router has learned it, seconds.",
-            labels=["replica"],
-        )
-        observations = GaugeMetricFamily(
-            "prefixroute_replica_speed_observations",
-            "Requests the replica's speed estimate has learned from, by phase.",
-            labels=["replica", "phase"],
-        )
-        loads = self.router.loads
-        for record in self.replicas:
-            in_flight.add_metric([record.url], self.replicas.in_flight(record.id))
-            ok = record.healthy and not record.draining
-            healthy.add_metric([record.url], 1.0 if ok else 0.0)
-            speed = loads.get(record.id).speed
-            prefill_rate.add_metric([record.url], speed.prefill_tokens_per_s)
-            decode_step.add_metric([record.url], speed.decode_step_s)
-            observations.add_metric([record.url, "prefill"], speed.prefill_observations)
-            observations.add_metric([record.url, "decode"], speed.decode_observations)
-        yield in_flight
-        yield healthy
-        yield prefill_rate
-        yield decode_step
-        yield observations
+        yield from self._replicas()
         chars = GaugeMetricFamily(
             "prefixroute_chars_per_token",
             "Characters of routing text per engine token, learned per model from usage.",
             labels=["model"],
         )
-        for model, learned in self.router.tokens.models().items():
+        for model, learned in self.router.chars_per_token().items():
             chars.add_metric([model if model is not None else "none"], learned.value)
         yield chars
-        index = self.router.index
+        router = self.router
         yield GaugeMetricFamily(
-            "prefixroute_prefix_index_blocks", "Distinct blocks in the prefix index.", len(index)
+            "prefixroute_prefix_index_blocks",
+            "Distinct blocks in the prefix index.",
+            router.index_blocks(),
         )
         yield GaugeMetricFamily(
             "prefixroute_prefix_index_entries",
             "(replica, block) entries in the prefix index.",
-            index.entries,
+            router.index_entries(),
         )
         yield CounterMetricFamily(
             "prefixroute_prefix_index_evictions",
             "Prefix-index entries evicted by per-replica capacity.",
-            index.evictions,
+            router.index_evictions(),
         )
+
+    def _replicas(self) -> Iterator[Metric]:
+        """The per-replica families: in flight, health and learned speed."""
+        in_flight = _gauge("prefixroute_in_flight", "Requests in flight, by replica.")
+        healthy = _gauge(
+            "prefixroute_replica_healthy",
+            "1 when the replica may get new requests (healthy and not draining).",
+        )
+        prefill_rate = _gauge(
+            "prefixroute_replica_prefill_tokens_per_second",
+            "The replica's prefill rate as the router has learned it (the prior until then).",
+        )
+        decode_step = _gauge(
+            "prefixroute_replica_decode_step_seconds",
+            "The replica's per-step decode overhead as the router has learned it, seconds.",
+        )
+        observations = _gauge(
+            "prefixroute_replica_speed_observations",
+            "Requests the replica's speed estimate has learned from, by phase.",
+            "phase",
+        )
+        for record in self.replicas:
+            in_flight.add_metric([record.url], self.replicas.in_flight(record.id))
+            ok = record.healthy and not record.draining
+            healthy.add_metric([record.url], 1.0 if ok else 0.0)
+            speed = self.router.replica_load(record.id).speed
+            prefill_rate.add_metric([record.url], speed.prefill_tokens_per_s)
+            decode_step.add_metric([record.url], speed.decode_step_s)
+            observations.add_metric([record.url, "prefill"], speed.prefill_observations)
+            observations.add_metric([record.url, "decode"], speed.decode_observations)
+        yield from (in_flight, healthy, prefill_rate, decode_step, observations)
+
+
+def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
+    """A gauge family labelled by replica (and ``labels``), filled at scrape."""
+    return GaugeMetricFamily(name, doc, labels=["replica", *labels])
 
 
 class _EventCollector(Collector):
@@ -267,8 +268,7 @@ class _EventCollector(Collector):
             "1 for the stream's current state (waiting, live, resyncing).",
             labels=["replica", "state"],
         )
-        router = self.precise.router
-        speculative = router.speculative
+        speculative = self.precise.router.speculative_entries()
         for replica, sub in self.precise.subscribers.items():
             st, ix = sub.stats, sub.indexer.stats
             batches.add_metric([replica], st.batches)
@@ -291,5 +291,5 @@ class _EventCollector(Collector):
             yield GaugeMetricFamily(
                 "prefixroute_speculative_entries",
                 "(replica, block) speculative entries not yet expired.",
-                len(speculative),
+                speculative,
             )

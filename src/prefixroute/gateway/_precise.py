@@ -2,8 +2,9 @@
 
 The router runs with ``insert_on_route=False`` and speculative entries (see ``_app``), so its
 index holds only what the engines reported. Each subscriber feeds one replica's events to a
-:class:`~prefixroute.events.PreciseIndexer` over the router's index and hasher. All of them share
-one ZMQ context, created when the app starts and terminated when it stops.
+:class:`~prefixroute.events.PreciseIndexer`, which tells the router (its ``engine_*`` methods)
+in the router's hashes. All of them share one ZMQ context, created when the app starts and
+terminated when it stops.
 
 Several gateway instances need nothing more: each one subscribes to every engine (the engines
 bind, the gateways connect; ZMQ's PUB socket fans each batch out), so all of them build the same
@@ -40,7 +41,7 @@ class PreciseMode:
         self.subscribers = {}
         try:
             for replica, endpoint in self.endpoints.items():
-                indexer = PreciseIndexer(replica, self.router.index, self.router.hasher)
+                indexer = PreciseIndexer(replica, self.router, self.router.hasher)
                 subscriber = EventSubscriber(endpoint, indexer, context)
                 await subscriber.start()
                 self.subscribers[replica] = subscriber

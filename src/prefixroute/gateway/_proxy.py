@@ -17,6 +17,7 @@ it marks the replica when it is a timeout, a broken connection or a gateway stat
 504); any other 5xx only counts in the replica's error rate (``ReplicaRegistry.record_error``),
 which takes it out only as an outlier among its peers. One request marks at most one replica.
 So client garbage cannot take replicas out: each poison request fails the same way everywhere.
+``_verdict.Verdict`` is the judge; this module feeds it each attempt's failure or answer.
 
 First-byte deadline: a stream's first event must arrive within ``clamp(4 x predicted TTFT,
 first_byte_floor_s, first_byte_cap_s)``, where the prediction is the replica's queued prefill
@@ -35,16 +36,18 @@ from real traffic (``core.speed``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
 from aiohttp import web
+from opentelemetry.trace import Span
 
 from prefixroute.core import (
     Decision,
@@ -53,9 +56,9 @@ from prefixroute.core import (
     RequestView,
     Router,
 )
-from prefixroute.gateway._bodylog import log_request_body, log_response_body
+from prefixroute.gateway._admission import REQUEST_ID_HEADER
 from prefixroute.gateway._config import GatewayConfig
-from prefixroute.gateway._errors import Overloaded, UpstreamError
+from prefixroute.gateway._errors import Overloaded, UpstreamError, spec_for
 from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._paths import upstream_target
 from prefixroute.gateway._registry import ReplicaRegistry
@@ -68,10 +71,10 @@ from prefixroute.gateway._relay import (
     relay_stream,
     upstream_error,
 )
-from prefixroute.gateway._request_id import REQUEST_ID_HEADER, request_id_of
-from prefixroute.gateway._requests import Endpoint, RouteKey, encode_body
-from prefixroute.gateway._tenants import TENANT_SCOPE, upstream_headers
+from prefixroute.gateway._requests import Admitted, Endpoint
+from prefixroute.gateway._tracing import RequestTracing
 from prefixroute.gateway._usage import Usage
+from prefixroute.gateway._verdict import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +83,10 @@ REASON_HEADER = "x-prefixroute-reason"
 PREDICTED_HEADER = "x-prefixroute-predicted-cached-tokens"  # the decision's prediction, tokens
 MAX_ATTEMPTS = 2  # the first try and one retry
 LARGE_BODY = 1024 * 1024  # bytes; aiohttp's threshold for sending bytes in one write
+CLIENT_GONE = 499  # a traced request cancelled before its answer (nginx's "client closed")
 # First-byte deadline: this many times the predicted TTFT (then clamped to the configured floor
 # and cap), leaving room for an estimate that is still learning.
 FIRST_BYTE_FACTOR = 4.0
-# Failures that mark a replica even when no retry can tell whose fault they were.
-_REPLICA_KINDS = frozenset({"connect", "timeout", "disconnect"})
-_GATEWAY_STATUSES = frozenset({502, 503, 504})
 
 
 class _Status5xx(UpstreamError):
@@ -107,6 +108,17 @@ class RequestOutcome:
 OUTCOME = web.RequestKey("prefixroute.outcome", RequestOutcome)
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One request as every attempt sends it: the same body and headers to each replica."""
+
+    request: web.Request
+    admitted: Admitted  # the request as the handler read it: key, body, headers, tenant
+    rid: str  # the router's id of the request
+    view: RequestView  # what the router routes on
+    span: Span | None = None  # its trace span, when tracing is on
+
+
 class RouteListener(Protocol):
     """Hears what the router hears about each request (``_sync`` shares it with the other
     instances). Called on the request path: each method must return at once and never raise."""
@@ -125,6 +137,7 @@ class Proxy:
         metrics: GatewayMetrics,
         listener: RouteListener | None = None,
         is_cutting: Callable[[], bool] = lambda: False,
+        tracing: RequestTracing | None = None,
     ) -> None:
         self.session = session
         self.listener = listener
@@ -133,101 +146,85 @@ class Proxy:
         self.metrics = metrics
         self.config: GatewayConfig = registry.config
         self.is_cutting = is_cutting  # the shutdown drain bound has passed
+        self.tracing = tracing  # otlp_endpoint: a span per request (_tracing)
         self._ids = itertools.count()
 
-    async def forward(
-        self,
-        request: web.Request,
-        body: bytes,
-        endpoint: Endpoint,
-        key: RouteKey,
-        obj: object | None = None,
-    ) -> web.StreamResponse:
-        """Route and relay one request. ``obj``: the parsed JSON body, when it is JSON; the
-        replica then gets it re-encoded (with the tenant's ``cache_salt``), never ``body``."""
-        outcome = request[OUTCOME] = RequestOutcome()
-        rid = f"{request_id_of(request) or 'gw'}-{next(self._ids)}"  # unique for the router
-        scope = request.get(TENANT_SCOPE)
-        headers = upstream_headers(request)
-        seed = None
-        if obj is not None:
-            if scope is not None:
-                seed = scope.isolate(endpoint, obj)
-            body = encode_body(obj)
-            headers["Content-Type"] = "application/json"
-        log_request_body(request, body)
+    async def forward(self, request: web.Request, admitted: Admitted) -> web.StreamResponse:
+        """Route and relay one request, as the handler read it (``_app._admit``)."""
+        request[OUTCOME] = RequestOutcome()
+        rid = f"{admitted.request_id or 'gw'}-{next(self._ids)}"  # unique for the router
         started = time.perf_counter()
-        view = self._view(rid, key, seed, scope.tenant.name if scope is not None else None)
+        view = admitted.key.view(self.router, rid)  # in the key's tenant and adapter space
         hash_s = time.perf_counter() - started
-        if scope is not None:
-            scope.charge_prompt(view.prompt_tokens)
-        verdict = _Verdict()
+        if admitted.scope is not None:
+            admitted.scope.charge_prompt(view.prompt_tokens)
+        if self.tracing is None:
+            return await self._attempts(_Call(request, admitted, rid, view), hash_s)
+        span = self.tracing.start_request(request.method, request.path, request.headers)
+        status = CLIENT_GONE  # cancelled: the client went away
+        try:
+            response = await self._attempts(_Call(request, admitted, rid, view, span), hash_s)
+            status = response.status
+            return response
+        except Exception as exc:
+            status = spec_for(exc).status
+            raise
+        finally:
+            self.tracing.finish(span, status)
+
+    async def _attempts(self, call: _Call, hash_s: float) -> web.StreamResponse:
+        """Send ``call`` to a replica, and once more elsewhere if the first fails before any
+        byte reached the client (the retry rule, module docstring). ``hash_s``: the prompt's
+        hashing time, counted into the first decision's time."""
+        verdict = Verdict(self.registry, self.metrics)
         failed: list[ReplicaId] = []
         last: UpstreamError | None = None
         for attempt in range(MAX_ATTEMPTS):
             try:
-                candidates = self.registry.candidates(key.model, failed)
+                candidates = self.registry.candidates(call.admitted.key.model, failed)
             except (NoReplicaAvailable, Overloaded):
                 if last is not None:  # nowhere left to retry: report the upstream failure
                     raise last from None
                 raise
-            t0 = time.perf_counter()
-            decision = self.router.route(view, time.monotonic(), candidates)
-            self.metrics.decision_seconds.observe(time.perf_counter() - t0 + hash_s)
+            decision = self._route(call, candidates, hash_s)
             hash_s = 0.0
-            if self.listener is not None:
-                self.listener.routed(view, decision)
-            outcome.replica, outcome.reason = decision.replica, decision.reason.value
             can_retry = attempt + 1 < MAX_ATTEMPTS and len(candidates) > 1
-            release = self._releaser(rid)
+            release = self._releaser(call.rid)
             try:
-                result = await self._attempt(
-                    request, body, headers, decision, key.stream, can_retry, rid, release
-                )
+                result = await self._attempt(call, decision, can_retry, release)
                 release(result.usage)  # a plain answer's end (a stream released at its end)
             except UpstreamError as exc:
                 kind = _kind(exc)
-                self.metrics.upstream_failures.labels(decision.replica, kind).inc()
-                if verdict.repeats(kind):  # the same failure twice: the request's own
-                    self._request_fault(verdict)
-                    raise
-                if kind == "connect":
-                    self._blame(verdict, decision.replica, kind, force=True)
-                elif can_retry:
-                    verdict.suspect, verdict.kind = decision.replica, kind
-                elif kind in _REPLICA_KINDS or _status_of(exc) in _GATEWAY_STATUSES:
-                    self._blame(verdict, decision.replica, kind)
-                else:
-                    self.registry.record_error(decision.replica, time.monotonic())
+                if verdict.failed(decision.replica, kind, can_retry):
+                    raise  # the request's own fault: no replica would serve it
                 if not can_retry:
                     raise
                 failed.append(decision.replica)
                 last = exc
                 self.metrics.retries.labels(kind).inc()
-                log.info("%s: retrying after %s on %s", rid, kind, decision.replica)
+                log.info("%s: retrying after %s on %s", call.rid, kind, decision.replica)
                 continue
             finally:
                 release(None)
-            self._account(rid, endpoint, decision, result, verdict)
-            log_response_body(request, result.response)
+            self._account(call.rid, call.admitted.endpoint, decision, result, verdict)
             return result.response
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _view(
-        self, rid: str, key: RouteKey, seed: int | None = None, tenant: str | None = None
-    ) -> RequestView:
-        """``seed``: the tenant's own key space under isolation (None: the common one); a LoRA
-        adapter's requests are keyed in the adapter's space within it."""
-        adapter = self.registry.adapter_of(key.model)
-        if key.tokens is not None:
-            return self.router.view(
-                rid, tokens=key.tokens, output_tokens=key.max_tokens, model=key.model,
-                tenant=tenant, seed=seed, adapter=adapter,
-            )  # fmt: skip
-        return self.router.view(
-            rid, text=key.text or "", output_tokens=key.max_tokens, model=key.model,
-            tenant=tenant, seed=seed, adapter=adapter,
-        )  # fmt: skip
+    def _route(self, call: _Call, candidates: list[ReplicaId], hash_s: float) -> Decision:
+        """Ask the router where ``call`` goes among ``candidates``; the request's outcome labels
+        name that replica from now on."""
+        t0 = time.perf_counter()
+        explain = call.span is not None  # a traced request carries every candidate's score
+        decision = self.router.route(call.view, time.monotonic(), candidates, explain=explain)
+        self.metrics.decision_seconds.observe(time.perf_counter() - t0 + hash_s)
+        if call.span is not None and self.tracing is not None:
+            name = self.registry.public_name(decision.replica)
+            self.tracing.record_decision(call.span, decision, name, self.router.policy.name)
+        if self.listener is not None:
+            self.listener.routed(call.view, decision)
+        outcome = call.request[OUTCOME]
+        outcome.replica, outcome.reason = decision.replica, decision.reason.value
+        return decision
 
     def _releaser(self, rid: str) -> Callable[[Usage | None], None]:
         """The call that ends ``rid``'s accounting: at the upstream's end, or in ``finally``,
@@ -255,27 +252,25 @@ class Proxy:
     def first_byte_s(self, decision: Decision) -> float:
         """The first-byte deadline of a stream sent to ``decision.replica``, seconds (see the
         module docstring). Called after routing, so the queued work includes this request."""
-        predicted = self.router.loads.get(decision.replica).queued_prefill_s(time.monotonic())
+        predicted = self.router.queued_prefill_s(decision.replica, time.monotonic())
         cfg = self.config
         return min(max(FIRST_BYTE_FACTOR * predicted, cfg.first_byte_floor_s), cfg.first_byte_cap_s)
 
     async def _attempt(
         self,
-        request: web.Request,
-        body: bytes,
-        headers: Mapping[str, str],
+        call: _Call,
         decision: Decision,
-        stream: bool,
         can_retry: bool,
-        rid: str,
         release: Callable[[Usage | None], None],
     ) -> RelayResult:
+        request, rid, admitted = call.request, call.rid, call.admitted
+        stream = admitted.key.stream
         replica = decision.replica
         name = self.registry.public_name(replica)
         extra = {
             REPLICA_HEADER: name,
             REASON_HEADER: decision.reason.value,
-            REQUEST_ID_HEADER: request_id_of(request) or rid,
+            REQUEST_ID_HEADER: admitted.request_id or rid,
             PREDICTED_HEADER: str(decision.predicted_cached_tokens),
         }
         url = replica + upstream_target(request)  # the route's own path: never the raw one
@@ -298,37 +293,35 @@ class Proxy:
                     unwatch()
 
                 try:
-                    async with self.session.request(
-                        request.method, url, data=_payload(body), headers=headers
-                    ) as resp:
-                        if resp.status >= 500 and can_retry:
-                            raise _Status5xx(f"replica {name} answered {resp.status}", resp.status)
-                        if is_event_stream(resp):
-                            ctl = StreamControl(
-                                name, started, first_token, release, self.is_cutting,
-                                cfg.client_buffer_bytes, cfg.client_write_timeout_s,
-                            )  # fmt: skip
-                            return await relay_stream(request, resp, extra, ctl)
-                        return await relay_plain(request, resp, extra, cfg.client_buffer_bytes)
+                    with self._traced(call, name) as headers:
+                        async with self.session.request(
+                            request.method, url, data=_payload(admitted.body), headers=headers
+                        ) as resp:
+                            if resp.status >= 500 and can_retry:
+                                msg = f"replica {name} answered {resp.status}"
+                                raise _Status5xx(msg, resp.status)
+                            if is_event_stream(resp):
+                                ctl = StreamControl(
+                                    name, started, first_token, release, self.is_cutting,
+                                    cfg.client_buffer_bytes, cfg.client_write_timeout_s,
+                                )  # fmt: skip
+                                return await relay_stream(request, resp, extra, ctl)
+                            return await relay_plain(request, resp, extra, cfg.client_buffer_bytes)
                 finally:
                     unwatch()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise upstream_error(exc, name) from exc
 
-    def _blame(
-        self, verdict: _Verdict, replica: ReplicaId, kind: str, *, force: bool = False
-    ) -> None:
-        """Count a failure against ``replica``: one per request, except a refused connection
-        (``force``), which no request content can cause."""
-        if verdict.marked and not force:
+    @contextlib.contextmanager
+    def _traced(self, call: _Call, name: str) -> Iterator[Mapping[str, str]]:
+        """The upstream headers of one attempt, under its own CLIENT span when the request is
+        traced (its ``traceparent`` goes to the replica)."""
+        if call.span is None or self.tracing is None:
+            yield call.admitted.headers
             return
-        verdict.marked = True
-        self.registry.record_failure(replica, time.monotonic(), kind)
-
-    def _request_fault(self, verdict: _Verdict) -> None:
-        self.metrics.request_faults.labels(verdict.kind or "error").inc()
-        log.info("a request failed the same way (%s) on two replicas: not theirs", verdict.kind)
-        verdict.suspect = None
+        headers = dict(call.admitted.headers)
+        with self.tracing.upstream(call.span, name, headers):
+            yield headers
 
     def _account(
         self,
@@ -336,29 +329,12 @@ class Proxy:
         endpoint: Endpoint,
         decision: Decision,
         result: RelayResult,
-        verdict: _Verdict,
+        verdict: Verdict,
     ) -> None:
         replica = decision.replica
-        now = time.monotonic()
         if result.cut is not None:
             self.metrics.cut_streams.labels(result.cut).inc()
-        if result.failure is not None:  # broke mid-stream: only the replica can do that
-            self.metrics.upstream_failures.labels(replica, result.failure).inc()
-            self._blame(verdict, replica, result.failure)
-        elif result.status >= 500:
-            self.metrics.upstream_failures.labels(replica, "status").inc()
-            if verdict.repeats("status"):
-                self._request_fault(verdict)
-            elif result.status in _GATEWAY_STATUSES:
-                self._blame(verdict, replica, f"status {result.status}")
-            else:
-                self.registry.record_error(replica, now)
-        elif result.status >= 400 and verdict.suspect is not None:
-            self._request_fault(verdict)  # the retry says the request is bad
-        elif not result.client_gone and result.cut is None:
-            self.registry.record_success(replica, now)
-        if verdict.suspect is not None:  # the retry did not fail the same way: the first did
-            self._blame(verdict, verdict.suspect, verdict.kind or "error")
+        verdict.answered(replica, result)
         if endpoint is not Endpoint.OTHER and result.status == 200 and result.failure is None:
             prompt = result.usage.prompt_tokens if result.usage is not None else None
             self.metrics.observe_usage(
@@ -375,18 +351,6 @@ class Proxy:
         )
 
 
-@dataclass(slots=True)
-class _Verdict:
-    """Whose fault one request's failures were, as its attempts tell."""
-
-    suspect: ReplicaId | None = None  # failed first, not yet judged
-    kind: str | None = None  # how it failed
-    marked: bool = False  # a replica was already marked for this request
-
-    def repeats(self, kind: str) -> bool:
-        return self.suspect is not None and self.kind == kind
-
-
 def _payload(body: bytes) -> bytes | io.BytesIO | None:
     """The body as aiohttp should send it: bytes are written in one go, which aiohttp warns
     about past 1 MiB (it would hold the loop), so larger ones go as a stream, a fresh one per
@@ -394,10 +358,6 @@ def _payload(body: bytes) -> bytes | io.BytesIO | None:
     if len(body) > LARGE_BODY:
         return io.BytesIO(body)
     return body or None
-
-
-def _status_of(exc: BaseException) -> int | None:
-    return exc.status if isinstance(exc, _Status5xx) else None
 
 
 def _kind(exc: BaseException) -> str:

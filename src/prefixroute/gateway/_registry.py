@@ -167,7 +167,7 @@ class ReplicaRegistry:
 
     def in_flight(self, rid: ReplicaId) -> int:
         """Requests in flight on ``rid``, from the router's own load accounting."""
-        return self.router.loads.get(rid).in_flight if rid in self._records else 0
+        return self.router.replica_load(rid).in_flight if rid in self._records else 0
 
     # --- routing --------------------------------------------------------------------------
     def candidates(self, model: str | None, exclude: Sequence[ReplicaId] = ()) -> list[ReplicaId]:
@@ -185,8 +185,8 @@ class ReplicaRegistry:
         if not ready:
             raise NoReplicaAvailable("no healthy replica available for this request")
         cap = self.config.max_in_flight_per_replica
-        loads = self.router.loads
-        free = [rid for rid in ready if loads.get(rid).in_flight < cap]
+        load = self.router.replica_load
+        free = [rid for rid in ready if load(rid).in_flight < cap]
         if not free:
             raise Overloaded("every replica is at its in-flight limit; retry later")
         return free
@@ -292,7 +292,7 @@ class ReplicaRegistry:
             "models": sorted(record.models) if record.models is not None else None,
             "in_flight": self.in_flight(record.id),
             "name": record.name,
-            "speed": self.router.loads.get(record.id).speed.snapshot(),
+            "speed": self.router.replica_load(record.id).speed.snapshot(),
             "consecutive_failures": record.failures,
             "total_failures": record.total_failures,
         }

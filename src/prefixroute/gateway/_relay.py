@@ -151,68 +151,106 @@ async def relay_stream(
     ctl: StreamControl,
 ) -> RelayResult:
     """Relay an event stream as it arrives; raises UpstreamError only before the first byte."""
-    # A compressed stream cannot be cut at event boundaries: relay it raw, unobserved.
-    scanner = SSEScanner() if "Content-Encoding" not in resp.headers else None
-    out: web.StreamResponse | None = None
+    relay = _StreamRelay(request, resp, extra, ctl)
     failure: str | None = None
-    waiting_first = True
-    timeout = ctl.write_timeout_s
     try:
-        while True:
-            try:
-                chunk = await resp.content.readany()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                if out is None:
-                    raise upstream_error(exc, ctl.replica) from exc
-                failure = failure_kind(exc)
-                break
-            if chunk:
-                ready = scanner.feed(chunk) if scanner is not None else chunk
-            else:  # the upstream ended its stream
-                ready = scanner.flush() if scanner is not None else b""
-            if out is None and (ready or not chunk):
-                headers = response_headers(resp.headers, extra)
-                out = web.StreamResponse(status=resp.status, headers=headers)
-                await out.prepare(request)
-                _hold_for_client(request, ctl.buffer_bytes)
-                ctl.on_started()
-            if ready:
-                if waiting_first and (scanner is None or scanner.saw_data):
-                    waiting_first = False
-                    ctl.on_first_data()
-                assert out is not None
-                await _write(out, ready, timeout)
-            if not chunk:
-                break
-        ctl.on_upstream_end(scanner.usage if scanner is not None and failure is None else None)
-        assert out is not None
-        if failure is not None:
-            message = f"replica {ctl.replica} failed mid-stream ({failure})"
-            await _end_with_error(out, error_body(message, "upstream_error", 502), timeout)
-        else:
-            await _write_eof(out, timeout)
+        failure = await relay.pump()
+        await relay.end(failure)
     except ConnectionResetError:  # the client went away (aiohttp's reset error subclasses it)
-        assert out is not None
-        return RelayResult(out, resp.status, None, failure, client_gone=True)
+        return RelayResult(relay.started(), resp.status, None, failure, client_gone=True)
     except _SlowClient:
-        assert out is not None
+        out = relay.started()
         _abort(request)
         return RelayResult(out, resp.status, None, failure, client_gone=True, cut="slow_client")
     except asyncio.CancelledError:
-        if out is None or not ctl.is_cutting():
+        if relay.out is None or not ctl.is_cutting():
             raise  # a client that left, or a first-byte deadline: not ours to answer
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
-        ctl.on_upstream_end(None)
+        await relay.end_at_shutdown()
+        return RelayResult(relay.started(), resp.status, None, None, cut="shutdown")
+    usage = relay.scanner.usage if relay.scanner is not None else None
+    cached = usage.cached_tokens if usage is not None else None
+    return RelayResult(relay.started(), resp.status, cached, failure, usage=usage)
+
+
+class _StreamRelay:
+    """One event stream on its way to the client: read, cut at event boundaries, written.
+
+    The client's response starts with the first complete event (``out`` is None until then),
+    so a replica that fails before any event can still be retried elsewhere."""
+
+    def __init__(
+        self,
+        request: web.Request,
+        resp: aiohttp.ClientResponse,
+        extra: Mapping[str, str],
+        ctl: StreamControl,
+    ) -> None:
+        self.request, self.resp, self.extra, self.ctl = request, resp, extra, ctl
+        # A compressed stream cannot be cut at event boundaries: relay it raw, unobserved.
+        self.scanner = SSEScanner() if "Content-Encoding" not in resp.headers else None
+        self.out: web.StreamResponse | None = None  # the client's response, once started
+        self._waiting_first = True  # no data event relayed yet
+
+    def started(self) -> web.StreamResponse:
+        assert self.out is not None, "the client's response had started"
+        return self.out
+
+    async def pump(self) -> str | None:
+        """Relay until the upstream ends; the failure kind when it broke after the start."""
+        while True:
+            try:
+                chunk = await self.resp.content.readany()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                if self.out is None:
+                    raise upstream_error(exc, self.ctl.replica) from exc
+                return failure_kind(exc)
+            await self._relay(chunk)
+            if not chunk:  # the upstream ended its stream
+                return None
+
+    async def _relay(self, chunk: bytes) -> None:
+        scanner = self.scanner
+        if chunk:
+            ready = scanner.feed(chunk) if scanner is not None else chunk
+        else:
+            ready = scanner.flush() if scanner is not None else b""
+        if self.out is None and (ready or not chunk):
+            self.out = web.StreamResponse(
+                status=self.resp.status, headers=response_headers(self.resp.headers, self.extra)
+            )
+            await self.out.prepare(self.request)
+            _hold_for_client(self.request, self.ctl.buffer_bytes)
+            self.ctl.on_started()
+        if ready:
+            if self._waiting_first and (scanner is None or scanner.saw_data):
+                self._waiting_first = False
+                self.ctl.on_first_data()
+            await _write(self.started(), ready, self.ctl.write_timeout_s)
+
+    async def end(self, failure: str | None) -> None:
+        """The replica is done: release its slot, then end the client's stream (with an SSE
+        error event when the upstream broke)."""
+        ctl = self.ctl
+        usage = self.scanner.usage if self.scanner is not None and failure is None else None
+        ctl.on_upstream_end(usage)
+        out = self.started()
+        if failure is not None:
+            message = f"replica {ctl.replica} failed mid-stream ({failure})"
+            body = error_body(message, "upstream_error", 502)
+            await _end_with_error(out, body, ctl.write_timeout_s)
+        else:
+            await _write_eof(out, ctl.write_timeout_s)
+
+    async def end_at_shutdown(self) -> None:
+        """The drain bound passed: release the slot, and tell the client the stream was cut."""
+        self.ctl.on_upstream_end(None)
         message = "the gateway shut down before the stream ended"
         body = error_body(message, "service_unavailable", 503)
         with contextlib.suppress(_SlowClient):
-            await _end_with_error(out, body, min(timeout, 1.0))
-        return RelayResult(out, resp.status, None, None, cut="shutdown")
-    usage = scanner.usage if scanner is not None else None
-    cached = usage.cached_tokens if usage is not None else None
-    return RelayResult(out, resp.status, cached, failure, usage=usage)
+            await _end_with_error(self.started(), body, min(self.ctl.write_timeout_s, 1.0))
 
 
 def _hold_for_client(request: web.Request, buffer_bytes: int) -> None:

@@ -1,17 +1,14 @@
-"""What the router needs from an OpenAI request body: a routing key, the model, streaming or not.
+"""A request body as the gateway reads it: strict JSON, parsed once, keyed by the core.
 
-Chat requests are keyed on their messages in order, roles included (the rule is in
-:mod:`prefixroute.core.prompt_key`, shared with the Ray Serve router), so a conversation's next
-turn extends the previous turn's key and the router's chained block hashes match the whole
-earlier conversation. The key is hashed in character mode (``block_chars`` characters per
-block): the gateway cannot know each replica's tokenizer, and a character prefix is a token
-prefix for any tokenizer, up to the last block.
-
-Completions are keyed on their prompt: a string in character mode, a list of token ids in token
-mode. For a batch of prompts the first one decides (one request goes to one replica).
-
-With a tokenizer (``--tokenizer``), ``_tokenize`` turns a text key into the engine's token ids
-before routing; the key keeps the chat messages and ``add_special_tokens`` for that.
+The key is the core's (:mod:`prefixroute.core.request_key`, shared with the Ray Serve router
+and the endpoint picker): chat requests on their messages in order, roles included, so a
+conversation's next turn extends the previous turn's key; completions on their prompt, a string
+in character mode or token ids in token mode. Text keys are hashed in character mode
+(``block_chars`` characters per block): the gateway cannot know each replica's tokenizer, and
+a character prefix is a token prefix for any tokenizer, up to the last block. With a tokenizer
+(``--tokenizer``), ``_tokenize`` turns a text key into the engine's token ids before routing;
+the key keeps the chat messages and ``add_special_tokens`` for that. This module translates the
+core's ``InvalidPrompt`` into the gateway's ``BadRequest`` (a 400).
 
 **What goes upstream is what we parsed.** A JSON body is read as strict UTF-8 (Python's decoder
 would also take UTF-16 and UTF-32, which a replica may not), without ``NaN``/``Infinity`` (not
@@ -19,38 +16,60 @@ JSON) and without lone surrogates (not Unicode), and is sent to the replica re-e
 parsed object (:func:`encode_body`). So the replica reads exactly the fields the gateway routed
 and admitted on: a duplicate key, a compression header or an odd encoding cannot make it read
 something else, or fail on input we passed (a failure that would be blamed on the replica).
+
+**A nesting limit.** Python's JSON decoder and encoder recurse once per level, against the
+interpreter's recursion limit less the stack already in use, so a body nested a few hundred
+levels deep can parse here and fail later: in a re-encode, or in a replica whose stack is deeper
+when it parses. The fuzz suite found exactly that: 977 levels passed the gateway and made the
+replica answer 500, and those 500s took healthy replicas out of rotation. OpenAI request bodies
+nest a few levels (tool schemas a few dozen at most), so anything past ``MAX_DEPTH`` is refused
+as invalid JSON.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from prefixroute.core import prompt_key
+from multidict import CIMultiDict
+
+from prefixroute.core import EMPTY_KEY, Endpoint, InvalidPrompt, RouteKey
+from prefixroute.core import key_of as _core_key_of
 from prefixroute.gateway._errors import BadRequest, InvalidJSON
-from prefixroute.gateway._jsondepth import MAX_DEPTH, too_deep
 
+if TYPE_CHECKING:
+    from prefixroute.gateway._tenants import TenantScope
 
-class Endpoint(StrEnum):
-    COMPLETIONS = "completions"
-    CHAT = "chat_completions"
-    OTHER = "other"  # any other /v1/* call: routed on load alone
+__all__ = [  # Endpoint, RouteKey and EMPTY_KEY are the core's, named here for the gateway
+    "EMPTY_KEY",
+    "Admitted",
+    "MAX_DEPTH",
+    "Endpoint",
+    "RouteKey",
+    "encode_body",
+    "key_of",
+    "other_key",
+    "parse_body",
+    "route_key",
+    "too_deep",
+]
+
+MAX_DEPTH = 64  # nesting levels of arrays and objects a request body may have
 
 
 @dataclass(frozen=True, slots=True)
-class RouteKey:
-    text: str | None  # routing text (character mode); None when routing on tokens
-    tokens: list[int] | None  # prompt token ids (token mode)
-    model: str | None  # requested model; None = any replica
-    stream: bool  # the client asked for an SSE stream
-    max_tokens: int  # requested output length, tokens (0 when not given)
-    messages: list[Mapping[str, object]] | None = None  # chat messages, for a tokenizer
-    add_special_tokens: bool | None = None  # vLLM's request field; None = the endpoint default
+class Admitted:
+    """One client request as the handler read it, once: what the proxy routes on and what
+    every attempt sends. Nothing downstream reads the request's body, id or tenant again."""
 
-
-EMPTY_KEY = RouteKey("", None, None, False, 0)
+    request_id: str  # the client's or ours (the request-id middleware's; "" outside it)
+    endpoint: Endpoint
+    key: RouteKey  # with its tenant, seed and adapter (and token ids, with a tokenizer)
+    body: bytes  # what a replica gets: the parsed JSON re-encoded, or the body as sent
+    headers: CIMultiDict[str]  # what a replica gets (``_tenants.upstream_headers``)
+    scope: TenantScope | None  # the tenant's limits: the prompt budget is charged once hashed
 
 
 def _no_constant(name: str) -> object:
@@ -67,9 +86,28 @@ def parse_body(body: bytes) -> object:
         obj = json.loads(text, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise InvalidJSON(f"the request body is not valid JSON: {exc}") from exc
-    if too_deep(body, obj):  # see _jsondepth: deep bodies fail later, elsewhere
+    if too_deep(body, obj):  # deep bodies fail later, elsewhere (module docstring)
         raise InvalidJSON(f"the request body nests more than {MAX_DEPTH} levels deep")
     return obj
+
+
+def too_deep(body: bytes, obj: object, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``obj`` (parsed from ``body``) nests arrays/objects more than ``limit`` deep."""
+    if body.count(b"[") + body.count(b"{") <= limit:  # C-speed answer for almost every body
+        return False
+    stack: list[tuple[object, int]] = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            children: Iterable[object] = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def encode_body(obj: object) -> bytes:
@@ -82,7 +120,7 @@ def encode_body(obj: object) -> bytes:
 
 
 def route_key(endpoint: Endpoint, body: bytes) -> RouteKey:
-    """The routing key of a request; raises InvalidJSON or BadRequest."""
+    """The routing key of a request body; raises InvalidJSON or BadRequest."""
     return key_of(endpoint, parse_body(body))
 
 
@@ -90,36 +128,15 @@ def key_of(endpoint: Endpoint, obj: object) -> RouteKey:
     """The routing key of a parsed request body; raises BadRequest."""
     if not isinstance(obj, Mapping):
         raise BadRequest("the request body must be a JSON object")
-    model = obj.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequest("'model' must be a string")
-    stream = obj.get("stream") is True
-    max_tokens = obj.get("max_tokens", obj.get("max_completion_tokens", 0))
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
-        max_tokens = 0  # the replica validates; the router only uses it as a hint
-    special = obj.get("add_special_tokens")
-    special = special if isinstance(special, bool) else None
-    if endpoint is Endpoint.CHAT:
-        messages = obj.get("messages")
-        chat = chat_text(messages)  # validates: a non-empty list of objects
-        assert isinstance(messages, list)
-        return RouteKey(chat, None, model, stream, max_tokens, messages, special)
-    if endpoint is Endpoint.COMPLETIONS:
-        text, tokens = _prompt(obj.get("prompt"))
-        return RouteKey(text, tokens, model, stream, max_tokens, None, special)
-    return RouteKey("", None, model, stream, max_tokens)
-
-
-def chat_text(messages: object) -> str:
-    """``"role: content\\n"`` per message, in order (see :mod:`prefixroute.core.prompt_key`)."""
     try:
-        return prompt_key.chat_text(messages)
-    except prompt_key.InvalidPrompt as exc:
+        return _core_key_of(endpoint, obj)
+    except InvalidPrompt as exc:
         raise BadRequest(str(exc)) from None
 
 
-def _prompt(prompt: object) -> tuple[str | None, list[int] | None]:
-    try:
-        return prompt_key.prompt_key(prompt)
-    except prompt_key.InvalidPrompt as exc:
-        raise BadRequest(str(exc)) from None
+def other_key(obj: object | None) -> RouteKey:
+    """Any other /v1 call routes on load alone, among the replicas serving its model (a body
+    that is not a JSON object, or has no string model, may go to any replica)."""
+    model = obj.get("model") if isinstance(obj, dict) else None
+    return RouteKey("", None, model) if isinstance(model, str) else EMPTY_KEY
+

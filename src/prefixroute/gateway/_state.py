@@ -7,11 +7,12 @@ only between startup and cleanup, so they are filled in by the session's ``clean
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from prefixroute.core import Router
+from prefixroute.core import Endpoint, RouteKey, Router
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._limits import Limits
@@ -20,7 +21,9 @@ from prefixroute.gateway._precise import PreciseMode
 from prefixroute.gateway._proxy import Proxy
 from prefixroute.gateway._registry import ReplicaRegistry
 from prefixroute.gateway._sync import RouteSync
+from prefixroute.gateway._tenants import TenantScope
 from prefixroute.gateway._tokenize import TokenizerPool
+from prefixroute.gateway._tracing import RequestTracing
 
 
 @dataclass(slots=True)
@@ -35,6 +38,21 @@ class GatewayState:
     tokenizer: TokenizerPool | None = None  # with a tokenizer: token-exact keys
     precise: PreciseMode | None = None  # precise mode: the KV-event subscribers
     sync: RouteSync | None = None  # sync_redis: decisions shared with other instances
+    tracing: RequestTracing | None = None  # otlp_endpoint: a span per routed request
+
+    async def route_key(
+        self, endpoint: Endpoint, key: RouteKey, obj: object | None, scope: TenantScope | None
+    ) -> RouteKey:
+        """``key`` (parsed from ``obj``) as the router sees it: in its tenant's key space
+        (which sets or removes ``cache_salt`` in ``obj``), with its LoRA adapter, and tokenized
+        last, since tenancy reads its text. The proxied path and ``/admin/explain`` both key
+        requests here."""
+        if scope is not None:
+            key = scope.isolate_key(endpoint, key, obj)
+        key = dataclasses.replace(key, adapter=self.registry.adapter_of(key.model))
+        if self.tokenizer is not None and endpoint is not Endpoint.OTHER:
+            key = await self.tokenizer.key(key)
+        return key
 
 
 STATE = web.AppKey("prefixroute.gateway.state", GatewayState)

@@ -1,22 +1,12 @@
 """Tenant settings: who the tenants are, their API keys (hashed), their limits, and isolation.
 
-In the TOML config file they live under ``[tenancy]``::
-
-    [tenancy]
-    isolation = true                      # per-tenant prefix keys and vLLM cache_salt
-    header = "x-tenant-id"                # tenant of a request when no API keys are configured
-    cache_salt_secret = "long random string"
-    shareable_prefixes = ["system: You are a helpful assistant.\\n"]
-
-    [tenancy.default_limits]              # every tenant's, unless its own entry says otherwise
-    requests_per_second = 20
-    prompt_tokens_per_minute = 1_000_000
-    max_in_flight = 64
-
-    [[tenancy.tenants]]
-    name = "team-a"
-    api_key_sha256 = ["<64 hex digits: prefixroute hash-key>"]
-    requests_per_second = 5               # overrides the default, field by field
+In the TOML config file they live under ``[tenancy]`` (the example is in ``--help``'s config
+file section, ``_config_file.CONFIG_HELP``): ``isolation`` (per-tenant prefix keys and vLLM
+``cache_salt``), ``header`` (the tenant of a request when no API keys are configured),
+``cache_salt_secret``, ``shareable_prefixes``, then ``[tenancy.default_limits]`` (every
+tenant's, unless its own entry says otherwise) and one ``[[tenancy.tenants]]`` table per tenant
+(``name``, ``api_key_sha256`` from ``prefixroute hash-key``, and limits that override the
+default field by field).
 
 A limit that is not set anywhere is not enforced. See ``docs/security.md``.
 """

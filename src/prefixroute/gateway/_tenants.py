@@ -16,8 +16,9 @@ is hashed (the estimate is the router's own). A 429 names the limit.
 
 **Isolation** (``[tenancy] isolation = true``). Each tenant has a salt: the configured
 ``cache_salt``, or ``base64url(HMAC-SHA256(secret, name))`` (43 characters, 256 bits, as vLLM
-asks). Its router seed is the first 8 bytes of the salt's SHA-256, so the router's block hashes
-of one tenant never equal another's, and the salt goes to the replica as ``cache_salt`` (vLLM
+asks). Its router seed is the salt hashed into the common seed (:meth:`BlockHasher.salted`, the
+same step the emulated engine takes), so the router's block hashes of one tenant never equal
+another's, and the salt goes to the replica as ``cache_salt`` (vLLM
 mixes it into the first block's hash, so the engine keeps the tenants' blocks apart too). The
 gateway owns that field: a client's own ``cache_salt`` is replaced. A request whose routing text
 starts with one of ``shareable_prefixes`` is shared instead: hashed with the common seed and
@@ -35,21 +36,21 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import Counter
 from prometheus_client.registry import CollectorRegistry
 
+from prefixroute.core import BlockHasher, Endpoint, RouteKey
+from prefixroute.gateway._admission import REQUEST_ID_HEADER
 from prefixroute.gateway._auth import KeyTable, bearer_token
 from prefixroute.gateway._errors import BadRequest, RateLimited, Unauthorized
 from prefixroute.gateway._ratelimit import TenantLimiter
 from prefixroute.gateway._relay import request_headers
-from prefixroute.gateway._request_id import REQUEST_ID_HEADER, request_id_of
-from prefixroute.gateway._requests import Endpoint, chat_text
 from prefixroute.gateway._tenant_config import TENANT_NAME, TenancyConfig, TenantLimits
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ class Tenants:
         if len(self._live) >= self.config.max_tenants:
             self._forget_one()
         salt = self._salt(name)
-        seed = int.from_bytes(hashlib.sha256(salt.encode()).digest()[:8], "little")
+        seed = BlockHasher().salted(salt).seed
         tenant = Tenant(name, salt, seed, TenantLimiter(name, self.limits_of(name), now))
         self._live[name] = tenant
         return tenant
@@ -197,22 +198,22 @@ class TenantScope:
     tenant: Tenant
     tenants: Tenants
 
-    def isolate(self, endpoint: Endpoint, obj: object) -> int | None:
-        """The router seed for this request (None: the common one); sets or removes
-        ``cache_salt`` in ``obj``, the parsed body that will be sent."""
+    def isolate_key(self, endpoint: Endpoint, key: RouteKey, obj: object) -> RouteKey:
+        """``key`` as this tenant's: its name, and under isolation its seed (unless the request
+        is shareable: then the common key space); sets or removes ``cache_salt`` in ``obj``,
+        the parsed body that will be sent. Reads the routing text from ``key`` (call it before
+        a tokenizer replaces the text with token ids), never from the body again."""
         cfg = self.tenants.config
+        tenant = self.tenant
         if not cfg.isolation or endpoint is Endpoint.OTHER:
-            return None
-        if not isinstance(obj, dict):
-            return self.tenant.seed  # unreachable: routing refused non-objects already
-        shared = bool(cfg.shareable_prefixes) and _routing_text(endpoint, obj).startswith(
-            cfg.shareable_prefixes
-        )
-        if shared:
+            return replace(key, tenant=tenant.name)
+        if not isinstance(obj, dict):  # unreachable: routing refused non-objects already
+            return replace(key, tenant=tenant.name, seed=tenant.seed)
+        if cfg.shareable_prefixes and (key.text or "").startswith(cfg.shareable_prefixes):
             obj.pop("cache_salt", None)
-        else:
-            obj["cache_salt"] = self.tenant.salt
-        return None if shared else self.tenant.seed
+            return replace(key, tenant=tenant.name, seed=None)
+        obj["cache_salt"] = tenant.salt
+        return replace(key, tenant=tenant.name, seed=tenant.seed)
 
     def charge_prompt(self, tokens: int) -> None:
         try:
@@ -249,27 +250,17 @@ def make_tenant_middleware(tenants: Tenants) -> Middleware:
     return tenant_middleware
 
 
-def upstream_headers(request: web.Request) -> CIMultiDict[str]:
-    """The headers a replica gets: the client's (less hop-by-hop ones), the request id, and
+def upstream_headers(
+    client: CIMultiDictProxy[str], request_id: str, scope: TenantScope | None
+) -> CIMultiDict[str]:
+    """The headers a replica gets: the ``client``'s (less hop-by-hop ones), the request id, and
     the gateway's own upstream key in place of a client key the gateway itself checked."""
-    headers = request_headers(request.headers)
-    rid = request_id_of(request)
-    if rid:
-        headers[REQUEST_ID_HEADER] = rid
-    scope = request.get(TENANT_SCOPE)
+    headers = request_headers(client)
+    if request_id:
+        headers[REQUEST_ID_HEADER] = request_id
     tenants = scope.tenants if scope is not None else None
     if tenants is not None and tenants.upstream_api_key is not None:
         headers["Authorization"] = f"Bearer {tenants.upstream_api_key}"
     elif tenants is not None and len(tenants.keys):
         headers.popall("Authorization", None)  # the client's key was for us, not the replica
     return headers
-
-
-def _routing_text(endpoint: Endpoint, obj: Mapping[str, Any]) -> str:
-    """The text the router keys this request on (as ``_requests`` renders it)."""
-    if endpoint is Endpoint.CHAT:
-        return chat_text(obj.get("messages"))
-    prompt = obj.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    return prompt if isinstance(prompt, str) else ""

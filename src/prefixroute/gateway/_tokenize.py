@@ -45,8 +45,7 @@ import jinja2
 import jinja2.sandbox
 from tokenizers import Tokenizer
 
-from prefixroute.core import ConfigError
-from prefixroute.gateway._requests import RouteKey
+from prefixroute.core import ConfigError, RouteKey
 
 log = logging.getLogger(__name__)
 

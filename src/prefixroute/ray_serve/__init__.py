@@ -22,7 +22,7 @@ This package is the only one that imports ``ray`` (an optional extra: ``pip inst
 
 from prefixroute.ray_serve._deploy import ROUTER_CLASS, emulated_deployment, router_config
 from prefixroute.ray_serve._errors import UnroutableRequest
-from prefixroute.ray_serve._key import RouteKey, route_key
+from prefixroute.ray_serve._key import route_key
 from prefixroute.ray_serve._ledger import Ledger
 from prefixroute.ray_serve._replica import EmulatedServeReplica
 from prefixroute.ray_serve._requests import ChatRequest, CompletionRequest
@@ -36,7 +36,6 @@ __all__ = [
     "EmulatedServeReplica",
     "Ledger",
     "PrefixRouteRequestRouter",
-    "RouteKey",
     "RouterSettings",
     "UnroutableRequest",
     "emulated_deployment",

@@ -8,11 +8,13 @@ caller of the deployment handle gets it instead of a hang.
 
 from __future__ import annotations
 
-from prefixroute.core import PrefixrouteError
+from prefixroute.core import InvalidPrompt
 
 
-class UnroutableRequest(PrefixrouteError, ValueError):
-    """No argument of a request carries ``messages`` or ``prompt`` (attribute or key).
+class UnroutableRequest(InvalidPrompt):
+    """No argument of a request carries ``messages`` or ``prompt`` (attribute or key), or the
+    one that does cannot be keyed (the core's ``InvalidPrompt``, translated here).
 
-    A ``ValueError`` too, as Ray's own PrefixCacheAffinityRouter raises for the same request.
+    A ``ValueError`` too (as ``InvalidPrompt`` is), as Ray's own PrefixCacheAffinityRouter
+    raises for the same request.
     """

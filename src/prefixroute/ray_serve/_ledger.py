@@ -34,7 +34,12 @@ the gateway.
 
 Ray's hooks run on its router loop, but a request's future may belong to the caller's loop,
 in another thread. A lock makes every method safe from any thread: cheap next to a routing
-decision, and it keeps the core Router's single-threaded contract.
+decision, and it keeps the core Router's single-threaded contract. The Redis sync, when on,
+calls the router with the same lock held (:attr:`Ledger.lock`).
+
+A :class:`LedgerListener` hears each change as the router records it (a decision, including a
+re-recording where Ray overrode us, a predicted first token, an end), in the order they were
+made: the Redis sync (``_sync``) shares them with the other routers, as the gateway's proxy does.
 """
 
 from __future__ import annotations
@@ -44,9 +49,9 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
-from prefixroute.core import Decision, ReplicaId, RequestView, Router
-from prefixroute.ray_serve._key import RouteKey
+from prefixroute.core import Decision, ReplicaId, RequestView, RouteKey, Router
 
 
 class Stage(StrEnum):
@@ -72,8 +77,19 @@ class PrefillEstimate:
     delay_s: float  # predicted time to the first token from now, seconds
 
 
+class LedgerListener(Protocol):
+    """Hears what the router records about each request; called with the ledger's lock held,
+    from any thread, so each method must return at once and never raise."""
+
+    def routed(self, view: RequestView, decision: Decision) -> None: ...
+    def first_token(self, request_id: str) -> None: ...
+    def completed(self, request_id: str) -> None: ...
+
+
 class Ledger:
     """Routes requests with a core Router and follows them through Ray's hooks."""
+
+    listener: LedgerListener | None = None  # the Redis sync, when on (set once, before use)
 
     def __init__(
         self,
@@ -86,6 +102,11 @@ class Ledger:
         self.prefill_tokens_per_s = prefill_tokens_per_s  # tokens/s; None: no first-token guess
         self._flights: dict[str, Flight] = {}
         self._lock = threading.Lock()
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held around every call into the router; anyone else calling it must hold it too."""
+        return self._lock
 
     # --- replicas -------------------------------------------------------------------------
     def sync(self, replicas: Collection[ReplicaId]) -> None:
@@ -116,7 +137,7 @@ class Ledger:
             return
         with self._lock:
             if self.router.has_replica(replica):
-                self.router.loads.observe(
+                self.router.observe_replica(
                     replica,
                     kv_usage=usage,
                     num_waiting=None if waiting is None else round(waiting),
@@ -130,8 +151,10 @@ class Ledger:
             for replica in candidates:  # a replica Ray knows before update_replicas reached us
                 self.router.add_replica(replica)
             flight = self._flights.get(request_id)
-            view = self._view(request_id, key) if flight is None else flight.view
+            view = key.view(self.router, request_id) if flight is None else flight.view
             decision = self.router.route(view, self.clock(), candidates)
+            if self.listener is not None:
+                self.listener.routed(view, decision)
             if flight is None:
                 self._flights[request_id] = Flight(view, decision.replica, Stage.ROUTED)
             else:
@@ -159,13 +182,15 @@ class Ledger:
                 return None
             if replica != flight.replica:
                 self.router.add_replica(replica)
-                self.router.route(flight.view, self.clock(), [replica])
+                decision = self.router.route(flight.view, self.clock(), [replica])
+                if self.listener is not None:
+                    self.listener.routed(flight.view, decision)
                 flight.replica = replica
             flight.stage = Stage.SENT
             rate = self.prefill_tokens_per_s
             if rate is None:
                 return None
-            queued = self.router.loads.get(replica).queued_prefill_tokens  # ours included
+            queued = self.router.replica_load(replica).queued_prefill_tokens  # ours included
             return PrefillEstimate(request_id, flight.attempt, queued / rate)
 
     def prefilled(self, request_id: str, attempt: int) -> None:
@@ -174,6 +199,8 @@ class Ledger:
             flight = self._flights.get(request_id)
             if flight is not None and flight.attempt == attempt and flight.stage is Stage.SENT:
                 self.router.first_token(request_id, self.clock(), measured=False)  # a guess
+                if self.listener is not None:
+                    self.listener.first_token(request_id)
 
     def cancelled(self, request_id: str) -> None:
         """The request was given up before Ray sent it anywhere."""
@@ -181,7 +208,7 @@ class Ledger:
             flight = self._flights.get(request_id)
             if flight is not None and flight.stage is Stage.ROUTED:
                 del self._flights[request_id]
-                self.router.complete(request_id, self.clock())
+                self._complete(request_id)
 
     def completed(self, request_id: str, replica: ReplicaId) -> bool:
         """An attempt on ``replica`` ended; True if it was the one counted in flight."""
@@ -190,8 +217,14 @@ class Ledger:
             if flight is None or flight.stage is not Stage.SENT or flight.replica != replica:
                 return False
             del self._flights[request_id]
-            self.router.complete(request_id, self.clock())
+            self._complete(request_id)
             return True
+
+    def _complete(self, request_id: str) -> None:
+        """End ``request_id``'s accounting (lock held)."""
+        self.router.complete(request_id, self.clock())
+        if self.listener is not None:
+            self.listener.completed(request_id)
 
     # --- introspection --------------------------------------------------------------------
     @property
@@ -202,9 +235,4 @@ class Ledger:
     def in_flight(self, replica: ReplicaId) -> int:
         with self._lock:
             known = self.router.has_replica(replica)
-            return self.router.loads.get(replica).in_flight if known else 0
-
-    def _view(self, request_id: str, key: RouteKey) -> RequestView:
-        if key.tokens is not None:
-            return self.router.view(request_id, tokens=key.tokens, output_tokens=key.max_tokens)
-        return self.router.view(request_id, text=key.text or "", output_tokens=key.max_tokens)
+            return self.router.replica_load(replica).in_flight if known else 0

@@ -18,9 +18,11 @@ Configure it per deployment (``request_router_kwargs`` are :class:`RouterSetting
 
 Every deployment handle (the proxy, each replica of an ingress deployment, a driver) builds its
 own router: each keeps its own prefix index and load view from the requests it routed, like
-several gateway instances without sharing. Replicas' own ``record_routing_stats`` (keys
-``num_running``, ``num_waiting``, ``kv_usage``) reach the load view, as the gateway's metrics
-scrape does; the policies that read those numbers see work sent by other handles too.
+several gateway instances without sharing, unless ``sync_redis`` is set: then the routers of one
+deployment share decisions and load through Redis (``_sync``). Replicas' own
+``record_routing_stats`` (keys ``num_running``, ``num_waiting``, ``kv_usage``) reach the load
+view, as the gateway's metrics scrape does; the policies that read those numbers see work sent
+by other handles too.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from prefixroute.ray_serve._errors import UnroutableRequest
 from prefixroute.ray_serve._key import route_key
 from prefixroute.ray_serve._ledger import Ledger
 from prefixroute.ray_serve._settings import RouterSettings
+from prefixroute.ray_serve._sync import RouterSync
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +59,23 @@ class PrefixRouteRequestRouter(RequestRouter):
 
     ledger: Ledger
     settings: RouterSettings
+    sync: RouterSync | None = None  # sync_redis: started on the first choose_replicas
 
     def initialize_state(self, **kwargs: Any) -> None:
         """Ray passes ``request_router_kwargs`` here, once, before routing anything."""
         self.settings = RouterSettings.from_kwargs(kwargs)
         self.ledger = self.settings.build_ledger()
+        s = self.settings
+        if s.sync_redis is not None:
+            self.sync = RouterSync(self.ledger, s.sync_redis, s.sync_channel, s.sync_history)
 
     async def choose_replicas(
         self,
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
+        if self.sync is not None and not self.sync.started:
+            await self.sync.start()  # here: on Ray's router loop, which will run its tasks
         if pending_request is None or not candidate_replicas:
             return [list(candidate_replicas)]
         try:

@@ -28,6 +28,12 @@ class RouterSettings:
     # Replicas' prefill rate, tokens/s, to predict each request's first token, which Ray never
     # shows a router (see _ledger); None counts a request as prefilling until it completes.
     prefill_tokens_per_s: float | None = 10_000.0
+    # Several routers, one view: share decisions and load through this Redis, as the gateway's
+    # --sync-redis does (docs/deployment.md). Routers of one deployment only: the replicas are
+    # named by Ray's replica ids, which gateways and pickers (URLs) do not share.
+    sync_redis: str | None = None  # redis://HOST:PORT/DB; None: this router's own view only
+    sync_channel: str = "prefixroute:routed"  # Redis PUB/SUB channel, one per router fleet
+    sync_history: int = 4096  # decisions kept in Redis for routers that start later; 0: none
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy_params, Mapping):
@@ -46,7 +52,19 @@ class RouterSettings:
             not isinstance(rate, int | float) or isinstance(rate, bool) or rate <= 0
         ):
             raise ConfigError("prefill_tokens_per_s must be a positive number (or None)")
+        self._check_sync()
         make_policy(self.policy, **self.policy_params)  # unknown names and fields fail here
+
+    def _check_sync(self) -> None:
+        url, history = self.sync_redis, self.sync_history
+        if url is not None and (
+            not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://"))
+        ):
+            raise ConfigError(f"sync_redis must be a redis:// URL, got {url!r}")
+        if not isinstance(self.sync_channel, str) or not self.sync_channel:
+            raise ConfigError("sync_channel must be a non-empty string")
+        if not isinstance(history, int) or isinstance(history, bool) or history < 0:
+            raise ConfigError(f"sync_history must be an integer, 0 or more, got {history!r}")
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> RouterSettings:

@@ -2,7 +2,8 @@
 
 The cluster drives the core exactly as the gateway does: ``Router.view`` once per request,
 ``Router.route`` to choose, ``first_token`` and ``complete`` from the replica's step results.
-Replicas are :class:`ReplicaModel` instances advanced by kernel events.
+Replicas are :class:`ReplicaModel` instances stepped on the kernel by a :class:`ReplicaStepper`,
+the step loop the emulator runs on its real-time kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from prefixroute.core import (
 )
 from prefixroute.sim.fleet import Fleet, SpeedChange
 from prefixroute.sim.kernel import ARRIVAL, URGENT, Kernel
-from prefixroute.sim.replica import EngineRequest, ReplicaConfig, ReplicaModel
+from prefixroute.sim.replica import EngineRequest, ReplicaConfig, ReplicaModel, StepResult
+from prefixroute.sim.stepper import ReplicaStepper
 from prefixroute.sim.workload import ClusterEvent, Session, Workload
 
 
@@ -102,9 +104,8 @@ class RunResult:
 @dataclass(slots=True)
 class _Live:
     model: ReplicaModel
-    stepping: bool = False
+    stepper: ReplicaStepper  # steps the model; calls ClusterSim._end with each step's result
     accepting: bool = True
-    generation: int = 0  # bumped when the planned step's end moves; stale end events are ignored
 
 
 class ClusterSim:
@@ -174,8 +175,8 @@ class ClusterSim:
             duration_s=max(finish, default=0.0),
             records=self._records,
             replicas=list(self._stats.values()),
-            index_blocks=len(self._router.index),
-            index_evictions=self._router.index.evictions,
+            index_blocks=self._router.index_blocks(),
+            index_evictions=self._router.index_evictions(),
             events=self._kernel.processed,
             wall_s=time.perf_counter() - wall0,
             speed_trace=self._trace,
@@ -185,21 +186,21 @@ class ClusterSim:
     def _add_replica(self, rid: ReplicaId) -> None:
         config = self.fleet.config_of(rid, self.replica_config)
         model = ReplicaModel(config, fast_forward=True, report_decodes=False)
-        self._live[rid] = _Live(model)
+        self._live[rid] = _Live(model, ReplicaStepper(self._kernel, model, partial(self._end, rid)))
         self._accepting_ids = None
         self._stats[rid] = ReplicaRecord(rid, added_s=self._kernel.now)
         self._router.add_replica(rid, config.kv_capacity_blocks)
 
     def _record_speed(self, rid: ReplicaId) -> None:
         """What the router has learned of ``rid``'s speed, for the report."""
-        speed = self._router.loads[rid].speed
+        speed = self._router.replica_load(rid).speed
         st = self._stats[rid]
         st.learned_prefill_tokens_per_s = speed.prefill_tokens_per_s
         st.learned_decode_step_s = speed.decode_step_s
 
     def _sample_speed(self, rid: ReplicaId, now: float) -> None:
         done = self._completed[rid] = self._completed.get(rid, 0) + 1
-        speed = self._router.loads[rid].speed
+        speed = self._router.replica_load(rid).speed
         true = self._live[rid].model.config
         self._trace.append(
             SpeedSample(
@@ -306,34 +307,12 @@ class ClusterSim:
             del self._pending[p.record.request_id]
             return
         self._stats[rid].requests += 1
-        self._kick(rid)
+        self._live[rid].stepper.kick()  # start stepping, or cut a long decode stretch short
 
-    def _kick(self, rid: ReplicaId) -> None:
-        """New work for ``rid``: start stepping, or cut a long decode stretch short."""
-        live = self._live[rid]
-        if not live.stepping:
-            live.stepping = True
-            self._kernel.after(0.0, partial(self._begin, rid))
-            return
-        new_end = live.model.interrupt(self._kernel.now)
-        if new_end is not None:
-            live.generation += 1
-            self._kernel.at(new_end, partial(self._end, rid, live.generation))
-
-    def _begin(self, rid: ReplicaId) -> None:
-        live = self._live[rid]
-        duration = live.model.begin_step(self._kernel.now)
-        if duration <= 0.0:
-            live.stepping = False
-            return
-        self._kernel.after(duration, partial(self._end, rid, live.generation))
-
-    def _end(self, rid: ReplicaId, generation: int) -> None:
+    def _end(self, rid: ReplicaId, result: StepResult) -> None:
+        """``rid`` applied a step (its stepper plans the next one after this returns)."""
         now = self._kernel.now
         live = self._live[rid]
-        if generation != live.generation:
-            return  # this step was cut short; its new end is scheduled
-        result = live.model.end_step(now)
         for req in result.first_tokens:
             rec = self._pending[req.request_id].record
             rec.first_token_s = now
@@ -357,13 +336,9 @@ class ClusterSim:
                 self.on_progress(self._done)
         if live.accepting:
             m = live.model
-            self._router.loads.observe(
+            self._router.observe_replica(
                 rid, kv_usage=m.kv_usage, num_waiting=m.num_waiting, num_running=m.num_running
             )
-        if live.model.has_work():
-            self._begin(rid)
-        else:
-            live.stepping = False
 
 
 @dataclass(slots=True)

@@ -3,7 +3,8 @@
 The kernel owns only the clock and a heap of ``(time, priority, sequence, callback)``. The
 sequence number only goes up, so events at the same time and priority run first-in first-out and
 runs are deterministic; callbacks are never compared with each other. A callback that raises
-stops the run with its exception: errors are never swallowed.
+stops the run with its exception: errors are never swallowed. ``sim/realtime.py`` runs this
+same kernel on the wall clock, for the emulator (SimPy's ``rt.py``).
 """
 
 from __future__ import annotations

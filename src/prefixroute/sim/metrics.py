@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from prefixroute.core import BlockHash, BlockHasher
-from prefixroute.sim.cluster import RunResult
+from prefixroute.sim.cluster import RequestRecord, RunResult
 from prefixroute.sim.workload import Workload
 
 DEFAULT_TTFT_SLO_S = 1.0  # seconds; goodput counts requests whose TTFT is within it
@@ -95,6 +95,7 @@ def summarize(
     ttft_slo_s: float = DEFAULT_TTFT_SLO_S,
     detail_limit: int = 12,
 ) -> PolicyMetrics:
+    """The scores of one run (simulated or live) against ``floor`` and a TTFT target."""
     recs = result.records
     done = [r for r in recs if r.finish_s is not None]
     ttfts = [r.ttft_s for r in recs if r.ttft_s is not None]
@@ -103,33 +104,6 @@ def summarize(
     prefill = sum(r.prompt_tokens - r.cached_tokens for r in recs if r.first_token_s is not None)
     duration = result.duration_s or 1e-9
     good = sum(1 for r in done if (r.ttft_s or 0.0) <= ttft_slo_s)
-    decisions = [r.decision_ns / 1000.0 for r in recs if r.decision_ns]
-    dec = (
-        dict(zip(("p50", "p99"), map(float, np.percentile(decisions, [50, 99])), strict=True))
-        | {"mean": float(np.mean(decisions))}
-        if decisions
-        else {"p50": 0.0, "p99": 0.0, "mean": 0.0}
-    )
-    busy = {}
-    for rep in result.replicas:
-        end = rep.removed_s if rep.removed_s is not None else duration
-        life = max(end - rep.added_s, 1e-9)
-        busy[rep.replica] = min(1.0, rep.busy_s / life)
-    turns = []
-    if len(recs) <= detail_limit:
-        for r in recs:
-            turns.append(
-                {
-                    "request": r.request_id,
-                    "replica": r.replica,
-                    "reason": r.reason,
-                    "prompt_tokens": r.prompt_tokens,
-                    "cached_tokens": r.cached_tokens,
-                    "computed_tokens": r.prompt_tokens - r.cached_tokens,
-                    "predicted_cached_tokens": r.predicted_cached_tokens,
-                    "ttft_ms": None if r.ttft_s is None else r.ttft_s * 1000.0,
-                }
-            )
     return PolicyMetrics(
         policy=result.policy,
         workload=result.workload,
@@ -157,19 +131,60 @@ def summarize(
         ttft_slo_ms=ttft_slo_s * 1000.0,
         duration_s=result.duration_s,
         per_replica_requests={rep.replica: rep.requests for rep in result.replicas},
-        per_replica_busy=busy,
+        per_replica_busy=_busy(result, duration),
         evictions=sum(rep.evictions for rep in result.replicas),
-        decision_us=dec,
+        decision_us=_decision_us(recs),
         reasons=dict(Counter(r.reason for r in recs)),
-        turns=turns,
-        per_replica_speed={
-            rep.replica: {
-                "prefill_tokens_per_s": rep.prefill_tokens_per_s,
-                "decode_step_s": rep.decode_step_s,
-                "learned_prefill_tokens_per_s": rep.learned_prefill_tokens_per_s,
-                "learned_decode_step_s": rep.learned_decode_step_s,
-            }
-            for rep in result.replicas
-            if rep.learned_prefill_tokens_per_s > 0
-        },
+        turns=_turns(recs) if len(recs) <= detail_limit else [],
+        per_replica_speed=_speeds(result),
     )
+
+
+def _decision_us(recs: list[RequestRecord]) -> dict[str, float]:
+    """Routing decision wall time p50/p99/mean, microseconds (zeros when none was timed)."""
+    decisions = [r.decision_ns / 1000.0 for r in recs if r.decision_ns]
+    if not decisions:
+        return {"p50": 0.0, "p99": 0.0, "mean": 0.0}
+    p50, p99 = map(float, np.percentile(decisions, [50, 99]))
+    return {"p50": p50, "p99": p99, "mean": float(np.mean(decisions))}
+
+
+def _busy(result: RunResult, duration: float) -> dict[str, float]:
+    """Each replica's busy fraction of its own lifetime in the run."""
+    busy = {}
+    for rep in result.replicas:
+        end = rep.removed_s if rep.removed_s is not None else duration
+        life = max(end - rep.added_s, 1e-9)
+        busy[rep.replica] = min(1.0, rep.busy_s / life)
+    return busy
+
+
+def _turns(recs: list[RequestRecord]) -> list[dict[str, Any]]:
+    """Per-request detail, for runs small enough to read it (the article's examples)."""
+    return [
+        {
+            "request": r.request_id,
+            "replica": r.replica,
+            "reason": r.reason,
+            "prompt_tokens": r.prompt_tokens,
+            "cached_tokens": r.cached_tokens,
+            "computed_tokens": r.prompt_tokens - r.cached_tokens,
+            "predicted_cached_tokens": r.predicted_cached_tokens,
+            "ttft_ms": None if r.ttft_s is None else r.ttft_s * 1000.0,
+        }
+        for r in recs
+    ]
+
+
+def _speeds(result: RunResult) -> dict[str, dict[str, float]]:
+    """Each replica's true speed and what the router learned of it (simulated runs)."""
+    return {
+        rep.replica: {
+            "prefill_tokens_per_s": rep.prefill_tokens_per_s,
+            "decode_step_s": rep.decode_step_s,
+            "learned_prefill_tokens_per_s": rep.learned_prefill_tokens_per_s,
+            "learned_decode_step_s": rep.learned_decode_step_s,
+        }
+        for rep in result.replicas
+        if rep.learned_prefill_tokens_per_s > 0
+    }

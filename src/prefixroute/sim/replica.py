@@ -38,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from prefixroute.core import BlockHash, BlockHasher, ConfigError, RequestTooLarge, TokenIds
-from prefixroute.sim.kv_cache import KVCache
+from prefixroute.sim.kv_cache import make_kv_cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +124,7 @@ class ReplicaModel:
     ) -> None:
         self.config = config or ReplicaConfig()
         self.hasher = BlockHasher(self.config.block_size, hash_seed)
-        self.cache = KVCache(self.config.kv_capacity_blocks, record_events=record_events)
+        self.cache = make_kv_cache(self.config.kv_capacity_blocks, record_events)
         # With record_events: blocks made reusable since the last take_stored_blocks().
         self._stored_blocks: list[StoredBlock] | None = [] if record_events else None
         self.fast_forward = fast_forward  # plan decode-only stretches as one step
@@ -317,33 +317,34 @@ class ReplicaModel:
         """Look the prompt up and reserve its blocks; False if they do not fit yet."""
         bs = self.config.block_size
         limit = max(0, req.prompt_tokens - 1) // bs
-        hit = self.cache.lookup(req.block_hashes, limit)
-        need = self._blocks_needed(req) - hit
-        # Pinning the hit blocks removes them from the evictable pool, so count them out.
-        hits = req.block_hashes[:hit]
-        if need > self.cache.available() - self.cache.idle_among(hits):
+        needed = self._blocks_needed(req)
+        hit = self.cache.acquire(req.block_hashes, limit, needed)
+        if hit < 0:
             return False
-        self.cache.pin(hits)
-        self.cache.take(need)
-        req._cached = list(hits)
+        req._cached = req.block_hashes[:hit]
         req._registered = hit
-        req._anonymous = need
+        req._anonymous = needed - hit
         req.cached_tokens = req.computed = hit * bs
         self.cached_tokens += req.cached_tokens
         req.start_s = now
         return True
 
     def _register(self, req: EngineRequest) -> None:
-        """Make the prompt's newly computed full blocks reusable."""
-        full = min(req.computed // self.config.block_size, len(req.block_hashes))
-        stored = self._stored_blocks
-        for i in range(req._registered, full):
-            h = req.block_hashes[i]
-            if self.cache.register(h):
-                req._cached.append(h)
-                req._anonymous -= 1
-                if stored is not None:
-                    stored.append(self._stored_block(req, i))
+        """Make the prompt's newly computed full blocks reusable (a block whose hash is already
+        cached, computed by another request meanwhile, stays an anonymous duplicate)."""
+        hashes = req.block_hashes
+        start, full = req._registered, min(req.computed // self.config.block_size, len(hashes))
+        duplicates = self.cache.register_chain(hashes, start, full)
+        new: range | list[int] = range(start, full)
+        if duplicates:
+            skip = set(duplicates)
+            new = [i for i in new if i not in skip]
+            req._cached.extend([hashes[i] for i in new])
+        else:
+            req._cached.extend(hashes[start:full])
+        req._anonymous -= len(new)
+        if self._stored_blocks is not None:
+            self._stored_blocks.extend([self._stored_block(req, i) for i in new])
         req._registered = full
 
     def _stored_block(self, req: EngineRequest, i: int) -> StoredBlock:

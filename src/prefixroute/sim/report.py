@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from prefixroute.core import ConfigError
@@ -15,10 +16,15 @@ from prefixroute.sim.metrics import PolicyMetrics
 
 
 def make_console() -> Console:
-    """A console for reports: the terminal's width, or a wide fixed width when piped."""
+    """A console for reports: the terminal's width; piped, ``$COLUMNS`` or a wide 200 (so a
+    file or a README gets whole tables)."""
+    import os
     import sys
 
-    return Console(width=None if sys.stdout.isatty() else 200)
+    if sys.stdout.isatty():
+        return Console()
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else 200)
 
 
 def _fmt_int(n: int | None) -> str:
@@ -30,28 +36,54 @@ def _fmt_int(n: int | None) -> str:
 SIM_ONLY_COLUMNS = ("evict", "route µs p99")
 
 
-def summary_table(metrics: Sequence[PolicyMetrics], title: str, live: bool = False) -> Table:
-    """One row per policy: prefill work, cache hits, latency, balance, routing cost."""
+SUMMARY_COLUMNS = (
+    "policy",
+    "prefill tok",
+    "cached tok",
+    "x floor",
+    "hit %",
+    "TTFT p50",
+    "p90",
+    "p99 ms",
+    "E2E p99 ms",
+    "goodput/s",
+    "evict",
+    "route µs p99",
+    "requests per replica",
+)
+# A narrow terminal gets the summary as two tables: the work done, then the latency.
+SUMMARY_HALVES = (
+    ("prefill tok", "cached tok", "x floor", "hit %", "evict", "requests per replica"),
+    ("TTFT p50", "p90", "p99 ms", "E2E p99 ms", "goodput/s", "route µs p99"),
+)
+
+
+def _column(table: Table, name: str) -> None:
+    """Numbers right-aligned and never cut: in a cramped terminal they fold onto a second line
+    rather than lose digits behind an ellipsis."""
+    left = name.startswith(("policy", "req")) or name.endswith("replica")
+    # Names stay whole (the table shrinks the other columns first).
+    whole = name in ("policy", "request", "replica")
+    table.add_column(name, justify="left" if left else "right", overflow="fold", no_wrap=whole)
+
+
+def summary_table(
+    metrics: Sequence[PolicyMetrics],
+    title: str,
+    live: bool = False,
+    only: Sequence[str] | None = None,
+) -> Table:
+    """One row per policy: prefill work, cache hits, latency, balance, routing cost
+    (``only``: the policy and these columns)."""
     table = Table(title=title, title_justify="left", header_style="bold")
-    columns = (
-        "policy",
-        "prefill tok",
-        "cached tok",
-        "x floor",
-        "hit %",
-        "TTFT p50",
-        "p90",
-        "p99 ms",
-        "E2E p99 ms",
-        "goodput/s",
-        "evict",
-        "route µs p99",
-        "requests per replica",
-    )
-    shown = [not (live and col in SIM_ONLY_COLUMNS) for col in columns]
+    columns = SUMMARY_COLUMNS
+    shown = [
+        not (live and col in SIM_ONLY_COLUMNS) and (only is None or col == "policy" or col in only)
+        for col in columns
+    ]
     for col, show in zip(columns, shown, strict=True):
         if show:
-            table.add_column(col, justify="left" if col.startswith(("policy", "req")) else "right")
+            _column(table, col)
     for m in metrics:
         cells = (
             m.policy,
@@ -77,13 +109,12 @@ def turns_table(metrics: Sequence[PolicyMetrics]) -> Table | None:
     if not metrics or not metrics[0].turns:
         return None
     table = Table(title="per request", title_justify="left", header_style="bold")
-    table.add_column("request")
-    table.add_column("prompt", justify="right")
+    _column(table, "request")
+    _column(table, "prompt")
     for m in metrics:
-        table.add_column(f"{m.policy}: replica", justify="left")
-        table.add_column("cached", justify="right")
-        table.add_column("computed", justify="right")
-        table.add_column("TTFT ms", justify="right")
+        _column(table, f"{m.policy}: replica")
+        for name in ("cached", "computed", "TTFT ms"):
+            _column(table, name)
     for i, first in enumerate(metrics[0].turns):
         row = [str(first["request"]), f"{first['prompt_tokens']:,}"]
         for m in metrics:
@@ -111,12 +142,11 @@ def speed_table(metrics: Sequence[PolicyMetrics]) -> Table | None:
         title_justify="left",
         header_style="bold",
     )
-    table.add_column("replica")
-    table.add_column("prefill tok/s", justify="right")
-    table.add_column("decode ms", justify="right")
+    for name in ("replica", "prefill tok/s", "decode ms"):
+        _column(table, name)
     for m in metrics:
-        table.add_column(f"{m.policy}: prefill", justify="right")
-        table.add_column("decode", justify="right")
+        _column(table, f"{m.policy}: prefill")
+        _column(table, "decode")
     replicas = sorted(metrics[0].per_replica_speed, key=_replica_order)
     for r in replicas:
         true = metrics[0].per_replica_speed[r]
@@ -143,11 +173,15 @@ def print_report(
     console = console or make_console()
     detail = turns_table(metrics)
     if detail is not None:
-        console.print(detail)
-    console.print(summary_table(metrics, title, live))
+        _print_fitting(console, [detail], [turns_table([m]) for m in metrics])
+    halves = [
+        summary_table(metrics, f"{title}: {part}", live, half)
+        for part, half in zip(("work", "latency"), SUMMARY_HALVES, strict=True)
+    ]
+    _print_fitting(console, [summary_table(metrics, title, live)], halves)
     speeds = speed_table(metrics)
     if speeds is not None and len(metrics[0].per_replica_speed) <= 16:
-        console.print(speeds)
+        _print_fitting(console, [speeds], [speed_table([m]) for m in metrics])
     floor = metrics[0].oracle_floor if metrics else None
     if floor is not None:
         console.print(
@@ -155,6 +189,20 @@ def print_report(
             f"(of {metrics[0].prompt_tokens:,}); TTFT SLO for goodput: "
             f"{metrics[0].ttft_slo_ms:.0f} ms"
         )
+
+
+def _print_fitting(
+    console: Console, whole: Sequence[Table | None], parts: Sequence[Table | None]
+) -> None:
+    """``whole`` if it fits the console's width, else ``parts`` (the same cells as narrower
+    tables), which fold their cells if even they do not fit."""
+    wide = console.options.update_width(1_000_000)
+    fits = all(
+        t is None or Measurement.get(console, wide, t).maximum <= console.width for t in whole
+    )
+    for table in whole if fits else parts:
+        if table is not None:
+            console.print(table)
 
 
 def markdown_table(metrics: Sequence[PolicyMetrics]) -> str:

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from prefixroute.core.index import PrefixIndex
 from prefixroute.core.load import LoadTracker, ReplicaLoad
 from prefixroute.core.speculative import SpeculativeEntries
-from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
+from prefixroute.core.types import (
+    CandidateScore,
+    Decision,
+    DecisionReason,
+    ReplicaId,
+    RequestView,
+)
 
 
 @dataclass(slots=True)
@@ -26,6 +32,7 @@ class RoutingContext:
     speculative: SpeculativeEntries | None = None  # recent decisions not yet in the index
     _matches: dict[ReplicaId, int] | None = field(default=None)
     _cached: dict[ReplicaId, int] | None = field(default=None)
+    explain: bool = False  # fill Decision.candidates (tracing, /admin/explain)
 
     @property
     def matches(self) -> dict[ReplicaId, int]:
@@ -98,12 +105,51 @@ class RoutingContext:
         # Sorted: the holder map's sets iterate in hash order, which differs between processes,
         # and candidate order decides ties; sorting keeps a seeded simulation reproducible.
         return RoutingContext(
-            self.request, sorted(matches), self.index, self.loads, self.rng, self.now, None, matches
+            self.request,
+            sorted(matches),
+            self.index,
+            self.loads,
+            self.rng,
+            self.now,
+            None,
+            matches,
+            explain=self.explain,
         )
 
-    def decide(self, replica: ReplicaId, reason: DecisionReason) -> Decision:
-        """A decision for ``replica`` with its predicted cached tokens filled in."""
-        return Decision(replica, reason, self.cached_tokens(replica))
+    def decide(
+        self,
+        replica: ReplicaId,
+        reason: DecisionReason,
+        predicted: Mapping[ReplicaId, tuple[float, float]] | None = None,
+    ) -> Decision:
+        """A decision for ``replica`` with its predicted cached tokens filled in.
+
+        ``predicted`` (candidate -> (predicted TTFT, score), from policies that compute them)
+        goes into the explanation; it is read only when the context was asked to explain.
+        """
+        if not self.explain:
+            return Decision(replica, reason, self.cached_tokens(replica))
+        return Decision(replica, reason, self.cached_tokens(replica), self._explained(predicted))
+
+    def _explained(
+        self, predicted: Mapping[ReplicaId, tuple[float, float]] | None
+    ) -> tuple[CandidateScore, ...]:
+        out: list[CandidateScore] = []
+        for r in self.candidates:
+            load = self.load(r)
+            ttft, score = predicted[r] if predicted is not None else (None, None)
+            out.append(
+                CandidateScore(
+                    r,
+                    self.matches[r],
+                    self.cached[r],
+                    load.in_flight,
+                    load.queued_prefill_tokens,
+                    ttft,
+                    score,
+                )
+            )
+        return tuple(out)
 
 
 class Policy(Protocol):

@@ -158,4 +158,10 @@ class PredictedTTFT:
             reason = DecisionReason.HOT_SPOT_YIELD
         else:
             reason = DecisionReason.PREFIX_MATCH
-        return ctx.decide(chosen, reason)
+        if not ctx.explain:
+            return ctx.decide(chosen, reason)
+        # Explaining: each candidate's predicted TTFT beside the score that was minimised.
+        explained = {
+            r: (self._ttft(ctx.load(r), prompt - cached[r], ctx.now), t) for t, r in scored
+        }
+        return ctx.decide(chosen, reason, explained)

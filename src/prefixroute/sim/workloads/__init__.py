@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from prefixroute.core import UnknownWorkload
 from prefixroute.sim.workload import Workload
 from prefixroute.sim.workloads import (
     dialogues,
@@ -27,6 +26,7 @@ from prefixroute.sim.workloads import (
 )
 from prefixroute.sim.workloads._config import build_config as _build_config
 from prefixroute.sim.workloads._config import field_specs as _field_specs
+from prefixroute.sim.workloads._errors import UnknownWorkload as UnknownWorkload
 
 Builder = Callable[[Any, int], Workload]
 
@@ -69,4 +69,11 @@ def make_workload(name: str, seed: int = 0, overrides: Mapping[str, str] | None 
     return builder(_build_config(name, config_cls, overrides or {}), seed)
 
 
-__all__ = ["WORKLOADS", "Builder", "make_workload", "workload_names", "workload_params"]
+__all__ = [
+    "WORKLOADS",
+    "Builder",
+    "UnknownWorkload",
+    "make_workload",
+    "workload_names",
+    "workload_params",
+]

@@ -1,4 +1,5 @@
-"""Building blocks shared by the generators: fresh token ids, arrivals, growing-prefix turns.
+"""Building blocks shared by the generators: fresh token ids, arrivals, one-request sessions,
+growing-prefix turns.
 
 Token ids come from a counter that starts at a seeded random base. A counter makes distinct
 content distinct by construction (random draws would collide now and then, which matters for the
@@ -8,12 +9,12 @@ seeds give different ids. Identical content (a shared system prompt) is one arra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from prefixroute.sim.workload import TokenArray, Turn
+from prefixroute.sim.workload import Session, TokenArray, Turn
 
 _ID_SPACE = 2**32  # token ids are uint32
 
@@ -70,4 +71,20 @@ def prefix_turns(
             text=texts[k] if texts is not None else None,
         )
         for k, (end, out, think) in enumerate(zip(ends, outputs, thinks, strict=True))
+    ]
+
+
+def one_turn_sessions(
+    requests: Iterable[tuple[float, TokenArray, int, str | None]], prefix: str = "req"
+) -> list[Session]:
+    """A session of one turn per request (start seconds, prompt tokens, output tokens, tenant),
+    named ``{prefix}{i}`` in order; each prompt is made read-only (:func:`frozen`)."""
+    return [
+        Session(
+            session_id=f"{prefix}{i}",
+            start_s=float(start),
+            turns=[Turn(tokens=frozen(tokens), output_tokens=output)],
+            tenant=tenant,
+        )
+        for i, (start, tokens, output, tenant) in enumerate(requests)
     ]

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from prefixroute.sim.workload import Session, Turn, Workload
-from prefixroute.sim.workloads._build import TokenSource, frozen, poisson_starts
+from prefixroute.sim.workload import Workload
+from prefixroute.sim.workloads._build import TokenSource, one_turn_sessions, poisson_starts
 from prefixroute.sim.workloads._config import check_non_negative, check_positive, param
 
 
@@ -50,20 +50,15 @@ def build(config: HotPrefixConfig, seed: int) -> Workload:
     share = popularity(config.prompts, config.zipf_s)
     choice = rng.choice(config.prompts, size=config.requests, p=share)
     starts = poisson_starts(rng, config.requests, config.rate)
-    sessions = [
-        Session(
-            session_id=f"req{i}",
-            start_s=float(start),
-            turns=[
-                Turn(
-                    tokens=frozen(np.concatenate([systems[p], ids.fresh(config.question_len)])),
-                    output_tokens=config.output_len,
-                )
-            ],
-            tenant=f"prompt{p}",
+    sessions = one_turn_sessions(
+        (
+            start,
+            np.concatenate([systems[p], ids.fresh(config.question_len)]),
+            config.output_len,
+            f"prompt{p}",
         )
-        for i, (p, start) in enumerate(zip(choice, starts, strict=True))
-    ]
+        for p, start in zip(choice, starts, strict=True)
+    )
     return Workload(
         name="hot-prefix",
         sessions=sessions,

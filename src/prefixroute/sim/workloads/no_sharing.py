@@ -12,8 +12,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefixroute.core import ConfigError
-from prefixroute.sim.workload import Session, Turn, Workload
-from prefixroute.sim.workloads._build import TokenSource, frozen, poisson_starts, uniform_ints
+from prefixroute.sim.workload import Workload
+from prefixroute.sim.workloads._build import (
+    TokenSource,
+    one_turn_sessions,
+    poisson_starts,
+    uniform_ints,
+)
 from prefixroute.sim.workloads._config import check_positive, param
 
 
@@ -43,14 +48,9 @@ def build(config: NoSharingConfig, seed: int) -> Workload:
     prompts = _lengths(rng, config.prompt_len, config.spread, n)
     outputs = _lengths(rng, config.output_len, config.spread, n)
     starts = poisson_starts(rng, n, config.rate)
-    sessions = [
-        Session(
-            session_id=f"req{i}",
-            start_s=float(starts[i]),
-            turns=[Turn(tokens=frozen(ids.fresh(prompts[i])), output_tokens=outputs[i])],
-        )
-        for i in range(n)
-    ]
+    sessions = one_turn_sessions(
+        (starts[i], ids.fresh(prompts[i]), outputs[i], None) for i in range(n)
+    )
     return Workload(
         name="no-sharing",
         sessions=sessions,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefixroute.core import ConfigError
-from prefixroute.sim.workload import Session, Turn, Workload
-from prefixroute.sim.workloads._build import TokenSource, frozen
+from prefixroute.sim.workload import Workload
+from prefixroute.sim.workloads._build import TokenSource, one_turn_sessions
 from prefixroute.sim.workloads._config import check_non_negative, check_positive, param
 
 
@@ -37,19 +37,16 @@ class SeedSharedPromptConfig:
 def build(config: SeedSharedPromptConfig, seed: int) -> Workload:
     ids = TokenSource(np.random.default_rng(seed))
     system = ids.fresh(config.system_len)
-    sessions = [
-        Session(
-            session_id=f"user{u}",
-            start_s=u * config.interval_s,
-            turns=[
-                Turn(
-                    tokens=frozen(np.concatenate([system, ids.fresh(config.question_len)])),
-                    output_tokens=config.output_len,
-                )
-            ],
+    requests = (
+        (
+            u * config.interval_s,
+            np.concatenate([system, ids.fresh(config.question_len)]),
+            config.output_len,
+            None,
         )
         for u in range(config.users)
-    ]
+    )
+    sessions = one_turn_sessions(requests, prefix="user")
     return Workload(
         name="seed-shared-prompt",
         sessions=sessions,

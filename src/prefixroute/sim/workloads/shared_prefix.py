@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefixroute.sim.workload import Session, TokenArray, Turn, Workload
-from prefixroute.sim.workloads._build import TokenSource, frozen, poisson_starts
+from prefixroute.sim.workload import TokenArray, Workload
+from prefixroute.sim.workloads._build import TokenSource, frozen, one_turn_sessions, poisson_starts
 from prefixroute.sim.workloads._config import check_non_negative, check_positive, param
 
 
@@ -46,15 +46,10 @@ def build(config: SharedPrefixConfig, seed: int) -> Workload:
     # SGLang shuffles the requests before sending; unshuffled, each group arrives back to back.
     order = rng.permutation(len(prompts)) if config.shuffle else np.arange(len(prompts))
     starts = poisson_starts(rng, len(prompts), config.rate)
-    sessions = [
-        Session(
-            session_id=f"req{i}",
-            start_s=float(start),
-            turns=[Turn(tokens=prompts[j][1], output_tokens=config.output_len)],
-            tenant=f"group{prompts[j][0]}",
-        )
-        for i, (j, start) in enumerate(zip(order, starts, strict=True))
-    ]
+    sessions = one_turn_sessions(
+        (start, prompts[j][1], config.output_len, f"group{prompts[j][0]}")
+        for j, start in zip(order, starts, strict=True)
+    )
     return Workload(
         name="shared-prefix",
         sessions=sessions,

@@ -17,15 +17,27 @@ from typing import Any
 
 import aiohttp
 
-from prefixroute.bench._replay import ReplayConfig, ReplayResult, itl_percentiles, replay
+from prefixroute.bench import ReplayConfig, ReplayResult, itl_percentiles, replay
+from prefixroute.commands._args import (
+    POLICY_PARAM_HELP,
+    add_slo_argument,
+    checked_policy_params,
+    parse_pairs,
+)
 from prefixroute.core import DEFAULT_POLICY, ConfigError, PrefixrouteError, parse_policy_list
-from prefixroute.sim.command import parse_pairs
-from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S, PolicyMetrics, oracle_floor, summarize
-from prefixroute.sim.replica import ReplicaConfig
-from prefixroute.sim.report import make_console, print_report, write_json, write_plot
-from prefixroute.sim.runner import LazyProgress
-from prefixroute.sim.workload import Workload
-from prefixroute.sim.workloads import make_workload
+from prefixroute.sim import (
+    LazyProgress,
+    PolicyMetrics,
+    ReplicaConfig,
+    Workload,
+    make_console,
+    make_workload,
+    oracle_floor,
+    print_report,
+    summarize,
+    write_json,
+    write_plot,
+)
 
 PROBE_TIMEOUT_S = 10.0  # a --url that does not answer within this is reported dead, seconds
 
@@ -49,7 +61,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--policy", "-p", default=f"round_robin,cache_aware,{DEFAULT_POLICY}",
         help="policies to compare on emulated replicas (comma list)",
-    )
+    )  # fmt: skip
+    p.add_argument(
+        "--policy-param", action="append", default=[], metavar="POLICY.KEY=VALUE",
+        help=POLICY_PARAM_HELP + "; emulated replicas only",
+    )  # fmt: skip
     p.add_argument("--emulate", "-n", type=int, default=4, help="emulated replicas (no --url)")
     p.add_argument("--block-size", type=int, help="emulated replicas' KV block size, tokens")
     p.add_argument("--kv-tokens", type=int, default=131_072, help="emulated KV cache, tokens")
@@ -57,12 +73,9 @@ def add_parser(sub: Any) -> None:
         "--time-scale", type=float, default=1.0,
         help="wall seconds per workload second (0.1 replays 10x faster; emulated replicas "
         "run 10x faster too, so reported times stay in workload seconds)",
-    )
-    p.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
-    p.add_argument(
-        "--slo-ttft-ms", type=float, default=DEFAULT_TTFT_SLO_S * 1000,
-        help="TTFT target of goodput, ms",
     )  # fmt: skip
+    p.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
+    add_slo_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="write a TTFT CDF and load plot")
     p.set_defaults(run=run)
@@ -99,7 +112,9 @@ async def _run_url(args: argparse.Namespace, workload: Workload) -> list[ReplayR
         bar.close()
 
 
-async def _run_emulated(args: argparse.Namespace, workload: Workload) -> list[ReplayResult]:
+async def _run_emulated(
+    args: argparse.Namespace, workload: Workload, params: dict[str, dict[str, Any]]
+) -> list[ReplayResult]:
     # Imported here: a --url run needs neither the emulator nor the gateway.
     from prefixroute.emulate import EmulatorConfig, start_replicas
     from prefixroute.gateway import Gateway, GatewayConfig
@@ -111,7 +126,12 @@ async def _run_emulated(args: argparse.Namespace, workload: Workload) -> list[Re
         emulator = EmulatorConfig(engine, time_scale=args.time_scale)
         cluster = await start_replicas(args.emulate, emulator)
         try:
-            gw_cfg = GatewayConfig(port=0, replicas=tuple(cluster.urls), policy=policy)
+            gw_cfg = GatewayConfig(
+                port=0,
+                replicas=tuple(cluster.urls),
+                policy=policy,
+                policy_params=params.get(policy, {}),
+            )
             async with Gateway(gw_cfg) as gw:
                 cfg = ReplayConfig(gw.url, args.model, args.time_scale, args.timeout)
                 bar = LazyProgress(workload.num_requests, f"{workload.name} / {policy}", True)
@@ -124,16 +144,28 @@ async def _run_emulated(args: argparse.Namespace, workload: Workload) -> list[Re
     return results
 
 
-def run(args: argparse.Namespace) -> int:
+def _check(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Every flag checked before anything starts; returns the ``--policy-param`` settings."""
     if args.time_scale <= 0:
         raise ConfigError("--time-scale must be positive")
     if args.emulate < 1:
         raise ConfigError("--emulate must be at least 1")
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError(f"--block-size must be at least 1, got {args.block_size}")
+    if args.url:  # one row, whatever the live gateway runs: --policy is not used
+        if args.policy_param:
+            raise ConfigError("--policy-param sets the emulated gateways' policies: omit --url")
+        return {}
+    return checked_policy_params(args.policy_param, parse_policy_list(args.policy))
+
+
+def run(args: argparse.Namespace) -> int:
+    params = _check(args)
     workload = make_workload(args.workload, args.seed, parse_pairs(args.overrides, "--set"))
-    runner = _run_url if args.url else _run_emulated
-    results = asyncio.run(runner(args, workload))
+    if args.url:
+        results = asyncio.run(_run_url(args, workload))
+    else:
+        results = asyncio.run(_run_emulated(args, workload, params))
     floor = oracle_floor(workload, args.block_size or workload.block_size)
     for r in results:
         if r.errors and not any(rec.finish_s is not None for rec in r.run.records):
@@ -146,15 +178,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(metrics, sys.stdout, {"workload": workload.name, "target": target})
     else:
-        console = make_console()
-        print_report(metrics, title, console, live=True)  # no sim-only columns
-        for m in metrics:
-            itl = m.itl_ms
-            extra = f", ITL p50 {itl['p50']:.1f} ms p99 {itl['p99']:.1f} ms" if itl else ""
-            console.print(f"{m.policy}: {m.errors} errors{extra}")
-        for r in results:
-            for err in r.errors[:3]:
-                console.print(f"  {r.run.policy}: {err}")
+        _print(metrics, results, title)
     if args.plot:
         ttfts = {
             r.run.policy: [x.ttft_s * 1000 for x in r.run.records if x.ttft_s is not None]
@@ -162,3 +186,15 @@ def run(args: argparse.Namespace) -> int:
         }
         write_plot(metrics, ttfts, args.plot, title)
     return 1 if any(m.errors for m in metrics) else 0
+
+
+def _print(metrics: list[PolicyMetrics], results: list[ReplayResult], title: str) -> None:
+    console = make_console()
+    print_report(metrics, title, console, live=True)  # no sim-only columns
+    for m in metrics:
+        itl = m.itl_ms
+        extra = f", ITL p50 {itl['p50']:.1f} ms p99 {itl['p99']:.1f} ms" if itl else ""
+        console.print(f"{m.policy}: {m.errors} errors{extra}")
+    for r in results:
+        for err in r.errors[:3]:
+            console.print(f"  {r.run.policy}: {err}")

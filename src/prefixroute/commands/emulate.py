@@ -7,10 +7,8 @@ import logging
 from typing import Any
 
 from prefixroute._serving import run_until_signal, wait_for_signal
-from prefixroute.emulate._config import EmulatorConfig
-from prefixroute.emulate._server import EmulatedCluster
-from prefixroute.sim.fleet import CHANGE_HELP, FLEET_HELP, Fleet, fleet_from_flags
-from prefixroute.sim.replica import ReplicaConfig
+from prefixroute.emulate import EmulatedCluster, EmulatorConfig
+from prefixroute.sim import CHANGE_HELP, FLEET_HELP, Fleet, ReplicaConfig, fleet_from_flags
 
 log = logging.getLogger("prefixroute.emulate")
 

@@ -2,7 +2,9 @@
 
 Endpoints come from ``--endpoint`` flags and the config file's ``replicas``, from
 ``--endpoints-file`` (re-read when it changes), or from Kubernetes pods (``--k8s-selector``).
-Routing and health settings are the gateway's, from the same ``--config`` TOML file.
+Routing and health settings are the gateway's, from the same ``--config`` TOML file, and so
+is the Redis sync (``--sync-redis``, ``sync_channel``): several pickers, and gateways, on one
+channel share one index and load view.
 """
 
 from __future__ import annotations
@@ -10,14 +12,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 from typing import Any
 
 from prefixroute._serving import wait_for_signal
-from prefixroute.core import ConfigError, policy_names
-from prefixroute.epp._kube import KubernetesPods, PodEndpoints
-from prefixroute.epp._server import EndpointPicker, EppConfig
-from prefixroute.epp._stream import replica_of
-from prefixroute.gateway import build_config, load_toml
+from prefixroute.commands._args import flags
+from prefixroute.commands._settings import add_setting_flags
+from prefixroute.core import ConfigError
+from prefixroute.epp import EndpointPicker, EppConfig, KubernetesPods, PodEndpoints, replica_of
+from prefixroute.gateway import ADMIN_TOKEN_ENV, build_config, load_toml
 
 log = logging.getLogger("prefixroute.epp")
 
@@ -39,17 +42,14 @@ def add_parser(subparsers: Any) -> None:
         "--endpoints-file", metavar="FILE", help="one IP:PORT per line, re-read when it changes"
     )
     p.add_argument("--config", metavar="FILE", help="TOML file of gateway settings (serve's)")
-    p.add_argument("--policy", choices=policy_names(), help="routing policy")
+    add_setting_flags(p, ("policy",))  # the gateway's own flags, from GatewayConfig
     p.add_argument("--grpc-host", default=d.grpc_host, help=f"default {d.grpc_host}")
     p.add_argument("--grpc-port", type=int, default=d.grpc_port, help=f"default {d.grpc_port}")
     p.add_argument("--http-host", default=d.http_host, help=f"metrics address ({d.http_host})")
     p.add_argument(
         "--http-port", type=int, default=d.http_port, help=f"metrics/health port ({d.http_port})"
     )
-    p.add_argument("--block-chars", type=int, help="characters per routing block")
-    p.add_argument(
-        "--health-interval", type=float, dest="health_interval_s", help="probe period, s"
-    )
+    add_setting_flags(p, ("block_chars", "health_interval_s", "sync_redis", "sync_history"))
     p.add_argument(
         "--buffered",
         action="store_true",
@@ -70,20 +70,16 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
     routing = build_config(
         file_settings,
         replicas=endpoints,
-        policy=args.policy,
-        block_chars=args.block_chars,
-        health_interval_s=args.health_interval_s,
+        # The fleet page and admin listing's token, as serve reads it (never from argv).
+        admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None,
+        **flags(args, "policy", "block_chars", "health_interval_s", "sync_redis", "sync_history"),
     )
     if args.k8s_selector and args.k8s_target_port is None:
         raise ConfigError("--k8s-selector needs --k8s-target-port (the pool's target port)")
     return EppConfig(
         routing=routing,
-        grpc_host=args.grpc_host,
-        grpc_port=args.grpc_port,
-        http_host=args.http_host,
-        http_port=args.http_port,
-        endpoints_file=args.endpoints_file,
         full_duplex=not args.buffered,
+        **flags(args, "grpc_host", "grpc_port", "http_host", "http_port", "endpoints_file"),
     )
 
 
@@ -110,6 +106,8 @@ async def _serve(config: EppConfig, pods: tuple[KubernetesPods, int] | None, res
             watcher = PodEndpoints(pods[0], pods[1], publish, resync_s=resync_s)
             watcher.start()
         log.info("metrics on http://%s:%d/metrics", config.http_host, epp.http_port)
+        if config.routing.sync_redis is not None:
+            log.info("sharing decisions through %s", config.routing.sync_redis)
         try:
             await wait_for_signal()
         finally:

@@ -118,14 +118,13 @@ def render(
     state: dict[str, Any], previous: dict[str, Any] | None = None, decisions: int = 10
 ) -> Group:
     """One frame: the header line, the replica table and the latest decisions."""
+    return Group(_header(state), _replica_table(state, previous), _decisions(state, decisions))
+
+
+def _header(state: dict[str, Any]) -> Text:
     totals = state["totals"]
-    before: dict[str, dict[str, Any]] = {}
-    dt = 0.0
-    if previous is not None:
-        before = {r["id"]: r for r in previous["replicas"]}
-        dt = state["time"] - previous["time"]
     stamp = time.strftime("%H:%M:%S", time.localtime(state["time"]))
-    header = Text.assemble(
+    return Text.assemble(
         ("prefixroute top", "bold"),
         f"  {stamp}  policy {state['policy']}, {state['mode']} mode  |  "
         f"{totals['requests']:,} requests, {totals['in_flight']} in flight, prefix hit "
@@ -133,6 +132,15 @@ def render(
         f"{_pct(totals['predicted_cached'], totals['prompt_tokens'])}% predicted, "
         f"{totals['index_entries']:,} index entries",
     )
+
+
+def _replica_table(state: dict[str, Any], previous: dict[str, Any] | None) -> Table:
+    """One row per replica; requests/s from the previous poll, when there is one."""
+    before: dict[str, dict[str, Any]] = {}
+    dt = 0.0
+    if previous is not None:
+        before = {r["id"]: r for r in previous["replicas"]}
+        dt = state["time"] - previous["time"]
     table = Table(
         box=box.SIMPLE_HEAD, header_style="bold", show_edge=False, padding=(0, 1),
         collapse_padding=True,
@@ -158,6 +166,10 @@ def render(
             _pct(r["predicted_cached"], r["prompt_tokens"]),
             _pct(r["actual_cached"], r["prompt_tokens"]),
         )
+    return table
+
+
+def _decisions(state: dict[str, Any], decisions: int) -> Table:
     recent = Table(
         box=box.SIMPLE_HEAD, title="recent decisions", title_justify="left",
         header_style="bold", pad_edge=False,
@@ -174,7 +186,7 @@ def render(
             Text(str(d["status"]), style="red" if d["status"] >= 400 else ""),
             "-" if predicted is None else f"{predicted:,}",
         )
-    return Group(header, table, recent)
+    return recent
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,11 +8,9 @@ from typing import Any
 
 from rich.rule import Rule
 
+from prefixroute.commands._args import add_replica_arguments, replica_config_from
 from prefixroute.core import DEFAULT_POLICY
-from prefixroute.sim.command import add_replica_arguments, replica_config_from
-from prefixroute.sim.report import make_console, print_report, write_plot
-from prefixroute.sim.runner import compare_policies
-from prefixroute.sim.workloads import make_workload
+from prefixroute.sim import compare_policies, make_console, make_workload, print_report, write_plot
 
 BASELINES = ("round_robin", "least_loaded")
 LARGE_POLICIES = ("round_robin", "least_loaded", "cache_aware", "prefix_affinity", DEFAULT_POLICY)
@@ -37,6 +35,13 @@ def _say(console: Any, title: str, text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     console = make_console()
+    _conversation(args, console)
+    _shared_prompt(args, console)
+    _large(args, console)
+    return 0
+
+
+def _conversation(args: argparse.Namespace, console: Any) -> None:
     _say(
         console,
         "1. One five-turn conversation, five replicas",
@@ -58,6 +63,8 @@ Prefill runs at 10,000 tokens/s, so 1,700 tokens cost 170 ms and 300 new tokens 
         f"{rr.ttft_total_ms:.0f} ms vs {ours.ttft_total_ms:.0f} ms of time to first token.\n"
     )
 
+
+def _shared_prompt(args: argparse.Namespace, console: Any) -> None:
     _say(
         console,
         "2. Fifty users sharing a 200-token system prompt, five replicas",
@@ -76,6 +83,8 @@ With 10 users per replica, 45 of the 50 requests skip 200 tokens each: 9,000 tok
         f"{list(ours.per_replica_requests.values())}.\n"
     )
 
+
+def _large(args: argparse.Namespace, console: Any) -> None:
     large = make_workload(args.large, args.seed)
     _say(
         console,
@@ -96,4 +105,3 @@ both as predicted time to first token.
     console.print(
         "Next: `prefixroute simulate --list`, then `prefixroute simulate -w hot-prefix -p all`."
     )
-    return 0

@@ -1,0 +1,101 @@
+"""Flag helpers more than one command uses: ``KEY=VALUE`` lists, ``--policy-param``, and the
+simulated replica's flags (``simulate`` and ``demo``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from typing import Any
+
+from prefixroute.core import ConfigError, make_policy
+from prefixroute.sim import DEFAULT_TTFT_SLO_S, ReplicaConfig
+
+DEFAULT_KV_TOKENS = 131_072  # KV cache per replica, tokens (8,192 blocks of 16)
+POLICY_PARAM_HELP = "policy parameter, e.g. cache_aware.cache_threshold=0.5 (repeatable)"
+
+
+def parse_pairs(items: list[str], what: str) -> dict[str, str]:
+    """``KEY=VALUE`` strings as a dict; ConfigError naming ``what`` on a malformed one."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{what} must look like KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def flags(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The flags ``names`` as keyword arguments, for a config whose fields share their names."""
+    return {name: getattr(args, name) for name in names}
+
+
+def parse_policy_params(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``--policy-param POLICY.KEY=VALUE`` flags: policy -> {field: int or float}."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in parse_pairs(items, "--policy-param").items():
+        policy, dot, field_name = key.partition(".")
+        if not dot:
+            raise ConfigError(f"--policy-param must look like POLICY.KEY=VALUE, got {key!r}")
+        out.setdefault(policy, {})[field_name] = policy_value(value)
+    return out
+
+
+def checked_policy_params(items: list[str], names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``--policy-param`` flags for the policies ``names`` a command runs, each checked by
+    building its policy, so that an unknown field or a bad value fails before any work."""
+    params = parse_policy_params(items)
+    names = list(names)
+    for policy, fields in params.items():
+        if policy not in names:
+            raise ConfigError(f"--policy-param names {policy!r}, which --policy does not run")
+        make_policy(policy, **fields)
+    return params
+
+
+def policy_value(value: str) -> int | float:
+    """A ``--policy-param`` value: a float when it has a point, else an int."""
+    try:
+        return float(value) if "." in value else int(value)
+    except ValueError as exc:
+        raise ConfigError(f"bad --policy-param value: {exc}") from exc
+
+
+def add_slo_argument(p: argparse.ArgumentParser) -> None:
+    """``--slo-ttft-ms``: the goodput target of ``simulate`` and ``bench`` reports."""
+    p.add_argument(
+        "--slo-ttft-ms", type=float, default=DEFAULT_TTFT_SLO_S * 1000,
+        help="TTFT target of goodput, ms",
+    )  # fmt: skip
+
+
+def add_replica_arguments(p: argparse.ArgumentParser) -> None:
+    """Cluster and replica-model flags shared by ``simulate`` and ``demo``."""
+    d = ReplicaConfig()
+    p.add_argument("--replicas", "-n", type=int, default=4, help="replicas (default %(default)s)")
+    p.add_argument("--block-size", type=int, help="KV block size, tokens (default: workload's)")
+    p.add_argument("--kv-tokens", type=int, default=DEFAULT_KV_TOKENS, help="KV cache, tokens")
+    p.add_argument("--prefill-rate", type=float, default=d.prefill_tokens_per_s, help="tokens/s")
+    p.add_argument(
+        "--decode-step-ms", type=float, default=d.decode_step_s * 1000, help="ms per decode step"
+    )
+    p.add_argument("--step-tokens", type=int, default=d.step_tokens, help="token budget/step")
+    p.add_argument("--max-running", type=int, default=d.max_running, help="max batch, requests")
+
+
+def replica_config_from(args: argparse.Namespace, block_size: int) -> ReplicaConfig:
+    """The replica model of :func:`add_replica_arguments`' flags, at ``block_size``."""
+    if block_size < 1:
+        raise ConfigError(f"--block-size must be at least 1, got {block_size}")
+    if args.replicas < 1:
+        raise ConfigError("--replicas must be at least 1")
+    if args.kv_tokens < block_size:
+        raise ConfigError("--kv-tokens must hold at least one block")
+    return ReplicaConfig(
+        kv_capacity_blocks=args.kv_tokens // block_size,
+        block_size=block_size,
+        prefill_tokens_per_s=args.prefill_rate,
+        decode_step_s=args.decode_step_ms / 1000.0,
+        step_tokens=args.step_tokens,
+        max_running=args.max_running,
+    )

@@ -1,0 +1,181 @@
+"""``prefixroute simulate``: score routing policies on a workload in the simulator."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefixroute.commands._args import (
+    POLICY_PARAM_HELP,
+    add_replica_arguments,
+    add_slo_argument,
+    checked_policy_params,
+    parse_pairs,
+    replica_config_from,
+)
+from prefixroute.core import DEFAULT_POLICY, ConfigError, parse_policy_list, policy_names
+from prefixroute.sim import (
+    CHANGE_HELP,
+    FLEET_HELP,
+    Fleet,
+    PolicyMetrics,
+    ReplicaConfig,
+    compare_policies,
+    fleet_from_flags,
+    make_console,
+    make_workload,
+    markdown_table,
+    print_report,
+    workload_names,
+    workload_params,
+    write_json,
+    write_plot,
+)
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "simulate",
+        help="score routing policies on a workload (discrete-event simulation)",
+        description="Simulate a cluster of replicas under one or more routing policies.",
+    )
+    add_replica_arguments(p)
+    p.add_argument(
+        "--workload", "-w", default="multi-turn", help="workload name, or 'all' (--list)"
+    )
+    p.add_argument(
+        "--policy",
+        "-p",
+        default=DEFAULT_POLICY,
+        help=f"policy or comma list; 'all' for every one (default {DEFAULT_POLICY}): "
+        + ", ".join(policy_names()),
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="workload parameter (repeatable; --list shows them)",
+    )
+    p.add_argument(
+        "--policy-param",
+        action="append",
+        default=[],
+        metavar="POLICY.KEY=VALUE",
+        help=POLICY_PARAM_HELP,
+    )
+    p.add_argument("--fleet", metavar="SPEC", help=FLEET_HELP)
+    p.add_argument(
+        "--speed-change",
+        action="append",
+        default=[],
+        metavar="REPLICA@SECONDS:KEY=VALUE",
+        help=CHANGE_HELP,
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for workload and routing")
+    add_slo_argument(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--markdown", action="store_true", help="print one markdown table")
+    p.add_argument("--plot", type=Path, metavar="FILE.png", help="write TTFT CDF and load plot")
+    p.add_argument("--list", action="store_true", help="list workloads and their parameters")
+    p.set_defaults(run=run)
+
+
+def fleet_from(args: argparse.Namespace, base: ReplicaConfig) -> Fleet | None:
+    """The fleet of ``--fleet`` / ``--speed-change`` over ``base`` (None without either)."""
+    if not (getattr(args, "fleet", None) or getattr(args, "speed_change", None)):
+        return None
+    return fleet_from_flags(args.fleet, args.speed_change, args.replicas, base)
+
+
+def _print_list(console: Any) -> None:
+    for name in workload_names():
+        console.print(f"[bold]{name}[/bold]")
+        for key, (typ, default, help_) in workload_params(name).items():
+            console.print(f"  {key} ({typ.__name__}, default {default!r}): {help_}")
+
+
+def run(args: argparse.Namespace) -> int:
+    console = make_console()
+    if args.list:
+        _print_list(console)
+        return 0
+    names = policy_names() if args.policy == "all" else parse_policy_list(args.policy)
+    params = checked_policy_params(args.policy_param, names)  # fails before any run
+    overrides = parse_pairs(args.overrides, "--set")
+    workloads = workload_names() if args.workload == "all" else [args.workload]
+    if len(workloads) > 1 and overrides:
+        raise ConfigError("--set applies to one workload; name it with --workload")
+    docs = []
+    rows: list[PolicyMetrics] = []
+    for name in workloads:
+        doc = _run_workload(args, name, names, params, overrides, console, len(workloads) > 1)
+        rows.extend(doc["policies"])
+        docs.append(doc)
+    if args.json:
+        _print_json(docs)
+    if args.markdown:
+        sys.stdout.write(markdown_table(rows))
+    return 0
+
+
+def _run_workload(
+    args: argparse.Namespace,
+    name: str,
+    names: list[str],
+    params: dict[str, dict[str, Any]],
+    overrides: dict[str, str],
+    console: Any,
+    several: bool,
+) -> dict[str, Any]:
+    """Every policy on one workload: its report (or plot), and its JSON document."""
+    workload = make_workload(name, args.seed, overrides)
+    block_size = workload.block_size if args.block_size is None else args.block_size
+    base = replica_config_from(args, block_size)
+    fleet = fleet_from(args, base)
+    replicas = args.replicas if fleet is None else fleet.size
+    tables = not (args.json or args.markdown)
+    cmp = compare_policies(
+        workload,
+        names,
+        replicas=replicas,
+        replica_config=base,
+        seed=args.seed,
+        ttft_slo_s=args.slo_ttft_ms / 1000.0,
+        policy_params=params,
+        progress=sys.stderr.isatty() or tables,
+        fleet=fleet,
+    )
+    title = (
+        f"{workload.name}: {workload.num_requests:,} requests, {replicas} replicas, "
+        f"block {block_size}, seed {args.seed}"
+    )
+    header = cmp.json_header() | {"replicas": replicas}
+    if fleet is not None:
+        title += f"\nfleet: {fleet.describe()}"
+        header["fleet"] = fleet.describe()
+    if tables:
+        print_report(cmp.metrics, title, console)
+    if args.plot:
+        plot = args.plot.with_stem(f"{args.plot.stem}-{name}") if several else args.plot
+        write_plot(cmp.metrics, cmp.ttfts_ms, plot, title)
+        if tables:
+            console.print(f"plot written to {plot}")
+    return header | {"policies": cmp.metrics}
+
+
+def _print_json(docs: list[dict[str, Any]]) -> None:
+    if len(docs) == 1:
+        doc = docs[0]
+        write_json(doc.pop("policies"), sys.stdout, doc)
+        return
+    json.dump(
+        [d | {"policies": [m.to_json() for m in d["policies"]]} for d in docs],
+        sys.stdout,
+        indent=2,
+    )
+    sys.stdout.write("\n")

@@ -1,0 +1,29 @@
+"""Types of the compiled hot path (``_hotpath.c``, ``chain.c``, ``lru.c``); the Python
+references they must equal are named in ``__init__.py``."""
+
+from collections.abc import Sequence
+
+from prefixroute.core.hashing import BlockHash
+
+def chain_xxh3(data: bytes | memoryview, step: int, start: int, stop: int, chain: int) -> list[int]:
+    """Hashes of blocks ``start..stop-1`` of ``data`` (``step`` bytes each), each xxh3_64 seeded
+    with the previous block's hash, the first with ``chain``."""
+
+def pack_u32(ids: object, /) -> bytes | None:
+    """A list or tuple of ids, or a 1-d integer array, as little-endian uint32 bytes, with
+    ``BlockHasher._packed``'s errors; None for any other container (Python converts it)."""
+
+class LRU:
+    """One replica's block-hash LRU: the compiled twin of ``_lru.ReplicaLRU``."""
+
+    gapped: bool  # blocks were removed individually: prefix closure not guaranteed
+
+    def __init__(self, capacity: int | None) -> None: ...
+    @property
+    def capacity(self) -> int | None: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, key: object) -> bool: ...
+    def touch(self, block_hashes: Sequence[int], /) -> int: ...
+    def discard(self, key: int, /) -> bool: ...
+    def match(self, block_hashes: Sequence[int], known: int = 0, /) -> int: ...
+    def blocks(self) -> list[BlockHash]: ...

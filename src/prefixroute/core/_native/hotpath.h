@@ -1,0 +1,11 @@
+/* What the module (_hotpath.c) takes from chain.c and lru.c. */
+#ifndef PREFIXROUTE_HOTPATH_H
+#define PREFIXROUTE_HOTPATH_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+extern PyMethodDef chain_methods[]; /* chain_xxh3, pack_u32 */
+extern PyTypeObject LRU_type;       /* one replica's LRU */
+
+#endif

@@ -1,0 +1,112 @@
+"""One OpenAI request as the router keys it: read once, the same way by every front end.
+
+The gateway and the Envoy endpoint picker hold a request as the parsed JSON object of
+``/v1/completions`` or ``/v1/chat/completions``; the Ray Serve router holds Ray LLM's request
+model, with the same fields as attributes. :func:`key_of` reads either (through
+:func:`~prefixroute.core.prompt_key.field_of`) into one :class:`RouteKey`, and
+:meth:`RouteKey.view` turns the key into the router's :class:`RequestView`, so the choice
+between text and token ids is written once.
+
+What is read: the routing text or token ids (the rules are :mod:`prefixroute.core.prompt_key`'s:
+chat messages in order with their roles, a prompt string, or token ids), ``model``, ``stream``,
+the requested output length (``max_tokens``, else ``max_completion_tokens``: a hint for the
+load view, so an unusable value reads as 0), and vLLM's ``add_special_tokens``. What the front
+end adds later, without reading the request again: the tenant and its hash seed (tenant
+isolation) and the LoRA adapter the model names (the replica registry knows which).
+
+A request that cannot be keyed raises :class:`~prefixroute.core.errors.InvalidPrompt`, which
+each front end translates into its own error (HTTP 400, a failed Serve request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from prefixroute.core.errors import InvalidPrompt
+from prefixroute.core.prompt_key import chat_text, field_of, prompt_key
+from prefixroute.core.types import RequestView
+
+if TYPE_CHECKING:
+    from prefixroute.core.router import Router
+
+
+class Endpoint(StrEnum):
+    """Which OpenAI call a request is (values are stable: metric labels)."""
+
+    COMPLETIONS = "completions"
+    CHAT = "chat_completions"
+    OTHER = "other"  # any other /v1/* call: routed on load alone
+
+
+@dataclass(frozen=True, slots=True)
+class RouteKey:
+    """What the router needs from one request; exactly one of ``text`` and ``tokens`` is set
+    once keyed (``text=""`` for a call routed on load alone)."""
+
+    text: str | None  # routing text (character mode); None when routing on token ids
+    tokens: list[int] | None  # prompt token ids (token mode)
+    model: str | None = None  # requested model; None = any replica
+    stream: bool = False  # the client asked for an SSE stream
+    max_tokens: int = 0  # requested output length, tokens (0 when not given)
+    messages: list[Mapping[str, object]] | None = None  # chat messages, for a tokenizer
+    add_special_tokens: bool | None = None  # vLLM's request field; None = the endpoint default
+    tenant: str | None = None  # the tenant that sent it (None: no tenancy)
+    seed: int | None = None  # the tenant's own hash seed under isolation (None: the common one)
+    adapter: str | None = None  # the LoRA adapter ``model`` names (None: a base model)
+
+    def view(self, router: Router, request_id: str) -> RequestView:
+        """The router's view of this request: its prompt hashed once, in the key space of its
+        seed and adapter."""
+        if self.tokens is not None:
+            return router.view(
+                request_id, tokens=self.tokens, output_tokens=self.max_tokens, model=self.model,
+                tenant=self.tenant, seed=self.seed, adapter=self.adapter,
+            )  # fmt: skip
+        return router.view(
+            request_id, text=self.text or "", output_tokens=self.max_tokens, model=self.model,
+            tenant=self.tenant, seed=self.seed, adapter=self.adapter,
+        )  # fmt: skip
+
+
+EMPTY_KEY = RouteKey("", None)  # no body: route on load alone, among all replicas
+
+
+def key_of(endpoint: Endpoint, request: object) -> RouteKey:
+    """The key of ``request`` (a mapping, or an object with the fields as attributes) sent to
+    ``endpoint``; raises InvalidPrompt."""
+    _, model = field_of(request, "model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidPrompt("'model' must be a string")
+    _, stream = field_of(request, "stream")
+    max_tokens = _max_tokens(request)
+    _, special = field_of(request, "add_special_tokens")
+    special = special if isinstance(special, bool) else None
+    if endpoint is Endpoint.CHAT:
+        _, messages = field_of(request, "messages")
+        chat = chat_text(messages)  # validates: a non-empty list of messages
+        return RouteKey(chat, None, model, stream is True, max_tokens, _mappings(messages), special)
+    if endpoint is Endpoint.COMPLETIONS:
+        _, prompt = field_of(request, "prompt")
+        text, tokens = prompt_key(prompt)
+        return RouteKey(text, tokens, model, stream is True, max_tokens, None, special)
+    return RouteKey("", None, model, stream is True, max_tokens)
+
+
+def _mappings(messages: object) -> list[Mapping[str, object]] | None:
+    """``messages`` when a tokenizer can read them: a list of mappings, as a JSON body has
+    (a request model's messages are objects, and only the routing text is kept of them)."""
+    if isinstance(messages, list) and all(isinstance(m, Mapping) for m in messages):
+        return messages
+    return None
+
+
+def _max_tokens(request: object) -> int:
+    # A request model may carry both fields with one left None: the first usable one counts.
+    for name in ("max_tokens", "max_completion_tokens"):
+        _, value = field_of(request, name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return 0  # only a hint for the load view

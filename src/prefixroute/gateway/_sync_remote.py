@@ -1,0 +1,145 @@
+"""The other instances' messages, applied to this instance's router (``_sync``).
+
+A decision goes to the router as :meth:`Router.remote_routed`: an index entry in approximate
+mode, a speculative entry in precise mode (whose index follows the engines' KV events, which
+every instance hears). A live decision that names its request also counts that request in the
+load view (:meth:`Router.remote_dispatch`) until its progress messages say its first token came
+and it ended: without that, each instance sees only a third of the load behind a three-way
+balancer, and all of them pile a conversation's turns onto the replica that holds it. The
+history replays index entries, never load: those requests are long over.
+
+A remote request whose end never arrives (its instance died, or this one was disconnected) is
+dropped after ``REMOTE_TTL_S``, and all of them are dropped when the subscription breaks, since
+their progress messages are lost meanwhile.
+
+A router that other threads also call (Ray Serve's, whose hooks come from more than one thread)
+passes the lock that guards it: every call into the router here is made holding it.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import msgspec
+
+from prefixroute.core import ReplicaId, Router
+from prefixroute.gateway._sync_metrics import SyncMetrics
+from prefixroute.gateway._sync_wire import Progress, Routed, decode
+
+REMOTE_TTL_S = 600.0  # a remote request not heard of for this long is taken as over, seconds
+EXPIRE_EVERY_S = 1.0  # how often remote requests are checked for expiry, seconds
+
+
+class RemoteRequests:
+    """Applies the others' messages, and keeps the others' requests this router counts."""
+
+    def __init__(
+        self,
+        router: Router,
+        instance_id: str,
+        metrics: SyncMetrics,
+        share_load: bool = True,
+        lock: AbstractContextManager[Any] | None = None,
+    ) -> None:
+        self.router = router
+        self.lock = nullcontext() if lock is None else lock  # held around every router call
+        self.instance_id = instance_id  # ours: messages naming it are our own, heard back
+        self.metrics = metrics
+        self.share_load = share_load  # count the others' requests in the load view
+        # "instance/request id" -> when dispatched (time.monotonic()), oldest first, for expiry
+        self._remote: dict[str, float] = {}
+        self._expired_at = 0.0  # last expiry pass, time.monotonic()
+        metrics.remote_in_flight.set_function(lambda: len(self._remote))
+
+    def __len__(self) -> int:
+        """The others' requests counted in the load view now."""
+        return len(self._remote)
+
+    def apply(self, payload: bytes, live: bool = True) -> bool:
+        """Apply another instance's message; False when skipped (ours, unknown, undecodable).
+
+        ``live`` is False for the history: its decisions go into the index, and neither they
+        nor anything else from it counts as load (those requests are long over).
+        """
+        try:
+            msg = decode(payload)
+        except msgspec.DecodeError:
+            self.metrics.errors.labels("decode").inc()
+            return False
+        if msg.instance == self.instance_id:
+            return False  # our own: in the index and the load view already
+        if isinstance(msg, Progress):
+            if live:
+                self._progress(f"{msg.instance}/{msg.request_id}", msg.done)
+            return False  # not a decision
+        try:  # only now: every instance also hears its own decisions, whose hashes it has
+            hashes = msg.block_hashes()
+        except ValueError:
+            self.metrics.errors.labels("decode").inc()
+            return False
+        replica = ReplicaId(msg.replica)
+        with self.lock:
+            if not self.router.has_replica(replica):
+                return False  # a replica we don't route to
+            now = time.monotonic()
+            self.router.remote_routed(replica, hashes, now, live=live)
+            if live and msg.request_id and self.share_load:
+                self._count(msg, replica, now)
+        if live:
+            self.metrics.applied.inc()
+        return True
+
+    def _count(self, msg: Routed, replica: ReplicaId, now: float) -> None:
+        key = f"{msg.instance}/{msg.request_id}"
+        self.router.remote_dispatch(
+            key,
+            replica,
+            prompt_tokens=msg.prompt_tokens,
+            output_tokens=msg.output_tokens,
+            predicted_cached_tokens=msg.predicted_cached_tokens,
+            now=now,
+        )
+        self._remote.pop(key, None)  # a retry re-dispatches: it moves to the young end
+        self._remote[key] = now
+
+    def _progress(self, key: str, done: bool) -> None:
+        if key not in self._remote:
+            return  # routed before we subscribed, or already expired
+        now = time.monotonic()
+        with self.lock:
+            if done:
+                del self._remote[key]
+                self.router.complete(key, now)
+            else:
+                # Heard through Redis, late by the message's trip: not a measured first token.
+                self.router.first_token(key, now, measured=False)
+
+    def expire_due(self, now: float) -> None:
+        """Expire (:meth:`expire`) at most once every ``EXPIRE_EVERY_S``."""
+        if now - self._expired_at >= EXPIRE_EVERY_S:
+            self.expire(now)
+
+    def expire(self, now: float) -> None:
+        """Drop remote requests dispatched more than ``REMOTE_TTL_S`` ago (end never heard)."""
+        self._expired_at = now
+        cutoff = now - REMOTE_TTL_S
+        stale = []
+        for key, at in self._remote.items():
+            if at > cutoff:
+                break  # oldest first: the rest are younger
+            stale.append(key)
+        with self.lock:
+            for key in stale:
+                del self._remote[key]
+                self.router.complete(key, now)
+        self.metrics.expired.inc(len(stale))
+
+    def forget(self) -> None:
+        """Drop every remote request from the load view (their ends can no longer be heard)."""
+        now = time.monotonic()
+        with self.lock:
+            for key in self._remote:
+                self.router.complete(key, now)
+        self._remote.clear()

@@ -1,0 +1,90 @@
+"""The Redis sync's messages as they travel: msgpack arrays, one tag each (``_sync``).
+
+A decision is (instance, replica, block hashes) and, when it is to count as load, the request's
+id and sizes; a request's first token and end follow as small progress messages. Hashes travel
+as one bytes field, little-endian uint64 (8 bytes a block), so a 500-block prompt costs 4 KB
+and no per-hash framing. Instances must agree on this format and on replica ids (normalized
+base URLs); an instance ignores what it cannot decode and counts it (``_sync_metrics``).
+"""
+
+from __future__ import annotations
+
+import array
+import sys
+from collections.abc import Sequence
+from typing import Annotated
+
+import msgspec
+
+from prefixroute.core import BlockHash, Decision, ReplicaId, RequestView
+
+Size = Annotated[int, msgspec.Meta(ge=0)]  # a negative size is a decode error, not load
+
+
+class Routed(msgspec.Struct, array_like=True, frozen=True, tag=0):
+    """One routing decision as it travels, a msgpack array led by its tag (0)."""
+
+    instance: str  # the publishing instance's id (its own messages are ignored)
+    replica: str  # replica id (normalized base URL): instances must name replicas alike
+    hashes: bytes  # the request's block hashes, little-endian uint64, root first
+    request_id: str = ""  # the publisher's id for the request ("": not counted as load)
+    prompt_tokens: Size = 0  # the request's sizes, for the others' load views, tokens
+    output_tokens: Size = 0
+    predicted_cached_tokens: Size = 0
+
+    def block_hashes(self) -> list[BlockHash]:
+        """The hashes as ints; ValueError unless a whole number of 8-byte hashes."""
+        packed = array.array("Q")
+        packed.frombytes(self.hashes)
+        if sys.byteorder != "little":
+            packed.byteswap()
+        return [BlockHash(h) for h in packed]
+
+
+class Progress(msgspec.Struct, array_like=True, frozen=True, tag=1):
+    """A routed request's first token (``done`` false) or end (``done`` true)."""
+
+    instance: str
+    request_id: str
+    done: bool
+
+
+Message = Routed | Progress
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(
+    instance: str,
+    replica: ReplicaId,
+    hashes: Sequence[BlockHash],
+    view: RequestView | None = None,
+    decision: Decision | None = None,
+) -> bytes:
+    """A decision; with ``view`` and ``decision``, also the request's id and sizes."""
+    packed = array.array("Q", hashes)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    if view is None or decision is None:
+        return _encoder.encode(Routed(instance, replica, packed.tobytes()))
+    return _encoder.encode(
+        Routed(
+            instance,
+            replica,
+            packed.tobytes(),
+            view.request_id,
+            view.prompt_tokens,
+            view.output_tokens,
+            decision.predicted_cached_tokens,
+        )
+    )
+
+
+def encode_progress(instance: str, request_id: str, done: bool) -> bytes:
+    return _encoder.encode(Progress(instance, request_id, done))
+
+
+def decode(payload: bytes) -> Message:
+    """A message; raises ``msgspec.DecodeError`` (ValueError comes from ``block_hashes``)."""
+    return _decoder.decode(payload)

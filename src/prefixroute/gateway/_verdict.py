@@ -1,0 +1,98 @@
+"""Whose fault one request's failures were, as its attempts tell (the proxy's fault rules).
+
+The rules, as in ``_proxy``'s module docstring (Envoy's outlier detection tells local from
+upstream failures the same way): a refused connection is the replica's, at once (the request
+never reached it). Any other failure before the first byte is *suspected* until the retry tells:
+if the same request fails the same way on the second replica, or the second replica refuses it as
+a bad request (4xx), the request is at fault and neither replica is marked; if the retry does not
+fail the same way, the first replica is marked. A failure with no retry to judge it marks the
+replica when it is a timeout, a broken connection or a gateway status (502, 503, 504); any other
+5xx only counts in the replica's error rate (``ReplicaRegistry.record_error``). A stream that
+breaks after it started is its replica's (only a replica can do that). One request marks at most
+one replica, except that a refused connection is always marked.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from prefixroute.core import ReplicaId
+from prefixroute.gateway._metrics import GatewayMetrics
+from prefixroute.gateway._registry import ReplicaRegistry
+from prefixroute.gateway._relay import RelayResult
+
+log = logging.getLogger(__name__)
+
+# Failures that mark a replica even when no retry can tell whose fault they were.
+REPLICA_KINDS = frozenset({"connect", "timeout", "disconnect"})
+GATEWAY_STATUSES = frozenset({502, 503, 504})
+
+
+@dataclass(slots=True)
+class Verdict:
+    """One request's judge: hears each attempt's failure or answer, marks at most one replica."""
+
+    registry: ReplicaRegistry
+    metrics: GatewayMetrics
+    suspect: ReplicaId | None = None  # failed first, not yet judged
+    kind: str | None = None  # how it failed
+    marked: bool = False  # a replica was already marked for this request
+
+    def repeats(self, kind: str) -> bool:
+        """The suspect failed the same way: the request fails alike everywhere."""
+        return self.suspect is not None and self.kind == kind
+
+    def failed(self, replica: ReplicaId, kind: str, can_retry: bool) -> bool:
+        """An attempt on ``replica`` failed before any byte reached the client (``kind``:
+        ``connect``, ``timeout``, ``disconnect``, ``status`` or ``error``). True when it is the
+        request's own fault: no further attempt. (A 5xx fails an attempt only when a retry is to
+        come; with none, it is relayed and judged by ``answered``.)"""
+        self.metrics.upstream_failures.labels(replica, kind).inc()
+        if self.repeats(kind):  # the same failure twice: the request's own
+            self._request_fault()
+            return True
+        if kind == "connect":
+            self._blame(replica, kind, force=True)
+        elif can_retry:
+            self.suspect, self.kind = replica, kind
+        elif kind in REPLICA_KINDS:
+            self._blame(replica, kind)
+        else:
+            self.registry.record_error(replica, time.monotonic())
+        return False
+
+    def answered(self, replica: ReplicaId, result: RelayResult) -> None:
+        """``replica`` answered (the answer went to the client): judge it, and the suspect."""
+        now = time.monotonic()
+        if result.failure is not None:  # broke mid-stream: only the replica can do that
+            self.metrics.upstream_failures.labels(replica, result.failure).inc()
+            self._blame(replica, result.failure)
+        elif result.status >= 500:
+            self.metrics.upstream_failures.labels(replica, "status").inc()
+            if self.repeats("status"):
+                self._request_fault()
+            elif result.status in GATEWAY_STATUSES:
+                self._blame(replica, f"status {result.status}")
+            else:
+                self.registry.record_error(replica, now)
+        elif result.status >= 400 and self.suspect is not None:
+            self._request_fault()  # the retry says the request is bad
+        elif not result.client_gone and result.cut is None:
+            self.registry.record_success(replica, now)
+        if self.suspect is not None:  # the retry did not fail the same way: the first did
+            self._blame(self.suspect, self.kind or "error")
+
+    def _blame(self, replica: ReplicaId, kind: str, *, force: bool = False) -> None:
+        """Count a failure against ``replica``: one per request, except a refused connection
+        (``force``), which no request content can cause."""
+        if self.marked and not force:
+            return
+        self.marked = True
+        self.registry.record_failure(replica, time.monotonic(), kind)
+
+    def _request_fault(self) -> None:
+        self.metrics.request_faults.labels(self.kind or "error").inc()
+        log.info("a request failed the same way (%s) on two replicas: not theirs", self.kind)
+        self.suspect = None

@@ -1,0 +1,86 @@
+"""What the router and policy tests share: four replicas, a router over them with block size 1
+(a token is a block), and ways to fill its cache and its load."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from prefixroute.core import (
+    BlockHasher,
+    Decision,
+    DecisionReason,
+    ReplicaId,
+    RequestView,
+    Router,
+    make_policy,
+)
+
+NAMES = [ReplicaId(f"r{i}") for i in range(4)]
+R0, R1, R2, R3 = NAMES
+_ids = itertools.count()
+
+
+def router_over(policy: str, replicas: Iterable[ReplicaId], **kwargs: Any) -> Router:
+    """A router with ``policy`` (its default parameters) over ``replicas``; ``kwargs`` go to
+    ``Router``."""
+    router = Router(make_policy(policy), BlockHasher(block_size=1), **kwargs)
+    for r in replicas:
+        router.add_replica(r)
+    return router
+
+
+def make_router(policy: str, *, seed: int = 0, n: int = 4, **params: Any) -> Router:
+    """A router over the first ``n`` of ``NAMES``; ``params`` go to the policy."""
+    router = Router(make_policy(policy, **params), BlockHasher(block_size=1), seed=seed)
+    for r in NAMES[:n]:
+        router.add_replica(r)
+    return router
+
+
+def tokens(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+def prime(router: Router, replica: ReplicaId, toks: Sequence[int]) -> None:
+    """Make the index believe ``replica`` caches ``toks``."""
+    router.index.insert(replica, router.hasher.hash_tokens(toks))
+
+
+def dispatch(router: Router, replica: ReplicaId, prompt: int = 0, now: float = 0.0) -> str:
+    """One request of ``prompt`` uncached tokens on ``replica``'s load only; returns its id."""
+    rid = f"load{next(_ids)}"
+    view = RequestView(rid, (), 1, prompt, prompt)
+    router.loads.dispatch(view, Decision(replica, DecisionReason.LEAST_LOADED, 0), now)
+    return rid
+
+
+def busy(
+    router: Router,
+    replica: ReplicaId,
+    n: int = 1,
+    *,
+    prompt: int = 0,
+    prefilled: bool = False,
+    now: float = 0.0,
+) -> None:
+    """``n`` in-flight requests of ``prompt`` uncached tokens on ``replica``'s load only; with
+    ``prefilled`` they are decoding (their first token came back)."""
+    for _ in range(n):
+        rid = dispatch(router, replica, prompt, now)
+        if prefilled:
+            router.loads.first_token(rid, now)
+
+
+def arrivals(router: Router, replica: ReplicaId, n: int, prompt: int) -> None:
+    """``n`` requests of ``prompt`` uncached tokens that arrived at ``replica`` at time 0 and
+    are already over: they count in its recent arrival rate only."""
+    for _ in range(n):
+        router.loads.complete(dispatch(router, replica, prompt), 0.0)
+
+
+def busy_each(router: Router, queues: dict[ReplicaId, int]) -> None:
+    """``busy`` with each replica's number of in-flight requests."""
+    for replica, n in queues.items():
+        busy(router, replica, n)

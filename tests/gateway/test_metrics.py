@@ -1,0 +1,125 @@
+"""Tests for prefixroute.gateway._metrics: the families its docstring lists, with the numbers
+read from the router (through its methods) and the registry at scrape time. No network: the
+collectors are read from the metrics' own registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixroute.core import BlockHash, BlockHasher, ReplicaId, Router, make_policy
+from prefixroute.gateway import GatewayConfig, ReplicaRegistry
+from prefixroute.gateway._metrics import GatewayMetrics
+from prefixroute.gateway._precise import PreciseMode
+
+A, B = ReplicaId("http://a:1"), ReplicaId("http://b:2")
+CHAIN = [BlockHash(h) for h in (1, 2, 3, 4)]
+
+
+def gateway_metrics(**router: object) -> tuple[GatewayMetrics, Router, ReplicaRegistry]:
+    r = Router(make_policy("round_robin"), BlockHasher(block_size=1), **router)  # type: ignore[arg-type]
+    registry = ReplicaRegistry(r, GatewayConfig())
+    registry.add(A)
+    registry.add(B)
+    return GatewayMetrics(r, registry), r, registry
+
+
+def value(m: GatewayMetrics, name: str, **labels: str) -> float:
+    found = m.registry.get_sample_value(name, labels)
+    assert found is not None, f"no sample {name}{labels}"
+    return found
+
+
+def test_the_live_numbers_are_the_routers_and_the_registrys() -> None:
+    m, router, registry = gateway_metrics(index_capacity_blocks=3)
+    view = router.view("q1", tokens=list(range(200)), output_tokens=5)
+    router.route(view, 0.0, [A])
+    router.first_token("q1", 0.5)
+    router.complete("q1", 1.0, output_tokens=5)  # A learns its speed from this one
+    router.route(router.view("q0", tokens=list(range(300, 400))), 1.0, [A])
+    router.first_token("q0", 1.2)
+    router.complete("q0", 1.5)  # no output tokens: its prefill only
+    router.route(router.view("q2", tokens=[7, 8]), 2.0, [A])  # in flight
+    registry.drain(B)
+    in_flight = "prefixroute_in_flight"
+    assert (value(m, in_flight, replica=A), value(m, in_flight, replica=B)) == (1, 0)
+    assert value(m, "prefixroute_replica_healthy", replica=A) == 1.0
+    assert value(m, "prefixroute_replica_healthy", replica=B) == 0.0  # draining
+    speed = router.replica_load(A).speed
+    assert (speed.prefill_observations, speed.decode_observations) == (2, 1)
+    speed.prefill_tokens_per_s, speed.decode_step_s = 1234.0, 0.025  # as if learned so
+    assert value(m, "prefixroute_replica_prefill_tokens_per_second", replica=A) == 1234.0
+    assert value(m, "prefixroute_replica_decode_step_seconds", replica=A) == 0.025
+    prior = router.replica_load(B).speed
+    assert value(m, "prefixroute_replica_decode_step_seconds", replica=B) == prior.decode_step_s
+    seen = "prefixroute_replica_speed_observations"
+    assert value(m, seen, replica=A, phase="prefill") == 2
+    assert value(m, seen, replica=A, phase="decode") == 1
+    assert value(m, seen, replica=B, phase="decode") == 0
+
+
+def test_chars_per_token_are_labelled_by_model_or_none() -> None:
+    m, router, _ = gateway_metrics()
+    for rid, model in (("q1", "m"), ("q2", None)):
+        router.route(router.view(rid, text="x" * 600, model=model), 0.0)
+        router.observe_usage(rid, prompt_tokens=100 if model else 200, cached_tokens=None)
+    learned = router.chars_per_token()
+    assert value(m, "prefixroute_chars_per_token", model="m") == learned["m"].value
+    assert value(m, "prefixroute_chars_per_token", model="none") == learned[None].value
+    assert learned["m"].value != learned[None].value
+
+
+def test_the_prefix_index_families_count_blocks_entries_and_evictions() -> None:
+    m, router, _ = gateway_metrics(index_capacity_blocks=3)
+    router.remote_routed(A, CHAIN[:2], 0.0)
+    router.remote_routed(B, CHAIN[:3], 0.0)
+    router.remote_routed(A, CHAIN, 0.0)  # 4 blocks, room for 3: one evicted
+    assert value(m, "prefixroute_prefix_index_blocks") == router.index_blocks() == 3
+    assert value(m, "prefixroute_prefix_index_entries") == router.index_entries() == 6
+    assert value(m, "prefixroute_prefix_index_evictions_total") == 1
+
+
+@pytest.mark.parametrize("ttl_s", [1.0, None])
+def test_precise_mode_reports_its_speculative_entries_when_it_keeps_them(
+    ttl_s: float | None,
+) -> None:
+    m, router, _ = gateway_metrics(insert_on_route=False, speculative_ttl_s=ttl_s)
+    m.watch_precise(PreciseMode(router, {}))
+    router.route(router.view("q", tokens=[1, 2, 3]), 0.0)
+    found = m.registry.get_sample_value("prefixroute_speculative_entries")
+    assert found == (3 if ttl_s is not None else None)
+
+
+def test_usage_is_judged_exact_over_or_under() -> None:
+    m, _, _ = gateway_metrics()
+    m.observe_usage(A, predicted=10, actual=10, prompt=50)
+    m.observe_usage(A, predicted=30, actual=20)
+    m.observe_usage(A, predicted=0, actual=5, prompt=40)
+    m.observe_usage(A, predicted=7, actual=None)
+    outcomes = {
+        o: value(m, "prefixroute_cache_predictions_total", replica=A, outcome=o)
+        for o in ("exact", "over", "under")
+    }
+    assert outcomes == {"exact": 1, "over": 1, "under": 1}
+    assert value(m, "prefixroute_predicted_cached_tokens_total", replica=A) == 40
+    assert value(m, "prefixroute_actual_cached_tokens_total", replica=A) == 35
+    assert value(m, "prefixroute_prompt_tokens_total", replica=A) == 90
+    assert value(m, "prefixroute_usage_missing_total", replica=A) == 1
+    m.count_request(A, 200, "prefix_match")
+    requests = "prefixroute_requests_total"
+    assert value(m, requests, replica=A, status="200", reason="prefix_match") == 1
+
+
+def test_every_per_request_family_is_declared() -> None:
+    m, _, _ = gateway_metrics()
+    names = {metric.name for metric in m.registry.collect()}
+    declared = {
+        "prefixroute_requests", "prefixroute_predicted_cached_tokens",
+        "prefixroute_actual_cached_tokens", "prefixroute_prompt_tokens",
+        "prefixroute_usage_missing", "prefixroute_cache_predictions",
+        "prefixroute_tokenize_seconds", "prefixroute_tokenize_failures",
+        "prefixroute_decision_seconds", "prefixroute_retries", "prefixroute_upstream_failures",
+        "prefixroute_request_faults", "prefixroute_cut_streams",
+    }  # fmt: skip
+    assert declared <= names
+    assert m.upstream_failures._labelnames == ("replica", "kind")
+    assert m.requests._labelnames == ("replica", "status", "reason")

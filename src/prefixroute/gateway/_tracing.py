@@ -28,7 +28,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from prefixroute import __version__
-from prefixroute.core import Decision
+from prefixroute.core import ConfigError, Decision
 
 _PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent / tracestate
 
@@ -50,7 +50,13 @@ class RequestTracing:
         ``https://``: TLS), in batches."""
         # Imported here: the exporter pulls in grpc and protobuf modules that a gateway without
         # tracing never needs at startup.
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:  # xds-protos' older copy of the OTLP protos won (Makefile)
+            raise ConfigError(
+                f"the OTLP exporter cannot load ({exc}); reinstall its protos last: "
+                "pip install --force-reinstall --no-deps opentelemetry-proto"
+            ) from exc
 
         exporter: SpanExporter = OTLPSpanExporter(
             endpoint=endpoint, insecure=endpoint.startswith("http://")

@@ -30,14 +30,14 @@ setup(
         Extension(
             "prefixroute.core._native._hotpath",
             sources=[f"{NATIVE}/{name}.c" for name in ("_hotpath", "chain", "lru")],
-            depends=[f"{NATIVE}/{name}.h" for name in ("hotpath", "table", "xxhash")],
+            depends=[f"{NATIVE}/{name}.h" for name in ("hotpath", "oatable", "table", "xxhash")],
             optional=True,
         ),
         # The simulator's KV block pool (sim/kv_cache.py is its reference).
         Extension(
             "prefixroute.core._native._kvcache",
             sources=[f"{NATIVE}/kvcache.c"],
-            depends=[f"{NATIVE}/kvpool.h"],
+            depends=[f"{NATIVE}/{name}.h" for name in ("kvpool", "oatable")],
             optional=True,
         ),
     ],

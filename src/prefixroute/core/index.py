@@ -116,13 +116,15 @@ class PrefixIndex:
             entries = self._replicas[replica]
         if not block_hashes:
             return 0
+        # Held first, then recorded: recording may sweep the holder map, and a sweep keeps
+        # only holders that hold their block, which this chain must already do.
+        evicted = entries.touch(block_hashes)
+        self.evictions += evicted
         if not from_root:
             entries.gapped = True
             self._gapped.add(replica)
         elif self._holders is not None:
             self._add_holders(replica, block_hashes)
-        evicted = entries.touch(block_hashes)
-        self.evictions += evicted
         return evicted
 
     def remove_blocks(self, replica: ReplicaId, block_hashes: Iterable[BlockHash]) -> None:

@@ -231,14 +231,9 @@ KV_init(KV *t, PyObject *args, PyObject *kwds)
 static PyObject *
 KV_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    KV *t = (KV *)type->tp_alloc(type, 0);
-    if (t == NULL)
-        return NULL;
-    t->free_node = t->head = t->tail = NONE;
-    if (kresize(t, 4) < 0) {
-        Py_DECREF(t);
-        return NULL;
-    }
+    KV *t = knew_table(type, 4);
+    if (t != NULL)
+        t->free_node = t->head = t->tail = NONE;
     return (PyObject *)t;
 }
 

@@ -37,58 +37,12 @@ typedef struct {
     Py_ssize_t idle_count;
 } KV;
 
-static inline size_t
-khome(const KV *t, uint64_t key)
-{
-    return (size_t)((key * 0x9E3779B97F4A7C15ULL) >> (64 - t->bits));
-}
-
-/* The slot holding key, or the empty slot where it would go. */
-static inline KSlot *
-kprobe(const KV *t, uint64_t key)
-{
-    size_t mask = ((size_t)1 << t->bits) - 1, i = khome(t, key);
-    while (t->slots[i].node != 0 && t->slots[i].key != key)
-        i = (i + 1) & mask;
-    return &t->slots[i];
-}
-
-static int
-kresize(KV *t, int bits)
-{
-    KSlot *old = t->slots;
-    size_t old_n = old == NULL ? 0 : (size_t)1 << t->bits;
-    KSlot *slots = PyMem_Calloc((size_t)1 << bits, sizeof(KSlot));
-    if (slots == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    t->slots = slots;
-    t->bits = bits;
-    for (size_t i = 0; i < old_n; i++)
-        if (old[i].node != 0)
-            *kprobe(t, old[i].key) = old[i];
-    PyMem_Free(old);
-    return 0;
-}
-
-static void
-kdelete(KV *t, KSlot *s)
-{
-    size_t mask = ((size_t)1 << t->bits) - 1, hole = (size_t)(s - t->slots), i = hole;
-    for (;;) {
-        i = (i + 1) & mask;
-        if (t->slots[i].node == 0)
-            break;
-        size_t h = khome(t, t->slots[i].key);
-        if (((i - h) & mask) >= ((i - hole) & mask)) {
-            t->slots[hole] = t->slots[i];
-            hole = i;
-        }
-    }
-    t->slots[hole].node = 0;
-    t->cached--;
-}
+#define OA_TABLE KV
+#define OA_SLOT KSlot
+#define OA_FULL node
+#define OA_COUNT cached
+#define OA_NAME(x) k##x
+#include "oatable.h"
 
 static inline Node *
 find(const KV *t, uint64_t key)
@@ -97,26 +51,12 @@ find(const KV *t, uint64_t key)
     return s->node ? &t->nodes[s->node - 1] : NULL;
 }
 
-static int
-key_from(PyObject *obj, uint64_t *key)
-{
-    if (!PyLong_Check(obj)) {
-        PyErr_SetString(PyExc_TypeError, "block hashes must be ints in [0, 2**64)");
-        return 0;
-    }
-    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-    if (v == (unsigned long long)-1 && PyErr_Occurred())
-        return 0;
-    *key = (uint64_t)v;
-    return 1;
-}
-
 /* The cached node of a hash, or NULL with KeyError set (as the reference's dict raises). */
 static Node *
 need(const KV *t, PyObject *obj)
 {
     uint64_t key;
-    if (!key_from(obj, &key))
+    if (!key_of(obj, &key))
         return NULL;
     Node *n = find(t, key);
     if (n == NULL)
@@ -129,7 +69,7 @@ static int
 holds(const KV *t, PyObject *obj)
 {
     uint64_t key;
-    if (!key_from(obj, &key)) {
+    if (!key_of(obj, &key)) {
         PyErr_Clear();
         return 0;
     }
@@ -207,7 +147,7 @@ evict_oldest(KV *t)
     Node *n = &t->nodes[t->head];
     uint64_t key = n->key;
     unlink_idle(t, n);
-    kdelete(t, kprobe(t, key));
+    kdelete_slot(t, kprobe(t, key));
     n->next = t->free_node;
     t->free_node = n - t->nodes;
     t->evictions++;
@@ -242,7 +182,7 @@ convert(const KV *t, PyObject **items, Py_ssize_t n, uint64_t *buf, uint64_t **k
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (!key_from(items[i], &(*keys)[i])) {
+        if (!key_of(items[i], &(*keys)[i])) {
             if (lenient)
                 PyErr_Clear();
             return i;
@@ -302,7 +242,7 @@ static int
 register_one(KV *t, PyObject *obj)
 {
     uint64_t key;
-    if (!key_from(obj, &key))
+    if (!key_of(obj, &key))
         return -1;
     if (find(t, key) != NULL)
         return 0;

@@ -226,14 +226,9 @@ LRU_init(LRU *t, PyObject *args, PyObject *kwds)
 static PyObject *
 LRU_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    LRU *t = (LRU *)type->tp_alloc(type, 0);
-    if (t == NULL)
-        return NULL;
-    t->capacity = -1;
-    if (resize(t, MIN_BITS) < 0) {
-        Py_DECREF(t);
-        return NULL;
-    }
+    LRU *t = new_table(type, MIN_BITS);
+    if (t != NULL)
+        t->capacity = -1;
     return (PyObject *)t;
 }
 

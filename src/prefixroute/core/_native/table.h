@@ -14,10 +14,7 @@
  * is consumed lazily by eviction: a touch evicts its key only if the key's stamp still equals
  * the touch's tick. The FIFO is one flat array instead of a deque of per-insert lists.
  *
- * The table is open addressing with linear probing and backward-shift deletion (no tombstones,
- * so lookups never slow down as keys come and go). Keys are already hashes, but tests and
- * callers may use small integers, so the home slot comes from a Fibonacci multiply, which
- * spreads 1, 2, 3... as well as random keys. A stamp is tick + 1 so that 0 can mark an empty
+ * The table is oatable.h's open addressing. A stamp is tick + 1 so that 0 can mark an empty
  * slot: every 64-bit key stays usable, 0 included.
  */
 
@@ -43,46 +40,12 @@ typedef struct {
 #define COMPACT_MIN 4096   /* ... plus this many touches (as ReplicaLRU does) */
 #define PREFETCH_AHEAD 8   /* probes of a chain issued ahead of the one being written */
 
-static inline size_t
-home(const LRU *t, uint64_t key)
-{
-    return (size_t)((key * 0x9E3779B97F4A7C15ULL) >> (64 - t->bits));
-}
-
-static inline size_t
-slot_mask(const LRU *t)
-{
-    return ((size_t)1 << t->bits) - 1;
-}
-
-/* The slot holding key, or the empty slot where it would go. */
-static inline Slot *
-probe(const LRU *t, uint64_t key)
-{
-    size_t mask = slot_mask(t), i = home(t, key);
-    while (t->slots[i].stamp != 0 && t->slots[i].key != key)
-        i = (i + 1) & mask;
-    return &t->slots[i];
-}
-
-static inline int
-resize(LRU *t, int bits)
-{
-    Slot *old = t->slots;
-    size_t old_n = old == NULL ? 0 : (size_t)1 << t->bits;
-    Slot *slots = PyMem_Calloc((size_t)1 << bits, sizeof(Slot));
-    if (slots == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    t->slots = slots;
-    t->bits = bits;
-    for (size_t i = 0; i < old_n; i++)
-        if (old[i].stamp != 0)
-            *probe(t, old[i].key) = old[i];
-    PyMem_Free(old);
-    return 0;
-}
+#define OA_TABLE LRU
+#define OA_SLOT Slot
+#define OA_FULL stamp
+#define OA_COUNT used
+#define OA_NAME(x) x
+#include "oatable.h"
 
 /* Room for `more` new keys at a load of at most 0.7 (probes stay short). */
 static inline int
@@ -92,41 +55,6 @@ reserve(LRU *t, size_t more)
     while ((t->used + more) * 10 > ((size_t)7 << bits))
         bits++;
     return bits == t->bits ? 0 : resize(t, bits);
-}
-
-/* Backward-shift deletion: pull later members of the probe run into the hole. */
-static inline void
-delete_slot(LRU *t, Slot *s)
-{
-    size_t mask = slot_mask(t), hole = (size_t)(s - t->slots), i = hole;
-    for (;;) {
-        i = (i + 1) & mask;
-        if (t->slots[i].stamp == 0)
-            break;
-        size_t h = home(t, t->slots[i].key);
-        /* slot i may move to the hole unless its home lies cyclically in (hole, i] */
-        if (((i - h) & mask) >= ((i - hole) & mask)) {
-            t->slots[hole] = t->slots[i];
-            hole = i;
-        }
-    }
-    t->slots[hole].stamp = 0;
-    t->used--;
-}
-
-/* A key from a Python int; 0 with an exception set when it is not one in [0, 2**64). */
-static inline int
-key_of(PyObject *obj, uint64_t *key)
-{
-    if (!PyLong_Check(obj)) {
-        PyErr_SetString(PyExc_TypeError, "block hashes must be ints in [0, 2**64)");
-        return 0;
-    }
-    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-    if (v == (unsigned long long)-1 && PyErr_Occurred())
-        return 0;
-    *key = (uint64_t)v;
-    return 1;
 }
 
 /* Held means a key in the table; anything that is not a valid key is simply not held,

@@ -23,6 +23,7 @@ from prefixroute.sim.workload import Session, Turn, Workload
 from prefixroute.sim.workloads._build import poisson_starts, prefix_turns
 from prefixroute.sim.workloads._config import check_non_negative, check_positive, param
 from prefixroute.sim.workloads._data import data_file
+from prefixroute.sim.workloads._params import shared_param
 from prefixroute.sim.workloads._text import WordTokenizer
 
 _MARKER = re.compile(r"\n\n(Human|Assistant):")
@@ -32,7 +33,7 @@ _MARKER = re.compile(r"\n\n(Human|Assistant):")
 class DialoguesConfig:
     sessions: int = param(1500, "dialogues, drawn without replacement (0: all)")
     rate: float = param(135.0, "dialogue starts per second (Poisson)")
-    think_mean_s: float = param(3.0, "mean pause before the next turn, seconds (exponential)")
+    think_mean_s: float = shared_param("think_pause_mean", 3.0)
     path: str = param("", "a .jsonl.gz file to read instead (hh-rlhf format)")
 
     def __post_init__(self) -> None:

@@ -19,17 +19,18 @@ import numpy.typing as npt
 from prefixroute.sim.workload import Workload
 from prefixroute.sim.workloads._build import TokenSource, one_turn_sessions, poisson_starts
 from prefixroute.sim.workloads._config import check_non_negative, check_positive, param
+from prefixroute.sim.workloads._params import shared_param
 
 
 @dataclass(frozen=True, slots=True)
 class HotPrefixConfig:
-    requests: int = param(3000, "requests (one turn each)")
-    rate: float = param(117.0, "requests per second (Poisson)")
+    requests: int = shared_param("one_turn_requests", 3000)
+    rate: float = shared_param("poisson_rate", 117.0)
     prompts: int = param(8, "distinct system prompts")
     zipf_s: float = param(1.2, "Zipf exponent of prompt popularity (0: uniform)")
-    system_len: int = param(1024, "system prompt, tokens")
+    system_len: int = shared_param("system_prompt", 1024)
     question_len: int = param(256, "unique question after it, tokens")
-    output_len: int = param(64, "tokens generated per request")
+    output_len: int = shared_param("tokens_per_request", 64)
 
     def __post_init__(self) -> None:
         check_positive(self, "requests", "rate", "prompts", "question_len", "output_len")

@@ -30,6 +30,7 @@ from prefixroute.sim.workloads._config import (
     check_range,
     param,
 )
+from prefixroute.sim.workloads._params import shared_param
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,7 @@ class MultiTurnConfig:
     question_max: int = param(200, "longest user message, tokens (uniform in between)")
     answer_min: int = param(40, "shortest answer = turn output, tokens")
     answer_max: int = param(300, "longest answer, tokens (uniform in between)")
-    think_mean_s: float = param(10.0, "mean pause before the next turn, seconds (exponential)")
+    think_mean_s: float = shared_param("think_pause_mean", 10.0)
     add_replica_at_s: float = param(-1.0, "when a cold replica joins, seconds (< 0: never)")
     add_replica: str = param("r4", "id of the replica that joins")
     remove_replica_at_s: float = param(-1.0, "when a replica leaves, seconds (< 0: never)")

@@ -20,12 +20,13 @@ from prefixroute.sim.workloads._build import (
     uniform_ints,
 )
 from prefixroute.sim.workloads._config import check_positive, param
+from prefixroute.sim.workloads._params import shared_param
 
 
 @dataclass(frozen=True, slots=True)
 class NoSharingConfig:
-    requests: int = param(2000, "requests (one turn each)")
-    rate: float = param(27.0, "requests per second (Poisson)")
+    requests: int = shared_param("one_turn_requests", 2000)
+    rate: float = shared_param("poisson_rate", 27.0)
     prompt_len: int = param(1024, "mean prompt, tokens")
     output_len: int = param(128, "mean output, tokens")
     spread: float = param(0.5, "lengths are uniform in mean * (1 -/+ spread)")

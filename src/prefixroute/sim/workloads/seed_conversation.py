@@ -16,6 +16,7 @@ from prefixroute.core import ConfigError
 from prefixroute.sim.workload import Session, Workload
 from prefixroute.sim.workloads._build import TokenSource, prefix_turns
 from prefixroute.sim.workloads._config import check_non_negative, check_positive, param
+from prefixroute.sim.workloads._params import shared_param
 
 
 def _int_list(text: str, name: str) -> list[int]:
@@ -30,12 +31,12 @@ def _int_list(text: str, name: str) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class SeedConversationConfig:
-    system_len: int = param(200, "system prompt, tokens")
+    system_len: int = shared_param("system_prompt", 200)
     question_len: int = param(25, "user question per turn, tokens")
     retrieved: str = param("175,175,175,225,175", "retrieved context per turn, tokens (a list)")
     answers: str = param("100,100,150,100,100", "answer per turn = its output, tokens (a list)")
     think_s: float = param(1.0, "pause between an answer and the next question, seconds")
-    block_size: int = param(1, "KV block size suggested to the simulator, tokens")
+    block_size: int = shared_param("suggested_block_size", 1)
 
     def __post_init__(self) -> None:
         check_non_negative(self, "system_len", "question_len", "think_s")

@@ -16,6 +16,7 @@ from prefixroute.core import ConfigError
 from prefixroute.sim.workload import Workload
 from prefixroute.sim.workloads._build import TokenSource, one_turn_sessions
 from prefixroute.sim.workloads._config import check_non_negative, check_positive, param
+from prefixroute.sim.workloads._params import shared_param
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,9 +24,9 @@ class SeedSharedPromptConfig:
     users: int = param(50, "users, one request each")
     system_len: int = param(200, "shared system prompt, tokens")
     question_len: int = param(50, "each user's own question, tokens")
-    output_len: int = param(50, "tokens generated per request")
+    output_len: int = shared_param("tokens_per_request", 50)
     interval_s: float = param(0.01, "gap between consecutive arrivals, seconds")
-    block_size: int = param(1, "KV block size suggested to the simulator, tokens")
+    block_size: int = shared_param("suggested_block_size", 1)
 
     def __post_init__(self) -> None:
         check_positive(self, "users", "output_len", "block_size")

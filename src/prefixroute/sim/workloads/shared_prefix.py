@@ -17,16 +17,17 @@ import numpy as np
 from prefixroute.sim.workload import TokenArray, Workload
 from prefixroute.sim.workloads._build import TokenSource, frozen, one_turn_sessions, poisson_starts
 from prefixroute.sim.workloads._config import check_non_negative, check_positive, param
+from prefixroute.sim.workloads._params import shared_param
 
 
 @dataclass(frozen=True, slots=True)
 class SharedPrefixConfig:
     num_groups: int = param(64, "distinct system prompts")
     prompts_per_group: int = param(16, "requests (questions) per system prompt")
-    system_prompt_len: int = param(2048, "system prompt, tokens")
+    system_prompt_len: int = shared_param("system_prompt", 2048)
     question_len: int = param(128, "question after the system prompt, tokens")
-    output_len: int = param(256, "tokens generated per request")
-    rate: float = param(13.0, "requests per second (Poisson)")
+    output_len: int = shared_param("tokens_per_request", 256)
+    rate: float = shared_param("poisson_rate", 13.0)
     shuffle: bool = param(True, "send in random order (SGLang does); false: group by group")
 
     def __post_init__(self) -> None:

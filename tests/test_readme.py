@@ -117,18 +117,33 @@ def running(argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
 
 @contextmanager
 def local_replicas(count: int) -> Iterator[list[str]]:
-    """``count`` emulated replicas in one ``prefixroute emulate`` process."""
+    """``count`` emulated replicas in one ``prefixroute emulate`` process, on consecutive free
+    ports: another process can take one between the check and the bind, so a start that
+    fails is retried on other ports."""
     if not count:
         yield []
         return
-    port = free_port()
-    while any(_taken(port + i) for i in range(count)):
+    for _ in range(5):
         port = free_port()
-    with running([*PREFIXROUTE, "emulate", "--port", str(port), "--count", str(count)]) as proc:
-        urls = [f"http://127.0.0.1:{port + i}" for i in range(count)]
-        for url in urls:
-            wait_healthy(url, proc)
-        yield urls
+        if any(_taken(port + i) for i in range(count)):
+            continue
+        with running([*PREFIXROUTE, "emulate", "--port", str(port), "--count", str(count)]) as proc:
+            urls = [f"http://127.0.0.1:{port + i}" for i in range(count)]
+            if all(_became_healthy(url, proc) for url in urls):
+                yield urls
+                return
+    raise AssertionError(f"could not start {count} emulated replicas on consecutive ports")
+
+
+def _became_healthy(url: str, proc: subprocess.Popen[bytes]) -> bool:
+    """Whether ``url`` answers /health; False when the process exited (its port was taken)."""
+    try:
+        wait_healthy(url, proc)
+    except AssertionError:
+        if proc.poll() is None:
+            raise  # alive but never healthy: a real failure
+        return False
+    return True
 
 
 def _taken(port: int) -> bool:

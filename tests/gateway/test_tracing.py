@@ -26,6 +26,7 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
 A, B = ReplicaId("http://10.0.0.1:8000"), ReplicaId("http://10.0.0.2:8000")
+NAMES = {A: "r-aaaaaaaa", B: "r-bbbbbbbb"}  # the registry's public names
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ def test_a_request_span_joins_the_callers_trace_and_carries_the_decision(
 ) -> None:
     tracing, exporter = traced
     span = tracing.start_request("POST", "/v1/completions", {"traceparent": TRACEPARENT})
-    tracing.record_decision(span, decision(), "r-aaaaaaaa", "predicted_ttft")
+    tracing.record_decision(span, decision(), NAMES.__getitem__, "predicted_ttft")
     tracing.finish(span, 200)
     (done,) = exporter.get_finished_spans()
     assert done.kind is SpanKind.SERVER
@@ -73,9 +74,9 @@ def test_a_request_span_joins_the_callers_trace_and_carries_the_decision(
     assert chosen["prefixroute.in_flight"] == 2
     assert chosen["prefixroute.queued_prefill_tokens"] == 300
     assert (other["prefixroute.predicted_ttft_s"], other["prefixroute.score"]) == (0.052, 0.052)
-    # The chosen replica is named as clients see it; no replica URL leaves in the trace.
-    assert chosen["prefixroute.replica"] == "r-aaaaaaaa"
-    assert not any("10.0.0.1" in str(v) for e in events for v in e.values())
+    # Every replica is named as clients see it; no replica URL leaves in the trace.
+    assert (chosen["prefixroute.replica"], other["prefixroute.replica"]) == (NAMES[A], NAMES[B])
+    assert not any("10.0.0." in str(v) for e in events for v in e.values())
 
 
 def test_without_a_traceparent_the_request_starts_a_new_trace(
@@ -94,7 +95,7 @@ def test_scores_are_left_out_when_the_policy_computed_none(
     tracing, exporter = traced
     span = tracing.start_request("POST", "/v1/completions", {})
     d = Decision(B, DecisionReason.ROUND_ROBIN, 0, (CandidateScore(B, 0, 0, 0, 0),))
-    tracing.record_decision(span, d, "r-bbbbbbbb", "round_robin")
+    tracing.record_decision(span, d, NAMES.__getitem__, "round_robin")
     tracing.finish(span, 200)
     (event,) = exporter.get_finished_spans()[0].events
     assert "prefixroute.predicted_ttft_s" not in (event.attributes or {})
@@ -148,7 +149,7 @@ def test_spans_reach_a_real_otlp_grpc_receiver(receiver: tuple[_Receiver, int]) 
     collector, port = receiver
     tracing = RequestTracing.to_otlp(f"http://127.0.0.1:{port}", "gw-under-test")
     span = tracing.start_request("POST", "/v1/completions", {"traceparent": TRACEPARENT})
-    tracing.record_decision(span, decision(), "r-aaaaaaaa", "predicted_ttft")
+    tracing.record_decision(span, decision(), NAMES.__getitem__, "predicted_ttft")
     tracing.finish(span, 200)
     tracing.shutdown()  # flushes the batch
     assert collector.arrived.wait(10)
@@ -182,7 +183,9 @@ async def test_a_traced_gateway_exports_each_request_and_passes_traceparent_on(
     a, b = FakeReplica(), FakeReplica()
     urls = [await a.start(), await b.start()]
     try:
-        gw = await make_gateway(urls, otlp_endpoint=f"http://127.0.0.1:{port}", **STEADY)
+        gw = await make_gateway(
+            urls, otlp_endpoint=f"http://127.0.0.1:{port}", expose_replica_urls=False, **STEADY
+        )  # replicas named r-<hash>, as by default
         body = {"model": "emulated", "prompt": "hello " * 50, "max_tokens": 1}
         reply = await send(
             session, gw.url, "/v1/completions", body, headers={"traceparent": TRACEPARENT}
@@ -212,6 +215,8 @@ async def test_a_traced_gateway_exports_each_request_and_passes_traceparent_on(
     for event in candidates:
         names = {a.key for a in event.attributes}
         assert {"prefixroute.predicted_ttft_s", "prefixroute.score"} <= names
+        attrs_of = {a.key: a.value.string_value for a in event.attributes}
+        assert attrs_of["prefixroute.replica"].startswith("r-")  # public names, never URLs
     (seen,) = [s for s in a.seen + b.seen if s.path.startswith("/v1/")]
     version, trace_id, span_id, _ = seen.headers["traceparent"].split("-")
     assert (version, trace_id, span_id) == ("00", TRACE_ID, client.span_id.hex())

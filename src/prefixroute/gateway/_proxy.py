@@ -218,8 +218,8 @@ class Proxy:
         decision = self.router.route(call.view, time.monotonic(), candidates, explain=explain)
         self.metrics.decision_seconds.observe(time.perf_counter() - t0 + hash_s)
         if call.span is not None and self.tracing is not None:
-            name = self.registry.public_name(decision.replica)
-            self.tracing.record_decision(call.span, decision, name, self.router.policy.name)
+            name_of, policy = self.registry.public_name, self.router.policy.name
+            self.tracing.record_decision(call.span, decision, name_of, policy)
         if self.listener is not None:
             self.listener.routed(call.view, decision)
         outcome = call.request[OUTCOME]

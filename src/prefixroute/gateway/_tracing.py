@@ -7,7 +7,8 @@ every candidate (matched blocks, in-flight requests, queued prefill and, from th
 predicted TTFT and score). Under it, one CLIENT span per upstream attempt, whose context goes to
 the replica as ``traceparent`` (vLLM continues it when started with ``--otlp-traces-endpoint``).
 
-Replicas appear by their public name (``r-<hash>``), as in headers and errors, never by URL.
+Replicas appear by their public name (``r-<hash>``), as in headers and errors: by URL only
+with ``expose_replica_urls``.
 
 The provider is this gateway's own, never the process-global one, so two gateways in one process
 (tests, benchmarks) export separately. Spans are batched off the event loop
@@ -16,7 +17,7 @@ The provider is this gateway's own, never the process-global one, so two gateway
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,7 +29,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from prefixroute import __version__
-from prefixroute.core import ConfigError, Decision
+from prefixroute.core import ConfigError, Decision, ReplicaId
 
 _PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent / tracestate
 
@@ -74,19 +75,22 @@ class RequestTracing:
         )
 
     @staticmethod
-    def record_decision(span: Span, decision: Decision, replica_name: str, policy: str) -> None:
-        """The decision's replica, reason and prediction, and one event per candidate."""
+    def record_decision(
+        span: Span, decision: Decision, name_of: Callable[[ReplicaId], str], policy: str
+    ) -> None:
+        """The decision's replica, reason and prediction, and one event per candidate; every
+        replica named by ``name_of`` (the registry's public name), never by its URL."""
         span.set_attributes(
             {
                 "prefixroute.policy": policy,
-                "prefixroute.replica": replica_name,
+                "prefixroute.replica": name_of(decision.replica),
                 "prefixroute.reason": str(decision.reason),
                 "prefixroute.predicted_cached_tokens": decision.predicted_cached_tokens,
             }
         )
         for c in decision.candidates:
             attributes: dict[str, Any] = {
-                "prefixroute.replica": c.replica if c.replica != decision.replica else replica_name,
+                "prefixroute.replica": name_of(c.replica),
                 "prefixroute.chosen": c.replica == decision.replica,
                 "prefixroute.matched_blocks": c.matched_blocks,
                 "prefixroute.cached_tokens": c.cached_tokens,

@@ -45,6 +45,14 @@ PickerStarter = Callable[[EppConfig], Awaitable[EndpointPicker]]
 
 
 @pytest.fixture
+async def cluster() -> AsyncIterator[EmulatedCluster]:
+    """Four fast emulated replicas behind the pickers of a test, stopped when it ends."""
+    c = await start_replicas(4, FAST_REPLICA)
+    yield c
+    await c.stop()
+
+
+@pytest.fixture
 async def start_picker() -> AsyncIterator[PickerStarter]:
     """Pickers started from their config, stopped (no drain) when the test ends."""
     async with contextlib.AsyncExitStack() as stack:

@@ -5,14 +5,14 @@ the same page and the same rules as the gateway's, on the picker's HTTP listener
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import pytest
-from gateway.helpers import FAST_GATEWAY, FAST_REPLICA, STEADY
+from gateway.helpers import FAST_GATEWAY, STEADY
 
-from prefixroute.emulate import EmulatedCluster, start_replicas
+from prefixroute.emulate import EmulatedCluster
 from prefixroute.epp import EndpointPicker, EppConfig
 
 from .conftest import PickerStarter
@@ -22,13 +22,6 @@ TOKEN = "picker-admin-token"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 CHAT = "/v1/chat/completions"
 PickerFactory = Callable[..., Any]
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[EmulatedCluster]:
-    c = await start_replicas(2, FAST_REPLICA)
-    yield c
-    await c.stop()
 
 
 @pytest.fixture
@@ -53,7 +46,7 @@ async def test_the_page_shows_the_pickers_replicas_and_its_decisions(
     async with session.get(side(epp) + "/dashboard/state.json") as resp:
         assert resp.status == 200
         state = await resp.json()
-    assert len(state["replicas"]) == 2
+    assert len(state["replicas"]) == 4
     (decision,) = state["decisions"]
     assert decision["path"] == CHAT and decision["status"] == 200
     assert decision["reason"] == passed.headers["x-prefixroute-reason"]
@@ -61,7 +54,7 @@ async def test_the_page_shows_the_pickers_replicas_and_its_decisions(
     async with session.get(side(epp) + "/dashboard") as resp:
         assert resp.status == 200 and resp.content_type == "text/html"
     async with session.get(side(epp) + "/admin/replicas") as resp:
-        assert resp.status == 200 and len((await resp.json())["data"]) == 2
+        assert resp.status == 200 and len((await resp.json())["data"]) == 4
 
 
 async def test_with_a_token_every_admin_path_needs_it(

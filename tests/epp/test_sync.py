@@ -10,18 +10,18 @@ import argparse
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from gateway.helpers import FAST_GATEWAY, FAST_REPLICA, STEADY, question
+from gateway.helpers import FAST_GATEWAY, STEADY, question
 from gateway.redis_server import RedisServer
 from polling import until
 
 from prefixroute.core import DEFAULT_POLICY, ReplicaId
-from prefixroute.emulate import EmulatedCluster, start_replicas
+from prefixroute.emulate import EmulatedCluster
 from prefixroute.epp import EndpointPicker, EppConfig, PickStream, replica_of
 from prefixroute.gateway import Gateway
 
@@ -30,13 +30,6 @@ from .grpc_envoy import Exchange, Passed, through
 
 CHAT = "/v1/chat/completions"
 PickerFactory = Callable[..., Any]
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[EmulatedCluster]:
-    c = await start_replicas(4, FAST_REPLICA)
-    yield c
-    await c.stop()
 
 
 @pytest.fixture

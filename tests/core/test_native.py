@@ -195,6 +195,10 @@ class IndexPair(RuleBasedStateMachine):
         self.native.remove_replica(r)
         self.python.remove_replica(r)
 
+    @rule(r=st.sampled_from(NAMES), capacity=st.integers(1, 40))
+    def resize_replica(self, r: ReplicaId, capacity: int) -> None:
+        assert self.native.resize_replica(r, capacity) == self.python.resize_replica(r, capacity)
+
     @rule(r=st.sampled_from(NAMES))
     def clear_replica(self, r: ReplicaId) -> None:
         self.native.clear_replica(r)
@@ -238,6 +242,10 @@ def test_long_random_runs_agree(capacity: int | None) -> None:
             assert native.discard(doomed) == python.discard(doomed)
         if step % 11 == 0:
             native.gapped = python.gapped = not native.gapped
+        if capacity is not None and step % 13 == 0:
+            smaller = rng.randint(1, capacity)
+            assert native.resize(smaller) == python.resize(smaller)
+            assert native.capacity == python.capacity == smaller
         probe = rng.sample(pool, 6) if step % 2 else chain
         for known in (0, 1, 3):
             assert native.match(probe, known) == python.match(probe, known)

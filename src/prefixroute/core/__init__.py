@@ -16,6 +16,7 @@ from prefixroute.core.errors import (
 )
 from prefixroute.core.hashing import BlockHash, BlockHasher, TokenIds
 from prefixroute.core.index import PrefixIndex
+from prefixroute.core.index_capacity import IndexCapacityConfig, ReplicaCapacity
 from prefixroute.core.load import LoadTracker, ReplicaLoad
 from prefixroute.core.policies import (
     DEFAULT_POLICY,
@@ -53,6 +54,7 @@ __all__ = [
     "DecisionReason",
     "Endpoint",
     "ErrorSpec",
+    "IndexCapacityConfig",
     "InvalidPrompt",
     "LoadTracker",
     "ModelNotFound",
@@ -61,6 +63,7 @@ __all__ = [
     "PrefixIndex",
     "PrefixrouteError",
     "ReplicaId",
+    "ReplicaCapacity",
     "ReplicaLoad",
     "ReplicaSpeed",
     "RequestTooLarge",

@@ -54,6 +54,7 @@ class LRU(Protocol):
     def blocks(self) -> Iterable[BlockHash]: ...
     def touch(self, block_hashes: Sequence[BlockHash], /) -> int: ...
     def discard(self, block_hash: BlockHash, /) -> bool: ...
+    def resize(self, capacity: int, /) -> int: ...
     def match(self, block_hashes: Sequence[BlockHash], known: int = 0, /) -> int: ...
 
 
@@ -131,6 +132,16 @@ class ReplicaLRU:
         if self.queued > COMPACT_FACTOR * len(self.stamps) + COMPACT_MIN:
             self._compact()
         return evicted
+
+    def resize(self, capacity: int) -> int:
+        """Set a bounded LRU's capacity (blocks, at least 1); returns the entries evicted to fit
+        it, least recently touched first. An unbounded LRU keeps no order, so it cannot."""
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1 block")
+        if self.capacity is None:
+            raise ValueError("an unbounded LRU keeps no order to resize by")
+        self.capacity = capacity
+        return self._evict(capacity)
 
     def _evict(self, cap: int) -> int:
         """Drop least recently touched entries until the replica is within capacity."""

@@ -99,6 +99,21 @@ class PrefixIndex:
     def replicas(self) -> list[ReplicaId]:
         return list(self._replicas)
 
+    def capacity_of(self, replica: ReplicaId) -> int | None:
+        """``replica``'s capacity in blocks (None: unbounded, or not registered)."""
+        entries = self._replicas.get(replica)
+        return entries.capacity if entries is not None else None
+
+    def resize_replica(self, replica: ReplicaId, capacity_blocks: int) -> int:
+        """Give a bounded ``replica`` a new capacity; returns the entries dropped to fit it, least
+        recently used first (they count as evictions). Unregistered or unbounded: nothing."""
+        entries = self._replicas.get(replica)
+        if entries is None or entries.capacity is None:
+            return 0
+        dropped = entries.resize(capacity_blocks)
+        self.evictions += dropped
+        return dropped
+
     # --- updates --------------------------------------------------------------------------
     def insert(
         self, replica: ReplicaId, block_hashes: Sequence[BlockHash], *, from_root: bool = True

@@ -104,6 +104,8 @@ class _InFlight:
     first_token_s: float | None = None  # measured first token, seconds (None: not measured)
     prefilled_mark: int = 0  # the replica's ``prefilled_tokens`` at its first token, tokens
     actual_uncached: int | None = None  # uncached tokens the replica reported, tokens
+    predicted_cached: int = 0  # cached tokens predicted at dispatch, tokens
+    key_block_tokens: float = 0.0  # one block of the request's key, in tokens (a prediction's step)
 
 
 @dataclass(slots=True)
@@ -146,6 +148,12 @@ class LoadTracker:
             predicted_cached_tokens=decision.predicted_cached_tokens,
             now=now,
         )
+        # A text key's blocks are characters: in tokens, a block is what the prompt's estimate
+        # makes of it.
+        units = max(1, request.prompt_units)
+        self._requests[request.request_id].key_block_tokens = (
+            request.block_size * request.prompt_tokens / units
+        )
 
     def count_dispatch(
         self,
@@ -170,6 +178,7 @@ class LoadTracker:
         self._requests[request_id] = _InFlight(
             replica, load, uncached, output_tokens, blocks,
             dispatched_s=now, ahead_tokens=load.queued_left(now), decoding=load.decoding > 0,
+            predicted_cached=prompt_tokens - uncached, key_block_tokens=self.block_size,
         )  # fmt: skip
         load.in_flight += 1
         load.prefilling += 1
@@ -198,15 +207,17 @@ class LoadTracker:
             req.first_token_s = now
             req.prefilled_mark = load.prefilled_tokens
 
-    def observe_usage(self, request_id: str, prompt_tokens: int, cached_tokens: int) -> int | None:
+    def observe_usage(
+        self, request_id: str, prompt_tokens: int, cached_tokens: int
+    ) -> _InFlight | None:
         """The replica reported the request's prompt and cached tokens (``usage``): its own
         uncached count replaces the prediction in what the speed model learns. Returns the
-        predicted uncached tokens (None if the request is not in flight)."""
+        request's record, with its predictions (None if the request is not in flight)."""
         req = self._requests.get(request_id)
         if req is None:
             return None
         req.actual_uncached = max(0, prompt_tokens - cached_tokens)
-        return req.uncached_tokens
+        return req
 
     def complete(self, request_id: str, now: float, output_tokens: int | None = None) -> None:
         """The request ended, however it ended. Safe to call twice.

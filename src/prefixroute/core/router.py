@@ -33,6 +33,12 @@ methods, and with ``speculative_ttl_s`` records each decision as a short-lived s
 entry instead, which covers the requests routed before their events arrive (see
 :mod:`prefixroute.core.speculative`).
 
+With ``capacity=IndexCapacityConfig(learn=True)``, the same usage also teaches approximate mode
+how much each replica really keeps (:mod:`prefixroute.core.index_capacity`, off by default for
+the reason given there): reports of fewer cached tokens than predicted shrink that replica's
+index (trimming its oldest entries), reports of more let it grow back to the configured
+capacity.
+
 Every change to what the router believes goes through a method here, whoever hears of it: its
 own decisions (:meth:`route` and the calls after it), another router instance's decisions
 (:meth:`remote_routed`, :meth:`remote_dispatch`), an engine's KV events (:meth:`engine_stored`,
@@ -53,6 +59,7 @@ from collections.abc import Iterable, Sequence
 from prefixroute.core.errors import ConfigError, NoReplicaAvailable
 from prefixroute.core.hashing import BlockHash, BlockHasher, TokenIds
 from prefixroute.core.index import PrefixIndex
+from prefixroute.core.index_capacity import IndexCapacity, IndexCapacityConfig, ReplicaCapacity
 from prefixroute.core.load import LoadTracker, ReplicaLoad
 from prefixroute.core.policies import Policy, RoutingContext
 from prefixroute.core.speculative import SpeculativeEntries
@@ -76,6 +83,7 @@ class Router:
         speculative_ttl_s: float | None = None,
         speed: SpeedConfig | None = None,
         tokens: TokenCountConfig | None = None,
+        capacity: IndexCapacityConfig | None = None,
     ) -> None:
         self.policy = policy
         self.hasher = hasher or BlockHasher()
@@ -85,6 +93,8 @@ class Router:
         self.overpredicted = 0  # of those, requests that found fewer cached tokens than predicted
         self.overpredicted_tokens = 0  # tokens predicted cached that were not, tokens
         self.tokens = TokenCounts(tokens)  # characters per token, learned per model
+        # what each replica really keeps, learned per replica (approximate mode only)
+        self.capacity = IndexCapacity(capacity if capacity is not None else IndexCapacityConfig())
         self.rng = random.Random(seed)
         self.insert_on_route = insert_on_route  # False: the index is fed by engine events
         self.speculative = (
@@ -96,10 +106,13 @@ class Router:
     # --- replicas -------------------------------------------------------------------------
     def add_replica(self, replica: ReplicaId, capacity_blocks: int | None = None) -> None:
         """Register a replica; a new one has an empty index entry (cold start)."""
+        self.index.add_replica(replica, capacity_blocks)
         if replica not in self._registered:
             self._registered.add(replica)
             self._replicas.append(replica)
-        self.index.add_replica(replica, capacity_blocks)
+            # Precise mode's index follows the engines' own evictions: nothing to learn.
+            bounded = self.index.capacity_of(replica) if self.insert_on_route else None
+            self.capacity.track(replica, bounded)
         self.loads.add_replica(replica)
 
     def remove_replica(self, replica: ReplicaId) -> None:
@@ -108,6 +121,7 @@ class Router:
             self._registered.discard(replica)
             self._replicas.remove(replica)
         self.index.remove_replica(replica)
+        self.capacity.forget(replica)
         self.loads.remove_replica(replica)
         if self.speculative is not None:
             self.speculative.remove_replica(replica)
@@ -248,14 +262,23 @@ class Router:
         self.tokens.observe(request_id, prompt_tokens)
         if cached_tokens is None:
             return
-        predicted = self.loads.observe_usage(request_id, prompt_tokens, cached_tokens)
-        if predicted is None:
+        req = self.loads.observe_usage(request_id, prompt_tokens, cached_tokens)
+        if req is None:
             return
         self.usage_reports += 1
         actual = max(0, prompt_tokens - cached_tokens)
-        if actual > predicted:
+        if actual > req.uncached_tokens:
             self.overpredicted += 1
-            self.overpredicted_tokens += actual - predicted
+            self.overpredicted_tokens += actual - req.uncached_tokens
+        # A prediction is made in key blocks and a report counts KV blocks: closer than the two
+        # together is agreement.
+        tolerance = int(req.key_block_tokens) + self.loads.block_size
+        resized = self.capacity.vote(req.replica, req.predicted_cached, cached_tokens, tolerance)
+        if resized is not None and req.replica in self._registered:
+            trimmed = self.index.resize_replica(req.replica, resized)
+            learned = self.capacity.get(req.replica)
+            if learned is not None:
+                learned.trimmed += trimmed
 
     def complete(self, request_id: str, now: float, output_tokens: int | None = None) -> None:
         """The request ended at ``now``, however it ended. Pass ``output_tokens`` (the tokens
@@ -374,6 +397,11 @@ class Router:
     def speculative_entries(self) -> int | None:
         """(replica, block) speculative entries not yet dropped; None without them."""
         return len(self.speculative) if self.speculative is not None else None
+
+    def index_capacity(self, replica: ReplicaId) -> ReplicaCapacity | None:
+        """What the router has learned of how much ``replica`` keeps (None: not learned, as in
+        precise mode or with an unbounded index)."""
+        return self.capacity.get(replica)
 
     def chars_per_token(self) -> dict[str | None, CharsPerToken]:
         """Each model's characters per token as learned from usage (None: no model named)."""

@@ -16,6 +16,7 @@ from functools import partial
 from prefixroute.core import (
     BlockHash,
     BlockHasher,
+    IndexCapacityConfig,
     Policy,
     ReplicaId,
     RequestTooLarge,
@@ -71,6 +72,8 @@ class ReplicaRecord:
     decode_step_s: float = 0.0  # its true decode step at the end of the run, seconds
     learned_prefill_tokens_per_s: float = 0.0  # the router's estimate at the end, tokens/s
     learned_decode_step_s: float = 0.0  # the router's estimate at the end, seconds
+    kv_capacity_blocks: int = 0  # its true KV cache, blocks
+    index_capacity_blocks: int | None = None  # the router's index capacity for it at the end
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,8 @@ class ClusterSim:
         on_progress: Callable[[int], None] | None = None,
         fleet: Fleet | None = None,
         trace_speeds: bool = False,
+        index_capacity_scale: float = 1.0,
+        index_capacity: IndexCapacityConfig | None = None,
     ) -> None:
         self.workload = workload
         self.policy = policy
@@ -131,6 +136,11 @@ class ClusterSim:
         self.seed = seed
         self.on_progress = on_progress  # called with the number of completed requests
         self.trace_speeds = trace_speeds  # sample learned vs true speed after each completion
+        # The router is told each replica's KV size times this (1: the truth; 4: a gateway
+        # configured with 4x the replicas' real cache), and learns from there when
+        # ``index_capacity`` says so (None: the Router's default).
+        self.index_capacity_scale = index_capacity_scale
+        self.index_capacity = index_capacity
 
     def run(self) -> RunResult:
         wall0 = time.perf_counter()
@@ -139,9 +149,10 @@ class ClusterSim:
         self._router = Router(
             self.policy,
             BlockHasher(cfg.block_size),
-            index_capacity_blocks=cfg.kv_capacity_blocks,
+            index_capacity_blocks=self._told(cfg.kv_capacity_blocks),
             kv_block_size=cfg.block_size,
             seed=self.seed,
+            capacity=self.index_capacity,
         )
         self._live: dict[ReplicaId, _Live] = {}
         self._stats: dict[ReplicaId, ReplicaRecord] = {}
@@ -189,7 +200,12 @@ class ClusterSim:
         self._live[rid] = _Live(model, ReplicaStepper(self._kernel, model, partial(self._end, rid)))
         self._accepting_ids = None
         self._stats[rid] = ReplicaRecord(rid, added_s=self._kernel.now)
-        self._router.add_replica(rid, config.kv_capacity_blocks)
+        self._router.add_replica(rid, self._told(config.kv_capacity_blocks))
+        self._stats[rid].kv_capacity_blocks = config.kv_capacity_blocks
+
+    def _told(self, kv_blocks: int) -> int:
+        """The index capacity the router is given for a replica of ``kv_blocks`` blocks."""
+        return max(1, round(kv_blocks * self.index_capacity_scale))
 
     def _record_speed(self, rid: ReplicaId) -> None:
         """What the router has learned of ``rid``'s speed, for the report."""
@@ -197,6 +213,8 @@ class ClusterSim:
         st = self._stats[rid]
         st.learned_prefill_tokens_per_s = speed.prefill_tokens_per_s
         st.learned_decode_step_s = speed.decode_step_s
+        learned = self._router.index_capacity(rid)
+        st.index_capacity_blocks = int(learned.blocks) if learned is not None else None
 
     def _sample_speed(self, rid: ReplicaId, now: float) -> None:
         done = self._completed[rid] = self._completed.get(rid, 0) + 1

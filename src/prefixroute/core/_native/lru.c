@@ -131,6 +131,25 @@ LRU_discard(LRU *t, PyObject *obj)
     Py_RETURN_TRUE;
 }
 
+/* A bounded LRU takes a new capacity; entries beyond it go, least recently touched first. */
+static PyObject *
+LRU_resize(LRU *t, PyObject *arg)
+{
+    Py_ssize_t c = PyLong_AsSsize_t(arg);
+    if (c == -1 && PyErr_Occurred())
+        return NULL;
+    if (c < 1) {
+        PyErr_SetString(PyExc_ValueError, "capacity must be at least 1 block");
+        return NULL;
+    }
+    if (t->capacity < 0) {
+        PyErr_SetString(PyExc_ValueError, "an unbounded LRU keeps no order to resize by");
+        return NULL;
+    }
+    t->capacity = c;
+    return PyLong_FromSsize_t(evict(t));
+}
+
 /* Blocks of items held, counted from the first, given the first `known` (>= 1) are held:
  * a linear walk when gapped, else binary search (the held blocks are a prefix). */
 static Py_ssize_t
@@ -280,6 +299,8 @@ static PyMethodDef LRU_methods[] = {
     {"touch", (PyCFunction)LRU_touch, METH_O,
      "Insert a chain: stamp its blocks with a new tick; returns the entries evicted."},
     {"discard", (PyCFunction)LRU_discard, METH_O, "Drop one key; True if it was held."},
+    {"resize", (PyCFunction)LRU_resize, METH_O,
+     "Set a bounded LRU's capacity; returns the entries evicted to fit it."},
     {"match", (PyCFunction)LRU_match, METH_VARARGS,
      "Blocks of a chain held, from the first, given the first `known` are held."},
     {"blocks", (PyCFunction)LRU_blocks, METH_NOARGS, "The held keys, in no particular order."},

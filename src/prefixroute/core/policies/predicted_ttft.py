@@ -89,22 +89,28 @@ class PredictedTTFT:
 
     def predict(self, ctx: RoutingContext, replica: ReplicaId) -> float:
         """Predicted TTFT of this request on ``replica``, seconds."""
-        load = ctx.load(replica)
-        return self._ttft(load, ctx.request.prompt_tokens - ctx.cached[replica], ctx.now)
+        uncached = ctx.request.prompt_tokens - ctx.cached[replica]
+        return self._terms(ctx.load(replica), uncached, ctx.now)[0]
 
-    def _speeds(self, load: ReplicaLoad) -> tuple[float, float]:
-        """(prefill rate, tokens/s; decode step, seconds) of the replica whose load it is."""
+    def cost_to_others(self, ctx: RoutingContext, replica: ReplicaId) -> float:
+        """Delay this request's prefill imposes on other requests of ``replica``, seconds."""
+        uncached = ctx.request.prompt_tokens - ctx.cached[replica]
+        return self._terms(ctx.load(replica), uncached, ctx.now)[1]
+
+    def _terms(self, load: ReplicaLoad, uncached: int, now: float) -> tuple[float, float]:
+        """(predicted TTFT, cost to others), seconds, of a request with ``uncached`` tokens
+        joining the replica whose load it is. One function for both: a decision computes both
+        for every candidate, and they share the replica's speeds (the hot path)."""
         cfg = self.config
         if cfg.learned_speeds:
-            return load.speed.prefill_tokens_per_s, load.speed.decode_step_s
-        return cfg.prefill_tokens_per_s, cfg.decode_step_s
-
-    def _ttft(self, load: ReplicaLoad, uncached: int, now: float) -> float:
-        cfg = self.config
-        rate, step_s = self._speeds(load)
+            speed = load.speed
+            rate, step_s = speed.prefill_tokens_per_s, speed.decode_step_s
+        else:
+            rate, step_s = cfg.prefill_tokens_per_s, cfg.decode_step_s
         work = load.queued_prefill_tokens + uncached
         ttft = work / rate
-        if load.in_flight > load.prefilling:
+        in_flight, prefilling = load.in_flight, load.prefilling
+        if in_flight > prefilling:
             # Each batch step that carries our prefill also carries the decodes, and we arrive
             # on average halfway through a step already running.
             ttft += (-(-work // cfg.step_tokens) + 0.5) * step_s
@@ -114,22 +120,14 @@ class PredictedTTFT:
             # arrival rate, that many more chunks will ride along before our first token.
             more = load.arrival_rate(now) * ttft * load.mean_uncached()
             ttft += cfg.arrivals * more / rate
-        return ttft
-
-    def cost_to_others(self, ctx: RoutingContext, replica: ReplicaId) -> float:
-        """Delay this request's prefill imposes on other requests of ``replica``, seconds."""
-        return self._cost(ctx.load(replica), ctx.request.prompt_tokens - ctx.cached[replica])
-
-    def _cost(self, load: ReplicaLoad, uncached: int) -> float:
-        cfg = self.config
-        if not load.in_flight:
+        if not in_flight:
             # Nobody there to delay: an idle replica must not look worse than it is, or a
             # replica that never received a shared prefix would never receive anything.
-            return 0.0
+            return ttft, 0.0
         # Chunked prefill puts our first chunk in the same steps as the last chunks of prompts
         # already prefilling there: each of them gets its first token that much later.
-        under_way = load.prefilling * min(uncached, cfg.step_tokens)
-        return (cfg.miss_penalty * uncached + cfg.interference * under_way) / self._speeds(load)[0]
+        under_way = prefilling * min(uncached, cfg.step_tokens)
+        return ttft, (cfg.miss_penalty * uncached + cfg.interference * under_way) / rate
 
     def decide(self, ctx: RoutingContext) -> Decision:
         cfg = self.config
@@ -137,11 +135,13 @@ class PredictedTTFT:
         matches = ctx.matches
         prompt = ctx.request.prompt_tokens
         cached = ctx.cached
+        now, load_of, terms = ctx.now, ctx.loads.get, self._terms
+        predicted: dict[ReplicaId, tuple[float, float]] = {}  # r -> (TTFT, score)
         scored: list[tuple[float, ReplicaId]] = []
         for r in ctx.candidates:
-            load = ctx.load(r)
-            uncached = prompt - cached[r]
-            scored.append((self._ttft(load, uncached, ctx.now) + self._cost(load, uncached), r))
+            ttft, cost = terms(load_of(r), prompt - cached[r], now)
+            predicted[r] = (ttft, ttft + cost)
+            scored.append((ttft + cost, r))
         best_ttft = min(scored)[0]
         near = [r for t, r in scored if t <= best_ttft + cfg.tie_tolerance_s]
         if len(near) > 1:
@@ -161,7 +161,4 @@ class PredictedTTFT:
         if not ctx.explain:
             return ctx.decide(chosen, reason)
         # Explaining: each candidate's predicted TTFT beside the score that was minimised.
-        explained = {
-            r: (self._ttft(ctx.load(r), prompt - cached[r], ctx.now), t) for t, r in scored
-        }
-        return ctx.decide(chosen, reason, explained)
+        return ctx.decide(chosen, reason, predicted)

@@ -66,10 +66,11 @@ def one(job: tuple[str, int]) -> tuple[str, int, dict[str, float]]:
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``argv``: the flags (None: none, as ``benchmarks/run.py`` calls it)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2", help="comma list of seeds (default 0,1,2)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv if argv is not None else [])
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
@@ -107,4 +108,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -55,10 +55,11 @@ def one(job: tuple[str, int, float, bool, int]) -> tuple[str, float, bool, int, 
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``argv``: the flags (None: none, as ``benchmarks/run.py`` calls it)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1", help="comma list of seeds (default 0,1)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv if argv is not None else [])
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
@@ -84,9 +85,9 @@ def main() -> int:
                     f"{mean['ratio']:.3f}", f"{mean['hit']:.1%}", f"{mean['floor']:.3f}",
                     f"{mean['p99']:.0f}", f"{mean['capacity']:.2f}x",
                 )  # fmt: skip
-    Console().print(table)
+    Console(width=120).print(table)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

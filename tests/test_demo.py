@@ -34,3 +34,6 @@ def test_demo_prints_the_articles_numbers_and_writes_its_plot(tmp_path: Path) ->
     assert "multi-turn: 2,505 requests, 5 replicas" in out
     assert f"plot written to {plot}" in out
     assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    # The closing hint repeats the command as it was run: `make demo` runs the venv's script,
+    # which a newcomer does not have on PATH.
+    assert f"Next: `{exe} simulate --list`" in out

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,11 @@ both as predicted time to first token.
     print_report(cmp.metrics, title, console)
     write_plot(cmp.metrics, cmp.ttfts_ms, args.plot, title)
     console.print(f"\nplot written to {args.plot}")
-    console.print(
-        "Next: `prefixroute simulate --list`, then `prefixroute simulate -w hot-prefix -p all`."
-    )
+    exe = command_name(sys.argv[0])
+    console.print(f"Next: `{exe} simulate --list`, then `{exe} simulate -w hot-prefix -p all`.")
+
+
+def command_name(argv0: str) -> str:
+    """How the user ran us, to repeat in hints: the script's own path (``make demo`` runs
+    ``.venv/bin/prefixroute``, which is not on PATH), else the bare name."""
+    return argv0 if os.path.basename(argv0) == "prefixroute" else "prefixroute"

@@ -30,14 +30,17 @@ setup(
         Extension(
             "prefixroute.core._native._hotpath",
             sources=[f"{NATIVE}/{name}.c" for name in ("_hotpath", "chain", "lru")],
-            depends=[f"{NATIVE}/{name}.h" for name in ("hotpath", "oatable", "table", "xxhash")],
+            depends=[
+                f"{NATIVE}/{name}.h"
+                for name in ("glue", "hotpath", "oatable", "table", "vendor/xxhash")
+            ],
             optional=True,
         ),
         # The simulator's KV block pool (sim/kv_cache.py is its reference).
         Extension(
             "prefixroute.core._native._kvcache",
             sources=[f"{NATIVE}/kvcache.c"],
-            depends=[f"{NATIVE}/{name}.h" for name in ("kvpool", "oatable")],
+            depends=[f"{NATIVE}/{name}.h" for name in ("glue", "kvpool", "oatable")],
             optional=True,
         ),
     ],

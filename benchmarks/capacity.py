@@ -33,6 +33,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from _cli import add_seeds
+
 from prefixroute.core import DEFAULT_POLICY, ConfigError, make_policy
 from prefixroute.sim import (
     ClusterSim,
@@ -107,14 +109,14 @@ def capacity(points: list[Point], slo_ms: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
+    add_seeds(parser, "0,1")
     parser.add_argument("--slo-ms", type=float, default=1000.0, help="p99 TTFT bound, ms")
     parser.add_argument("--plot", type=Path, help="write the p99-vs-load curves here (PNG)")
     parser.add_argument("--fleet", help="per-replica speeds, as simulate --fleet (default: equal)")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: cores)")
     args = parser.parse_args(argv)
+    seeds: list[int] = args.seeds
     try:
-        seeds = [int(s) for s in args.seeds.split(",")]
         if args.fleet is not None:
             parse_fleet(args.fleet, ReplicaConfig())  # a bad spec: one line, before any run
     except (ValueError, ConfigError) as exc:

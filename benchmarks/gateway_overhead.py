@@ -3,7 +3,13 @@ the gateway. Run: ``.venv/bin/python benchmarks/gateway_overhead.py`` (about a m
 
 Setup: one emulated replica with near-zero prefill and decode time (so the replica itself adds
 almost nothing), and the gateway in front of it, each in its own process on uvloop, as they run
-in production (``prefixroute emulate`` / ``prefixroute serve``). The client runs in this process
+in production (``prefixroute emulate`` / ``prefixroute serve``). The emulated replica's steps
+are timer events, which end on the event loop's millisecond ticks: at concurrency 1 its answers
+come about 1 ms after the request whether it arrived directly or 0.3 ms later through the
+gateway, so the added latency hides in that wait. The concurrency-1 rounds are therefore also
+run against an *instant* replica (this file, ``--instant-replica PORT``: canned vLLM-shaped
+answers, no timers) with a second gateway in front of it; those rows measure what the gateway
+adds, and are what the concurrency-1 targets are read from. The client runs in this process
 and sends the same requests to both, alternating direct and gateway rounds so that drift hits
 both alike. Prompts are ~1,000 characters with a shared head, so the router hashes and matches.
 
@@ -21,6 +27,7 @@ client's work per request, so about twice the replica's HTTP handling is the flo
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -28,7 +35,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -163,54 +172,145 @@ def _report(mode: str, conc: int, direct: Samples, gw: Samples) -> None:
         print("  (direct: the replica's CPU; gateway: the gateway process's own CPU)")
 
 
-async def _bench(replica_url: str, gateway_url: str, rpid: int, gpid: int) -> None:
+@dataclass
+class Pair:
+    """A replica and the gateway in front of it (base URLs and process ids)."""
+
+    replica_url: str
+    gateway_url: str
+    rpid: int
+    gpid: int
+    label: str = ""  # appended to each section's title
+
+
+async def _bench(pairs: list[tuple[Pair, tuple[int, ...]]]) -> None:
+    """For each pair, the concurrencies it is measured at."""
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        await _wait_ready(session, replica_url)
-        await _wait_ready(session, gateway_url)
-        for url in (replica_url, gateway_url):  # warm up connections, JIT-free but cache-warm
-            await _round(session, url, 200, 8, True, Samples())
-            await _round(session, url, 200, 8, False, Samples())
-        for stream in (False, True):
-            for conc in (1, 32):
-                direct, gw = Samples(), Samples()
-                for _ in range(ROUNDS):
-                    n = REQUESTS[conc]
-                    await _round(session, replica_url, n, conc, stream, direct, rpid)
-                    await _round(session, gateway_url, n, conc, stream, gw, gpid)
-                _report("stream" if stream else "plain", conc, direct, gw)
+        for pair, _ in pairs:
+            await _wait_ready(session, pair.replica_url)
+            await _wait_ready(session, pair.gateway_url)
+            for url in (pair.replica_url, pair.gateway_url):  # warm up connections and caches
+                await _round(session, url, 200, 8, True, Samples())
+                await _round(session, url, 200, 8, False, Samples())
+        for pair, concurrencies in pairs:
+            for stream in (False, True):
+                for conc in concurrencies:
+                    direct, gw = Samples(), Samples()
+                    for _ in range(ROUNDS):
+                        n = REQUESTS[conc]
+                        await _round(session, pair.replica_url, n, conc, stream, direct, pair.rpid)
+                        await _round(session, pair.gateway_url, n, conc, stream, gw, pair.gpid)
+                    _report(("stream" if stream else "plain") + pair.label, conc, direct, gw)
 
 
 def main() -> None:
-    rport, gport = _free_port(), _free_port()
+    if len(sys.argv) == 3 and sys.argv[1] == "--instant-replica":
+        _run(_instant_replica(int(sys.argv[2])))
+        return
+    rport, gport, iport, igport = (_free_port() for _ in range(4))
     replica_url = f"http://127.0.0.1:{rport}"
     gateway_url = f"http://127.0.0.1:{gport}"
+    instant_url, instant_gw_url = f"http://127.0.0.1:{iport}", f"http://127.0.0.1:{igport}"
     replica = _spawn(
         ["emulate", "--port", str(rport), "--prefill-rate", "1e9", "--decode-step", "0",
          "--max-running", "1024"]
     )  # fmt: skip
     gateway = _spawn(["serve", "--port", str(gport), "--replica", replica_url])
+    instant = subprocess.Popen(
+        [sys.executable, __file__, "--instant-replica", str(iport)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    instant_gw = _spawn(["serve", "--port", str(igport), "--replica", instant_url])
     print("# gateway overhead: one near-zero-latency emulated replica, direct vs through gateway")
     print(f"# replica {replica_url}, gateway {gateway_url} (default policy), client in-process")
+    print(f"# concurrency 1 also against an instant replica {instant_url} (no timer ticks)")
     started = time.perf_counter()
+    procs = (gateway, replica, instant_gw, instant)
     try:
-        try:
-            import uvloop
-        except ImportError:
-            asyncio.run(_bench(replica_url, gateway_url, replica.pid, gateway.pid))
-        else:
-            uvloop.run(_bench(replica_url, gateway_url, replica.pid, gateway.pid))
+        emulated = Pair(replica_url, gateway_url, replica.pid, gateway.pid)
+        canned = Pair(instant_url, instant_gw_url, instant.pid, instant_gw.pid, ", instant replica")
+        _run(_bench([(emulated, (1, 32)), (canned, (1,))]))
     finally:
-        for proc in (gateway, replica):
+        for proc in procs:
             proc.send_signal(signal.SIGTERM)
-        for proc in (gateway, replica):
+        for proc in procs:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
     cores = os.cpu_count()
-    print(f"\n(total {time.perf_counter() - started:.0f} s on {cores} cores, 3 processes)")
+    print(f"\n(total {time.perf_counter() - started:.0f} s on {cores} cores, 5 processes)")
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
+# The emulated replica's first output words, each with its leading space.
+_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
+_INSTANT_TOKENS = [" " + word for word in _WORDS]
+
+
+def _instant_completion(prompt_tokens: int) -> dict[str, Any]:
+    text = "".join(_INSTANT_TOKENS[:OUTPUT_TOKENS])
+    details = {"cached_tokens": 0}
+    return {
+        "id": "cmpl-instant", "object": "text_completion", "created": 0, "model": "emulated",
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+                     "stop_reason": None, "prompt_logprobs": None}],
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + OUTPUT_TOKENS,
+                  "completion_tokens": OUTPUT_TOKENS, "prompt_tokens_details": details},
+    }  # fmt: skip
+
+
+async def _instant_replica(port: int) -> None:
+    """A replica that answers at once with vLLM-shaped bodies (the emulated one's, canned):
+    what is left of a round trip to it is HTTP and JSON, no step timers."""
+    from aiohttp import web
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt_tokens = len(str(body.get("prompt", "")).split())
+        done = _instant_completion(prompt_tokens)
+        if not body.get("stream"):
+            return web.json_response(done)
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        for token in _INSTANT_TOKENS[:OUTPUT_TOKENS]:
+            chunk = {**done, "choices": [{"index": 0, "text": token, "logprobs": None,
+                                          "finish_reason": None, "stop_reason": None}]}  # fmt: skip
+            del chunk["usage"]
+            await out.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        usage_chunk = {**done, "choices": []}
+        await out.write(b"data: " + json.dumps(usage_chunk).encode() + b"\n\ndata: [DONE]\n\n")
+        await out.write_eof()
+        return out
+
+    async def models(request: web.Request) -> web.Response:
+        card = {"id": "emulated", "object": "model", "owned_by": "prefixroute", "root": "emulated"}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await runner.cleanup()
 
 
 if __name__ == "__main__":

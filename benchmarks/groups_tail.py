@@ -26,6 +26,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
+from _cli import add_seeds
 from rich.console import Console
 from rich.table import Table
 
@@ -69,16 +70,12 @@ def one(job: tuple[str, int]) -> tuple[str, int, dict[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     """``argv``: the flags (None: none, as ``benchmarks/run.py`` calls it)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", default="0,1,2", help="comma list of seeds (default 0,1,2)")
+    add_seeds(ap, "0,1,2")
     args = ap.parse_args(argv if argv is not None else [])
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        print(f"groups_tail: --seeds wants integers, got {args.seeds!r}", file=sys.stderr)
-        return 2
+    seeds: list[int] = args.seeds
     with ProcessPoolExecutor() as pool:
         results = list(pool.map(one, [(p, s) for p in POLICIES for s in seeds]))
-    table = Table(title=f"shared-prefix groups, 4 equal replicas, mean of seeds {args.seeds}")
+    table = Table(title=f"shared-prefix groups, 4 equal replicas, mean of seeds {seeds}")
     for col in ("policy", "x floor", "p99 ms", "p99 / cache_aware", "warm p99", "cold",
                 "cold p50", "tail cold", "p99 bound", "cold ≤ 0.7x"):  # fmt: skip
         table.add_column(col, justify="left" if col == "policy" else "right")

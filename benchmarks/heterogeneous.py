@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _cli import add_seeds
+
 from prefixroute.core import DEFAULT_POLICY, make_policy
 from prefixroute.sim import (
     ClusterSim,
@@ -253,10 +255,10 @@ def plot(traces: list[tuple[str, float, list[SpeedSample]]], path: Path) -> None
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", default="0,1,2", help="comma list of seeds (default 0,1,2)")
+    add_seeds(p, "0,1,2")
     p.add_argument("--plot", type=Path, help="write the speed traces as a PNG")
     args = p.parse_args(argv if argv is not None else [])
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    seeds: list[int] = args.seeds
     jobs = [(w, s, label) for w in WORKLOADS for s in seeds for label in POLICIES]
     with ProcessPoolExecutor() as pool:
         rows = list(pool.map(one, jobs))

@@ -20,6 +20,7 @@ import argparse
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
+from _cli import add_seeds
 from rich.console import Console
 from rich.table import Table
 
@@ -58,18 +59,14 @@ def one(job: tuple[str, int, float, bool, int]) -> tuple[str, float, bool, int, 
 def main(argv: list[str] | None = None) -> int:
     """``argv``: the flags (None: none, as ``benchmarks/run.py`` calls it)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", default="0,1", help="comma list of seeds (default 0,1)")
+    add_seeds(ap, "0,1")
     args = ap.parse_args(argv if argv is not None else [])
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        print(f"index_capacity: --seeds wants integers, got {args.seeds!r}", file=sys.stderr)
-        return 2
+    seeds: list[int] = args.seeds
     jobs = [(w, kv, sc, lr, s) for w, kv in RUNS for sc in SCALES for lr in (False, True)
             for s in seeds]  # fmt: skip
     with ProcessPoolExecutor() as pool:
         results = list(pool.map(one, jobs))
-    table = Table(title=f"index capacity learning, {DEFAULT_POLICY}, seeds {args.seeds}")
+    table = Table(title=f"index capacity learning, {DEFAULT_POLICY}, seeds {seeds}")
     # over: requests predicted more cached tokens than they had; pred/act: predicted / actual
     # cached tokens; index: the learned index capacity as a multiple of the real KV cache.
     for col in ("workload", "told", "learn", "over", "pred/act", "hit %", "x floor", "p99 ms",

@@ -46,8 +46,9 @@ from prefixroute.bench import ReplayConfig, replay
 from prefixroute.core import ReplicaId
 from prefixroute.emulate import EmulatedTokenizer, EmulatorConfig, start_replicas
 from prefixroute.events import StreamState
-from prefixroute.gateway import Gateway, GatewayConfig, RouteSync
+from prefixroute.gateway import Gateway, GatewayConfig
 from prefixroute.sim import ReplicaConfig, Workload, make_workload
+from prefixroute.sync import RouteSync
 
 REPLICAS = 4
 KV_TOKENS = 131_072  # per emulated replica, as `prefixroute bench`

@@ -12,7 +12,8 @@ from pathlib import Path
 HERE = Path(__file__).parent
 BENCHES = (
     "core_bench", "sim_bench", "gateway_overhead", "policy_sweep", "precise_bench", "scale_sim",
-    "heterogeneous", "hotpath", "observability_cost",
+    "heterogeneous", "hotpath", "observability_cost", "epp_overhead", "index_capacity",
+    "groups_tail",
 )
 
 
@@ -28,6 +29,8 @@ def main() -> int:
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec and spec.loader
         module = importlib.util.module_from_spec(spec)
+        # Registered before it runs, as an import would: dataclasses look their module up.
+        sys.modules[name] = module
         spec.loader.exec_module(module)
         print(f"\n# {name}")
         module.main()

@@ -64,6 +64,12 @@ NEVER_IMPORTS = {
 NEVER_IMPORTS["prefixroute.gateway"] += ("prefixroute.epp",)
 NEVER_IMPORTS["prefixroute.bench"] = ("prefixroute.gateway", "prefixroute.emulate")
 NEVER_IMPORTS["prefixroute.ray_serve"] = ()
+# Decision sharing needs a Router and Redis only: every front end (gateway, picker, Ray router)
+# runs it, so it knows none of them.
+NEVER_IMPORTS["prefixroute.sync"] = (
+    "prefixroute.sim", "prefixroute.gateway", "prefixroute.emulate", "prefixroute.bench",
+    "prefixroute.epp", "prefixroute.ray_serve", "prefixroute.events",
+)  # fmt: skip
 for _package in NEVER_IMPORTS:
     NEVER_IMPORTS[_package] += ("prefixroute.commands",)
 # Where argparse may be imported: the entry point, its help formatter and the commands.
@@ -397,7 +403,7 @@ def test_the_benchmark_check_catches_private_imports() -> None:
     path = Path("fake_bench.py")
     assert benchmark_violations(path, "from prefixroute.sim import ClusterSim\n") == []
     bad = """
-from prefixroute.gateway._sync import RouteSync
+from prefixroute.sync._redis import RouteSync
 from prefixroute.sim.cluster import ClusterSim
 from prefixroute.sim import ClusterSim, _Live
 def later():

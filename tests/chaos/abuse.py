@@ -53,7 +53,6 @@ async def poison(
     timeout_s: float = 15.0,
 ) -> Result:
     result = Result("poison")
-    started = time.monotonic()
     statuses: dict[str, Counter[str]] = {kind: Counter() for kind in KINDS}
     dropped: Counter[str] = Counter()  # why requests were lost or hung
     # The canary is another client, with connections of its own: a poison request that gets
@@ -88,9 +87,8 @@ async def poison(
             result.ok += 1  # served, or refused with a JSON 4xx
         else:
             result.cut_with_error += 1
-    result.ejections = len(watcher.ejections)
     result.canary_sent, result.canary_failures = canary.sent, canary.failures
-    result.wall_s = time.monotonic() - started
+    result.finish(watcher)
     result.notes.append(f"{per_kind} of each of {len(KINDS)} kinds")
     result.notes.append(
         "statuses: "
@@ -131,7 +129,6 @@ def traversal_paths() -> list[str]:
 
 async def paths(log_dir: Path, *, concurrency: int = 8) -> Result:
     result = Result("paths")
-    started = time.monotonic()
     body = json.dumps({"model": MODEL, "prompt": "probe", "max_tokens": 1,
                        "messages": [{"role": "user", "content": "probe"}]}).encode()  # fmt: skip
     headers = {"Content-Type": "application/json", PROBE_HEADER: "1"}
@@ -168,7 +165,7 @@ async def paths(log_dir: Path, *, concurrency: int = 8) -> Result:
         reached = [s for tap in fleet.taps for s in tap.seen if PROBE_HEADER.lower() in s.headers]
     moved = sum(total(a, name) - total(b, name)
                 for a, b in zip(after, before, strict=True) for name in TOKEN_COUNTERS)  # fmt: skip
-    result.wall_s = time.monotonic() - started
+    result.finish()
     result.notes.append(f"{len(traversal_paths())} paths x GET/POST")
     if misses:
         result.notes.append("not 404 JSON: " + ", ".join(f"{v} x{n}" for v, n in misses.items()))
@@ -194,7 +191,6 @@ async def slow_readers(
     canary_interval_s: float = 0.25,
 ) -> Result:
     result = Result("slow readers")
-    started = time.monotonic()
     body = json.dumps(
         {
             "model": MODEL,
@@ -227,7 +223,7 @@ async def slow_readers(
     cut = sum(1 for r in slow if r.closed_by_server)
     result.sent, result.ok, result.lost = readers, served, readers - served
     result.canary_sent, result.canary_failures = canary.sent, canary.failures
-    result.wall_s = time.monotonic() - started
+    result.finish()
     shown = "never (10 s)" if delay is None else f"{delay:.2f} s"
     result.notes.append(
         f"gateway in-flight at 0 after the engines finished: {shown}; readers cut by the "

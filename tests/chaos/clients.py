@@ -188,6 +188,13 @@ def text(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
+def seeded_system(seed: int) -> tuple[random.Random, str]:
+    """A scenario's random generator, seeded, and the 150-word system prompt its conversations
+    share (drawn from it first)."""
+    rng = random.Random(seed)
+    return rng, text(rng, 150)
+
+
 class Conversation:
     """A multi-turn chat: each answer and a new question are appended; restarts after
     ``max_turns`` (a shared system prompt, so the router finds prefixes across clients)."""

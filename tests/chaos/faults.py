@@ -37,8 +37,8 @@ from .clients import (
     parse_response,
     raw_bytes,
     raw_request,
+    seeded_system,
     session,
-    text,
 )
 from .harness import HOST, EjectionWatcher, Fleet, Result
 
@@ -80,11 +80,9 @@ async def kill(
     seed: int = 0,
 ) -> Result:
     result = Result("kill")
-    rng = random.Random(seed)
-    system = text(rng, 150)
+    rng, system = seeded_system(seed)
     outcomes: list[Outcome] = []
     kills: list[int] = []
-    started = time.monotonic()
     async with Fleet(log_dir) as fleet, session() as client, EjectionWatcher(fleet) as watcher:
         stop_at = time.monotonic() + duration_s
 
@@ -110,8 +108,7 @@ async def kill(
 
         await asyncio.gather(chaos(), *(user(i) for i in range(clients)))
     details = count(result, outcomes)
-    result.ejections = len(watcher.ejections)
-    result.wall_s = time.monotonic() - started
+    result.finish(watcher)
     result.notes.append(f"{len(kills)} kills in {duration_s:.0f} s, {clients} clients")
     result.notes.append(f"errors before first byte: {result.before_first_byte}")
     if details:
@@ -134,13 +131,11 @@ async def freeze(
     seed: int = 1,
 ) -> Result:
     result = Result("freeze")
-    rng = random.Random(seed)
-    system = text(rng, 150)
+    rng, system = seeded_system(seed)
     outcomes: list[Outcome] = []
     homes: dict[int, int | None] = {}  # client -> replica that answered its last turn
     sent: list[tuple[float, int | None]] = []  # (start, replica that answered)
     frozen: list[tuple[float, int, int]] = []  # (when, replica, conversations it held)
-    started = time.monotonic()
     async with Fleet(log_dir) as fleet, session() as client, EjectionWatcher(fleet) as watcher:
         done = asyncio.Event()
 
@@ -188,8 +183,7 @@ async def freeze(
     over = sum(1 for w in waits if w > bound_s + TIMING_SLACK_S)
     t_freeze, index, held = frozen[0]
     on_frozen = sum(1 for t, r in sent if r == index and t_freeze <= t <= t_freeze + freeze_s)
-    result.ejections = len(watcher.ejections)
-    result.wall_s = time.monotonic() - started
+    result.finish(watcher)
     result.notes.append(
         f"SIGSTOP {freeze_s:.0f} s of the home of {held} conversations, which answered "
         f"{on_frozen} requests sent while frozen; first-event wait max "
@@ -247,11 +241,9 @@ async def shutdown(
     seed: int = 2,
 ) -> Result:
     result = Result("shutdown")
-    rng = random.Random(seed)
-    system = text(rng, 150)
+    rng, system = seeded_system(seed)
     runs: list[tuple[float, Outcome]] = []  # (start, outcome)
     probes: Counter[str] = Counter()
-    started = time.monotonic()
     body = b'{"model":"%s","max_tokens":1,"messages":[{"role":"user","content":"drain"}]}'
     headers = {"Content-Type": "application/json"}
     small = raw_bytes("POST", CHAT, body % MODEL.encode(), headers)
@@ -307,7 +299,7 @@ async def shutdown(
         if k.removeprefix("keep-alive: ") not in (*DRAINING, "idle, closed")
     }
     kinds = Counter(o.kind.value for _, o in in_flight)
-    result.wall_s = time.monotonic() - started
+    result.finish()
     result.notes.append(
         f"in flight at SIGTERM: {len(in_flight)} ({dict(kinds)}), {len(late)} ended after "
         f"{bound_s:.0f} s; exit after {exit_s:.1f} s; new requests while draining: {dict(probes)}"

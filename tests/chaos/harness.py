@@ -332,10 +332,17 @@ class Result:
     notes: list[str] = field(default_factory=list)
     missed: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)  # the scenario began (monotonic s)
 
     def check(self, ok: bool, target: str) -> None:
         if not ok:
             self.missed.append(target)
+
+    def finish(self, watcher: EjectionWatcher | None = None) -> None:
+        """The scenario is over: its wall time, and its ejections when ``watcher`` counted them."""
+        if watcher is not None:
+            self.ejections = len(watcher.ejections)
+        self.wall_s = time.monotonic() - self.started
 
     def row(self) -> str:
         def cell(value: int | None) -> str:

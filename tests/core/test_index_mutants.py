@@ -28,6 +28,18 @@ def holder_index(stride: int = 4) -> PrefixIndex:
     return PrefixIndex(holder_map=True, holder_stride=stride)
 
 
+def stale_beside_live() -> tuple[PrefixIndex, list[BlockHash]]:
+    """A one-block chain held by X (live) and Z and W (removed since: stale holders), so three
+    holders stand at its one position."""
+    index = holder_index()
+    c = chain(1)
+    for r in (X, Z, W):
+        index.insert(r, c)
+    index.remove_replica(Z)
+    index.remove_replica(W)
+    return index, c
+
+
 # --- stopping rules ---------------------------------------------------------------------------
 
 
@@ -57,12 +69,7 @@ def test_a_position_with_2_limit_holders_is_read_and_its_stale_ones_skipped() ->
 
 
 def test_a_position_with_more_than_2_limit_holders_is_not_read() -> None:
-    index = holder_index()
-    c = chain(1)
-    for r in (X, Z, W):
-        index.insert(r, c)
-    index.remove_replica(Z)
-    index.remove_replica(W)
+    index, c = stale_beside_live()
     assert index.deepest_holders(c, 1) == {}  # 3 > 2: not read, though only X is live
 
 
@@ -79,12 +86,7 @@ def test_the_2_limit_allowance_is_beyond_the_holders_already_found() -> None:
 
 
 def test_a_lookup_drops_the_stale_holders_it_reads() -> None:
-    index = holder_index()
-    c = chain(1)
-    for r in (X, Z, W):
-        index.insert(r, c)
-    index.remove_replica(Z)
-    index.remove_replica(W)
+    index, c = stale_beside_live()
     assert index.deepest_holders(c, 2) == {X: 1}  # 3 <= 4: read; Z and W dropped
     assert index.deepest_holders(c, 1) == {X: 1}  # only X is left at the position
 

@@ -41,7 +41,7 @@ class Stack:
 StackFactory = Callable[..., Awaitable[Stack]]
 
 
-PickerStarter = Callable[[EppConfig], Awaitable[EndpointPicker]]
+PickerStarter = Callable[..., Awaitable[EndpointPicker]]  # (config, tokenizer=None)
 
 
 @pytest.fixture
@@ -57,8 +57,8 @@ async def start_picker() -> AsyncIterator[PickerStarter]:
     """Pickers started from their config, stopped (no drain) when the test ends."""
     async with contextlib.AsyncExitStack() as stack:
 
-        async def start(config: EppConfig) -> EndpointPicker:
-            epp = EndpointPicker(config)
+        async def start(config: EppConfig, tokenizer: Any = None) -> EndpointPicker:
+            epp = EndpointPicker(config, tokenizer)
             stack.push_async_callback(epp.stop, 0)  # a half-started one is stopped too
             await epp.start()
             return epp

@@ -10,9 +10,8 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mod
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
-from prefixroute.core import BlockHasher, Router, make_policy
 from prefixroute.epp import PickShared, PickStream
-from prefixroute.gateway import GatewayConfig, GatewayMetrics, ReplicaRegistry
+from prefixroute.gateway import GatewayConfig, Tenants, gateway_state
 
 ENDPOINTS = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")
 FULL_DUPLEX = mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
@@ -27,13 +26,20 @@ class Clock:
         return self.now
 
 
-def shared(policy: str = "prefix_affinity", endpoints: Sequence[str] = ENDPOINTS) -> PickShared:
-    config = GatewayConfig(replicas=tuple(f"http://{e}" for e in endpoints), policy=policy)
-    router = Router(make_policy(policy), BlockHasher(config.block_chars))
-    registry = ReplicaRegistry(router, config)
-    for url in config.replicas:
-        registry.add(url)
-    return PickShared(router, registry, GatewayMetrics(router, registry), clock=Clock())
+def shared(
+    policy: str = "prefix_affinity",
+    endpoints: Sequence[str] = ENDPOINTS,
+    fallbacks: int = 0,
+    **settings: Any,
+) -> PickShared:
+    """A picker's shared state, wired as ``EndpointPicker`` wires it (the gateway's own state
+    and tenants), with a clock the test moves; ``settings``: more ``GatewayConfig`` fields."""
+    config = GatewayConfig(
+        replicas=tuple(f"http://{e}" for e in endpoints), policy=policy, **settings
+    )
+    state = gateway_state(config, None)
+    tenants = Tenants(config.tenancy, config.upstream_api_key, state.metrics.registry)
+    return PickShared(state, tenants, fallbacks=fallbacks, clock=Clock())
 
 
 def _headers(pairs: dict[str, str]) -> Any:
@@ -47,12 +53,13 @@ def request_headers(
     end_of_stream: bool = False,
     mode: int | None = FULL_DUPLEX,
     subset: Any = None,
+    extra: dict[str, str] | None = None,
 ) -> pb.ProcessingRequest:
+    """The request headers Envoy sends; ``extra``: the client's own (an API key, a tenant)."""
+    sent = {":method": "POST", ":path": path, "content-type": "application/json"}
     req = pb.ProcessingRequest(
         request_headers=pb.HttpHeaders(
-            headers=_headers(
-                {":method": "POST", ":path": path, "content-type": "application/json"}
-            ),
+            headers=_headers({**sent, **(extra or {})}),
             end_of_stream=end_of_stream,
         )
     )
@@ -103,6 +110,14 @@ def picked(out: list[Any]) -> tuple[str | None, str | None]:
     return header, meta
 
 
-def pick(stream: PickStream, body: bytes, path: str = "/v1/completions") -> list[Any]:
-    assert stream.handle(request_headers(path)) == []
-    return stream.handle(request_body(body))
+async def pick(
+    stream: PickStream,
+    body: bytes,
+    path: str = "/v1/completions",
+    headers: dict[str, str] | None = None,
+) -> list[Any]:
+    """Full duplex: the headers (answered later, unless refused), then the whole body."""
+    first = await stream.handle(request_headers(path, extra=headers))
+    if first:
+        return first  # refused on its headers
+    return await stream.handle(request_body(body))

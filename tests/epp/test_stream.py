@@ -25,13 +25,13 @@ def completion(n: int, stream: bool = False) -> bytes:
     return json.dumps({"model": "m", "prompt": prompt, "max_tokens": 4, "stream": stream}).encode()
 
 
-def test_full_duplex_answers_at_the_body_end_with_header_and_metadata_alike() -> None:
+async def test_full_duplex_answers_at_the_body_end_with_header_and_metadata_alike() -> None:
     s = shared()
     stream = PickStream(s)
-    assert stream.handle(request_headers()) == []
+    assert await stream.handle(request_headers()) == []
     body = completion(300)
-    assert stream.handle(request_body(body[:100], end_of_stream=False)) == []
-    out = stream.handle(request_body(body[100:]))
+    assert await stream.handle(request_body(body[:100], end_of_stream=False)) == []
+    out = await stream.handle(request_body(body[100:]))
     assert [r.WhichOneof("response") for r in out] == ["request_headers", "request_body"]
     header, meta = picked(out)
     assert header in ENDPOINTS
@@ -41,123 +41,123 @@ def test_full_duplex_answers_at_the_body_end_with_header_and_metadata_alike() ->
     assert s.router.loads.get(stream.decision.replica).in_flight == 1  # type: ignore[union-attr]
 
 
-def test_buffered_mode_continues_headers_then_picks_in_the_body_answer() -> None:
+async def test_buffered_mode_continues_headers_then_picks_in_the_body_answer() -> None:
     stream = PickStream(shared())
-    first = stream.handle(request_headers(mode=BUFFERED))
+    first = await stream.handle(request_headers(mode=BUFFERED))
     assert [r.WhichOneof("response") for r in first] == ["request_headers"]
     assert set_headers(first[0].request_headers.response.header_mutation) == {}
-    out = stream.handle(request_body(completion(50)))
+    out = await stream.handle(request_body(completion(50)))
     assert [r.WhichOneof("response") for r in out] == ["request_body"]
     assert not out[0].request_body.response.body_mutation.HasField("streamed_response")
     header, meta = picked(out)
     assert header in ENDPOINTS and meta == header
 
 
-def test_a_request_without_body_is_picked_on_its_headers() -> None:
+async def test_a_request_without_body_is_picked_on_its_headers() -> None:
     stream = PickStream(shared())
-    out = stream.handle(request_headers("/v1/models", end_of_stream=True))
+    out = await stream.handle(request_headers("/v1/models", end_of_stream=True))
     header, meta = picked(out)
     assert header in ENDPOINTS and meta == header
 
 
-def test_the_conversation_stays_where_its_prefix_is() -> None:
+async def test_the_conversation_stays_where_its_prefix_is() -> None:
     s = shared()
-    first = picked(pick(PickStream(s), completion(400)))[0]
+    first = picked(await pick(PickStream(s), completion(400)))[0]
     for n in (700, 1000, 1400):
-        assert picked(pick(PickStream(s), completion(n)))[0] == first
-    other = picked(pick(PickStream(s), completion(400).replace(b"w", b"x")))[0]
+        assert picked(await pick(PickStream(s), completion(n)))[0] == first
+    other = picked(await pick(PickStream(s), completion(400).replace(b"w", b"x")))[0]
     assert other != first  # a fresh prompt goes to a less loaded replica
 
 
-def test_round_robin_uses_the_same_router_objects() -> None:
+async def test_round_robin_uses_the_same_router_objects() -> None:
     s = shared("round_robin")
-    seen = [picked(pick(PickStream(s), completion(10)))[0] for _ in range(3)]
+    seen = [picked(await pick(PickStream(s), completion(10)))[0] for _ in range(3)]
     assert sorted(seen) == sorted(ENDPOINTS)
 
 
-def test_the_subset_hint_is_obeyed() -> None:
+async def test_the_subset_hint_is_obeyed() -> None:
     s = shared()
     for _ in range(6):
         stream = PickStream(s)
-        assert stream.handle(request_headers(subset=[ENDPOINTS[2]])) == []
-        assert picked(stream.handle(request_body(completion(20))))[0] == ENDPOINTS[2]
+        assert await stream.handle(request_headers(subset=[ENDPOINTS[2]])) == []
+        assert picked(await stream.handle(request_body(completion(20))))[0] == ENDPOINTS[2]
 
 
-def test_a_subset_with_nothing_eligible_is_a_503() -> None:
+async def test_a_subset_with_nothing_eligible_is_a_503() -> None:
     for subset in ([], ["10.9.9.9:1"], ["not an endpoint"]):
         stream = PickStream(shared())
-        stream.handle(request_headers(subset=subset))
-        out = stream.handle(request_body(completion(20)))
+        await stream.handle(request_headers(subset=subset))
+        out = await stream.handle(request_body(completion(20)))
         assert [r.WhichOneof("response") for r in out] == ["immediate_response"]
         assert out[0].immediate_response.status.code == 503
         assert json.loads(out[0].immediate_response.body)["error"]["code"] == "no_replica_available"
 
 
-def test_an_unhealthy_endpoint_is_not_picked() -> None:
+async def test_an_unhealthy_endpoint_is_not_picked() -> None:
     s = shared()
     for endpoint in ENDPOINTS[:2]:
         s.registry.record_probe(f"http://{endpoint}", False, 100.0)  # type: ignore[arg-type]
         for _ in range(3):
             s.registry.record_failure(f"http://{endpoint}", 100.0, "probe")  # type: ignore[arg-type]
     for _ in range(4):
-        assert picked(pick(PickStream(s), completion(30)))[0] == ENDPOINTS[2]
+        assert picked(await pick(PickStream(s), completion(30)))[0] == ENDPOINTS[2]
 
 
-def test_a_body_that_is_not_json_is_a_400_from_the_gateway_table() -> None:
+async def test_a_body_that_is_not_json_is_a_400_from_the_gateway_table() -> None:
     stream = PickStream(shared())
-    out = pick(stream, b"{not json")
+    out = await pick(stream, b"{not json")
     assert out[0].immediate_response.status.code == 400
     assert json.loads(out[0].immediate_response.body)["error"]["code"] == "invalid_json"
     stream.close()  # nothing was routed: nothing to release
 
 
-def test_a_stream_feeds_first_token_usage_and_completion() -> None:
+async def test_a_stream_feeds_first_token_usage_and_completion() -> None:
     s = shared()
     stream = PickStream(s)
-    pick(stream, completion(100, stream=True))
+    await pick(stream, completion(100, stream=True))
     replica = stream.decision.replica  # type: ignore[union-attr]
     load = s.router.loads.get(replica)
-    out = stream.handle(response_headers(content_type="text/event-stream"))
+    out = await stream.handle(response_headers(content_type="text/event-stream"))
     headers = set_headers(out[0].response_headers.response.header_mutation)
     assert headers["x-prefixroute-reason"] == stream.decision.reason.value  # type: ignore[union-attr]
     assert headers["x-prefixroute-predicted-cached-tokens"] == "0"
     assert (load.in_flight, load.prefilling) == (1, 1)
     s.clock.now = 100.5  # type: ignore[attr-defined]
     chunk = b'data: {"choices":[{"text":"a"}]}\n\n'
-    back = stream.handle(response_body(chunk))
+    back = await stream.handle(response_body(chunk))
     assert back[0].response_body.response.body_mutation.streamed_response.body == chunk
     assert (load.in_flight, load.prefilling) == (1, 0)  # the first token came back
     usage = {
         "prompt_tokens": 100, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 0}
     }  # fmt: skip
     final = f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode()
-    stream.handle(response_body(final, end_of_stream=True))
+    await stream.handle(response_body(final, end_of_stream=True))
     assert load.in_flight == 0
     assert s.router.usage_reports == 1
     stream.close()  # already released: a second release does nothing
     assert load.in_flight == 0
 
 
-def test_a_plain_answer_reports_usage_at_its_end() -> None:
+async def test_a_plain_answer_reports_usage_at_its_end() -> None:
     s = shared()
     stream = PickStream(s)
-    pick(stream, completion(100))
-    stream.handle(response_headers())
+    await pick(stream, completion(100))
+    await stream.handle(response_headers())
     body = json.dumps(
         {"usage": {"prompt_tokens": 100, "completion_tokens": 4,
                    "prompt_tokens_details": {"cached_tokens": 64}}}
     ).encode()  # fmt: skip
-    stream.handle(response_body(body[:10]))
+    await stream.handle(response_body(body[:10]))
     assert s.router.usage_reports == 0
-    stream.handle(response_body(body[10:], end_of_stream=True))
+    await stream.handle(response_body(body[10:], end_of_stream=True))
     assert s.router.usage_reports == 1
     assert s.router.loads.get(stream.decision.replica).in_flight == 0  # type: ignore[union-attr]
 
 
-def test_a_stream_cut_before_the_answer_releases_the_request() -> None:
+async def test_a_stream_cut_before_the_answer_releases_the_request() -> None:
     s = shared()
     stream = PickStream(s)
-    pick(stream, completion(100))
+    await pick(stream, completion(100))
     replica = stream.decision.replica  # type: ignore[union-attr]
     assert s.router.loads.get(replica).in_flight == 1
     stream.close()
@@ -165,11 +165,11 @@ def test_a_stream_cut_before_the_answer_releases_the_request() -> None:
     assert s.router.usage_reports == 0
 
 
-def test_an_envoy_503_counts_against_the_replica() -> None:
+async def test_an_envoy_503_counts_against_the_replica() -> None:
     s = shared()
     stream = PickStream(s)
-    pick(stream, completion(10))
+    await pick(stream, completion(10))
     replica = stream.decision.replica  # type: ignore[union-attr]
-    stream.handle(response_headers(503, "text/plain", end_of_stream=True))
+    await stream.handle(response_headers(503, "text/plain", end_of_stream=True))
     assert s.registry.get(replica).failures == 1
     assert s.router.loads.get(replica).in_flight == 0

@@ -189,30 +189,30 @@ class Recorder:
         self.heard.append(("completed", request_id))
 
 
-def test_a_stream_tells_the_sync_its_decision_first_token_and_end_once() -> None:
+async def test_a_stream_tells_the_sync_its_decision_first_token_and_end_once() -> None:
     from .support import pick, response_body, response_headers, shared
 
     s = shared()
-    s.sync = recorder = Recorder()  # type: ignore[assignment]
+    s.state.sync = recorder = Recorder()  # type: ignore[assignment]
     stream = PickStream(s)
     body = {"model": "m", "prompt": "w " * 100, "max_tokens": 4, "stream": True}
-    pick(stream, json.dumps(body).encode())
+    await pick(stream, json.dumps(body).encode())
     assert recorder.heard == [("routed", stream.rid)]
-    stream.handle(response_headers(content_type="text/event-stream"))
-    stream.handle(response_body(b'data: {"choices":[{"text":"a"}]}\n\n'))
-    stream.handle(response_body(b'data: {"choices":[{"text":"b"}]}\n\n'))
+    await stream.handle(response_headers(content_type="text/event-stream"))
+    await stream.handle(response_body(b'data: {"choices":[{"text":"a"}]}\n\n'))
+    await stream.handle(response_body(b'data: {"choices":[{"text":"b"}]}\n\n'))
     assert recorder.heard[1:] == [("first_token", stream.rid)]
-    stream.handle(response_body(b"data: [DONE]\n\n", end_of_stream=True))
+    await stream.handle(response_body(b"data: [DONE]\n\n", end_of_stream=True))
     stream.close()
     assert recorder.heard[2:] == [("completed", stream.rid)]
 
     cut = PickStream(s)  # a stream cut before its answer ends at close, once
-    pick(cut, json.dumps(body).encode())
+    await pick(cut, json.dumps(body).encode())
     cut.close()
     cut.close()
     assert recorder.heard[3:] == [("routed", cut.rid), ("completed", cut.rid)]
 
     refused = PickStream(s)  # nothing routed: nothing to tell
-    pick(refused, b"{not json")
+    await pick(refused, b"{not json")
     refused.close()
     assert len(recorder.heard) == 5

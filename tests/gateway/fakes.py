@@ -49,6 +49,15 @@ def held_until(release: asyncio.Event) -> Handler:
     return held
 
 
+async def one_event_stream(request: web.Request) -> web.StreamResponse:
+    """A handler that streams one event, ``ok``, then ``[DONE]``."""
+    out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await out.prepare(request)
+    await out.write(b'data: {"choices":[{"text":"ok"}]}\n\ndata: [DONE]\n\n')
+    await out.write_eof()
+    return out
+
+
 @dataclass
 class Seen:
     method: str

@@ -6,13 +6,15 @@ import asyncio
 import base64
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
+from prefixroute.core import ReplicaId
 from prefixroute.emulate import EmulatedCluster, EmulatorConfig
+from prefixroute.events import StreamState
 from prefixroute.gateway import Gateway, GatewayConfig
 from prefixroute.sim.replica import ReplicaConfig
 
@@ -163,3 +165,22 @@ def wrong_credentials(token: str) -> list[dict[str, str]]:
         basic(token, ""),  # the token as the user name is not the password
         {"Authorization": "Basic !!!not-base64"},
     ]
+
+
+async def reset_until_live(
+    session: aiohttp.ClientSession,
+    urls: Iterable[str],
+    streams_of: Callable[[ReplicaId], Iterable[Any]],
+    timeout_s: float = 10.0,
+) -> None:
+    """Reset each replica's prefix cache until every KV-event stream from it (``streams_of``
+    its id: one per gateway or picker listening) is live, i.e. its AllBlocksCleared got
+    through: connected, and in step. Fails after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    for url in urls:
+        while any(s.state is not StreamState.LIVE for s in streams_of(ReplicaId(url))):
+            assert loop.time() < deadline, f"{url}'s events never came"
+            async with session.post(url + "/reset_prefix_cache") as resp:
+                assert (await resp.json())["success"]
+            await asyncio.sleep(0.01)

@@ -15,14 +15,16 @@ import time
 from collections.abc import AsyncIterator
 
 import aiohttp
+import pytest
 from aiohttp import web
 
-from prefixroute.gateway import ReplicaStatus
+from prefixroute.gateway import Gateway, ReplicaStatus
 
-from .fakes import FakeReplica, completion_body
-from .helpers import GatewayFactory
+from .fakes import FakeReplica, completion_body, one_event_stream
+from .helpers import FakeFactory, GatewayFactory
 
 POISON = "poison-pill"
+GZIPPED = {"Content-Encoding": "gzip"}
 
 
 async def _poisoned(request: web.Request) -> web.StreamResponse:
@@ -33,16 +35,28 @@ async def _poisoned(request: web.Request) -> web.StreamResponse:
     return web.Response(body=completion_body(), content_type="application/json")
 
 
-async def _fleet(n: int, handler: object = _poisoned) -> list[FakeReplica]:
-    fakes = [FakeReplica(handler=handler) for _ in range(n)]  # type: ignore[arg-type]
-    for f in fakes:
-        await f.start()
-    return fakes
+async def _fleet(make_fake: FakeFactory, n: int) -> list[FakeReplica]:
+    """``n`` replicas that crash on POISON, stopped when the test ends."""
+    return [await make_fake(handler=_poisoned) for _ in range(n)]
 
 
-async def _stop(fakes: list[FakeReplica]) -> None:
-    for f in fakes:
-        await f.stop()
+@pytest.fixture
+async def behind(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> tuple[FakeReplica, Gateway]:
+    """One replica (it crashes on POISON) and a gateway in front of it."""
+    fake = await make_fake(handler=_poisoned)
+    return fake, await make_gateway([fake.url])
+
+
+@contextlib.asynccontextmanager
+async def _post_bytes(
+    session: aiohttp.ClientSession, gw: Gateway, raw: bytes, headers: dict[str, str] | None = None
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """``raw`` as the body of a JSON completion request to the gateway, with ``headers``."""
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    async with session.post(gw.url + "/v1/completions", data=raw, headers=sent) as r:
+        yield r
 
 
 def _healthy(gw: object) -> int:
@@ -50,124 +64,101 @@ def _healthy(gw: object) -> int:
 
 
 async def test_poison_requests_take_no_replica_out(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     """100 requests that crash every replica: each is answered with an error, none of the four
     replicas is ejected, and a canary between them is always served."""
-    fakes = await _fleet(4)
-    try:
-        gw = await make_gateway([f.url for f in fakes], failure_threshold=3)
-        statuses = []
-        for i in range(100):
-            body = {"prompt": f"{POISON} {i}", "max_tokens": 1}
-            async with session.post(gw.url + "/v1/completions", json=body) as resp:
-                statuses.append(resp.status)
-                assert resp.content_type == "application/json"
-            if i % 10 == 0:
-                canary = {"prompt": "canary", "max_tokens": 1}
-                async with session.post(gw.url + "/v1/completions", json=canary) as resp:
-                    assert resp.status == 200
-            assert _healthy(gw) == 4, f"a replica was taken out after poison request {i}"
-        assert all(s >= 500 for s in statuses)
-        assert sum(r.total_failures for r in gw.registry) == 0
-        # Each poison was tried on two replicas, then judged the request's own.
-        metrics = await (await session.get(gw.url + "/metrics")).text()
-        assert 'prefixroute_request_faults_total{kind="status"} 100.0' in metrics
-    finally:
-        await _stop(fakes)
+    fakes = await _fleet(make_fake, 4)
+    gw = await make_gateway([f.url for f in fakes], failure_threshold=3)
+    statuses = []
+    for i in range(100):
+        body = {"prompt": f"{POISON} {i}", "max_tokens": 1}
+        async with session.post(gw.url + "/v1/completions", json=body) as resp:
+            statuses.append(resp.status)
+            assert resp.content_type == "application/json"
+        if i % 10 == 0:
+            canary = {"prompt": "canary", "max_tokens": 1}
+            async with session.post(gw.url + "/v1/completions", json=canary) as resp:
+                assert resp.status == 200
+        assert _healthy(gw) == 4, f"a replica was taken out after poison request {i}"
+    assert all(s >= 500 for s in statuses)
+    assert sum(r.total_failures for r in gw.registry) == 0
+    # Each poison was tried on two replicas, then judged the request's own.
+    metrics = await (await session.get(gw.url + "/metrics")).text()
+    assert 'prefixroute_request_faults_total{kind="status"} 100.0' in metrics
 
 
 async def test_a_replica_that_fails_what_its_peers_serve_is_taken_out(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     """The other side of the rule: a replica answering 500 to everything while its peers
     serve the same requests is marked on each retry that succeeds, and ejected."""
-    good = await _fleet(2)
-    bad = FakeReplica(failing=True)  # /health answers 500 too; start it healthy below
-    await bad.start()
-    try:
-        gw = await make_gateway(
-            [f.url for f in good] + [bad.url], policy="round_robin", health_interval_s=60
-        )
-        record = gw.registry.find(bad.url)
-        record.healthy, record.failures = True, 0  # it failed its first probe; let it in
-        for i in range(12):
-            async with session.post(
-                gw.url + "/v1/completions", json={"prompt": f"p{i}", "max_tokens": 1}
-            ) as resp:
-                assert resp.status == 200  # retried onto a good replica
-        assert record.status is ReplicaStatus.UNHEALTHY
-        assert all(gw.registry.find(f.url).total_failures == 0 for f in good)
-    finally:
-        await _stop(good)
-        await bad.stop()
+    good = await _fleet(make_fake, 2)
+    bad = await make_fake(failing=True)  # /health answers 500 too; start it healthy below
+    gw = await make_gateway(
+        [f.url for f in good] + [bad.url], policy="round_robin", health_interval_s=60
+    )
+    record = gw.registry.find(bad.url)
+    record.healthy, record.failures = True, 0  # it failed its first probe; let it in
+    for i in range(12):
+        async with session.post(
+            gw.url + "/v1/completions", json={"prompt": f"p{i}", "max_tokens": 1}
+        ) as resp:
+            assert resp.status == 200  # retried onto a good replica
+    assert record.status is ReplicaStatus.UNHEALTHY
+    assert all(gw.registry.find(f.url).total_failures == 0 for f in good)
 
 
 async def test_gzip_body_is_forwarded_decoded_without_its_header(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    behind: tuple[FakeReplica, Gateway], session: aiohttp.ClientSession
 ) -> None:
-    [fake] = await _fleet(1)
-    try:
-        gw = await make_gateway([fake.url])
-        raw = gzip.compress(json.dumps({"prompt": "zipped", "max_tokens": 1}).encode())
-        headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
-        async with session.post(gw.url + "/v1/completions", data=raw, headers=headers) as r:
-            assert r.status == 200
-        seen = fake.seen[-1]
-        assert "Content-Encoding" not in seen.headers
-        assert json.loads(seen.body) == {"prompt": "zipped", "max_tokens": 1}
-    finally:
-        await _stop([fake])
+    fake, gw = behind
+    raw = gzip.compress(json.dumps({"prompt": "zipped", "max_tokens": 1}).encode())
+    async with _post_bytes(session, gw, raw, GZIPPED) as r:
+        assert r.status == 200
+    seen = fake.seen[-1]
+    assert "Content-Encoding" not in seen.headers
+    assert json.loads(seen.body) == {"prompt": "zipped", "max_tokens": 1}
 
 
 async def test_bodies_that_are_not_utf8_json_are_refused_before_any_replica(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    behind: tuple[FakeReplica, Gateway], session: aiohttp.ClientSession
 ) -> None:
-    [fake] = await _fleet(1)
-    try:
-        gw = await make_gateway([fake.url])
-        bad = {
-            "latin-1": '{"prompt": "caf\xe9"}'.encode("latin-1"),
-            "utf-16": '{"prompt": "hi"}'.encode("utf-16"),
-            "lone surrogate": b'{"prompt": "\\ud800 x"}',
-            "NaN": b'{"prompt": "x", "temperature": NaN}',
-            "-Infinity": b'{"prompt": "x", "temperature": -Infinity}',
-        }
-        for what, raw in bad.items():
-            headers = {"Content-Type": "application/json"}
-            async with session.post(gw.url + "/v1/completions", data=raw, headers=headers) as r:
-                assert r.status == 400, what
-                error = (await r.json())["error"]
-                assert error["type"] == "invalid_request_error", what
-        assert [s for s in fake.seen if s.path.startswith("/v1/")] == []
-        # Valid non-ASCII text is fine, and reaches the replica as UTF-8.
-        body = {"prompt": "café ☕ 𝄞", "max_tokens": 1}
-        async with session.post(gw.url + "/v1/completions", json=body) as r:
-            assert r.status == 200
-        assert json.loads(fake.seen[-1].body.decode("utf-8")) == body
-    finally:
-        await _stop([fake])
+    fake, gw = behind
+    bad = {
+        "latin-1": '{"prompt": "caf\xe9"}'.encode("latin-1"),
+        "utf-16": '{"prompt": "hi"}'.encode("utf-16"),
+        "lone surrogate": b'{"prompt": "\\ud800 x"}',
+        "NaN": b'{"prompt": "x", "temperature": NaN}',
+        "-Infinity": b'{"prompt": "x", "temperature": -Infinity}',
+    }
+    for what, raw in bad.items():
+        async with _post_bytes(session, gw, raw) as r:
+            assert r.status == 400, what
+            error = (await r.json())["error"]
+            assert error["type"] == "invalid_request_error", what
+    assert [s for s in fake.seen if s.path.startswith("/v1/")] == []
+    # Valid non-ASCII text is fine, and reaches the replica as UTF-8.
+    body = {"prompt": "café ☕ 𝄞", "max_tokens": 1}
+    async with session.post(gw.url + "/v1/completions", json=body) as r:
+        assert r.status == 200
+    assert json.loads(fake.seen[-1].body.decode("utf-8")) == body
 
 
 async def test_duplicate_keys_reach_the_replica_as_the_gateway_read_them(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    behind: tuple[FakeReplica, Gateway], session: aiohttp.ClientSession
 ) -> None:
     """The gateway routes and admits on the last duplicate; the replica must not read another."""
-    [fake] = await _fleet(1)
-    try:
-        gw = await make_gateway([fake.url])
-        raw = b'{"prompt": "first", "prompt": "second", "max_tokens": 1}'
-        headers = {"Content-Type": "application/json"}
-        async with session.post(gw.url + "/v1/completions", data=raw, headers=headers) as r:
-            assert r.status == 200
-        assert fake.seen[-1].body.count(b'"prompt"') == 1
-        assert json.loads(fake.seen[-1].body)["prompt"] == "second"
-    finally:
-        await _stop([fake])
+    fake, gw = behind
+    raw = b'{"prompt": "first", "prompt": "second", "max_tokens": 1}'
+    async with _post_bytes(session, gw, raw) as r:
+        assert r.status == 200
+    assert fake.seen[-1].body.count(b'"prompt"') == 1
+    assert json.loads(fake.seen[-1].body)["prompt"] == "second"
 
 
 async def test_one_request_marks_at_most_one_replica(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     """A stream that gets 500 on one replica, then breaks mid-stream on the next: the second
     replica is marked (only a replica breaks a started stream), and the first, whose failure
@@ -185,24 +176,18 @@ async def test_one_request_marks_at_most_one_replica(
     async def crash(request: web.Request) -> web.StreamResponse:
         return web.json_response({"error": {"message": "boom"}}, status=500)
 
-    a, b = FakeReplica(handler=crash), FakeReplica(handler=broken)
-    await a.start()
-    await b.start()
-    try:
-        gw = await make_gateway([a.url, b.url], policy="round_robin", health_interval_s=60)
-        body = {"prompt": "x", "max_tokens": 1, "stream": True}
-        async with session.post(gw.url + "/v1/completions", json=body) as r:
-            text = await r.text()
-        assert r.status == 200 and '"error"' in text and "[DONE]" in text
-        marked = [rec.url for rec in gw.registry if rec.total_failures]
-        assert marked == [b.url], [(rec.url, rec.total_failures) for rec in gw.registry]
-    finally:
-        await a.stop()
-        await b.stop()
+    a, b = await make_fake(handler=crash), await make_fake(handler=broken)
+    gw = await make_gateway([a.url, b.url], policy="round_robin", health_interval_s=60)
+    body = {"prompt": "x", "max_tokens": 1, "stream": True}
+    async with session.post(gw.url + "/v1/completions", json=body) as r:
+        text = await r.text()
+    assert r.status == 200 and '"error"' in text and "[DONE]" in text
+    marked = [rec.url for rec in gw.registry if rec.total_failures]
+    assert marked == [b.url], [(rec.url, rec.total_failures) for rec in gw.registry]
 
 
 async def test_stream_without_a_first_event_in_time_is_retried_elsewhere(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     """A frozen replica (headers sent, no event): the stream moves to another replica once
     the first-byte deadline passes, long before the read timeout."""
@@ -214,16 +199,7 @@ async def test_stream_without_a_first_event_in_time_is_retried_elsewhere(
         await release.wait()
         return out
 
-    async def live(request: web.Request) -> web.StreamResponse:
-        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await out.prepare(request)
-        await out.write(b'data: {"choices":[{"text":"ok"}]}\n\ndata: [DONE]\n\n')
-        await out.write_eof()
-        return out
-
-    a, b = FakeReplica(handler=frozen), FakeReplica(handler=live)
-    await a.start()
-    await b.start()
+    a, b = await make_fake(handler=frozen), await make_fake(handler=one_event_stream)
     try:
         gw = await make_gateway(
             [a.url, b.url], policy="round_robin", read_timeout_s=30.0,
@@ -240,8 +216,6 @@ async def test_stream_without_a_first_event_in_time_is_retried_elsewhere(
         assert gw.registry.find(b.url).total_failures == 0
     finally:
         release.set()
-        await a.stop()
-        await b.stop()
 
 
 async def test_plain_request_waiting_on_a_replica_taken_out_moves_at_once(
@@ -279,34 +253,26 @@ async def test_plain_request_waiting_on_a_replica_taken_out_moves_at_once(
 
 
 async def test_replicas_are_named_by_id_towards_clients(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     """By default no internal URL reaches a client: not in the header, not in a 502 body."""
-    fake = FakeReplica(failing=True)
-    await fake.start()
-    try:
-        gw = await make_gateway([fake.url], expose_replica_urls=False, health_interval_s=60)
-        record = gw.registry.find(fake.url)
-        record.healthy = True
-        async with session.post(
-            gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}
-        ) as r:
-            text = await r.text()
-            assert r.headers["x-prefixroute-replica"] == record.name
-        assert record.name.startswith("r-") and fake.url not in text
-        host_port = fake.url.removeprefix("http://")
-        assert host_port not in text and host_port not in str(dict(r.headers))
-        fake.failing = False
-        fake.handler = None
-        await fake.stop()  # now a connection error: the 502 must not name the URL either
-        async with session.post(
-            gw.url + "/v1/completions", json={"prompt": "y", "max_tokens": 1}
-        ) as r:
-            text = await r.text()
-            assert r.status in (502, 503)
-        assert host_port not in text
-    finally:
-        await fake.stop()
+    fake = await make_fake(failing=True)
+    gw = await make_gateway([fake.url], expose_replica_urls=False, health_interval_s=60)
+    record = gw.registry.find(fake.url)
+    record.healthy = True
+    async with session.post(gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}) as r:
+        text = await r.text()
+        assert r.headers["x-prefixroute-replica"] == record.name
+    assert record.name.startswith("r-") and fake.url not in text
+    host_port = fake.url.removeprefix("http://")
+    assert host_port not in text and host_port not in str(dict(r.headers))
+    fake.failing = False
+    fake.handler = None
+    await fake.stop()  # now a connection error: the 502 must not name the URL either
+    async with session.post(gw.url + "/v1/completions", json={"prompt": "y", "max_tokens": 1}) as r:
+        text = await r.text()
+        assert r.status in (502, 503)
+    assert host_port not in text
 
 
 def _big_stream(events: int, size: int, ended: asyncio.Event | None = None) -> object:
@@ -351,85 +317,69 @@ async def _slow_reader(url: str) -> AsyncIterator[asyncio.StreamReader]:
 
 
 async def test_a_slow_reader_holds_no_replica_slot_after_the_replica_ended(
+    make_fake: FakeFactory,
     make_gateway: GatewayFactory,
 ) -> None:
     """A 32 MB stream (more than the kernel's socket buffers hold) to a client that reads
     nothing: the replica's in-flight slot is released within 1 s of the replica's end, not
     when the client is done."""
     ended = asyncio.Event()
-    fake = FakeReplica(handler=_big_stream(8000, 4000, ended))  # type: ignore[arg-type]
-    await fake.start()
-    try:
-        gw = await make_gateway(
-            [fake.url], max_in_flight_per_replica=1, client_buffer_bytes=64 * 1024 * 1024
-        )
-        rid = gw.registry.find(fake.url).id
-        async with _slow_reader(gw.url) as reader:
-            async with asyncio.timeout(20.0):
-                await ended.wait()
-            async with asyncio.timeout(1.0):
-                while gw.router.loads.get(rid).in_flight:
-                    await asyncio.sleep(0.01)
-            # The slot is free while the client still has not read: another request gets in.
-            async with (
-                aiohttp.ClientSession() as s,
-                s.post(gw.url + "/v1/completions", json={"prompt": "y", "max_tokens": 1}) as r,
-            ):
-                assert r.status == 200
-            # The slow client still gets the whole stream.
-            tail = b""
-            async with asyncio.timeout(20.0):
-                while not tail.endswith(b"0\r\n\r\n"):
-                    tail = (tail + await reader.read(1 << 20))[-64:]
-            assert b"[DONE]" in tail
-    finally:
-        await fake.stop()
+    fake = await make_fake(handler=_big_stream(8000, 4000, ended))  # type: ignore[arg-type]
+    gw = await make_gateway(
+        [fake.url], max_in_flight_per_replica=1, client_buffer_bytes=64 * 1024 * 1024
+    )
+    rid = gw.registry.find(fake.url).id
+    async with _slow_reader(gw.url) as reader:
+        async with asyncio.timeout(20.0):
+            await ended.wait()
+        async with asyncio.timeout(1.0):
+            while gw.router.loads.get(rid).in_flight:
+                await asyncio.sleep(0.01)
+        # The slot is free while the client still has not read: another request gets in.
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(gw.url + "/v1/completions", json={"prompt": "y", "max_tokens": 1}) as r,
+        ):
+            assert r.status == 200
+        # The slow client still gets the whole stream.
+        tail = b""
+        async with asyncio.timeout(20.0):
+            while not tail.endswith(b"0\r\n\r\n"):
+                tail = (tail + await reader.read(1 << 20))[-64:]
+        assert b"[DONE]" in tail
 
 
 async def test_a_client_that_stops_reading_is_cut_after_the_write_timeout(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     """Past the buffer bound, a client that makes no room for write_timeout_s is cut and
     counted, and its replica slot is free."""
-    fake = FakeReplica(handler=_big_stream(8000, 4000))  # type: ignore[arg-type]
-    await fake.start()
-    try:
-        gw = await make_gateway(
-            [fake.url], client_buffer_bytes=16 * 1024, client_write_timeout_s=0.3
-        )
-        rid = gw.registry.find(fake.url).id
-        async with _slow_reader(gw.url):
-            async with asyncio.timeout(10.0):
-                while True:
-                    metrics = await (await session.get(gw.url + "/metrics")).text()
-                    if 'prefixroute_cut_streams_total{reason="slow_client"} 1.0' in metrics:
-                        break
-                    await asyncio.sleep(0.05)
-            assert gw.router.loads.get(rid).in_flight == 0
-            assert gw.registry.find(fake.url).total_failures == 0  # the client's doing
-    finally:
-        await fake.stop()
+    fake = await make_fake(handler=_big_stream(8000, 4000))  # type: ignore[arg-type]
+    gw = await make_gateway([fake.url], client_buffer_bytes=16 * 1024, client_write_timeout_s=0.3)
+    rid = gw.registry.find(fake.url).id
+    async with _slow_reader(gw.url):
+        async with asyncio.timeout(10.0):
+            while True:
+                metrics = await (await session.get(gw.url + "/metrics")).text()
+                if 'prefixroute_cut_streams_total{reason="slow_client"} 1.0' in metrics:
+                    break
+                await asyncio.sleep(0.05)
+        assert gw.router.loads.get(rid).in_flight == 0
+        assert gw.registry.find(fake.url).total_failures == 0  # the client's doing
 
 
 async def test_an_unreadable_body_closes_its_connection_and_says_so(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    behind: tuple[FakeReplica, Gateway], session: aiohttp.ClientSession
 ) -> None:
     """A body declared gzip that is not: a 400 with ``Connection: close``, so a keep-alive
     client does not send its next request into a connection the gateway is closing."""
-    [fake] = await _fleet(1)
-    try:
-        gw = await make_gateway([fake.url])
-        headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    _, gw = behind
+    async with _post_bytes(session, gw, b'{"prompt": "not gzip"}', GZIPPED) as r:
+        assert r.status == 400
+        assert r.headers.get("Connection", "").lower() == "close"
+        assert (await r.json())["error"]["type"] == "invalid_request_error"
+    for _ in range(3):  # the same session's next requests are served
         async with session.post(
-            gw.url + "/v1/completions", data=b'{"prompt": "not gzip"}', headers=headers
+            gw.url + "/v1/completions", json={"prompt": "ok", "max_tokens": 1}
         ) as r:
-            assert r.status == 400
-            assert r.headers.get("Connection", "").lower() == "close"
-            assert (await r.json())["error"]["type"] == "invalid_request_error"
-        for _ in range(3):  # the same session's next requests are served
-            async with session.post(
-                gw.url + "/v1/completions", json={"prompt": "ok", "max_tokens": 1}
-            ) as r:
-                assert r.status == 200
-    finally:
-        await _stop([fake])
+            assert r.status == 200

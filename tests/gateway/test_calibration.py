@@ -136,3 +136,37 @@ async def test_characters_per_token_are_learned_and_predictions_stop_overshootin
     assert over_fixed >= 30, outcomes  # the issue, reproduced: nearly all over
     assert over_learned <= 0.7 * over_fixed, outcomes
     assert bias_fixed > 1.1 and abs(bias_learned - 1) < 0.1, outcomes  # cached tokens, in total
+
+
+async def test_each_first_token_is_predicted_then_judged_and_reported(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """Issue 11: the router's predicted TTFT against the measured one, per request. The two
+    replicas of the first test (40,000 and 10,000 tokens/s of wall time), prompts of 200 to
+    3,000 words, one at a time: past each replica's warm-up (its first 8 observations, the
+    priors), the median of ``|predicted / measured - 1|`` is in /metrics and the admin API, and
+    within issue 11's 30%."""
+    fleet = parse_fleet("1:prefill=20000+1:prefill=5000", ENGINE)
+    cluster = await start_replicas(2, EmulatorConfig(ENGINE, time_scale=TIME_SCALE), fleet)
+    try:
+        gw = await make_gateway(cluster.urls, policy="round_robin", admin_token=TOKEN, **STEADY)
+        rng = random.Random(3)
+        for i in range(32):
+            body = {"prompt": f"p{i} " + words(rng.randint(200, 3000)), "max_tokens": 2}
+            reply = await send(session, gw.url, "/v1/completions", {**body, "stream": True})
+            assert reply.complete, reply
+        metrics = await (await session.get(gw.url + "/metrics")).text()
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with session.get(gw.admin_url + "/admin/replicas", headers=headers) as resp:
+            listed = {r["url"]: r["speed"] for r in (await resp.json())["replicas"]}
+        pooled = []
+        for url in cluster.urls:
+            speed = gw.router.replica_load(gw.registry.find(url).id).speed
+            pooled += speed.ttft_ratios()
+            assert speed.ttft_predictions >= 4, url  # 16 requests, 8 of them past the warm-up
+            error = _gauge(metrics, "prefixroute_replica_ttft_prediction_error", url)
+            assert error == listed[url]["ttft_error_p50"] == speed.snapshot()["ttft_error_p50"]
+        p50 = sorted(abs(r - 1) for r in pooled)[len(pooled) // 2]
+        assert p50 <= 0.3, (p50, pooled)  # measured here: 0.005-0.042
+    finally:
+        await cluster.stop()

@@ -12,8 +12,8 @@ from aiohttp import web
 from prefixroute.emulate import start_replicas
 from prefixroute.gateway import ReplicaStatus
 
-from .fakes import FakeReplica, SilentReplica
-from .helpers import FAST_REPLICA, ClusterFactory, GatewayFactory, Reply, send, words
+from .fakes import SilentReplica
+from .helpers import FAST_REPLICA, ClusterFactory, FakeFactory, GatewayFactory, Reply, send, words
 from .test_precise import metric
 
 # Slow enough that requests are still running when a replica dies (about 0.3 s each).
@@ -123,47 +123,42 @@ async def test_silent_only_replica_gives_504(
 
 
 async def test_failing_replica_is_ejected_then_readmitted(
-    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_cluster: ClusterFactory,
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
 ) -> None:
-    flaky = FakeReplica()
-    await flaky.start()
-    try:
-        cluster = await make_cluster(1)
-        gw = await make_gateway([flaky.url, *cluster.urls], policy="round_robin")
-        flaky.failing = True
-        # Requests landing on the failing replica are retried on the good one.
-        for _ in range(6):
-            r = await send(session, gw.url, "/v1/completions", {"prompt": "x y z"})
-            assert r.complete, r
-            assert r.headers["x-prefixroute-replica"] == cluster.urls[0]
-        record = gw.registry.find(flaky.url)
-        await _wait_for(lambda: record.status is ReplicaStatus.UNHEALTHY)
-        flaky.failing = False
-        await _wait_for(lambda: record.status is ReplicaStatus.HEALTHY)
-        served = {
-            (await send(session, gw.url, "/v1/completions", {"prompt": "x"})).headers[
-                "x-prefixroute-replica"
-            ]
-            for _ in range(4)
-        }
-        assert flaky.url in served
-    finally:
-        await flaky.stop()
+    flaky = await make_fake()
+    cluster = await make_cluster(1)
+    gw = await make_gateway([flaky.url, *cluster.urls], policy="round_robin")
+    flaky.failing = True
+    # Requests landing on the failing replica are retried on the good one.
+    for _ in range(6):
+        r = await send(session, gw.url, "/v1/completions", {"prompt": "x y z"})
+        assert r.complete, r
+        assert r.headers["x-prefixroute-replica"] == cluster.urls[0]
+    record = gw.registry.find(flaky.url)
+    await _wait_for(lambda: record.status is ReplicaStatus.UNHEALTHY)
+    flaky.failing = False
+    await _wait_for(lambda: record.status is ReplicaStatus.HEALTHY)
+    served = {
+        (await send(session, gw.url, "/v1/completions", {"prompt": "x"})).headers[
+            "x-prefixroute-replica"
+        ]
+        for _ in range(4)
+    }
+    assert flaky.url in served
 
 
 async def test_all_failing_relays_the_last_5xx(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
-    flaky = FakeReplica()
-    await flaky.start()
-    try:
-        gw = await make_gateway([flaky.url])
-        flaky.failing = True
-        r = await send(session, gw.url, "/v1/completions", {"prompt": "x"})
-        assert r.status == 500  # one candidate: nothing to retry on, the answer is relayed
-        assert r.error == {"message": "boom"}
-    finally:
-        await flaky.stop()
+    flaky = await make_fake()
+    gw = await make_gateway([flaky.url])
+    flaky.failing = True
+    r = await send(session, gw.url, "/v1/completions", {"prompt": "x"})
+    assert r.status == 500  # one candidate: nothing to retry on, the answer is relayed
+    assert r.error == {"message": "boom"}
 
 
 async def test_client_disconnect_aborts_upstream(
@@ -194,25 +189,21 @@ async def test_client_disconnect_aborts_upstream(
 
 
 async def test_no_healthy_replica_is_a_503(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
-    fake = FakeReplica()
-    await fake.start()
-    try:
-        gw = await make_gateway([fake.url], health_interval_s=60)
-        record = gw.registry.find(fake.url)
-        record.healthy = False
-        record.out_until = float("inf")
-        reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"})
-        assert reply.status == 503
-        assert reply.error is not None and reply.error["code"] == "no_replica_available"
-        assert [s for s in fake.seen if s.path.startswith("/v1/")] == []
-    finally:
-        await fake.stop()
+    fake = await make_fake()
+    gw = await make_gateway([fake.url], health_interval_s=60)
+    record = gw.registry.find(fake.url)
+    record.healthy = False
+    record.out_until = float("inf")
+    reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"})
+    assert reply.status == 503
+    assert reply.error is not None and reply.error["code"] == "no_replica_available"
+    assert [s for s in fake.seen if s.path.startswith("/v1/")] == []
 
 
 async def test_with_nowhere_left_to_retry_the_client_gets_the_upstream_failure(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     # Two replicas, one request in flight each at most. The first request fails with a 503
     # while the other replica has just filled up: the retry finds no candidate, and the client
@@ -228,9 +219,7 @@ async def test_with_nowhere_left_to_retry_the_client_gets_the_upstream_failure(
         await release.wait()
         return web.json_response({"choices": [{"text": "ok"}]})
 
-    fakes = [FakeReplica(handler=handler), FakeReplica(handler=handler)]
-    for f in fakes:
-        await f.start()
+    fakes = [await make_fake(handler=handler), await make_fake(handler=handler)]
     try:
         gw = await make_gateway(
             [f.url for f in fakes], max_in_flight_per_replica=1, health_interval_s=60
@@ -245,31 +234,23 @@ async def test_with_nowhere_left_to_retry_the_client_gets_the_upstream_failure(
         assert reply.error is not None and reply.error["code"] == "bad_gateway"
     finally:
         release.set()
-        for f in fakes:
-            await f.stop()
 
 
 async def test_a_retried_request_makes_one_decision_per_attempt(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     # prefixroute_decision_seconds: the time to hash and decide, in seconds; the prompt is hashed
     # once, so its time counts into the first decision only. Two decisions of a short prompt
     # take far less than a second together.
-    failing, good = FakeReplica(failing=True), FakeReplica()
-    await failing.start()
-    await good.start()
-    try:
-        gw = await make_gateway([failing.url, good.url], policy="round_robin", health_interval_s=60)
-        record = gw.registry.find(failing.url)
-        record.healthy, record.failures = True, 0  # it failed its first probe; let it in
-        for i in range(2):  # round robin: one of the two starts on the failing replica
-            reply = await send(session, gw.url, "/v1/completions", {"prompt": f"p{i}"})
-            assert reply.status == 200
-        async with session.get(gw.url + "/metrics") as resp:
-            text = await resp.text()
-        assert metric(text, "prefixroute_decision_seconds_count") == 3
-        assert 0 <= metric(text, "prefixroute_decision_seconds_sum") < 1.0
-        assert metric(text, "prefixroute_retries_total", reason="status") == 1
-    finally:
-        await failing.stop()
-        await good.stop()
+    failing, good = await make_fake(failing=True), await make_fake()
+    gw = await make_gateway([failing.url, good.url], policy="round_robin", health_interval_s=60)
+    record = gw.registry.find(failing.url)
+    record.healthy, record.failures = True, 0  # it failed its first probe; let it in
+    for i in range(2):  # round robin: one of the two starts on the failing replica
+        reply = await send(session, gw.url, "/v1/completions", {"prompt": f"p{i}"})
+        assert reply.status == 200
+    async with session.get(gw.url + "/metrics") as resp:
+        text = await resp.text()
+    assert metric(text, "prefixroute_decision_seconds_count") == 3
+    assert 0 <= metric(text, "prefixroute_decision_seconds_sum") < 1.0
+    assert metric(text, "prefixroute_retries_total", reason="status") == 1

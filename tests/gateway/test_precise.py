@@ -17,13 +17,12 @@ import aiohttp
 import pytest
 from polling import until
 
-from prefixroute.core import ConfigError, ReplicaId
+from prefixroute.core import ConfigError
 from prefixroute.emulate import EmulatedReplica, EmulatedTokenizer, EmulatorConfig
-from prefixroute.events import StreamState
 from prefixroute.gateway import Gateway, GatewayConfig, load_toml
 from prefixroute.sim.replica import ReplicaConfig
 
-from .helpers import ClusterFactory, GatewayFactory, Reply, send
+from .helpers import ClusterFactory, GatewayFactory, Reply, reset_until_live, send
 
 BS = 16  # the replicas' KV block size, tokens
 TURNS = (400, 700, 1000, 1400, 1700)  # the article's conversation, words per prompt
@@ -68,13 +67,7 @@ async def precise_cluster(
         tokenizer_object=EmulatedTokenizer(),
         **settings,
     )
-    # Reset each replica until its AllBlocksCleared gets through: connected, and in step.
-    for replica in replicas:
-        stream = gw.event_streams[ReplicaId(replica.url)]
-        while stream.state is not StreamState.LIVE:
-            async with session.post(replica.url + "/reset_prefix_cache") as resp:
-                assert (await resp.json())["success"]
-            await asyncio.sleep(0.01)
+    await reset_until_live(session, (r.url for r in replicas), lambda rid: [gw.event_streams[rid]])
     return replicas, gw
 
 

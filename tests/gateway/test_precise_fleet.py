@@ -8,7 +8,6 @@ instance predicts exactly the cached tokens the replica then reports.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import aiohttp
@@ -17,10 +16,9 @@ from polling import until
 
 from prefixroute.core import ReplicaId
 from prefixroute.emulate import EmulatedTokenizer
-from prefixroute.events import StreamState
 from prefixroute.gateway import Gateway
 
-from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, send
+from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, reset_until_live, send
 from .redis_server import RedisServer
 from .test_precise import BS, TURNS, batches, metric, metrics, replica_config
 from .test_sync import all_connected
@@ -51,13 +49,9 @@ async def precise_fleet(
         )  # fmt: skip
         for i in range(instances)
     ]
-    # Reset each replica until every instance's stream from it is live (connected, in step).
-    for replica in replicas:
-        rid = ReplicaId(replica.url)
-        while any(gw.event_streams[rid].state is not StreamState.LIVE for gw in gws):
-            async with session.post(replica.url + "/reset_prefix_cache") as resp:
-                assert (await resp.json())["success"]
-            await asyncio.sleep(0.01)
+    await reset_until_live(
+        session, (r.url for r in replicas), lambda rid: [gw.event_streams[rid] for gw in gws]
+    )
     return gws
 
 

@@ -18,12 +18,17 @@ ends, through a gateway, are in test_faults.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
 import aiohttp
 import pytest
 from aiohttp import web
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from polling import until
 
 from prefixroute.core import Decision, ReplicaId, RequestView
 from prefixroute.gateway import Gateway, GatewayConfig
@@ -33,10 +38,11 @@ from prefixroute.gateway._proxy import _kind
 from prefixroute.gateway._registry import ReplicaRecord, ReplicaRegistry
 from prefixroute.gateway._relay import RelayResult
 from prefixroute.gateway._state import STATE
+from prefixroute.gateway._tracing import RequestTracing
 from prefixroute.gateway._verdict import Verdict
 
-from .fakes import FakeReplica
-from .helpers import GatewayFactory, send
+from .fakes import held_until, one_event_stream
+from .helpers import FakeFactory, GatewayFactory, send
 
 A, B, C = ReplicaId("http://a:1"), ReplicaId("http://b:2"), ReplicaId("http://c:3")
 
@@ -127,21 +133,25 @@ def test_with_no_retry_any_other_failure_only_counts_in_the_error_rate() -> None
 # --- answers -------------------------------------------------------------------------------------
 
 
-def test_a_retry_that_succeeds_marks_the_first_replica_and_counts_its_success() -> None:
-    verdict, registry, _ = _judge()
+def _retry_answered(first: str, status: int) -> tuple[ReplicaRegistry, GatewayMetrics]:
+    """A failed (``first``, a retry possible), then B, with 2 failures so far, answered the
+    retry with ``status``."""
+    verdict, registry, metrics = _judge()
     registry.get(B).failures = 2
-    verdict.failed(A, "timeout", can_retry=True)
-    verdict.answered(B, _answer(200))
+    verdict.failed(A, first, can_retry=True)
+    verdict.answered(B, _answer(status))
+    return registry, metrics
+
+
+def test_a_retry_that_succeeds_marks_the_first_replica_and_counts_its_success() -> None:
+    registry, _ = _retry_answered("timeout", 200)
     assert _marks(registry) == {A: 1, B: 0, C: 0}
     assert registry.get(B).failures == 0  # a request it served forgives its failures
     assert _outcomes(registry.get(B)) == [True]
 
 
 def test_a_4xx_from_the_retry_says_the_request_is_bad() -> None:
-    verdict, registry, metrics = _judge()
-    registry.get(B).failures = 2
-    verdict.failed(A, "status", can_retry=True)
-    verdict.answered(B, _answer(400))
+    registry, metrics = _retry_answered("status", 400)
     assert _marks(registry) == {A: 0, B: 0, C: 0}
     assert registry.get(B).failures == 2  # not counted as B's success either
     assert _sample(metrics, "prefixroute_request_faults_total", kind="status") == 1
@@ -255,41 +265,31 @@ def test_the_failure_kind_of_an_upstream_error_without_a_cause_is_error() -> Non
 
 
 async def test_replicas_get_the_body_as_json_with_the_upstream_headers(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     # The replica gets the parsed body re-encoded, as application/json whatever the client
     # declared, and the request id.
-    fake = FakeReplica()
-    await fake.start()
-    try:
-        gw = await make_gateway([fake.url])
-        body = json.dumps({"prompt": "x", "max_tokens": 1}).encode()
-        headers = {"Content-Type": "text/plain", "x-request-id": "req-42"}
-        async with session.post(gw.url + "/v1/completions", data=body, headers=headers) as r:
-            assert r.status == 200
-        seen = fake.seen[-1]
-        sent = {name.lower(): value for name, value in seen.headers.items()}
-        assert sent["content-type"] == "application/json"
-        assert sent["x-request-id"] == "req-42"
-        assert json.loads(seen.body) == {"prompt": "x", "max_tokens": 1}
-    finally:
-        await fake.stop()
+    fake = await make_fake()
+    gw = await make_gateway([fake.url])
+    body = json.dumps({"prompt": "x", "max_tokens": 1}).encode()
+    headers = {"Content-Type": "text/plain", "x-request-id": "req-42"}
+    async with session.post(gw.url + "/v1/completions", data=body, headers=headers) as r:
+        assert r.status == 200
+    seen = fake.seen[-1]
+    sent = {name.lower(): value for name, value in seen.headers.items()}
+    assert sent["content-type"] == "application/json"
+    assert sent["x-request-id"] == "req-42"
+    assert json.loads(seen.body) == {"prompt": "x", "max_tokens": 1}
 
 
 async def test_a_request_for_a_model_goes_only_to_replicas_serving_it(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
-    a, b = FakeReplica(models=("m1",)), FakeReplica(models=("m2",))
-    await a.start()
-    await b.start()
-    try:
-        gw = await make_gateway([a.url, b.url], policy="round_robin")
-        for _ in range(4):
-            r = await send(session, gw.url, "/v1/completions", {"model": "m2", "prompt": "x"})
-            assert r.headers["x-prefixroute-replica"] == b.url
-    finally:
-        await a.stop()
-        await b.stop()
+    a, b = await make_fake(models=("m1",)), await make_fake(models=("m2",))
+    gw = await make_gateway([a.url, b.url], policy="round_robin")
+    for _ in range(4):
+        r = await send(session, gw.url, "/v1/completions", {"model": "m2", "prompt": "x"})
+        assert r.headers["x-prefixroute-replica"] == b.url
 
 
 class _Heard:
@@ -311,55 +311,90 @@ class _Heard:
 
 
 async def test_the_listener_hears_each_request_routed_started_and_completed(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     # The router's id of a request is the client's request id and a number (unique here), and
     # the listener hears it with the decision, the first token and the end. The view names the
     # tenant that sent it: "default" when the request names none (docs/security.md).
-    fake = FakeReplica(handler=_one_event_stream)
-    await fake.start()
-    try:
-        gw = await make_gateway([fake.url])
-        heard = _Heard()
-        proxy = gw.app[STATE].proxy
-        assert proxy is not None
-        proxy.listener = heard
-        body = {"prompt": "x", "max_tokens": 1, "stream": True}
-        reply = await send(session, gw.url, "/v1/completions", body, headers={"x-request-id": "q7"})
-        assert reply.status == 200 and reply.done
-        assert [call for call, _, _ in heard.events] == ["routed", "first_token", "completed"]
-        rids = {rid for _, rid, _ in heard.events}
-        assert len(rids) == 1 and rids.pop().startswith("q7-")
-        assert heard.events[0][2] == fake.url
-        assert heard.tenants == ["default"]
-    finally:
-        await fake.stop()
-
-
-async def _one_event_stream(request: web.Request) -> web.StreamResponse:
-    out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await out.prepare(request)
-    await out.write(b'data: {"choices":[{"text":"ok"}]}\n\ndata: [DONE]\n\n')
-    await out.write_eof()
-    return out
+    fake = await make_fake(handler=one_event_stream)
+    gw = await make_gateway([fake.url])
+    heard = _Heard()
+    proxy = gw.app[STATE].proxy
+    assert proxy is not None
+    proxy.listener = heard
+    body = {"prompt": "x", "max_tokens": 1, "stream": True}
+    reply = await send(session, gw.url, "/v1/completions", body, headers={"x-request-id": "q7"})
+    assert reply.status == 200 and reply.done
+    assert [call for call, _, _ in heard.events] == ["routed", "first_token", "completed"]
+    rids = {rid for _, rid, _ in heard.events}
+    assert len(rids) == 1 and rids.pop().startswith("q7-")
+    assert heard.events[0][2] == fake.url
+    assert heard.tenants == ["default"]
 
 
 async def test_only_completions_and_chat_answers_feed_the_cache_prediction_metrics(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     # Other /v1/* calls are routed on load alone: their answers (even with a usage block) say
     # nothing about a cache prediction (gateway/_metrics.py: predicted vs actual cached tokens).
-    fake = FakeReplica()  # answers every call with a completion body and its usage
-    await fake.start()
-    try:
-        gw = await make_gateway([fake.url])
-        metrics = gw.app[STATE].metrics
-        async with session.post(gw.url + "/v1/embeddings", json={"input": "hi"}) as resp:
-            assert resp.status == 200
-        labels = {"replica": fake.url, "outcome": "exact"}
-        assert _sample(metrics, "prefixroute_cache_predictions_total", **labels) is None
-        reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"})
-        assert reply.status == 200
-        assert _sample(metrics, "prefixroute_cache_predictions_total", **labels) == 1
-    finally:
-        await fake.stop()
+    fake = await make_fake()  # answers every call with a completion body and its usage
+    gw = await make_gateway([fake.url])
+    metrics = gw.app[STATE].metrics
+    async with session.post(gw.url + "/v1/embeddings", json={"input": "hi"}) as resp:
+        assert resp.status == 200
+    labels = {"replica": fake.url, "outcome": "exact"}
+    assert _sample(metrics, "prefixroute_cache_predictions_total", **labels) is None
+    reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"})
+    assert reply.status == 200
+    assert _sample(metrics, "prefixroute_cache_predictions_total", **labels) == 1
+
+
+def _traced(gw: Gateway) -> InMemorySpanExporter:
+    """Trace ``gw``'s requests into memory, as ``otlp_endpoint`` does into a collector."""
+    exporter = InMemorySpanExporter()
+    proxy = gw.app[STATE].proxy
+    assert proxy is not None
+    proxy.tracing = RequestTracing(SimpleSpanProcessor(exporter), "test-gw")
+    return exporter
+
+
+def _request_spans(exporter: InMemorySpanExporter) -> list[tuple[object, StatusCode]]:
+    """(HTTP status, span status) of each finished request (SERVER) span."""
+    spans = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
+    return [((s.attributes or {}).get("http.response.status_code"), s.status.status_code)
+            for s in spans]  # fmt: skip
+
+
+async def test_a_traced_request_that_fails_ends_its_span_with_the_error_status_it_answered(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    # The only replica drops the connection: no retry, the client gets the upstream error (502),
+    # and the request's span carries that status and is an error (RequestTracing.finish).
+    async def drop(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        request.transport.abort()
+        return web.Response()
+
+    fake = await make_fake(handler=drop)
+    gw = await make_gateway([fake.url], failure_threshold=1000)
+    exporter = _traced(gw)
+    reply = await send(session, gw.url, "/v1/completions", {"prompt": "x", "max_tokens": 1})
+    assert reply.status == 502
+    assert _request_spans(exporter) == [(502, StatusCode.ERROR)]
+
+
+async def test_a_traced_request_whose_client_leaves_ends_its_span_as_client_closed(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    # The client gives up while the replica still holds the answer: the handler is cancelled,
+    # and the span ends with 499, nginx's "client closed request" (gateway/_proxy.py).
+    release = asyncio.Event()
+    fake = await make_fake(handler=held_until(release))
+    gw = await make_gateway([fake.url])
+    exporter = _traced(gw)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):
+            await send(session, gw.url, "/v1/completions", {"prompt": "x", "max_tokens": 1})
+    await until(lambda: bool(_request_spans(exporter)))
+    release.set()
+    assert [status for status, _ in _request_spans(exporter)] == [499]

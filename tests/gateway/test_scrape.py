@@ -2,9 +2,20 @@ from __future__ import annotations
 
 import asyncio
 
-from prefixroute.gateway._scrape import EngineLoad, parse_engine_load
+import aiohttp
+import pytest
 
-from .helpers import ClusterFactory, GatewayFactory
+from prefixroute.emulate import EmulatorConfig
+from prefixroute.gateway._scrape import (
+    EngineLoad,
+    PrefillDelta,
+    PrefillDeltas,
+    PrefillTotals,
+    parse_engine_load,
+)
+from prefixroute.sim.replica import ReplicaConfig
+
+from .helpers import ClusterFactory, GatewayFactory, send, words
 
 VLLM = """\
 # TYPE vllm:num_requests_running gauge
@@ -40,3 +51,86 @@ async def test_health_rounds_feed_the_load_view(
         while load.kv_usage is None:
             await asyncio.sleep(0.02)
     assert load.num_running == 0 and load.num_waiting == 0
+
+
+# vLLM 0.32's prefill histograms (names and semantics as vllm/v1/metrics/loggers.py has them),
+# over two data-parallel engines.
+VLLM_PREFILL = """\
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 1.5
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 10.0
+vllm:request_prefill_time_seconds_sum{engine="1",model_name="m"} 0.5
+vllm:request_prefill_time_seconds_count{engine="1",model_name="m"} 5.0
+# TYPE vllm:request_prefill_kv_computed_tokens histogram
+vllm:request_prefill_kv_computed_tokens_sum{engine="0",model_name="m"} 9000.0
+vllm:request_prefill_kv_computed_tokens_count{engine="0",model_name="m"} 10.0
+vllm:request_prefill_kv_computed_tokens_sum{engine="1",model_name="m"} 3000.0
+vllm:request_prefill_kv_computed_tokens_count{engine="1",model_name="m"} 5.0
+"""
+# An older vLLM: no computed-tokens histogram; prompt tokens less prefix-cache hits instead.
+VLLM_OLDER = """\
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_sum{model_name="m"} 2.0
+vllm:request_prefill_time_seconds_count{model_name="m"} 4.0
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{model_name="m"} 5000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{model_name="m"} 1000.0
+"""
+SGLANG_PREFILL = """\
+# TYPE sglang:per_stage_req_latency_seconds histogram
+sglang:per_stage_req_latency_seconds_sum{model_name="m",stage="prefill_forward"} 3.0
+sglang:per_stage_req_latency_seconds_count{model_name="m",stage="prefill_forward"} 6.0
+sglang:per_stage_req_latency_seconds_sum{model_name="m",stage="decode_forward"} 99.0
+sglang:per_stage_req_latency_seconds_count{model_name="m",stage="decode_forward"} 60.0
+# TYPE sglang:prompt_tokens counter
+sglang:prompt_tokens_total{model_name="m"} 7000.0
+# TYPE sglang:cached_tokens counter
+sglang:cached_tokens_total{model_name="m"} 2000.0
+"""
+
+
+def test_prefill_totals_from_vllm_and_sglang_names() -> None:
+    assert parse_engine_load(VLLM_PREFILL).prefill == PrefillTotals(2.0, 15.0, 12000.0)
+    assert parse_engine_load(VLLM_OLDER).prefill == PrefillTotals(2.0, 4.0, 4000.0)
+    assert parse_engine_load(SGLANG_PREFILL).prefill == PrefillTotals(3.0, 6.0, 5000.0)
+    for page in (VLLM, SGLANG, "{{{ not prometheus"):  # no prefill times: no totals
+        assert parse_engine_load(page).prefill is None
+
+
+def test_prefill_deltas_between_scrapes() -> None:
+    deltas = PrefillDeltas()
+    assert deltas.update("r", PrefillTotals(100.0, 50.0, 9e5)) is None  # the baseline
+    assert deltas.update("r", PrefillTotals(102.0, 60.0, 9.1e5)) == PrefillDelta(1e4, 10, 2.0)
+    assert deltas.update("r", PrefillTotals(102.0, 60.0, 9.1e5)) is None  # nothing finished
+    # The engine restarted: its counters began again, and the new totals are the interval's.
+    assert deltas.update("r", PrefillTotals(0.5, 3.0, 900.0)) == PrefillDelta(900.0, 3, 0.5)
+    # Gone from the page (a replica that stopped exporting): the next page is a new baseline.
+    assert deltas.update("r", None) is None
+    assert deltas.update("r", PrefillTotals(1.0, 5.0, 1000.0)) is None
+    deltas.forget("r")
+    assert deltas.update("r", PrefillTotals(2.0, 9.0, 2000.0)) is None
+
+
+async def test_scraped_prefill_times_teach_the_rate_without_a_first_token(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """Plain (unstreamed) answers come whole: the gateway measures no first token, so only the
+    emulated engine's ``vllm:request_prefill_time_seconds`` can teach the router its rate
+    (20,000 tokens/s of wall time here). With scraping off, the rate stays at the prior."""
+    engine = ReplicaConfig(block_size=16)  # 10,000 tokens/s, at half time: 20,000 of wall
+    learned = {}
+    for scrape in (True, False):
+        cluster = await make_cluster(1, EmulatorConfig(engine, time_scale=0.5))
+        gw = await make_gateway(cluster.urls, scrape_metrics=scrape, health_interval_s=0.05)
+        speed = gw.router.replica_load(gw.registry.find(cluster.urls[0]).id).speed
+        for i in range(24):
+            body = {"prompt": f"q{i} " + words(400 + 100 * (i % 8)), "max_tokens": 1}
+            reply = await send(session, gw.url, "/v1/completions", body)
+            assert reply.complete, reply
+            await asyncio.sleep(0.1)  # a scrape between requests: intervals of one or two
+        assert speed.prefill_observations == 0  # no first token was measured
+        learned[scrape] = (speed.prefill_tokens_per_s, speed.engine_observations)
+    rate, intervals = learned[True]
+    assert intervals >= 8 and rate == pytest.approx(20_000.0, rel=0.25), learned
+    assert learned[False] == (10_000.0, 0)

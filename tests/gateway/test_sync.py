@@ -222,7 +222,7 @@ def test_sync_settings_from_toml_and_flags(tmp_path: Path) -> None:
 
 
 def test_decisions_encode_compactly() -> None:
-    from prefixroute.gateway._sync_wire import Progress, Routed, decode, encode, encode_progress
+    from prefixroute.sync._wire import Progress, Routed, decode, encode, encode_progress
 
     hashes = [BlockHash(h) for h in (0, 1, 2**64 - 1, 12345678901234567890)]
     payload = encode("me", ReplicaId("http://r:1"), hashes)
@@ -247,7 +247,7 @@ def remote_decision(
     instance: str, request_id: str, replica: str, prompt: int = 400, cached: int = 100
 ) -> bytes:
     from prefixroute.core import Decision, DecisionReason, RequestView
-    from prefixroute.gateway._sync_wire import encode
+    from prefixroute.sync._wire import encode
 
     view = RequestView(
         request_id=request_id, block_hashes=[BlockHash(7), BlockHash(8)], block_size=16,
@@ -262,9 +262,9 @@ def test_the_others_requests_count_in_the_load_view_until_they_end() -> None:
     from prometheus_client.registry import CollectorRegistry
 
     from prefixroute.core import Router, make_policy
-    from prefixroute.gateway._sync import RouteSync
-    from prefixroute.gateway._sync_remote import EXPIRE_EVERY_S, REMOTE_TTL_S
-    from prefixroute.gateway._sync_wire import encode, encode_progress
+    from prefixroute.sync._redis import RouteSync
+    from prefixroute.sync._remote import EXPIRE_EVERY_S, REMOTE_TTL_S
+    from prefixroute.sync._wire import encode, encode_progress
 
     router = Router(make_policy("round_robin"))
     r = ReplicaId("http://r:1")
@@ -323,7 +323,7 @@ def test_in_precise_mode_a_live_remote_decision_is_a_speculative_entry() -> None
     from prometheus_client.registry import CollectorRegistry
 
     from prefixroute.core import Router, make_policy
-    from prefixroute.gateway._sync import RouteSync
+    from prefixroute.sync._redis import RouteSync
 
     router = Router(make_policy("round_robin"), insert_on_route=False, speculative_ttl_s=60.0)
     r = ReplicaId("http://r:1")
@@ -369,7 +369,7 @@ async def test_a_full_queue_drops_the_oldest_message_and_never_blocks() -> None:
     from prometheus_client.registry import CollectorRegistry
 
     from prefixroute.core import Router, make_policy
-    from prefixroute.gateway._sync import QUEUE_SIZE, RouteSync
+    from prefixroute.sync._redis import QUEUE_SIZE, RouteSync
 
     from .redis_server import free_port
 
@@ -400,9 +400,9 @@ def test_with_a_lock_every_call_into_the_router_holds_it() -> None:
     from prometheus_client.registry import CollectorRegistry
 
     from prefixroute.core import Router, make_policy
-    from prefixroute.gateway._sync import RouteSync
-    from prefixroute.gateway._sync_remote import REMOTE_TTL_S
-    from prefixroute.gateway._sync_wire import encode_progress
+    from prefixroute.sync._redis import RouteSync
+    from prefixroute.sync._remote import REMOTE_TTL_S
+    from prefixroute.sync._wire import encode_progress
 
     class Lock:
         held = False

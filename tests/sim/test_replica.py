@@ -22,6 +22,19 @@ def req(rid: str, tokens: list[int], out: int = 1, at: float = 0.0) -> EngineReq
     return EngineRequest(rid, tokens, out, arrival_s=at)
 
 
+def hits_after(block_size: int, first: int, *later: int) -> list[int]:
+    """Cached tokens of requests of ``later`` tokens each, submitted together once a first
+    request of ``first`` tokens has finished; every prompt is the token ids 0, 1, 2, ..."""
+    m = ReplicaModel(ReplicaConfig(block_size=block_size))
+    m.submit(req("first", list(range(first))))
+    now, _ = drive(m)
+    requests = [req(f"later{i}", list(range(n)), at=now) for i, n in enumerate(later)]
+    for r in requests:
+        m.submit(r)
+    drive(m, now)
+    return [r.cached_tokens for r in requests]
+
+
 def test_prefill_time_is_tokens_over_rate() -> None:
     m = ReplicaModel(ReplicaConfig(block_size=1, prefill_tokens_per_s=10_000))
     r = req("a", list(range(400)))
@@ -32,26 +45,13 @@ def test_prefill_time_is_tokens_over_rate() -> None:
 
 
 def test_second_request_reuses_prefix_but_recomputes_last_token() -> None:
-    m = ReplicaModel(ReplicaConfig(block_size=1))
-    m.submit(req("a", list(range(400))))
-    now, _ = drive(m)
-    again = req("b", list(range(400)), at=now)
-    longer = req("c", list(range(700)), at=now)
-    m.submit(again)
-    m.submit(longer)
-    drive(m, now)
-    assert again.cached_tokens == 399  # engines always compute the last prompt token
-    assert longer.cached_tokens == 400
+    again, longer = hits_after(1, 400, 400, 700)
+    assert again == 399  # engines always compute the last prompt token
+    assert longer == 400
 
 
 def test_block_granular_hits_round_down() -> None:
-    m = ReplicaModel(ReplicaConfig(block_size=16))
-    m.submit(req("a", list(range(700))))
-    now, _ = drive(m)
-    b = req("b", list(range(1000)), at=now)
-    m.submit(b)
-    drive(m, now)
-    assert b.cached_tokens == 688  # 43 full blocks of 16 out of 700 tokens
+    assert hits_after(16, 700, 1000) == [688]  # 43 full blocks of 16 out of 700 tokens
 
 
 def test_chunked_prefill_spreads_over_steps_and_decodes_share_them() -> None:

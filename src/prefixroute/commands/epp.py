@@ -3,8 +3,11 @@
 Endpoints come from ``--endpoint`` flags and the config file's ``replicas``, from
 ``--endpoints-file`` (re-read when it changes), or from Kubernetes pods (``--k8s-selector``).
 Routing and health settings are the gateway's, from the same ``--config`` TOML file, and so
-is the Redis sync (``--sync-redis``, ``sync_channel``): several pickers, and gateways, on one
-channel share one index and load view.
+are the Redis sync (``--sync-redis``, ``sync_channel``: several pickers, and gateways, on one
+channel share one index and load view), the tenants (the ``[tenancy]`` table; the upstream key
+from ``$PREFIXROUTE_UPSTREAM_API_KEY`` or ``upstream_api_key_file``), token-exact keys
+(``--tokenizer``) and precise mode (``--kv-events``). ``--fallbacks N`` names up to N more
+endpoints after the primary, for proxies that retry down the protocol's list.
 """
 
 from __future__ import annotations
@@ -20,9 +23,20 @@ from prefixroute.commands._args import flags
 from prefixroute.commands._settings import add_setting_flags
 from prefixroute.core import ConfigError
 from prefixroute.epp import EndpointPicker, EppConfig, KubernetesPods, PodEndpoints, replica_of
-from prefixroute.gateway import ADMIN_TOKEN_ENV, build_config, load_toml
+from prefixroute.gateway import ADMIN_TOKEN_ENV, UPSTREAM_API_KEY_ENV, build_config, load_toml
 
 log = logging.getLogger("prefixroute.epp")
+# The gateway settings that are epp flags too (any other comes from the --config file).
+ROUTING_FLAGS = (
+    "block_chars",
+    "kv_block_size",
+    "health_interval_s",
+    "tokenizer",
+    "kv_events",
+    "speculative_ttl_s",
+    "sync_redis",
+    "sync_history",
+)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -49,7 +63,16 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--http-port", type=int, default=d.http_port, help=f"metrics/health port ({d.http_port})"
     )
-    add_setting_flags(p, ("block_chars", "health_interval_s", "sync_redis", "sync_history"))
+    add_setting_flags(p, ROUTING_FLAGS)
+    p.add_argument(
+        "--fallbacks",
+        type=int,
+        default=d.fallbacks,
+        metavar="N",
+        help="also name up to N fallback endpoints after the primary (ip:port,ip:port,...), for "
+        "a proxy that retries down the list (Envoy's override_host policy); 0, the default, "
+        "sends one endpoint, the only form an ORIGINAL_DST cluster reads",
+    )
     p.add_argument(
         "--buffered",
         action="store_true",
@@ -70,16 +93,19 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
     routing = build_config(
         file_settings,
         replicas=endpoints,
-        # The fleet page and admin listing's token, as serve reads it (never from argv).
-        admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None,
-        **flags(args, "policy", "block_chars", "health_interval_s", "sync_redis", "sync_history"),
+        # Secrets as serve reads them: from the environment (or the file), never from argv.
+        admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None,  # the fleet page, admin listing
+        upstream_api_key=os.environ.get(UPSTREAM_API_KEY_ENV) or None,  # the replicas' key
+        **flags(args, "policy", *ROUTING_FLAGS),
     )
     if args.k8s_selector and args.k8s_target_port is None:
         raise ConfigError("--k8s-selector needs --k8s-target-port (the pool's target port)")
     return EppConfig(
         routing=routing,
         full_duplex=not args.buffered,
-        **flags(args, "grpc_host", "grpc_port", "http_host", "http_port", "endpoints_file"),
+        **flags(
+            args, "grpc_host", "grpc_port", "http_host", "http_port", "endpoints_file", "fallbacks"
+        ),
     )
 
 

@@ -28,7 +28,7 @@ from prefixroute.core.policies import (
     policy_names,
 )
 from prefixroute.core.request_key import EMPTY_KEY, Endpoint, RouteKey, key_of
-from prefixroute.core.router import Router
+from prefixroute.core.router import Router, speed_priors_of
 from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.speed import ReplicaSpeed, SpeedConfig
 from prefixroute.core.token_count import CharsPerToken, TokenCountConfig, TokenCounts
@@ -82,4 +82,5 @@ __all__ = [
     "parse_policy_list",
     "policy_names",
     "spec_along_mro",
+    "speed_priors_of",
 ]

@@ -407,6 +407,16 @@ class Router:
         """Each model's characters per token as learned from usage (None: no model named)."""
         return self.tokens.models()
 
+    def observe_engine_prefill(
+        self, replica: ReplicaId, *, tokens: float, requests: int, seconds: float
+    ) -> None:
+        """``replica``'s engine reported (its scraped metrics, between two scrapes) that
+        ``requests`` requests spent ``seconds`` in all from being scheduled to their first
+        token, computing ``tokens`` uncached prompt tokens: its speed model learns from it
+        (:meth:`ReplicaSpeed.observe_engine_prefill`). A replica not registered is ignored."""
+        if replica in self._registered:
+            self.loads.get(replica).speed.observe_engine_prefill(tokens, requests, seconds)
+
 
 def speed_priors_of(policy: Policy) -> SpeedConfig:
     """Speed priors from the policy's config fields of the same names, where it has them."""

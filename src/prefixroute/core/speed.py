@@ -4,7 +4,7 @@ No deployment prefills at one fixed rate: hardware, model, parallelism and neigh
 decide it, and a fleet mixes them. So the configured rate and decode step are *priors*, and each
 replica's own values replace them as its requests come back. One model covers both::
 
-    seconds = tokens / prefill_rate + steps * decode_step
+    seconds = tokens / prefill_rate + steps * decode_step  (+ a fixed overhead, below)
 
 and every completed request gives two observations of it:
 
@@ -24,6 +24,27 @@ the two drift together: a rate too low explains too much of each decode step, le
 the decode step, which in turn lowers the rate (the simulator's hot-prefix workload settled at
 0.75x both). Fitted jointly, a decode phase that saw little prefill pins the decode step, and
 one that saw a lot pins the rate.
+
+**A fixed overhead per first token.** A first token measured at the gateway also carries what no
+token count explains: the HTTP exchange, tokenizing and templating the prompt, scheduling, the
+sampling and detokenizing of that token. On two real vLLM engines serving a tiny model on the
+CPU (``tests/vllm``) it was learned at 18-90 ms, where 100 uncached tokens take 8-14 ms at the
+learned 7,300-13,300 tokens/s. Without the term the fit can only stretch the rate (learned rates
+sat at the 500 tokens/s bound), and predicted the first tokens of prompts under 200 uncached
+tokens at 0.14x their measured time, of those over 1,000 at 2.1x (medians). So a time to first
+token is ``first_token_overhead_s + tokens / rate + steps * step``, the overhead another unknown
+of the same fit, per replica, with ``learn_overhead`` (prior 0, so a fresh router predicts as
+before). It is off by default: a simulated replica has no such cost, so there the term would
+only soak up noise (and move the recorded simulations).
+
+**Scraped engine metrics** (:meth:`ReplicaSpeed.observe_engine_prefill`). An engine that
+exports its own prefill times (vLLM's ``vllm:request_prefill_time_seconds`` beside
+``vllm:request_prefill_kv_computed_tokens``) says, per scrape interval, how many seconds its
+finished requests spent from being scheduled to their first token, and how many uncached
+tokens they computed. That is ``tokens / rate + requests * engine_overhead_s`` (the engine's own
+per-request fixed time, a part of the first-token overhead: it has no HTTP in it), free of the
+queue ahead and of traffic this router never saw. It is a third window in the same fit: the
+rate is shared, each overhead is its own unknown.
 
 **How queued work turns into waiting.** The queued tokens counted at dispatch include the part
 of the head request the replica has already prefilled. Counting it in full makes the wait look
@@ -46,18 +67,27 @@ still counts as one observation, which settles what the data leave open (every r
 replica the same size: rate and decode step trade off), and every estimate stays within
 ``prior / bound .. prior * bound``.
 
+**How good the predictions are.** Before a first token teaches the model, the model predicts it
+from the estimates of the moment (which have not seen it): ``predicted / measured`` goes into a
+window per replica, once the replica is past its priors (the first ``min_observations``
+observations: the warm-up), and its median error is reported (:meth:`ReplicaSpeed.snapshot`).
+The work it predicts from is the request's real uncached tokens when the replica reported them,
+so this is the speed model's error alone; the cached-token prediction is judged apart.
+
 The estimator is pure and clock-free, like the rest of the core: times come in as arguments.
-A refit is one pass over both windows and two sorts of 64 numbers; it runs at every observation
-while the windows fill and every ``REFIT_EVERY`` observations after that (13 us per request
-measured on one core of a small 2-core machine).
+A refit is one pass over the windows, a sort of each and a solve of two to four unknowns; it
+runs at every observation while the windows fill and every ``REFIT_EVERY`` observations after
+that.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from prefixroute.core._solve import solve_feasible
 from prefixroute.core.errors import ConfigError
 
 REFIT_EVERY = 8  # observations between refits once a window is full (a refit is O(window))
@@ -75,6 +105,8 @@ class SpeedConfig:
     bound: float = 20.0  # estimates stay within prior / bound .. prior * bound
     outlier_factor: float = 3.0  # TTFTs this many times off the typical misprediction: outliers
     learn: bool = True  # False: the estimates stay at the priors (fixed constants)
+    first_token_overhead_s: float = 0.0  # prior fixed time of every first token, seconds
+    learn_overhead: bool = False  # learn that overhead too (a gateway; a simulator has none)
 
     def __post_init__(self) -> None:
         if self.prefill_tokens_per_s <= 0 or self.decode_step_s < 0 or self.step_tokens < 1:
@@ -85,37 +117,55 @@ class SpeedConfig:
             raise ConfigError("speed model: window >= 2, min_observations >= 0, bound >= 1")
         if self.outlier_factor <= 1:
             raise ConfigError("speed model: outlier_factor must be above 1")
+        if self.first_token_overhead_s < 0:
+            raise ConfigError("speed priors: first_token_overhead_s must be >= 0")
+
+    @property
+    def overhead_scale_s(self) -> float:
+        """What an overhead is judged against: one full batch step at the priors, seconds. An
+        overhead's prior counts as one observation of that size, and it stays under ``bound``
+        times it."""
+        return self.step_tokens / self.prefill_tokens_per_s + self.decode_step_s
 
 
 @dataclass(slots=True)
 class _Obs:
-    """One observation of the model ``seconds = tokens / rate + steps * decode_step``."""
+    """One observation: ``seconds = x . (1/rate, decode step, engine overhead, overhead)``."""
 
-    tokens: float  # prefill tokens the time covered, tokens
-    steps: float  # batch steps that also carried decodes, steps
+    x: tuple[float, float, float, float]  # tokens, decode steps, engine requests, first tokens
     seconds: float  # the time measured, seconds
 
 
 @dataclass(slots=True)
 class ReplicaSpeed:
-    """One replica's learned prefill rate and decode step (see the module docstring)."""
+    """One replica's learned prefill rate, decode step and overheads (module docstring)."""
 
     config: SpeedConfig = field(default_factory=SpeedConfig)
     prefill_tokens_per_s: float = 0.0  # current estimate, tokens/s (the prior until learned)
     decode_step_s: float = 0.0  # current estimate, seconds
+    first_token_overhead_s: float = 0.0  # current estimate, seconds
+    engine_overhead_s: float = 0.0  # the engine's own fixed prefill time per request, seconds
     prefill_observations: int = 0  # TTFTs observed since registration
     decode_observations: int = 0  # decode phases observed since registration
+    engine_observations: int = 0  # scrape intervals with engine prefill times
+    ttft_predictions: int = 0  # TTFTs predicted past the warm-up (judged in ``_ratios``)
     outliers: int = 0  # observations the last refit left out
     _prefill: deque[_Obs] = field(default_factory=deque)
     _decode: deque[_Obs] = field(default_factory=deque)
+    _engine: deque[_Obs] = field(default_factory=deque)
+    _ratios: deque[float] = field(default_factory=deque)  # predicted / measured TTFTs
     _unfitted: int = 0  # observations since the last refit
 
     def __post_init__(self) -> None:
         cfg = self.config
         self.prefill_tokens_per_s = cfg.prefill_tokens_per_s
         self.decode_step_s = cfg.decode_step_s
+        self.first_token_overhead_s = cfg.first_token_overhead_s
+        self.engine_overhead_s = 0.0
         self._prefill = deque(maxlen=cfg.window)
         self._decode = deque(maxlen=cfg.window)
+        self._engine = deque(maxlen=cfg.window)
+        self._ratios = deque(maxlen=cfg.window)
 
     # --- predictions ----------------------------------------------------------------------
     def prefill_s(self, tokens: float) -> float:
@@ -126,6 +176,11 @@ class ReplicaSpeed:
         """Batch steps that carry decodes while ``tokens`` prefill, with half the step under
         way (0 when the replica is not decoding)."""
         return (-(-tokens // self.config.step_tokens) + 0.5) if decoding else 0.0
+
+    def ttft_s(self, tokens: float, steps: float) -> float:
+        """Predicted time to first token of a request whose first token waits for ``tokens`` of
+        prefill (the queue ahead and its own) over ``steps`` decode-carrying steps, seconds."""
+        return self.first_token_overhead_s + self.prefill_s(tokens) + steps * self.decode_step_s
 
     def progress(self, queued: float, elapsed_s: float, decoding: bool) -> float:
         """Tokens of ``queued`` already prefilled after ``elapsed_s`` seconds on it, tokens.
@@ -141,13 +196,27 @@ class ReplicaSpeed:
             work_s -= math.ceil(elapsed_s / step_s) * self.decode_step_s
         return min(queued, max(0.0, work_s) * rate)
 
+    @property
+    def warmed_up(self) -> bool:
+        """Past the priors: the estimates are learned (``min_observations`` observations)."""
+        seen = len(self._prefill) + len(self._decode) + len(self._engine)
+        return self.config.learn and seen >= max(1, self.config.min_observations)
+
+    def ttft_ratios(self) -> list[float]:
+        """``predicted / measured`` of the last ``window`` TTFTs predicted past the warm-up."""
+        return list(self._ratios)
+
     # --- observations ---------------------------------------------------------------------
     def observe_prefill(self, tokens: float, steps: float, ttft_s: float) -> None:
         """A request covering ``tokens`` of prefill work (queued left + its own uncached) got
-        its first token ``ttft_s`` after dispatch, sharing ``steps`` decode steps."""
+        its first token ``ttft_s`` after dispatch, sharing ``steps`` decode steps. Judged first:
+        what the model predicted for it, past the warm-up."""
         if not self.config.learn or tokens < 0 or not math.isfinite(ttft_s) or ttft_s < 0:
             return
-        self._prefill.append(_Obs(tokens, steps, ttft_s))
+        if self.warmed_up and ttft_s > 0:
+            self._ratios.append(self.ttft_s(tokens, steps) / ttft_s)
+            self.ttft_predictions += 1
+        self._prefill.append(_Obs((tokens, steps, 0.0, 1.0), ttft_s))
         self.prefill_observations += 1
         self._observed()
 
@@ -156,84 +225,133 @@ class ReplicaSpeed:
         prefilled ``prefilled_tokens`` for others in the same steps."""
         if not self.config.learn or steps < 1 or not math.isfinite(duration_s) or duration_s < 0:
             return
-        self._decode.append(_Obs(max(0.0, prefilled_tokens), steps, duration_s))
+        self._decode.append(_Obs((max(0.0, prefilled_tokens), steps, 0.0, 0.0), duration_s))
         self.decode_observations += 1
+        self._observed()
+
+    def observe_engine_prefill(self, tokens: float, requests: int, seconds: float) -> None:
+        """The engine reports that ``requests`` requests spent ``seconds`` in all from being
+        scheduled to their first token, computing ``tokens`` uncached prompt tokens (one scrape
+        interval of its prefill-time histogram)."""
+        if not self.config.learn or requests < 1 or tokens < 0:
+            return
+        if not math.isfinite(seconds) or not math.isfinite(tokens) or seconds <= 0:
+            return
+        self._engine.append(_Obs((tokens, 0.0, float(requests), 0.0), seconds))
+        self.engine_observations += 1
         self._observed()
 
     def _observed(self) -> None:
         cfg = self.config
         self._unfitted += 1
-        seen = len(self._prefill) + len(self._decode)
+        seen = len(self._prefill) + len(self._decode) + len(self._engine)
         if seen < max(1, cfg.min_observations):
             return
-        # Refit at every observation while the window fills, then every few: a refit costs
+        # Refit at every observation while the windows fill, then every few: a refit costs
         # O(window), and a few observations more or less do not move a window's estimate.
         if self._unfitted >= REFIT_EVERY or seen < cfg.window:
             self._unfitted = 0
             self._refit()
 
-    def _refit(self) -> None:
-        """Weighted least squares of ``seconds = tokens * b + steps * d`` over both windows,
-        each observation weighted by its prediction (relative errors), outliers left out, with
-        the priors as one observation each; then ``rate = 1 / b``."""
+    # --- the fit --------------------------------------------------------------------------
+    def _normal_equations(self) -> tuple[list[list[float]], list[float]]:
+        """``A`` and ``c`` of the weighted least squares in ``theta = (1/rate, decode step,
+        engine overhead, first-token overhead)``: the priors, one observation each, then every
+        window's observations within ``outlier_factor`` of its typical misprediction, each
+        divided by its prediction (relative errors)."""
         cfg = self.config
-        b, d = 1.0 / self.prefill_tokens_per_s, self.decode_step_s
-        b0, d0 = 1.0 / cfg.prefill_tokens_per_s, cfg.decode_step_s
-        factor = cfg.outlier_factor
-        # The priors, one observation each: "b is b0" and "d is d0".
-        a00, a01, a11 = 1.0 / (b0 * b0), 0.0, 0.0
-        c0, c1 = 1.0 / b0, 0.0
+        a = [[0.0] * 4 for _ in range(4)]
+        b0, d0, scale = 1.0 / cfg.prefill_tokens_per_s, cfg.decode_step_s, cfg.overhead_scale_s
+        c = [1.0 / b0, 0.0, 0.0, cfg.first_token_overhead_s / (scale * scale)]
+        a[0][0] = 1.0 / (b0 * b0)
         if d0 > 0:
-            a11 += 1.0 / (d0 * d0)
-            c1 += 1.0 / d0
-        dropped = 0
-        for window in (self._prefill, self._decode):
+            a[1][1] += 1.0 / (d0 * d0)
+            c[1] += 1.0 / d0
+        a[2][2] = a[3][3] = 1.0 / (scale * scale)  # each overhead: "as the prior", once
+        theta = self._theta()
+        factor, dropped = cfg.outlier_factor, 0
+        for window in (self._prefill, self._decode, self._engine):
             if not window:
                 continue
-            preds = [max(o.tokens * b + o.steps * d, 1e-9) for o in window]
+            preds = [max(sum(v * t for v, t in zip(o.x, theta, strict=True)), 1e-9)
+                     for o in window]  # fmt: skip
             ratios = [o.seconds / p for o, p in zip(window, preds, strict=True)]
             # The typical misprediction, among the newer half: a change of speed becomes the
             # norm once it is half of that, and is no longer taken for a run of outliers.
             recent = sorted(ratios[len(ratios) // 2 :])
             centre = recent[len(recent) // 2]
-            low, high = centre / factor, centre * factor
             for o, p, r in zip(window, preds, ratios, strict=True):
-                if not low <= r <= high:
+                if not centre / factor <= r <= centre * factor:
                     dropped += 1
                     continue
-                x, k = o.tokens / p, o.steps / p
-                a00 += x * x
-                a01 += x * k
-                a11 += k * k
-                c0 += x * r
-                c1 += k * r
+                x, k = o.x[0] / p, o.x[1] / p
+                a[0][0] += x * x
+                a[0][1] += x * k
+                a[1][1] += k * k
+                c[0] += x * r
+                c[1] += k * r
+                for i in (2, 3):  # the overheads' columns, where the observation has them
+                    if o.x[i]:
+                        row = (x, k, o.x[2] / p, o.x[3] / p)
+                        for j in range(4):
+                            a[i][j] += row[i] * row[j]
+                            if j < 2:
+                                a[j][i] += row[i] * row[j]
+                        c[i] += row[i] * r
+        a[1][0] = a[0][1]
         self.outliers = dropped
-        det = a00 * a11 - a01 * a01
-        if det > 0:
-            b_new = (c0 * a11 - c1 * a01) / det
-            d_new = (a00 * c1 - a01 * c0) / det
-        else:
-            b_new, d_new = b, d
-        if d_new < 0:  # no time left for decodes: fit the rate alone
-            d_new = 0.0
-            b_new = c0 / a00
-        if b_new <= 0:  # no time left for prefill: keep the rate, fit the step alone
-            b_new = b
-            d_new = max(0.0, (c1 - a01 * b) / a11) if a11 > 0 else d
-        rate = 1.0 / b_new
+        return a, c
+
+    def _theta(self) -> list[float]:
+        return [
+            1.0 / self.prefill_tokens_per_s,
+            self.decode_step_s,
+            self.engine_overhead_s,
+            self.first_token_overhead_s,
+        ]
+
+    def _refit(self) -> None:
+        """Weighted least squares of ``seconds = tokens * b + steps * d (+ the overheads)``
+        over the windows (module docstring); then ``rate = 1 / b``, every estimate within its
+        bounds. An overhead is fitted only when there is something to fit it on: engine
+        observations for the engine's, ``learn_overhead`` for the first tokens'."""
+        cfg = self.config
+        a, c = self._normal_equations()
+        free = [0, 1]
+        if self._engine:
+            free.append(2)
+        if cfg.learn_overhead and self._prefill:
+            free.append(3)
+        theta = solve_feasible(a, c, self._theta(), free)
+        rate = 1.0 / theta[0]
         self.prefill_tokens_per_s = min(max(rate, cfg.prefill_tokens_per_s / cfg.bound),
                                         cfg.prefill_tokens_per_s * cfg.bound)  # fmt: skip
+        d0, d_new = cfg.decode_step_s, theta[1]
         if d0 > 0:
             d_new = min(max(d_new, d0 / cfg.bound), d0 * cfg.bound)
         self.decode_step_s = d_new
+        most = cfg.bound * cfg.overhead_scale_s
+        self.engine_overhead_s = min(theta[2], most)
+        self.first_token_overhead_s = min(theta[3], most)
 
-    def snapshot(self) -> dict[str, float | int]:
-        """The estimates and their evidence, for reports and the admin API."""
+    def snapshot(self) -> dict[str, float | int | None]:
+        """The estimates and their evidence, for reports and the admin API.
+
+        ``ttft_error_p50`` is the median of ``|predicted / measured - 1|`` over the last
+        ``window`` TTFTs predicted past the warm-up, ``ttft_ratio_p50`` the median ratio
+        itself (above 1: predictions too long); both None before any."""
+        ratios = self._ratios
         return {
             "prefill_tokens_per_s": self.prefill_tokens_per_s,
             "decode_step_s": self.decode_step_s,
+            "first_token_overhead_s": self.first_token_overhead_s,
+            "engine_overhead_s": self.engine_overhead_s,
             "prefill_observations": self.prefill_observations,
             "decode_observations": self.decode_observations,
+            "engine_observations": self.engine_observations,
+            "ttft_predictions": self.ttft_predictions,
+            "ttft_error_p50": statistics.median(abs(r - 1) for r in ratios) if ratios else None,
+            "ttft_ratio_p50": statistics.median(ratios) if ratios else None,
             "prior_prefill_tokens_per_s": self.config.prefill_tokens_per_s,
             "prior_decode_step_s": self.config.decode_step_s,
         }

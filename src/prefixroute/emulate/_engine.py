@@ -90,6 +90,11 @@ class EngineLoop:
         self.prefix_hits = 0  # of those, tokens found cached, tokens
         self.prompt_tokens = 0  # prompt tokens of admitted requests, tokens
         self.generation_tokens = 0  # output tokens produced, tokens
+        # vLLM's per-request timings, summed over finished requests (its histograms' _sum and
+        # _count): scheduled -> first token, and the uncached prompt tokens computed.
+        self.finished_prefills = 0  # requests finished with a first token, requests
+        self.prefill_seconds = 0.0  # their time from admission to first token, wall seconds
+        self.prefill_computed_tokens = 0  # their prompt tokens less cached ones, tokens
         self._gens: dict[str, Generation] = {}
         self._ids = itertools.count()
         self._kernel: RealtimeKernel | None = None  # made by start(): model time 0 is then
@@ -215,6 +220,10 @@ class EngineLoop:
             if gen is not None:
                 gen.queue.put_nowait(req.generated)
         for req in result.finished:
+            if req.start_s is not None and req.first_token_s is not None:
+                self.finished_prefills += 1
+                self.prefill_seconds += (req.first_token_s - req.start_s) * self.time_scale
+                self.prefill_computed_tokens += req.prompt_tokens - req.cached_tokens
             gen = gens.pop(req.request_id, None)
             if gen is not None:
                 gen.done = True

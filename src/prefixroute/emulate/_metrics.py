@@ -4,7 +4,11 @@ The names are vLLM v1's, so a scraper (or our gateway) that reads a real replica
 too: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
 (a fraction, 0..1, despite the name), ``vllm:prefix_cache_queries_total`` and
 ``vllm:prefix_cache_hits_total`` (both in tokens), ``vllm:prompt_tokens_total`` and
-``vllm:generation_tokens_total``, each labelled ``model_name``.
+``vllm:generation_tokens_total``, and the histograms ``vllm:request_prefill_time_seconds``
+(admission to first token, wall seconds) and ``vllm:request_prefill_kv_computed_tokens``
+(prompt tokens less cached ones), both observed as a request finishes, as vLLM does; each
+labelled ``model_name``. The histograms carry their ``_sum`` and ``_count`` (what a scraper
+averages) and only the ``+Inf`` bucket: vLLM's bucket bounds are not reproduced.
 
 A collector reads the model when scraped instead of updating gauges on every step: the step loop
 stays free of metrics work, and the numbers can never drift from the engine's own.
@@ -14,7 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from prefixroute.emulate._engine import EngineLoop
@@ -55,6 +64,23 @@ class EngineCollector(Collector):
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", eng.prefix_hits)
         yield counter("vllm:prompt_tokens", "Prompt tokens admitted.", eng.prompt_tokens)
         yield counter("vllm:generation_tokens", "Output tokens generated.", eng.generation_tokens)
+        finished = eng.finished_prefills
+
+        def histogram(name: str, doc: str, total: float) -> HistogramMetricFamily:
+            h = HistogramMetricFamily(name, doc, labels=["model_name"])
+            h.add_metric(labels, [("+Inf", finished)], total)
+            return h
+
+        yield histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            eng.prefill_seconds,
+        )
+        yield histogram(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            eng.prefill_computed_tokens,
+        )
 
 
 def make_registry(engine: EngineLoop, model_name: str) -> CollectorRegistry:

@@ -4,7 +4,10 @@ Envoy (or a gateway built on it) asks the picker, for each request, which endpoi
 should serve it; the picker answers with the protocol of proposal 004 of the Gateway API
 Inference Extension, version :data:`PROTOCOL_VERSION` (``_protocol`` says what that is), and
 picks with the same core ``Router``, policies, request parsing and usage accounting as
-``prefixroute serve``. In-process::
+``prefixroute serve``, built by the gateway's own wiring: the same tenants (API keys, limits,
+isolation), tokenizer and precise mode (KV events) from the same settings. With
+``EppConfig.fallbacks`` it names fallback endpoints after the primary (the protocol's list).
+In-process::
 
     from prefixroute.epp import EndpointPicker, EppConfig
     from prefixroute.gateway import GatewayConfig
@@ -17,6 +20,7 @@ From the command line: ``prefixroute epp --endpoint 10.0.0.7:8000 ...`` (or ``--
 or ``--k8s-selector`` with the ``kubernetes`` extra).
 """
 
+from prefixroute.epp._candidates import endpoint_of, fallbacks, replica_of
 from prefixroute.epp._endpoints import EndpointSet, FileEndpoints, read_endpoints_file
 from prefixroute.epp._kube import KubernetesPods, PodEndpoints, PodInfo, pod_info
 from prefixroute.epp._protocol import (
@@ -27,7 +31,7 @@ from prefixroute.epp._protocol import (
     SUBSET_NAMESPACE,
 )
 from prefixroute.epp._server import EndpointPicker, EppConfig
-from prefixroute.epp._stream import PickShared, PickStream, endpoint_of, replica_of
+from prefixroute.epp._stream import PickShared, PickStream
 
 __all__ = [
     "DESTINATION_HEADER",
@@ -45,6 +49,7 @@ __all__ = [
     "PodEndpoints",
     "PodInfo",
     "endpoint_of",
+    "fallbacks",
     "pod_info",
     "read_endpoints_file",
     "replica_of",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from prefixroute._tasks import cancel_and_wait, every
 from prefixroute.core import ConfigError, ReplicaId
-from prefixroute.epp._stream import replica_of
+from prefixroute.epp._candidates import replica_of
 from prefixroute.gateway import ReplicaRecord, ReplicaRegistry
 
 log = logging.getLogger(__name__)

@@ -9,22 +9,29 @@ v1.0.0 of 2025-07-29) says what an endpoint picker (EPP) reads and writes:
   list is empty or none of it is eligible.
 * **Destination** (EPP to proxy): the pick goes in the request header
   ``x-gateway-destination-endpoint`` AND in the response's ``dynamic_metadata`` under the
-  namespace ``envoy.lb``, key ``x-gateway-destination-endpoint``, with the same value (one
-  ``ip:port``, or several separated by commas, the first being the primary). No ready endpoint:
-  503; a request to shed: 429.
-* **Served** (proxy to EPP): on the response, ``metadata_context`` under ``envoy.lb`` may say
+  namespace ``envoy.lb``, key ``x-gateway-destination-endpoint``, with the same value: one
+  ``ip:port``, or several as ``ip:port,ip:port,...`` (commas, no spaces), the primary first;
+  "if retry is configured, the proxy will go sequentially down the list until one valid
+  endpoint is found". No ready endpoint: 503; a request to shed: 429.
+* **Served** (proxy to EPP): on the response, ``metadata_context`` under ``envoy.lb`` says
   which endpoint served it (``x-gateway-destination-endpoint-served``), for proxies that went
-  down a list of endpoints.
+  down a list of endpoints. Envoy 1.40 does not set that entry itself; its ext_proc filter can
+  send the same fact as an attribute instead (``response_attributes: ["upstream.address"]``),
+  which we read when the metadata is absent.
 * **Health**: the gRPC health service answers for ``liveness``, ``readiness`` and
   ``envoy.service.ext_proc.v3.ExternalProcessor``.
 
-We send one endpoint, never a list: plain Envoy's ``ORIGINAL_DST`` cluster reads the header as
-one address. This module only builds and reads messages; it decides nothing.
+By default we send one endpoint: plain Envoy's ``ORIGINAL_DST`` cluster reads the header as one
+address, and a list there is no address at all (the request fails: no healthy upstream). A list
+(``--fallbacks N``) is for proxies that read it: Envoy's ``override_host`` load-balancing policy
+(``envoy.load_balancing_policies.override_host``) over a cluster that knows the pool's
+endpoints, with a route retry policy. This module only builds and reads messages; it decides
+nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 from envoy.config.core.v3 import base_pb2
@@ -39,6 +46,8 @@ DESTINATION_NAMESPACE = "envoy.lb"  # dynamic metadata namespace of the pick
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"  # filter metadata namespace of the subset
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 SERVED_KEY = "x-gateway-destination-endpoint-served"  # under DESTINATION_NAMESPACE
+EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"  # where Envoy puts the attributes it sends
+UPSTREAM_ADDRESS = "upstream.address"  # Envoy's attribute: the upstream host's ip:port
 # The gRPC health services the protocol names (the empty name is gRPC's "whole server").
 HEALTH_SERVICES = ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
 
@@ -77,25 +86,35 @@ def subset_of(request: pb.ProcessingRequest) -> list[str] | None:
 
 
 def served_of(request: pb.ProcessingRequest) -> str | None:
-    """The endpoint the proxy says served the response, when it says so."""
+    """The endpoint the proxy says served the response, when it says so: the protocol's
+    metadata entry, else Envoy's ``upstream.address`` attribute."""
     meta = request.metadata_context.filter_metadata
-    if DESTINATION_NAMESPACE not in meta:
-        return None
-    value = meta[DESTINATION_NAMESPACE].fields.get(SERVED_KEY)
-    if value is None or not value.HasField("string_value"):
-        return None
-    return str(value.string_value)
+    if DESTINATION_NAMESPACE in meta:
+        value = meta[DESTINATION_NAMESPACE].fields.get(SERVED_KEY)
+        if value is not None and value.HasField("string_value"):
+            return str(value.string_value)
+    if EXT_PROC_ATTRIBUTES in request.attributes:
+        value = request.attributes[EXT_PROC_ATTRIBUTES].fields.get(UPSTREAM_ADDRESS)
+        if value is not None and value.HasField("string_value"):
+            return str(value.string_value)
+    return None
 
 
-def _mutation(headers: Mapping[str, str]) -> pb.HeaderMutation:
+def destination(endpoints: Sequence[str]) -> str:
+    """The header's and the metadata's value: the primary first, then the fallbacks."""
+    return ",".join(endpoints)
+
+
+def _mutation(headers: Mapping[str, str], remove: Sequence[str] = ()) -> pb.HeaderMutation:
     return pb.HeaderMutation(
+        remove_headers=list(remove),
         set_headers=[
             base_pb2.HeaderValueOption(
                 header=base_pb2.HeaderValue(key=k, raw_value=v.encode("utf-8")),
                 append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
             )
             for k, v in headers.items()
-        ]
+        ],
     )
 
 
@@ -106,12 +125,13 @@ def destination_metadata(endpoint: str) -> struct_pb2.Struct:
 
 
 def request_headers_response(
-    headers: Mapping[str, str], endpoint: str | None = None
+    headers: Mapping[str, str], endpoint: str | None = None, remove: Sequence[str] = ()
 ) -> pb.ProcessingResponse:
-    """Continue the request, setting ``headers`` (and the pick's metadata, with ``endpoint``)."""
+    """Continue the request, setting ``headers`` and removing ``remove`` (and the pick's
+    metadata, with ``endpoint``: the :func:`destination` value)."""
     out = pb.ProcessingResponse(
         request_headers=pb.HeadersResponse(
-            response=pb.CommonResponse(header_mutation=_mutation(headers))
+            response=pb.CommonResponse(header_mutation=_mutation(headers, remove))
         )
     )
     if endpoint is not None:
@@ -124,12 +144,17 @@ def request_body_response(
     endpoint: str | None = None,
     streamed: bytes | None = None,
     end_of_stream: bool = False,
+    remove: Sequence[str] = (),
+    replaced: bytes | None = None,
 ) -> pb.ProcessingResponse:
-    """Continue the request body: buffered mode may set ``headers`` here (they are not sent
-    yet); full-duplex mode hands the body back as ``streamed``."""
+    """Continue the request body: buffered mode may set ``headers`` (and remove ``remove``)
+    here, as they are not sent yet, and replace the whole body with ``replaced``; full-duplex
+    mode hands the body back as ``streamed``."""
     common = pb.CommonResponse()
-    if headers:
-        common.header_mutation.CopyFrom(_mutation(headers))
+    if headers or remove:
+        common.header_mutation.CopyFrom(_mutation(headers or {}, remove))
+    if replaced is not None:
+        common.body_mutation.body = replaced
     if streamed is not None:
         common.body_mutation.streamed_response.CopyFrom(
             pb.StreamedBodyResponse(body=streamed, end_of_stream=end_of_stream)

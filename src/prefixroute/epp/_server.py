@@ -9,9 +9,15 @@ Prometheus registry: decisions, requests by replica/status/reason, predicted aga
 cached tokens, the live index and load), ``GET /health`` (200 while some endpoint is healthy,
 else 503) and ``GET /admin/replicas`` (the registry's listing, read-only).
 
-With ``sync_redis`` (the gateway's setting, its TOML keys and ``--sync-redis``) the picker joins
-the gateways' Redis sync (``gateway.RouteSync``, same channel, same messages): it publishes its
+The router, registry, metrics, Redis sync, tokenizer threads and precise mode's KV-event
+subscribers are the gateway's own, built by the gateway's wiring (``gateway.gateway_state``)
+from the same ``GatewayConfig``, and so are the tenants (``gateway.Tenants``, the ``[tenancy]``
+table): what ``serve`` does with a setting, the picker does with it too. With ``sync_redis``
+the picker joins the gateways' Redis sync (same channel, same messages): it publishes its
 decisions, first tokens and ends, and applies the other pickers' and gateways', on this loop.
+With ``tokenizer`` it keys requests on the engines' token ids; with ``kv_events`` (precise
+mode, which needs the tokenizer) the prefix index follows the replicas' KV events, one stream
+per configured endpoint, fixed at start as in ``serve``: endpoints discovered later get none.
 
 Fail-closed by default: the Envoy configurations we ship set ``failure_mode_allow: false``, so
 with the picker down Envoy answers 500 rather than sending requests nowhere in particular.
@@ -33,17 +39,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from prefixroute.core import BlockHasher, Router, make_policy
+from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.epp import _protocol as proto
 from prefixroute.epp._endpoints import EndpointSet, FileEndpoints
 from prefixroute.epp._stream import PickShared, PickStream
+from prefixroute.events import EventSubscriber
 from prefixroute.gateway import (
     GatewayConfig,
-    GatewayMetrics,
     HealthChecker,
-    ReplicaRegistry,
-    RouteSync,
+    HFTokenizer,
+    PromptTokenizer,
+    Tenants,
     admin_refusal,
+    gateway_state,
     mount_fleet_page,
 )
 
@@ -62,6 +70,13 @@ class EppConfig:
     http_port: int | None = 9090  # None: no HTTP listener; 0: any free port
     endpoints_file: str | None = None  # one ip:port per line, re-read when it changes
     full_duplex: bool = True  # body mode assumed when Envoy does not send its protocol_config
+    # Endpoints named after the primary (the protocol's fallback list), for a proxy that goes
+    # down the list on failure; 0: one endpoint, all plain Envoy's ORIGINAL_DST cluster reads.
+    fallbacks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.fallbacks < 0:
+            raise ConfigError(f"fallbacks must be 0 or more, got {self.fallbacks}")
 
 
 class _Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -74,7 +89,7 @@ class _Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         stream = PickStream(self.shared)
         try:
             async for req in requests:
-                for resp in stream.handle(req):
+                for resp in await stream.handle(req):
                     yield resp
         finally:
             stream.close()
@@ -83,26 +98,25 @@ class _Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 class EndpointPicker:
     """``async with EndpointPicker(config) as epp:`` serves until the block ends."""
 
-    def __init__(self, config: EppConfig) -> None:
+    def __init__(self, config: EppConfig, tokenizer: PromptTokenizer | None = None) -> None:
+        """``tokenizer`` overrides ``config.routing.tokenizer`` (tests pass one that matches
+        their replicas), as ``gateway.build_app`` takes it."""
         self.config = config
         rc = config.routing
-        self.router = Router(
-            make_policy(rc.policy, **rc.policy_params),
-            BlockHasher(rc.block_chars),
-            index_capacity_blocks=rc.index_capacity_blocks,
-            kv_block_size=rc.kv_block_size,
-            seed=rc.seed,
-        )
-        self.registry = ReplicaRegistry(self.router, rc)
-        self.metrics = GatewayMetrics(self.router, self.registry)
-        self.sync: RouteSync | None = None  # sync_redis: one view with the other pickers
-        if rc.sync_redis is not None:
-            self.sync = RouteSync(
-                rc.sync_redis, rc.sync_channel, self.router, self.metrics.registry,
-                history=rc.sync_history,
-            )  # fmt: skip
+        if tokenizer is None and rc.tokenizer is not None:
+            tokenizer = HFTokenizer(rc.tokenizer)
+        if rc.precise and tokenizer is None:
+            raise ConfigError(
+                "precise mode (--kv-events) needs --tokenizer: events carry token ids"
+            )
+        self.state = gateway_state(rc, tokenizer)  # router, registry, metrics, sync, precise
+        self.router = self.state.router
+        self.registry = self.state.registry
+        self.metrics = self.state.metrics
+        self.sync = self.state.sync  # sync_redis: one view with the other pickers
+        self.tenants = Tenants(rc.tenancy, rc.upstream_api_key, self.metrics.registry)
         self.shared = PickShared(
-            self.router, self.registry, self.metrics, config.full_duplex, sync=self.sync
+            self.state, self.tenants, config.full_duplex, fallbacks=config.fallbacks
         )
         self.endpoints = EndpointSet(self.registry, self._probe_new)
         self.grpc_port = 0  # bound ports, known after start
@@ -129,6 +143,8 @@ class EndpointPicker:
         self._checker = HealthChecker(self.registry, self._session, cfg.routing)
         await self._checker.check_all(first=True)
         self._checker.start()
+        if self.state.precise is not None:
+            await self.state.precise.start()
         if self.sync is not None:
             await self.sync.start()  # never fails: an unreachable Redis is retried in background
         server = self._grpc = grpc.aio.server()
@@ -163,12 +179,29 @@ class EndpointPicker:
             await self._checker.stop()
         if self.sync is not None:
             await self.sync.stop()
+        await self._stop_state()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def _stop_state(self) -> None:
+        """What the gateway's app stops with it: event streams, tokenizer threads, tracing."""
+        state = self.state
+        if state.precise is not None:
+            await state.precise.stop()
+        if state.tokenizer is not None:
+            state.tokenizer.shutdown()
+        if state.tracing is not None:
+            state.tracing.shutdown()
+
+    @property
+    def event_streams(self) -> dict[ReplicaId, EventSubscriber]:
+        """Precise mode's KV-event subscriber per replica (empty in the other modes)."""
+        precise = self.state.precise
+        return dict(precise.subscribers) if precise is not None else {}
 
     async def __aenter__(self) -> EndpointPicker:
         try:

@@ -15,47 +15,52 @@ its end. Two body modes are served, told apart by the ``protocol_config`` Envoy 
 * ``BUFFERED``: Envoy sends the whole body in one message after our (empty) headers answer; the
   destination goes in the body answer, whose header mutation still applies (nothing was sent).
 
-Picking is the gateway's: the body is read under the gateway's strict JSON rules
-(``parse_body``/``key_of``) into the core's ``RouteKey``, whose ``view`` is what the router
-routes on, and the decision is ``Router.route`` among the registry's candidates (healthy,
-serving the model, under their in-flight cap), narrowed to the proxy's subset hint when there is
-one. Errors become an ``ImmediateResponse`` with the status and JSON body of the gateway's one
-error table (400 for a body we cannot route, 503 when nothing is eligible).
+Picking is the gateway's: the tenant is admitted on the request headers and the body keyed as
+the gateway keys it (``_admit``: tenant, key space, adapter, tokens), the key's ``view`` is what
+the router routes on, and the decision is ``Router.route`` among the registry's candidates
+(healthy, serving the model, under their in-flight cap), narrowed to the proxy's subset hint
+when there is one. With ``fallbacks`` (N > 0) the answer also names up to N more endpoints, the
+primary first: each the policy's own choice among the candidates not yet named
+(``Router.explain``, which records nothing), so the proxy can go down the list when one fails.
+Errors become an ``ImmediateResponse`` with the status, headers and JSON body the gateway
+answers with (``gateway.error_response``: 400 for a body we cannot route, 401 for a bad key,
+429 over a tenant's limit, 503 when nothing is eligible).
 
 Response side, the same accounting as the gateway's relay (``gateway._proxy``): the first SSE
 data event is the request's first token (``Router.first_token``); at the end, the ``usage`` of the
 last usage-bearing event (or of the whole JSON body) goes to ``Router.observe_usage`` and
 ``Router.complete`` with the completion tokens. ``close`` (the stream ended, however) completes a
-request that did not end cleanly, once. Response chunks go back at once: full duplex hands them
+request that did not end cleanly, once, and frees the tenant's slot. When the proxy says a
+fallback served the answer (``x-gateway-destination-endpoint-served``), the primary failed it:
+that counts as the primary's failure, and the answer's status as the served endpoint's.
+Response chunks go back at once: full duplex hands them
 back as streamed chunks, other modes just continue, so streaming is not held up.
 
-With ``sync_redis``, the decision, the first token and the end are also handed to the Redis sync
-(``gateway.RouteSync``) at the same three points as in the gateway's proxy, so several pickers,
-and gateways, on one channel share one index and one load view.
+With ``sync_redis``, the decision, the first token and the end are also handed to the Redis
+sync (``prefixroute.sync.RouteSync``) at the same three points as in the gateway's proxy, so
+several pickers, and gateways, on one channel share one index and one load view.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from prefixroute.core import (
-    EMPTY_KEY,
     ConfigError,
     Decision,
     Endpoint,
-    NoReplicaAvailable,
     PrefixrouteError,
     ReplicaId,
-    RouteKey,
+    RequestView,
     Router,
 )
 from prefixroute.epp import _protocol as proto
+from prefixroute.epp._admit import Admission, admit, request_key
+from prefixroute.epp._candidates import endpoint_of, fallbacks, narrow, replica_of
 from prefixroute.gateway import (
     PREDICTED_HEADER,
     REASON_HEADER,
@@ -63,17 +68,17 @@ from prefixroute.gateway import (
     DecisionEntry,
     FleetView,
     GatewayMetrics,
+    GatewayState,
     ReplicaRegistry,
-    RouteSync,
     SSEScanner,
+    Tenants,
+    TenantScope,
     Usage,
-    error_body,
-    key_of,
-    normalize_url,
-    parse_body,
+    error_response,
     spec_for,
     usage_in_body,
 )
+from prefixroute.sync import RouteSync
 
 log = logging.getLogger(__name__)
 
@@ -82,37 +87,36 @@ _GATEWAY_STATUSES = frozenset({502, 503, 504})  # Envoy's own answers when the r
 _PATHS = {"/v1/completions": Endpoint.COMPLETIONS, "/v1/chat/completions": Endpoint.CHAT}
 
 
-def endpoint_of(rid: ReplicaId) -> str:
-    """``http://10.0.0.7:8000`` -> ``10.0.0.7:8000``, the protocol's form."""
-    return urlsplit(rid).netloc
-
-
-def replica_of(endpoint: str) -> ReplicaId:
-    """``10.0.0.7:8000`` (or a URL with a port) -> the registry's id; raises ConfigError."""
-    rid = normalize_url(endpoint if "://" in endpoint else "http://" + endpoint)
-    try:
-        port = urlsplit(rid).port
-    except ValueError:
-        port = None
-    if port is None or any(c.isspace() for c in rid):
-        raise ConfigError(f"an endpoint must be IP:PORT (or a URL with a port), got {endpoint!r}")
-    return rid
-
-
 @dataclass(slots=True)
 class PickShared:
-    """What every stream of one picker shares."""
+    """What every stream of one picker shares: the gateway's state (router, registry,
+    metrics, sync, tokenizer), its tenants, and the picker's own settings."""
 
-    router: Router
-    registry: ReplicaRegistry
-    metrics: GatewayMetrics
+    state: GatewayState
+    tenants: Tenants
     default_full_duplex: bool = True  # body mode when Envoy does not say (older Envoys)
+    fallbacks: int = 0  # endpoints named after the primary, for the proxy to retry on
     clock: Callable[[], float] = time.monotonic  # seconds
     ids: itertools.count[int] = field(default_factory=itertools.count)
-    # sync_redis: each decision, first token and end is also told to the other pickers and
-    # gateways, as the gateway's proxy tells them (its methods return at once, never raise)
-    sync: RouteSync | None = None
     fleet: FleetView | None = None  # the fleet page's recent decisions, when it is mounted
+
+    @property
+    def router(self) -> Router:
+        return self.state.router
+
+    @property
+    def registry(self) -> ReplicaRegistry:
+        return self.state.registry
+
+    @property
+    def metrics(self) -> GatewayMetrics:
+        return self.state.metrics
+
+    @property
+    def sync(self) -> RouteSync | None:
+        """sync_redis: each decision, first token and end is also told to the other pickers
+        and gateways, as the gateway's proxy tells them (its methods return at once)."""
+        return self.state.sync
 
 
 class PickStream:
@@ -123,8 +127,12 @@ class PickStream:
         self.full_duplex_response = shared.default_full_duplex
         self.headers: dict[str, str] = {}
         self.subset: list[str] | None = None
+        self.admission: Admission | None = None  # the tenant, once admitted
+        self.refused = False  # answered with an error: the rest of the request is ignored
         self._body: list[bytes] = []
         self.decision: Decision | None = None
+        self.destinations: list[str] = []  # what the proxy was told: primary, then fallbacks
+        self.served: ReplicaId | None = None  # the replica the proxy says answered
         self.status = 0  # the response's status (0 until its headers)
         self._scanner: SSEScanner | None = None
         self._plain: list[bytes] = []
@@ -133,18 +141,20 @@ class PickStream:
         self._done = False  # accounting ended (complete was called), or nothing to account
 
     # --- the messages -----------------------------------------------------------------------
-    def handle(self, req: proto.Request) -> list[proto.Response]:
+    async def handle(self, req: proto.Request) -> list[proto.Response]:
         kind = req.WhichOneof("request")
         if req.HasField("protocol_config"):
             cfg = req.protocol_config
             self.full_duplex_request = cfg.request_body_mode == proto.FULL_DUPLEX_STREAMED
             self.full_duplex_response = cfg.response_body_mode == proto.FULL_DUPLEX_STREAMED
+        if self.refused and kind in ("request_body", "request_trailers"):
+            return []  # Envoy answered the client already; what still comes is not routed
         if kind == "request_headers":
-            return self._request_headers(req)
+            return await self._request_headers(req)
         if kind == "request_body":
-            return self._request_body(req.request_body)
+            return await self._request_body(req.request_body)
         if kind == "request_trailers":
-            out = self._pick(end_of_body=False) if self.decision is None else []
+            out = await self._pick(end_of_body=False) if self.decision is None else []
             return out + [proto.request_trailers_response()]
         if kind == "response_headers":
             return self._response_headers(req)
@@ -156,76 +166,102 @@ class PickStream:
         return []
 
     def close(self) -> None:
-        """The gRPC stream ended: a request still counted in flight ends here (once)."""
+        """The gRPC stream ended: a request still counted in flight ends here (once), and
+        its tenant's slot is freed."""
         self._release(None)
+        if self.admission is not None:
+            self.admission.release()
 
-    def _request_headers(self, req: proto.Request) -> list[proto.Response]:
+    async def _request_headers(self, req: proto.Request) -> list[proto.Response]:
         self.headers = proto.headers_of(req.request_headers)
         self.subset = proto.subset_of(req)
+        try:
+            self.admission = admit(self.s.tenants, self.headers, self.s.clock())
+        except PrefixrouteError as exc:
+            return [self._error(exc)]
         if req.request_headers.end_of_stream:  # no body: route on load alone
-            return self._pick_headers_only()
+            return await self._pick(end_of_body=True, headers_only=True)
         if self.full_duplex_request:
             return []  # answered with the body's end
         return [proto.request_headers_response({})]
 
-    def _request_body(self, body: proto.Body) -> list[proto.Response]:
+    async def _request_body(self, body: proto.Body) -> list[proto.Response]:
         self._body.append(body.body)
         if not body.end_of_stream:
             return []
-        return self._pick(end_of_body=True)
+        return await self._pick(end_of_body=True)
 
     # --- picking --------------------------------------------------------------------------
-    def _pick_headers_only(self) -> list[proto.Response]:
-        try:
-            decision = self._route(EMPTY_KEY)
-        except PrefixrouteError as exc:
-            return [self._error(exc)]
-        endpoint = endpoint_of(decision.replica)
-        return [proto.request_headers_response({proto.DESTINATION_HEADER: endpoint}, endpoint)]
-
-    def _pick(self, end_of_body: bool) -> list[proto.Response]:
+    async def _pick(self, end_of_body: bool, headers_only: bool = False) -> list[proto.Response]:
         body = b"".join(self._body)
         self._body = []
         try:
-            decision = self._route(self._key(body))
+            key, replaced = await request_key(self.s.state, self._endpoint(), body, self._scope)
+            view = key.view(self.s.router, self.rid)
+            if self.admission is not None:  # the tenant's prompt-token budget
+                self.admission.scope.charge_prompt(view.prompt_tokens)
+            self.destinations = self._route(view)
         except PrefixrouteError as exc:
             return [self._error(exc)]
-        endpoint = endpoint_of(decision.replica)
-        dest = {proto.DESTINATION_HEADER: endpoint}
-        if self.full_duplex_request:
-            return [
-                proto.request_headers_response(dest, endpoint),
-                proto.request_body_response(streamed=body, end_of_stream=end_of_body),
-            ]
-        return [proto.request_body_response(dest, endpoint)]
+        return self._answer(body, replaced, end_of_body, headers_only)
 
-    def _key(self, body: bytes) -> RouteKey:
+    @property
+    def _scope(self) -> TenantScope | None:
+        return self.admission.scope if self.admission is not None else None
+
+    def _endpoint(self) -> Endpoint:
         path = self.headers.get(":path", "").split("?", 1)[0]
-        endpoint = _PATHS.get(path, Endpoint.OTHER)
-        if not body:
-            return EMPTY_KEY
-        return key_of(endpoint, parse_body(body))  # BadRequest / InvalidJSON: a 400
+        return _PATHS.get(path, Endpoint.OTHER)
 
-    def _route(self, key: RouteKey) -> Decision:
+    def _answer(
+        self, body: bytes, replaced: bytes | None, end_of_body: bool, headers_only: bool
+    ) -> list[proto.Response]:
+        """The pick as Envoy takes it, in the body mode of this request."""
+        value = proto.destination(self.destinations)
+        headers = {proto.DESTINATION_HEADER: value}
+        remove: list[str] = []
+        if self.admission is not None:
+            headers.update(self.admission.set_headers)
+            remove = self.admission.remove_headers
+        if replaced is not None:  # the body changed length: say so, as the protocol's EPP does
+            headers["content-length"] = str(len(replaced))
+        if headers_only:
+            return [proto.request_headers_response(headers, value, remove)]
+        if self.full_duplex_request:
+            sent = body if replaced is None else replaced
+            return [
+                proto.request_headers_response(headers, value, remove),
+                proto.request_body_response(streamed=sent, end_of_stream=end_of_body),
+            ]
+        return [proto.request_body_response(headers, value, remove=remove, replaced=replaced)]
+
+    def _route(self, view: RequestView) -> list[str]:
+        """Route ``view``: the primary's endpoint, then the fallbacks'."""
         s = self.s
         started = time.perf_counter()
-        view = key.view(s.router, self.rid)
-        candidates = _narrow(s.registry.candidates(key.model), self.subset)
-        decision = s.router.route(view, s.clock(), candidates)
+        candidates = narrow(s.registry.candidates(view.model), self.subset)
+        now = s.clock()
+        decision = s.router.route(view, now, candidates)
+        chosen = [decision.replica]
+        chosen += fallbacks(s.router, view, now, candidates, decision.replica, s.fallbacks)
         s.metrics.decision_seconds.observe(time.perf_counter() - started)
         self.decision = decision
         if s.sync is not None:
             s.sync.routed(view, decision)
-        return decision
+        return [endpoint_of(rid) for rid in chosen]
 
     def _error(self, exc: PrefixrouteError) -> proto.Response:
-        spec = spec_for(exc)
+        """The gateway's answer to ``exc`` (status, Retry-After, JSON body), from the picker."""
+        self.refused = True
         self._done = True  # nothing was routed: nothing to account
-        self.s.metrics.count_request("none", spec.status, "none")
-        body = json.dumps(error_body(str(exc), spec.type, spec.code), separators=(",", ":"))
-        # Every row of the gateway's table names a code; the type stands in for one that did not.
-        details = spec.code or spec.type
-        return proto.immediate_response(spec.status, body.encode(), details=details)
+        answer = error_response(exc, self.s.state.config.retry_after_s)
+        self.s.metrics.count_request("none", answer.status, "none")
+        headers = {k.lower(): v for k, v in answer.headers.items() if k.lower() != "content-length"}
+        body = answer.body if isinstance(answer.body, bytes) else b""
+        spec = spec_for(exc)  # every row names a code; the type stands in for one that did not
+        return proto.immediate_response(
+            answer.status, body, headers, details=spec.code or spec.type
+        )
 
     # --- the answer -----------------------------------------------------------------------
     def _response_headers(self, req: proto.Request) -> list[proto.Response]:
@@ -237,13 +273,11 @@ class PickStream:
         decision = self.decision
         if decision is None:  # an answer to a request we did not route (our own error)
             return [proto.response_headers_response({})]
-        served = proto.served_of(req)
-        if served is not None and served != endpoint_of(decision.replica):
-            log.info("%s: picked %s, served by %s", self.rid, decision.replica, served)
+        self._note_served(proto.served_of(req), decision)
         if headers.get("content-type", "").startswith("text/event-stream"):
             self._scanner = SSEScanner()
         extra = {
-            REPLICA_HEADER: self.s.registry.public_name(decision.replica),
+            REPLICA_HEADER: self.s.registry.public_name(self.served or decision.replica),
             REASON_HEADER: decision.reason.value,
             PREDICTED_HEADER: str(decision.predicted_cached_tokens),
         }
@@ -251,6 +285,23 @@ class PickStream:
         if req.response_headers.end_of_stream:
             self._finish()
         return out
+
+    def _note_served(self, served: str | None, decision: Decision) -> None:
+        """The proxy went down the list past the primary: the primary failed this request
+        (its failure counts, as the gateway counts a failed attempt), and what follows is the
+        served replica's answer."""
+        if served is None or served == endpoint_of(decision.replica):
+            return
+        try:
+            rid = replica_of(served)
+        except ConfigError:
+            return
+        log.info("%s: picked %s, served by %s", self.rid, decision.replica, served)
+        registry, router = self.s.registry, self.s.router
+        if served in self.destinations[1:] and router.has_replica(rid):
+            self.served = rid
+            if router.has_replica(decision.replica):
+                registry.record_failure(decision.replica, self.s.clock(), f"fell back to {served}")
 
     def _response_body(self, body: proto.Body) -> list[proto.Response]:
         chunk = body.body
@@ -283,7 +334,7 @@ class PickStream:
             usage = self._scanner.usage
         else:
             usage = usage_in_body(b"".join(self._plain)) if self._plain else None
-        replica, s = decision.replica, self.s
+        replica, s = self.served or decision.replica, self.s
         status = self.status
         s.metrics.count_request(s.registry.public_name(replica), status, decision.reason.value)
         if s.fleet is not None:
@@ -316,22 +367,3 @@ class PickStream:
         router.complete(self.rid, self.s.clock(), output)
         if self.s.sync is not None:
             self.s.sync.completed(self.rid)
-
-
-def _narrow(candidates: Sequence[ReplicaId], subset: Sequence[str] | None) -> list[ReplicaId]:
-    """``candidates`` within the proxy's subset hint (all of them without one); raises
-    NoReplicaAvailable when the hint leaves none, as the protocol wants (503)."""
-    if subset is None:
-        return list(candidates)
-    allowed = set()
-    for endpoint in subset:
-        try:
-            allowed.add(replica_of(endpoint))
-        except PrefixrouteError:
-            continue  # a malformed entry is just not eligible
-    narrowed = [rid for rid in candidates if rid in allowed]
-    if not narrowed:
-        raise NoReplicaAvailable(
-            f"none of the {len(subset)} endpoints of the proxy's subset hint is eligible"
-        )
-    return narrowed

@@ -10,7 +10,7 @@ In-process (tests, ``prefixroute bench``)::
 From the command line: ``prefixroute serve --replica URL [--replica URL ...] [--policy NAME]``.
 """
 
-from prefixroute.gateway._app import build_app
+from prefixroute.gateway._app import build_app, gateway_state
 from prefixroute.gateway._auth import generate_api_key, hash_api_key
 from prefixroute.gateway._config import (
     ADMIN_TOKEN_ENV,
@@ -22,7 +22,7 @@ from prefixroute.gateway._config import (
 )
 from prefixroute.gateway._config_file import CONFIG_HELP, build_config, load_toml
 from prefixroute.gateway._dashboard import admin_refusal, mount_fleet_page
-from prefixroute.gateway._errors import error_body, spec_for
+from prefixroute.gateway._errors import error_body, error_response, spec_for
 from prefixroute.gateway._fleetview import DecisionEntry, FleetView
 from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._metrics import GatewayMetrics
@@ -33,11 +33,12 @@ from prefixroute.gateway._registry import (
     ReplicaStatus,
     normalize_url,
 )
-from prefixroute.gateway._requests import key_of, parse_body
+from prefixroute.gateway._requests import encode_body, key_of, parse_body
 from prefixroute.gateway._server import Gateway
 from prefixroute.gateway._sse import SSEScanner
-from prefixroute.gateway._sync import RouteSync
+from prefixroute.gateway._state import GatewayState
 from prefixroute.gateway._tenant_config import TenancyConfig, TenantLimits, TenantSpec
+from prefixroute.gateway._tenants import Tenants, TenantScope, upstream_headers
 from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
 from prefixroute.gateway._usage import Usage, usage_in_body
 
@@ -58,25 +59,30 @@ __all__ = [
     "Gateway",
     "GatewayConfig",
     "GatewayMetrics",
+    "GatewayState",
     "HFTokenizer",
     "HealthChecker",
     "PromptTokenizer",
     "ReplicaRecord",
     "ReplicaRegistry",
     "ReplicaStatus",
-    "RouteSync",
     "Setting",
     "SSEScanner",
     "TenancyConfig",
     "TenantLimits",
+    "TenantScope",
     "TenantSpec",
+    "Tenants",
     "TokenizerPool",
     "Usage",
     "admin_refusal",
     "build_app",
     "build_config",
     "config_fields",
+    "encode_body",
     "error_body",
+    "error_response",
+    "gateway_state",
     "generate_api_key",
     "hash_api_key",
     "key_of",
@@ -85,5 +91,6 @@ __all__ = [
     "normalize_url",
     "parse_body",
     "spec_for",
+    "upstream_headers",
     "usage_in_body",
 ]

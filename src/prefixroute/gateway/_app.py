@@ -29,6 +29,7 @@ session closed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator
@@ -37,7 +38,14 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from prefixroute.core import BlockHasher, ConfigError, ReplicaId, Router, make_policy
+from prefixroute.core import (
+    BlockHasher,
+    ConfigError,
+    ReplicaId,
+    Router,
+    make_policy,
+    speed_priors_of,
+)
 from prefixroute.events import EventEndpoint
 from prefixroute.gateway import _admin, _dashboard
 from prefixroute.gateway._admission import (
@@ -69,7 +77,6 @@ from prefixroute.gateway._requests import (
     parse_body,
 )
 from prefixroute.gateway._state import STATE, GatewayState
-from prefixroute.gateway._sync import RouteSync
 from prefixroute.gateway._tenants import (
     TENANT_SCOPE,
     TENANTS,
@@ -79,6 +86,7 @@ from prefixroute.gateway._tenants import (
 )
 from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
 from prefixroute.gateway._tracing import RequestTracing
+from prefixroute.sync import RouteSync
 
 # Tokenizer threads: all cores but one, which stays with the event loop (on 2 cores one thread
 # kept the loop's longest stall at ~5 ms beside 8k-token prompts; two threads: ~15 ms).
@@ -94,7 +102,7 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
         tokenizer = HFTokenizer(config.tokenizer)
     if config.precise and tokenizer is None:
         raise ConfigError("precise mode (--kv-events) needs --tokenizer: events carry token ids")
-    state = _gateway_state(config, tokenizer)
+    state = gateway_state(config, tokenizer)
     tenants = Tenants(config.tenancy, config.upstream_api_key, state.metrics.registry)
     fleet = FleetView()  # the dashboard's recent decisions and chart samples
     app = web.Application(
@@ -117,10 +125,12 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
     return app
 
 
-def _gateway_state(config: GatewayConfig, tokenizer: PromptTokenizer | None) -> GatewayState:
-    """The router and everything around it that lives as long as the app."""
+def gateway_state(config: GatewayConfig, tokenizer: PromptTokenizer | None) -> GatewayState:
+    """The router and everything around it that lives as long as the app: the gateway's, and
+    the endpoint picker's (which runs on the same wiring)."""
+    policy = make_policy(config.policy, **config.policy_params)
     router = Router(
-        make_policy(config.policy, **config.policy_params),
+        policy,
         BlockHasher(config.kv_block_size if tokenizer is not None else config.block_chars),
         # The engines report their evictions in precise mode: no capacity of our own.
         index_capacity_blocks=None if config.precise else config.index_capacity_blocks,
@@ -128,6 +138,11 @@ def _gateway_state(config: GatewayConfig, tokenizer: PromptTokenizer | None) -> 
         seed=config.seed,
         insert_on_route=not config.precise,
         speculative_ttl_s=config.speculative_ttl_s if config.precise else None,
+        # A real first token carries fixed costs a simulated one does not (HTTP, templating,
+        # scheduling): each replica's is learned beside its prefill rate (core/speed.py).
+        speed=dataclasses.replace(
+            speed_priors_of(policy), learn_overhead=config.learn_ttft_overhead
+        ),
     )
     registry = ReplicaRegistry(router, config)
     for url in config.replicas:

@@ -142,6 +142,9 @@ class GatewayConfig:
     scrape_metrics: bool = setting(
         True, "read the replicas' own load from their /metrics each probe round"
     )
+    learn_ttft_overhead: bool = setting(
+        True, "learn each replica's fixed first-token cost (HTTP, templating) beside its speed"
+    )
     failure_threshold: int = setting(3, "consecutive failures that take a replica out")
     eject_s: float = setting(5.0, "shortest time out after failures, seconds")
     shutdown_timeout_s: float = setting(

@@ -4,7 +4,9 @@ A probe is one GET with a short total timeout; any answer but 200 is a failure. 
 models are not known yet, or that is coming back, also gets ``GET /v1/models``, so requests that
 name a model reach only replicas that serve it. Results go to the registry, which decides.
 A healthy replica's ``/metrics`` is scraped in the same round for the engine's own load
-(``_scrape``); a replica without one (404) is not asked again.
+(``_scrape``); a replica without one (404) is not asked again. Where the engine exports its
+prefill times, each round's increase teaches the router that replica's prefill rate
+(``Router.observe_engine_prefill``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import aiohttp
 from prefixroute._tasks import cancel_and_wait, every
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._registry import ReplicaRecord, ReplicaRegistry
-from prefixroute.gateway._scrape import parse_engine_load
+from prefixroute.gateway._scrape import PrefillDeltas, parse_engine_load
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,7 @@ class HealthChecker:
         self._timeout = aiohttp.ClientTimeout(total=config.health_timeout_s)
         self._task: asyncio.Task[None] | None = None
         self._no_metrics: set[str] = set()  # replicas whose /metrics answered 404
+        self._prefill = PrefillDeltas()  # each replica's last prefill totals
 
     def start(self) -> None:
         if self._task is None:
@@ -78,12 +81,20 @@ class HealthChecker:
         except (aiohttp.ClientError, TimeoutError):
             return
         load = parse_engine_load(text)
-        if self.registry.router.has_replica(record.id):
-            self.registry.router.observe_replica(
-                record.id,
-                kv_usage=load.kv_usage,
-                num_waiting=load.num_waiting,
-                num_running=load.num_running,
+        router = self.registry.router
+        if not router.has_replica(record.id):
+            self._prefill.forget(record.url)
+            return
+        router.observe_replica(
+            record.id,
+            kv_usage=load.kv_usage,
+            num_waiting=load.num_waiting,
+            num_running=load.num_running,
+        )
+        delta = self._prefill.update(record.url, load.prefill)
+        if delta is not None:
+            router.observe_engine_prefill(
+                record.id, tokens=delta.tokens, requests=delta.requests, seconds=delta.seconds
             )
 
     async def _probe(self, record: ReplicaRecord) -> bool:

@@ -23,10 +23,15 @@ Per request (updated as requests end):
   a client that stopped making room for the stream; ``shutdown``: cut at the drain bound).
 
 Read live at scrape: ``prefixroute_in_flight{replica}`` (the router's own load accounting),
-``prefixroute_replica_healthy{replica}``, ``prefixroute_chars_per_token{model}`` (each model's
-characters per token as the router has learned them from usage; ``model="none"`` for requests
-that named none), ``prefixroute_prefix_index_blocks`` (distinct
-blocks), ``prefixroute_prefix_index_entries`` and ``prefixroute_prefix_index_evictions_total``.
+``prefixroute_replica_healthy{replica}``, each replica's learned speed
+(``prefixroute_replica_prefill_tokens_per_second``, ``_decode_step_seconds``,
+``_first_token_overhead_seconds``, ``_speed_observations{phase}``) and how good its TTFT
+predictions are (``prefixroute_replica_ttft_prediction_error``: the median of
+``|predicted / measured - 1|`` over its last 64 predicted first tokens past the warm-up;
+``prefixroute_replica_ttft_predictions_total``), ``prefixroute_chars_per_token{model}`` (each
+model's characters per token as the router has learned them from usage; ``model="none"`` for
+requests that named none), ``prefixroute_prefix_index_blocks`` (distinct blocks),
+``prefixroute_prefix_index_entries`` and ``prefixroute_prefix_index_evictions_total``.
 In precise mode also ``prefixroute_speculative_entries`` and, per replica, the KV-event streams:
 ``prefixroute_kv_event_batches_total``, ``prefixroute_kv_events_total{type}``,
 ``prefixroute_kv_event_gaps_total``, ``prefixroute_kv_event_replayed_total``,
@@ -224,7 +229,8 @@ class _LiveCollector(Collector):
         )
         observations = _gauge(
             "prefixroute_replica_speed_observations",
-            "Requests the replica's speed estimate has learned from, by phase.",
+            "Observations the replica's speed estimate has learned from, by phase (engine: "
+            "scrape intervals of its prefill-time metrics).",
             "phase",
         )
         for record in self.replicas:
@@ -236,7 +242,34 @@ class _LiveCollector(Collector):
             decode_step.add_metric([record.url], speed.decode_step_s)
             observations.add_metric([record.url, "prefill"], speed.prefill_observations)
             observations.add_metric([record.url, "decode"], speed.decode_observations)
+            observations.add_metric([record.url, "engine"], speed.engine_observations)
         yield from (in_flight, healthy, prefill_rate, decode_step, observations)
+        yield from self._predictions()
+
+    def _predictions(self) -> Iterator[Metric]:
+        """The learned first-token overhead, and how good the TTFT predictions are."""
+        overhead = _gauge(
+            "prefixroute_replica_first_token_overhead_seconds",
+            "Fixed time of every first token (HTTP, tokenizing, scheduling), as learned.",
+        )
+        error = _gauge(
+            "prefixroute_replica_ttft_prediction_error",
+            "Median |predicted / measured - 1| of the replica's last predicted TTFTs, past "
+            "the speed model's warm-up (absent before any).",
+        )
+        predictions = CounterMetricFamily(
+            "prefixroute_replica_ttft_predictions",
+            "TTFTs predicted past the warm-up and then measured.",
+            labels=["replica"],
+        )
+        for record in self.replicas:
+            speed = self.router.replica_load(record.id).speed
+            overhead.add_metric([record.url], speed.first_token_overhead_s)
+            predictions.add_metric([record.url], speed.ttft_predictions)
+            p50 = speed.snapshot()["ttft_error_p50"]
+            if p50 is not None:
+                error.add_metric([record.url], p50)
+        yield from (overhead, error, predictions)
 
 
 def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:

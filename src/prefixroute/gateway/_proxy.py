@@ -42,6 +42,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -158,19 +159,22 @@ class Proxy:
         hash_s = time.perf_counter() - started
         if admitted.scope is not None:
             admitted.scope.charge_prompt(view.prompt_tokens)
-        if self.tracing is None:
-            return await self._attempts(_Call(request, admitted, rid, view), hash_s)
-        span = self.tracing.start_request(request.method, request.path, request.headers)
+        span = None
+        if self.tracing is not None:  # a span per request, carried by the request's one call
+            span = self.tracing.start_request(request.method, request.path, request.headers)
+        call = _Call(request, admitted, rid, view, span)
+        if span is None:
+            return await self._attempts(call, hash_s)
         status = CLIENT_GONE  # cancelled: the client went away
         try:
-            response = await self._attempts(_Call(request, admitted, rid, view, span), hash_s)
+            response = await self._attempts(call, hash_s)
             status = response.status
             return response
         except Exception as exc:
             status = spec_for(exc).status
             raise
         finally:
-            self.tracing.finish(span, status)
+            RequestTracing.finish(span, status)
 
     async def _attempts(self, call: _Call, hash_s: float) -> web.StreamResponse:
         """Send ``call`` to a replica, and once more elsewhere if the first fails before any
@@ -312,16 +316,13 @@ class Proxy:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise upstream_error(exc, name) from exc
 
-    @contextlib.contextmanager
-    def _traced(self, call: _Call, name: str) -> Iterator[Mapping[str, str]]:
+    def _traced(self, call: _Call, name: str) -> AbstractContextManager[Mapping[str, str]]:
         """The upstream headers of one attempt, under its own CLIENT span when the request is
-        traced (its ``traceparent`` goes to the replica)."""
+        traced (its ``traceparent`` goes to the replica). Untraced, the request's own headers
+        as they are, in a context that costs nothing to enter (no generator per attempt)."""
         if call.span is None or self.tracing is None:
-            yield call.admitted.headers
-            return
-        headers = dict(call.admitted.headers)
-        with self.tracing.upstream(call.span, name, headers):
-            yield headers
+            return contextlib.nullcontext(call.admitted.headers)
+        return _under_span(self.tracing, call.span, name, dict(call.admitted.headers))
 
     def _account(
         self,
@@ -349,6 +350,15 @@ class Proxy:
             decision.predicted_cached_tokens,
             result.cached_tokens,
         )
+
+
+@contextlib.contextmanager
+def _under_span(
+    tracing: RequestTracing, span: Span, name: str, headers: dict[str, str]
+) -> Iterator[Mapping[str, str]]:
+    """``headers``, with the ``traceparent`` of an upstream CLIENT span open meanwhile."""
+    with tracing.upstream(span, name, headers):
+        yield headers
 
 
 def _payload(body: bytes) -> bytes | io.BytesIO | None:

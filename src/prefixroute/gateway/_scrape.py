@@ -1,14 +1,33 @@
-"""Reading a replica's own load numbers from its Prometheus metrics (vLLM or SGLang names).
+"""Reading a replica's own numbers from its Prometheus metrics (vLLM or SGLang names).
 
 The gateway's accounting knows what it sent; the engine knows what it is doing (requests
 queued inside it, KV-cache usage), including work sent by other gateways. Each health round
 scrapes ``/metrics`` and hands the numbers to ``LoadTracker.observe``, which keeps them beside
 the gateway's own counts, never mixed in. Several series of one metric (vLLM's ``engine`` label
 under data parallelism) are summed for request counts and averaged for cache usage.
+
+**Prefill times, a speed source.** An engine that exports how long its requests spent in
+prefill, and how many uncached prompt tokens they computed, tells the router its prefill rate
+without the HTTP exchange or the queue ahead in it (``ReplicaSpeed.observe_engine_prefill``).
+Both are cumulative, so one scrape interval is the difference of two scrapes
+(:class:`PrefillDeltas`):
+
+* vLLM (v1): ``vllm:request_prefill_time_seconds`` (a histogram: ``_sum`` seconds from being
+  scheduled to the first token, ``_count`` requests) and
+  ``vllm:request_prefill_kv_computed_tokens`` (its ``_sum``: prompt tokens minus cached ones),
+  both observed when a request finishes, so the two cover the same requests. Without the
+  second (vLLM before it had it), ``vllm:prompt_tokens_total`` less
+  ``vllm:prefix_cache_hits_total`` (both counted at admission).
+* SGLang: ``sglang:per_stage_req_latency_seconds{stage="prefill_forward"}`` with
+  ``sglang:prompt_tokens_total`` less ``sglang:cached_tokens_total``.
+
+A replica without these (no metrics endpoint, an older engine, another server) gives no such
+observation; its speed is learned from first tokens alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,6 +35,22 @@ from prometheus_client.parser import text_string_to_metric_families
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+# (prefill seconds sum, prefill request count, computed tokens (sum) | (prompt, cached) pair)
+VLLM_PREFILL = "vllm:request_prefill_time_seconds"
+VLLM_COMPUTED = "vllm:request_prefill_kv_computed_tokens_sum"
+VLLM_PROMPT, VLLM_HITS = "vllm:prompt_tokens_total", "vllm:prefix_cache_hits_total"
+SGLANG_STAGES = "sglang:per_stage_req_latency_seconds"
+SGLANG_PREFILL_STAGE = "prefill_forward"
+SGLANG_PROMPT, SGLANG_CACHED = "sglang:prompt_tokens_total", "sglang:cached_tokens_total"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTotals:
+    """An engine's cumulative prefill counters, as one scrape shows them."""
+
+    seconds: float  # time its requests spent from scheduling to first token, seconds
+    requests: float  # requests those seconds cover
+    tokens: float  # uncached prompt tokens they computed, tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,25 +58,94 @@ class EngineLoad:
     num_running: int | None  # requests in the engine's batch
     num_waiting: int | None  # requests queued inside the engine
     kv_usage: float | None  # fraction of the KV cache in use, 0..1
+    prefill: PrefillTotals | None = None  # cumulative prefill counters, when exported
 
 
 def parse_engine_load(text: str) -> EngineLoad:
-    """The load numbers in a metrics page; a number the page lacks is None."""
-    found: dict[str, list[float]] = {}
-    wanted = set(RUNNING + WAITING + KV_USAGE)
+    """The numbers in a metrics page; a number the page lacks is None."""
+    samples: dict[str, list[float]] = {}
     try:
         for family in text_string_to_metric_families(text):
-            if family.name in wanted:
-                found.setdefault(family.name, []).extend(s.value for s in family.samples)
+            for s in family.samples:
+                # SGLang has one histogram per stage under one name: keep prefill's.
+                stage = s.labels.get("stage", SGLANG_PREFILL_STAGE)
+                if s.name.startswith(SGLANG_STAGES) and stage != SGLANG_PREFILL_STAGE:
+                    continue
+                samples.setdefault(s.name, []).append(s.value)
     except ValueError:  # not Prometheus text
         return EngineLoad(None, None, None)
 
     def first(names: tuple[str, ...]) -> list[float] | None:
-        return next((found[n] for n in names if found.get(n)), None)
+        return next((samples[n] for n in names if samples.get(n)), None)
 
     running, waiting, usage = first(RUNNING), first(WAITING), first(KV_USAGE)
     return EngineLoad(
         round(sum(running)) if running else None,
         round(sum(waiting)) if waiting else None,
         sum(usage) / len(usage) if usage else None,
+        _prefill_totals(samples),
     )
+
+
+def _prefill_totals(samples: dict[str, list[float]]) -> PrefillTotals | None:
+    def total(name: str) -> float | None:
+        values = samples.get(name)
+        return sum(values) if values else None
+
+    def pair(histogram: str, tokens: Iterable[float | None]) -> PrefillTotals | None:
+        seconds, count = total(histogram + "_sum"), total(histogram + "_count")
+        computed = next((t for t in tokens if t is not None), None)
+        if seconds is None or count is None or computed is None:
+            return None
+        return PrefillTotals(seconds, count, computed)
+
+    def less(a: str, b: str) -> float | None:
+        x, y = total(a), total(b)
+        return x - y if x is not None and y is not None else None
+
+    vllm = pair(VLLM_PREFILL, (total(VLLM_COMPUTED), less(VLLM_PROMPT, VLLM_HITS)))
+    return vllm or pair(SGLANG_STAGES, (less(SGLANG_PROMPT, SGLANG_CACHED),))
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillDelta:
+    """One scrape interval of an engine's prefill: what ``observe_engine_prefill`` takes."""
+
+    tokens: float  # uncached prompt tokens computed, tokens
+    requests: int  # requests that finished their prefill, requests
+    seconds: float  # their time from scheduling to first token, summed, seconds
+
+
+class PrefillDeltas:
+    """The last totals seen per replica, and the interval since then.
+
+    The first scrape of a replica only sets the baseline: its totals cover the engine's whole
+    life, at whatever speed it had then. A total that went down means the engine restarted
+    (its counters began again from zero): as Prometheus's ``increase()`` does, the new totals
+    are the interval's. An interval with no request finished gives nothing.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, PrefillTotals] = {}
+
+    def forget(self, replica: str) -> None:
+        self._last.pop(replica, None)
+
+    def update(self, replica: str, totals: PrefillTotals | None) -> PrefillDelta | None:
+        if totals is None:
+            self._last.pop(replica, None)  # gone from the page: start again when it is back
+            return None
+        last = self._last.get(replica)
+        self._last[replica] = totals
+        if last is None:
+            return None
+        reset = (
+            totals.seconds < last.seconds
+            or totals.requests < last.requests
+            or totals.tokens < last.tokens
+        )
+        base = PrefillTotals(0.0, 0.0, 0.0) if reset else last
+        requests = round(totals.requests - base.requests)
+        if requests < 1:
+            return None
+        return PrefillDelta(totals.tokens - base.tokens, requests, totals.seconds - base.seconds)

@@ -20,10 +20,10 @@ from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._precise import PreciseMode
 from prefixroute.gateway._proxy import Proxy
 from prefixroute.gateway._registry import ReplicaRegistry
-from prefixroute.gateway._sync import RouteSync
 from prefixroute.gateway._tenants import TenantScope
 from prefixroute.gateway._tokenize import TokenizerPool
 from prefixroute.gateway._tracing import RequestTracing
+from prefixroute.sync import RouteSync
 
 
 @dataclass(slots=True)
@@ -49,7 +49,9 @@ class GatewayState:
         requests here."""
         if scope is not None:
             key = scope.isolate_key(endpoint, key, obj)
-        key = dataclasses.replace(key, adapter=self.registry.adapter_of(key.model))
+        adapter = self.registry.adapter_of(key.model)
+        if adapter != key.adapter:  # most keys already have it (None): no copy on their path
+            key = dataclasses.replace(key, adapter=adapter)
         if self.tokenizer is not None and endpoint is not Endpoint.OTHER:
             key = await self.tokenizer.key(key)
         return key

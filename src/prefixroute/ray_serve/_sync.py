@@ -2,9 +2,9 @@
 
 Every deployment handle builds its own router (the proxy, each replica of an ingress deployment,
 a driver), each with the index and load view of the requests it routed. With ``sync_redis`` in
-``request_router_kwargs``, each router runs the gateway's own sync (``gateway.RouteSync``: same
-channel format, same messages, same Redis history) and so applies every other router's decisions,
-predicted first tokens and ends, as several ``prefixroute serve`` instances do.
+``request_router_kwargs``, each router runs the gateways' sync (``prefixroute.sync.RouteSync``:
+same channel format, same messages, same Redis history) and so applies every other router's
+decisions, predicted first tokens and ends, as several ``prefixroute serve`` instances do.
 
 Threads. The sync's two tasks (publisher, subscriber) run on the loop of Ray's router, which is
 where ``choose_replicas`` runs: the sync starts there, the first time Ray asks us to rank (Ray
@@ -33,8 +33,8 @@ from typing import Any
 from prometheus_client.registry import CollectorRegistry
 
 from prefixroute.core import Decision, RequestView
-from prefixroute.gateway import RouteSync
 from prefixroute.ray_serve._ledger import Ledger
+from prefixroute.sync import RouteSync
 
 log = logging.getLogger(__name__)
 

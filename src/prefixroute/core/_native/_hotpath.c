@@ -14,6 +14,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "glue.h"
 #include "hotpath.h"
 
 static struct PyModuleDef module = {
@@ -27,16 +28,5 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__hotpath(void)
 {
-    if (PyType_Ready(&LRU_type) < 0)
-        return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL)
-        return NULL;
-    Py_INCREF(&LRU_type);
-    if (PyModule_AddObject(m, "LRU", (PyObject *)&LRU_type) < 0) {
-        Py_DECREF(&LRU_type);
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return module_of_type(&module, "LRU", &LRU_type);
 }

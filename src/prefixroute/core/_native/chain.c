@@ -7,7 +7,7 @@
 #include "hotpath.h"
 
 #define XXH_INLINE_ALL /* the whole of xxHash in this translation unit: no library to link */
-#include "xxhash.h"
+#include "vendor/xxhash.h"
 
 /* --- chained block hashing --------------------------------------------------------------- */
 

@@ -16,40 +16,49 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "glue.h"
 #include "kvpool.h"
 
 /* --- methods, in the reference's order -------------------------------------------------- */
 
+/* What a method that only changes the pool returns: None, or NULL when it failed (error set). */
+static PyObject *
+none_unless_failed(int ok)
+{
+    return ok ? Py_NewRef(Py_None) : NULL;
+}
+
 static PyObject *
 KV_lookup(KV *t, PyObject *args)
 {
-    PyObject *hashes;
-    Py_ssize_t limit;
-    if (!PyArg_ParseTuple(args, "On:lookup", &hashes, &limit))
+    Hashes h;
+    Py_ssize_t limit, m = 0;
+    if (!hashes_args(args, "On:lookup", &h, &limit, NULL))
         return NULL;
-    PyObject *seq = PySequence_Fast(hashes, "block hashes must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), m = 0;
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    if (limit < 0) /* hashes[:limit], as a slice reads a negative bound */
-        limit = limit + n < 0 ? 0 : limit + n;
-    if (limit > n)
-        limit = n;
-    while (m < limit && holds(t, items[m]))
+    limit = slice_stop(limit, h.n); /* hashes[:limit] */
+    while (m < limit && kholds(t, h.items[m]))
         m++;
-    Py_DECREF(seq);
+    hashes_close(&h);
     return PyLong_FromSsize_t(m);
+}
+
+/* op (count_idle, pin_all) over a sequence of block hashes: its count, or -1 with an error
+ * set, as when hashes is not a sequence. */
+static Py_ssize_t
+over_hashes(KV *t, PyObject *hashes, Py_ssize_t (*op)(KV *, PyObject **, Py_ssize_t))
+{
+    Hashes h;
+    if (!hashes_open(&h, hashes))
+        return -1;
+    Py_ssize_t r = op(t, h.items, h.n);
+    hashes_close(&h);
+    return r;
 }
 
 static PyObject *
 KV_idle_among(KV *t, PyObject *hashes)
 {
-    PyObject *seq = PySequence_Fast(hashes, "block hashes must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t idle = count_idle(t, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq));
-    Py_DECREF(seq);
+    Py_ssize_t idle = over_hashes(t, hashes, count_idle);
     return idle < 0 ? NULL : PyLong_FromSsize_t(idle);
 }
 
@@ -62,14 +71,7 @@ KV_available(KV *t, PyObject *unused)
 static PyObject *
 KV_pin(KV *t, PyObject *hashes)
 {
-    PyObject *seq = PySequence_Fast(hashes, "block hashes must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    int ok = pin_all(t, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq));
-    Py_DECREF(seq);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return none_unless_failed(over_hashes(t, hashes, pin_all) >= 0);
 }
 
 static PyObject *
@@ -78,9 +80,7 @@ KV_take(KV *t, PyObject *arg)
     Py_ssize_t n = PyLong_AsSsize_t(arg);
     if (n == -1 && PyErr_Occurred())
         return NULL;
-    if (!take(t, n))
-        return NULL;
-    Py_RETURN_NONE;
+    return none_unless_failed(take(t, n));
 }
 
 static PyObject *
@@ -95,29 +95,45 @@ KV_register(KV *t, PyObject *obj)
 static PyObject *
 KV_register_chain(KV *t, PyObject *args)
 {
-    PyObject *hashes;
+    Hashes h;
     Py_ssize_t start, stop;
-    if (!PyArg_ParseTuple(args, "Onn:register_chain", &hashes, &start, &stop))
+    if (!hashes_args(args, "Onn:register_chain", &h, &start, &stop))
         return NULL;
-    PyObject *seq = PySequence_Fast(hashes, "block hashes must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     PyObject *dups = PyList_New(0);
-    if (dups != NULL && start < stop && (start < 0 || stop > n)) {
+    if (dups != NULL && start < stop && (start < 0 || stop > h.n)) {
         PyErr_SetString(PyExc_IndexError, "block range out of the chain");
         Py_CLEAR(dups);
     }
     for (Py_ssize_t i = start; dups != NULL && i < stop; i++) {
-        int rc = register_one(t, items[i]);
+        int rc = register_one(t, h.items[i]);
         PyObject *v = rc == 0 ? PyLong_FromSsize_t(i) : NULL;
         if (rc < 0 || (rc == 0 && (v == NULL || PyList_Append(dups, v) < 0)))
             Py_CLEAR(dups);
         Py_XDECREF(v);
     }
-    Py_DECREF(seq);
+    hashes_close(&h);
     return dups;
+}
+
+/* Drop every cached block and start new event lists; 0 with MemoryError set, and the pool as
+ * it was. What __init__ and reset share: the caller sets `free` (all of the capacity). */
+static int
+empty_pool(KV *t)
+{
+    PyObject *stored = PyList_New(0), *removed = PyList_New(0);
+    if (stored == NULL || removed == NULL) {
+        Py_XDECREF(stored);
+        Py_XDECREF(removed);
+        return 0;
+    }
+    memset(t->slots, 0, sizeof(KSlot) << t->bits);
+    t->cached = 0;
+    t->nused = 0;
+    t->free_node = t->head = t->tail = NONE;
+    t->idle_count = 0;
+    Py_XSETREF(t->stored, stored);
+    Py_XSETREF(t->removed, removed);
+    return 1;
 }
 
 static PyObject *
@@ -125,57 +141,36 @@ KV_reset(KV *t, PyObject *unused)
 {
     if (t->capacity - t->free - t->idle_count)
         Py_RETURN_FALSE;
-    PyObject *stored = PyList_New(0), *removed = PyList_New(0);
-    if (stored == NULL || removed == NULL) {
-        Py_XDECREF(stored);
-        Py_XDECREF(removed);
+    if (!empty_pool(t))
         return NULL;
-    }
     t->free = t->capacity;
-    memset(t->slots, 0, sizeof(KSlot) << t->bits);
-    t->cached = 0;
-    t->nused = 0;
-    t->free_node = t->head = t->tail = NONE;
-    t->idle_count = 0;
-    Py_SETREF(t->stored, stored);
-    Py_SETREF(t->removed, removed);
     Py_RETURN_TRUE;
 }
 
 static PyObject *
 KV_release(KV *t, PyObject *args)
 {
-    PyObject *cached;
+    Hashes h;
     Py_ssize_t anonymous;
-    if (!PyArg_ParseTuple(args, "On:release", &cached, &anonymous))
-        return NULL;
-    PyObject *seq = PySequence_Fast(cached, "block hashes must be a sequence");
-    if (seq == NULL)
+    if (!hashes_args(args, "On:release", &h, &anonymous, NULL))
         return NULL;
     t->free += anonymous;
-    int ok = release(t, PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq));
-    Py_DECREF(seq);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    int ok = release(t, h.items, h.n);
+    hashes_close(&h);
+    return none_unless_failed(ok);
 }
 
 static PyObject *
 KV_acquire(KV *t, PyObject *args)
 {
-    PyObject *hashes;
-    Py_ssize_t limit, blocks;
-    if (!PyArg_ParseTuple(args, "Onn:acquire", &hashes, &limit, &blocks))
+    Hashes h;
+    Py_ssize_t limit, blocks, hit, idle = 0;
+    if (!hashes_args(args, "Onn:acquire", &h, &limit, &blocks))
         return NULL;
-    PyObject *seq = PySequence_Fast(hashes, "block hashes must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), hit, idle = 0;
-    if (limit < 0) /* hashes[:limit], as a slice reads a negative bound */
-        limit = limit + n < 0 ? 0 : limit + n;
     uint64_t buf[STACK_KEYS], *keys;
-    Py_ssize_t m = convert(t, PySequence_Fast_ITEMS(seq), limit < n ? limit : n, buf, &keys, 1);
-    Py_DECREF(seq);
+    /* hashes[:limit] */
+    Py_ssize_t m = convert(t, h.items, slice_stop(limit, h.n), buf, &keys, 1);
+    hashes_close(&h);
     if (m < 0)
         return NULL;
     hit = cached_run(t, keys, m);
@@ -208,23 +203,11 @@ KV_init(KV *t, PyObject *args, PyObject *kwds)
     int record = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "n|p:KVCache", names, &capacity, &record))
         return -1;
-    PyObject *stored = PyList_New(0), *removed = PyList_New(0);
-    if (stored == NULL || removed == NULL) {
-        Py_XDECREF(stored);
-        Py_XDECREF(removed);
+    if (!empty_pool(t)) /* __init__ again empties it, as a fresh one */
         return -1;
-    }
-    /* __init__ again empties it, as a fresh one */
-    memset(t->slots, 0, sizeof(KSlot) << t->bits);
     t->capacity = t->free = capacity;
     t->evictions = 0;
     t->record_events = (char)record;
-    t->cached = 0;
-    t->nused = 0;
-    t->free_node = t->head = t->tail = NONE;
-    t->idle_count = 0;
-    Py_XSETREF(t->stored, stored);
-    Py_XSETREF(t->removed, removed);
     return 0;
 }
 
@@ -334,14 +317,5 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__kvcache(void)
 {
-    if (PyType_Ready(&KV_type) < 0)
-        return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL)
-        return NULL;
-    if (PyModule_AddObjectRef(m, "KVCache", (PyObject *)&KV_type) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return module_of_type(&module, "KVCache", &KV_type);
 }

@@ -64,18 +64,6 @@ need(const KV *t, PyObject *obj)
     return n;
 }
 
-/* Is obj cached? Anything that is not a valid key is simply not cached (`x in dict`). */
-static int
-holds(const KV *t, PyObject *obj)
-{
-    uint64_t key;
-    if (!key_of(obj, &key)) {
-        PyErr_Clear();
-        return 0;
-    }
-    return find(t, key) != NULL;
-}
-
 static void
 unlink_idle(KV *t, Node *n)
 {
@@ -194,9 +182,12 @@ convert(const KV *t, PyObject **items, Py_ssize_t n, uint64_t *buf, uint64_t **k
 
 /* --- whole operations, as the reference's methods ---------------------------------------- */
 
+/* The two chain operations below have one signature, so that kvcache.c reads a Python
+ * sequence into items for both the same way (over_hashes). */
+
 /* Idle blocks among hashes (all cached): -1 with KeyError set otherwise. */
 static Py_ssize_t
-count_idle(const KV *t, PyObject **items, Py_ssize_t n)
+count_idle(KV *t, PyObject **items, Py_ssize_t n)
 {
     Py_ssize_t idle = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -208,18 +199,20 @@ count_idle(const KV *t, PyObject **items, Py_ssize_t n)
     return idle;
 }
 
-static int
+/* A request starts using these cached blocks: n, or -1 with KeyError set at the first one
+ * not cached (the ones before it stay pinned, as in the reference). */
+static Py_ssize_t
 pin_all(KV *t, PyObject **items, Py_ssize_t n)
 {
     for (Py_ssize_t i = 0; i < n; i++) {
         Node *node = need(t, items[i]);
         if (node == NULL)
-            return 0;
+            return -1;
         if (node->refs == 0 && node->idle)
             unlink_idle(t, node);
         node->refs++;
     }
-    return 1;
+    return n;
 }
 
 static int

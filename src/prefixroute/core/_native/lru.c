@@ -1,4 +1,5 @@
 /* One replica's LRU: the compiled twin of ReplicaLRU (core/_lru.py); design in table.h. */
+#include "glue.h"
 #include "hotpath.h"
 #include "table.h"
 
@@ -74,25 +75,24 @@ stamp_all(LRU *t, const uint64_t *keys, size_t n, uint64_t stamp)
 static PyObject *
 LRU_touch(LRU *t, PyObject *hashes)
 {
-    PyObject *seq = PySequence_Fast(hashes, "block hashes must be a sequence");
-    if (seq == NULL)
+    Hashes h;
+    if (!hashes_open(&h, hashes))
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t n = h.n;
     uint64_t *keys = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
     if (keys == NULL) {
-        Py_DECREF(seq);
+        hashes_close(&h);
         return PyErr_NoMemory();
     }
     /* Convert everything before changing anything: a bad hash leaves the LRU as it was. */
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (!key_of(items[n - 1 - i], &keys[i])) {
+        if (!key_of(h.items[n - 1 - i], &keys[i])) {
             PyMem_Free(keys);
-            Py_DECREF(seq);
+            hashes_close(&h);
             return NULL;
         }
     }
-    Py_DECREF(seq);
+    hashes_close(&h);
     Py_ssize_t evicted = 0;
     if (n == 0)
         goto done;
@@ -177,21 +177,15 @@ held_run(const LRU *t, PyObject **items, Py_ssize_t n, Py_ssize_t known)
 static PyObject *
 LRU_match(LRU *t, PyObject *args)
 {
-    PyObject *hashes;
-    Py_ssize_t known = 0;
-    if (!PyArg_ParseTuple(args, "O|n:match", &hashes, &known))
+    Hashes h;
+    Py_ssize_t known = 0, m = 0;
+    if (!hashes_args(args, "O|n:match", &h, &known, NULL))
         return NULL;
-    PyObject *seq = PySequence_Fast(hashes, "block hashes must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t m = 0;
-    if (known > n)
-        known = n;
-    if (n > 0 && (known >= 1 || holds(t, items[0])))
-        m = held_run(t, items, n, known >= 1 ? known : 1);
-    Py_DECREF(seq);
+    if (known > h.n)
+        known = h.n;
+    if (h.n > 0 && (known >= 1 || holds(t, h.items[0])))
+        m = held_run(t, h.items, h.n, known >= 1 ? known : 1);
+    hashes_close(&h);
     return PyLong_FromSsize_t(m);
 }
 

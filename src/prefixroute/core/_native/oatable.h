@@ -115,6 +115,19 @@ key_of(PyObject *obj, uint64_t *key)
 }
 #endif
 
+/* Held means a key in the table; anything that is not a valid key is simply not held, as
+ * `x in dict` is False for it. */
+static inline int
+OA_NAME(holds)(const OA_TABLE *t, PyObject *obj)
+{
+    uint64_t key;
+    if (!key_of(obj, &key)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return OA_NAME(probe)(t, key)->OA_FULL != 0;
+}
+
 #undef OA_TABLE
 #undef OA_SLOT
 #undef OA_FULL

@@ -57,17 +57,4 @@ reserve(LRU *t, size_t more)
     return bits == t->bits ? 0 : resize(t, bits);
 }
 
-/* Held means a key in the table; anything that is not a valid key is simply not held,
- * as `x in dict` is False for it. */
-static inline int
-holds(const LRU *t, PyObject *obj)
-{
-    uint64_t key;
-    if (!key_of(obj, &key)) {
-        PyErr_Clear();
-        return 0;
-    }
-    return probe(t, key)->stamp != 0;
-}
-
 #endif

@@ -1,8 +1,11 @@
-"""What every policy sees and returns: the routing context and the policy protocol."""
+"""What every policy sees and returns: the routing context and the policy protocol; and what
+several policies share: the base of the parameter-less ones (:class:`PickPolicy`) and the
+readings of a context that more than one rule is written in (load spread, match rate, ...)."""
 
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
@@ -160,6 +163,57 @@ class Policy(Protocol):
     def decide(self, ctx: RoutingContext) -> Decision:
         """Choose one of ``ctx.candidates`` (never empty) and say why."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class NoParams:
+    """The config of a policy without parameters: ``make_policy`` accepts none for it."""
+
+
+@dataclass(slots=True)
+class PickPolicy(ABC):
+    """A policy without parameters: one rule picks the replica, always for the same reason.
+
+    A subclass sets ``name`` and ``reason`` and writes :meth:`pick`; the config, the registry's
+    constructor call and the decision around the pick are this class's.
+    """
+
+    name: ClassVar[str]
+    reason: ClassVar[DecisionReason]
+    config: NoParams = field(default_factory=NoParams)
+
+    def decide(self, ctx: RoutingContext) -> Decision:
+        return ctx.decide(self.pick(ctx), self.reason)
+
+    @abstractmethod
+    def pick(self, ctx: RoutingContext) -> ReplicaId:
+        """One of ``ctx.candidates`` (never empty)."""
+
+
+def in_flight_range(ctx: RoutingContext) -> tuple[int, int]:
+    """The fewest and the most requests in flight on any candidate (the load imbalance)."""
+    counts = [ctx.load(r).in_flight for r in ctx.candidates]
+    return min(counts), max(counts)
+
+
+def match_rate(ctx: RoutingContext) -> tuple[int, float]:
+    """The longest prefix match among the candidates, in blocks, and the fraction of the prompt
+    it covers (matched units / prompt units; 0.0 for an empty prompt)."""
+    longest = max(ctx.matches.values())
+    units = ctx.request.prompt_units
+    return longest, longest * ctx.request.block_size / units if units else 0.0
+
+
+def matching(ctx: RoutingContext, blocks: int) -> list[ReplicaId]:
+    """The candidates that match exactly ``blocks`` blocks, in candidate order."""
+    return [r for r in ctx.candidates if ctx.matches[r] == blocks]
+
+
+def smallest_trees(ctx: RoutingContext) -> list[ReplicaId]:
+    """The candidates whose index holds the fewest blocks (the most free cache), in order."""
+    sizes = {r: ctx.index.blocks_of(r) for r in ctx.candidates}
+    smallest = min(sizes.values())
+    return [r for r in ctx.candidates if sizes[r] == smallest]
 
 
 def least_loaded_of(ctx: RoutingContext, replicas: Sequence[ReplicaId]) -> ReplicaId:

@@ -20,7 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from prefixroute.core.policies._base import RoutingContext, least_loaded_of
+from prefixroute.core.policies._base import (
+    RoutingContext,
+    in_flight_range,
+    least_loaded_of,
+    match_rate,
+    matching,
+    smallest_trees,
+)
 from prefixroute.core.types import Decision, DecisionReason
 
 
@@ -38,18 +45,11 @@ class CacheAware:
 
     def decide(self, ctx: RoutingContext) -> Decision:
         cfg = self.config
-        loads = [ctx.load(r).in_flight for r in ctx.candidates]
-        hi, lo = max(loads), min(loads)
+        lo, hi = in_flight_range(ctx)
         if hi - lo > cfg.balance_abs_threshold and hi > lo * cfg.balance_rel_threshold:
             return ctx.decide(least_loaded_of(ctx, ctx.candidates), DecisionReason.LOAD_IMBALANCE)
-        matches = ctx.matches
-        longest = max(matches.values())
-        units = ctx.request.prompt_units
-        rate = longest * ctx.request.block_size / units if units else 0.0
+        longest, rate = match_rate(ctx)
         if longest > 0 and rate > cfg.cache_threshold:
-            best = [r for r in ctx.candidates if matches[r] == longest]
+            best = matching(ctx, longest)
             return ctx.decide(least_loaded_of(ctx, best), DecisionReason.PREFIX_MATCH)
-        sizes = {r: ctx.index.blocks_of(r) for r in ctx.candidates}
-        smallest = min(sizes.values())
-        roomy = [r for r in ctx.candidates if sizes[r] == smallest]
-        return ctx.decide(least_loaded_of(ctx, roomy), DecisionReason.WEAK_MATCH)
+        return ctx.decide(least_loaded_of(ctx, smallest_trees(ctx)), DecisionReason.WEAK_MATCH)

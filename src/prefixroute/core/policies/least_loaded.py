@@ -1,23 +1,19 @@
-"""least_loaded: the candidate with the fewest in-flight requests (the article's fallback)."""
+"""least_loaded: the candidate with the fewest in-flight requests (the article's fallback).
+
+No parameters: ties on in-flight count break on queued prefill tokens, then at random.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+from prefixroute.core.policies._base import NoParams, PickPolicy, RoutingContext, least_loaded_of
+from prefixroute.core.types import DecisionReason, ReplicaId
 
-from prefixroute.core.policies._base import RoutingContext, least_loaded_of
-from prefixroute.core.types import Decision, DecisionReason
-
-
-@dataclass(frozen=True, slots=True)
-class LeastLoadedConfig:
-    """No parameters: ties on in-flight count break on queued prefill tokens, then at random."""
+LeastLoadedConfig = NoParams
 
 
-@dataclass(slots=True)
-class LeastLoaded:
-    name: ClassVar[str] = "least_loaded"
-    config: LeastLoadedConfig = field(default_factory=LeastLoadedConfig)
+class LeastLoaded(PickPolicy):
+    name = "least_loaded"
+    reason = DecisionReason.LEAST_LOADED
 
-    def decide(self, ctx: RoutingContext) -> Decision:
-        return ctx.decide(least_loaded_of(ctx, ctx.candidates), DecisionReason.LEAST_LOADED)
+    def pick(self, ctx: RoutingContext) -> ReplicaId:
+        return least_loaded_of(ctx, ctx.candidates)

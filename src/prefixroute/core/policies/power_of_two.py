@@ -1,12 +1,14 @@
-"""power_of_two: sample two candidates at random and take the less loaded (Mitzenmacher)."""
+"""power_of_two: sample two candidates at random and take the less loaded (Mitzenmacher).
+
+No parameters.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+from prefixroute.core.policies._base import NoParams, PickPolicy, RoutingContext
+from prefixroute.core.types import DecisionReason, ReplicaId
 
-from prefixroute.core.policies._base import RoutingContext
-from prefixroute.core.types import Decision, DecisionReason, ReplicaId
+PowerOfTwoConfig = NoParams
 
 
 def power_of_two_choice(ctx: RoutingContext) -> ReplicaId:
@@ -17,15 +19,9 @@ def power_of_two_choice(ctx: RoutingContext) -> ReplicaId:
     return b if ctx.load(b).in_flight < ctx.load(a).in_flight else a
 
 
-@dataclass(frozen=True, slots=True)
-class PowerOfTwoConfig:
-    """No parameters."""
+class PowerOfTwo(PickPolicy):
+    name = "power_of_two"
+    reason = DecisionReason.POWER_OF_TWO
 
-
-@dataclass(slots=True)
-class PowerOfTwo:
-    name: ClassVar[str] = "power_of_two"
-    config: PowerOfTwoConfig = field(default_factory=PowerOfTwoConfig)
-
-    def decide(self, ctx: RoutingContext) -> Decision:
-        return ctx.decide(power_of_two_choice(ctx), DecisionReason.POWER_OF_TWO)
+    def pick(self, ctx: RoutingContext) -> ReplicaId:
+        return power_of_two_choice(ctx)

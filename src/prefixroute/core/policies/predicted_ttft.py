@@ -8,6 +8,8 @@ For every candidate it predicts the time to first token if the request joined th
             + arrival_rate(r) * ttft * mean_uncached(r) / prefill_rate(r)
                                          if our prompt spans several steps (chunks of requests
                                          arriving meanwhile share those steps)
+            + overhead(r)                       # every first token's fixed cost (HTTP,
+                                                # templating), learned by a gateway; 0 here
 
 where ``uncached(r)`` is the prompt minus what the index says ``r`` has cached.
 
@@ -120,6 +122,10 @@ class PredictedTTFT:
             # arrival rate, that many more chunks will ride along before our first token.
             more = load.arrival_rate(now) * ttft * load.mean_uncached()
             ttft += cfg.arrivals * more / rate
+        if cfg.learned_speeds:
+            # What every first token costs on this replica besides prefill and steps (HTTP,
+            # templating, scheduling), where the speed model learns it (0.0 where it does not).
+            ttft += load.speed.first_token_overhead_s
         if not in_flight:
             # Nobody there to delay: an idle replica must not look worse than it is, or a
             # replica that never received a shared prefix would never receive anything.

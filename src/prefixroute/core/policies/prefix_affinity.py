@@ -20,7 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from prefixroute.core.policies._base import RoutingContext
+from prefixroute.core.policies._base import (
+    RoutingContext,
+    in_flight_range,
+    match_rate,
+    matching,
+    smallest_trees,
+)
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId
 
 
@@ -39,23 +45,15 @@ class PrefixAffinity:
 
     def decide(self, ctx: RoutingContext) -> Decision:
         cfg = self.config
-        queues = [ctx.load(r).in_flight for r in ctx.candidates]
-        if max(queues) - min(queues) > cfg.imbalanced_threshold:
+        lo, hi = in_flight_range(ctx)
+        if hi - lo > cfg.imbalanced_threshold:
             pair = ctx.rng.sample(list(ctx.candidates), min(2, len(ctx.candidates)))
             return ctx.decide(_shortest_queue(ctx, pair), DecisionReason.LOAD_IMBALANCE)
-        matches = ctx.matches
-        longest = max(matches.values())
-        units = ctx.request.prompt_units
-        rate = longest * ctx.request.block_size / units if units else 0.0
-        pool: list[ReplicaId]
+        longest, rate = match_rate(ctx)
         if longest > 0 and rate >= cfg.match_rate_threshold:
-            pool = [r for r in ctx.candidates if matches[r] == longest]
-            reason = DecisionReason.PREFIX_MATCH
+            pool, reason = matching(ctx, longest), DecisionReason.PREFIX_MATCH
         else:
-            sizes = {r: ctx.index.blocks_of(r) for r in ctx.candidates}
-            smallest = min(sizes.values())
-            pool = [r for r in ctx.candidates if sizes[r] == smallest]
-            reason = DecisionReason.WEAK_MATCH
+            pool, reason = smallest_trees(ctx), DecisionReason.WEAK_MATCH
         return ctx.decide(_shortest_queue(ctx, pool), reason)
 
 

@@ -1,23 +1,16 @@
-"""random: a uniformly random candidate (seeded through the router's rng)."""
+"""random: a uniformly random candidate (seeded through the router's rng). No parameters."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+from prefixroute.core.policies._base import NoParams, PickPolicy, RoutingContext
+from prefixroute.core.types import DecisionReason, ReplicaId
 
-from prefixroute.core.policies._base import RoutingContext
-from prefixroute.core.types import Decision, DecisionReason
-
-
-@dataclass(frozen=True, slots=True)
-class RandomConfig:
-    """No parameters."""
+RandomConfig = NoParams
 
 
-@dataclass(slots=True)
-class RandomPick:
-    name: ClassVar[str] = "random"
-    config: RandomConfig = field(default_factory=RandomConfig)
+class RandomPick(PickPolicy):
+    name = "random"
+    reason = DecisionReason.RANDOM
 
-    def decide(self, ctx: RoutingContext) -> Decision:
-        return ctx.decide(ctx.rng.choice(ctx.candidates), DecisionReason.RANDOM)
+    def pick(self, ctx: RoutingContext) -> ReplicaId:
+        return ctx.rng.choice(ctx.candidates)

@@ -1,26 +1,25 @@
-"""round_robin: a fixed cyclic order over the candidates, blind to load and cache."""
+"""round_robin: a fixed cyclic order over the candidates, blind to load and cache.
+
+No parameters: every stateless load balancer's default.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
 
-from prefixroute.core.policies._base import RoutingContext
-from prefixroute.core.types import Decision, DecisionReason
+from prefixroute.core.policies._base import NoParams, PickPolicy, RoutingContext
+from prefixroute.core.types import DecisionReason, ReplicaId
 
-
-@dataclass(frozen=True, slots=True)
-class RoundRobinConfig:
-    """No parameters: every stateless load balancer's default."""
+RoundRobinConfig = NoParams
 
 
 @dataclass(slots=True)
-class RoundRobin:
-    name: ClassVar[str] = "round_robin"
-    config: RoundRobinConfig = field(default_factory=RoundRobinConfig)
+class RoundRobin(PickPolicy):
+    name = "round_robin"
+    reason = DecisionReason.ROUND_ROBIN
     _next: int = 0  # position of the next pick in the candidate order
 
-    def decide(self, ctx: RoutingContext) -> Decision:
+    def pick(self, ctx: RoutingContext) -> ReplicaId:
         replica = ctx.candidates[self._next % len(ctx.candidates)]
         self._next += 1
-        return ctx.decide(replica, DecisionReason.ROUND_ROBIN)
+        return replica

@@ -1,5 +1,5 @@
 """Building blocks shared by the generators: fresh token ids, arrivals, one-request sessions,
-growing-prefix turns.
+growing-prefix turns, and whole workloads of one-turn requests arriving as a Poisson process.
 
 Token ids come from a counter that starts at a seeded random base. A counter makes distinct
 content distinct by construction (random draws would collide now and then, which matters for the
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from prefixroute.sim.workload import Session, TokenArray, Turn
+from prefixroute.sim.workload import Session, TokenArray, Turn, Workload
 
 _ID_SPACE = 2**32  # token ids are uint32
 
@@ -88,3 +88,21 @@ def one_turn_sessions(
         )
         for i, (start, tokens, output, tenant) in enumerate(requests)
     ]
+
+
+def poisson_workload(
+    name: str,
+    rng: np.random.Generator,
+    rate: float,
+    requests: Sequence[tuple[TokenArray, int, str | None]],
+    description: str,
+) -> Workload:
+    """The workload ``name`` of one-turn ``requests`` (prompt tokens, output tokens, tenant),
+    in order, arriving as a Poisson process of ``rate`` per second; KV blocks of 16 tokens
+    suggested. The arrivals are the last draws from ``rng``."""
+    starts = poisson_starts(rng, len(requests), rate)
+    sessions = one_turn_sessions(
+        (start, tokens, output, tenant)
+        for start, (tokens, output, tenant) in zip(starts, requests, strict=True)
+    )
+    return Workload(name=name, sessions=sessions, block_size=16, description=description)

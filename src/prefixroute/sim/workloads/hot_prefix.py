@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from prefixroute.sim.workload import Workload
-from prefixroute.sim.workloads._build import TokenSource, one_turn_sessions, poisson_starts
+from prefixroute.sim.workloads._build import TokenSource, poisson_workload
 from prefixroute.sim.workloads._config import check_non_negative, check_positive, param
 from prefixroute.sim.workloads._params import shared_param
 
@@ -50,20 +50,15 @@ def build(config: HotPrefixConfig, seed: int) -> Workload:
     systems = [ids.fresh(config.system_len) for _ in range(config.prompts)]
     share = popularity(config.prompts, config.zipf_s)
     choice = rng.choice(config.prompts, size=config.requests, p=share)
-    starts = poisson_starts(rng, config.requests, config.rate)
-    sessions = one_turn_sessions(
-        (
-            start,
-            np.concatenate([systems[p], ids.fresh(config.question_len)]),
-            config.output_len,
-            f"prompt{p}",
-        )
-        for p, start in zip(choice, starts, strict=True)
-    )
-    return Workload(
-        name="hot-prefix",
-        sessions=sessions,
-        block_size=16,
-        description=f"{config.prompts} system prompts, Zipf s={config.zipf_s:g} "
+    prompts = (np.concatenate([systems[p], ids.fresh(config.question_len)]) for p in choice)
+    requests = [
+        (prompt, config.output_len, f"prompt{p}") for p, prompt in zip(choice, prompts, strict=True)
+    ]
+    return poisson_workload(
+        "hot-prefix",
+        rng,
+        config.rate,
+        requests,
+        f"{config.prompts} system prompts, Zipf s={config.zipf_s:g} "
         f"(top prompt {share[0]:.0%} of requests), {config.rate:g} req/s",
     )

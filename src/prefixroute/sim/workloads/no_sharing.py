@@ -13,12 +13,7 @@ import numpy as np
 
 from prefixroute.core import ConfigError
 from prefixroute.sim.workload import Workload
-from prefixroute.sim.workloads._build import (
-    TokenSource,
-    one_turn_sessions,
-    poisson_starts,
-    uniform_ints,
-)
+from prefixroute.sim.workloads._build import TokenSource, poisson_workload, uniform_ints
 from prefixroute.sim.workloads._config import check_positive, param
 from prefixroute.sim.workloads._params import shared_param
 
@@ -48,13 +43,11 @@ def build(config: NoSharingConfig, seed: int) -> Workload:
     n = config.requests
     prompts = _lengths(rng, config.prompt_len, config.spread, n)
     outputs = _lengths(rng, config.output_len, config.spread, n)
-    starts = poisson_starts(rng, n, config.rate)
-    sessions = one_turn_sessions(
-        (starts[i], ids.fresh(prompts[i]), outputs[i], None) for i in range(n)
-    )
-    return Workload(
-        name="no-sharing",
-        sessions=sessions,
-        block_size=16,
-        description=f"{n} unrelated prompts of ~{config.prompt_len} tokens, {config.rate:g} req/s",
+    requests = [(ids.fresh(prompts[i]), outputs[i], None) for i in range(n)]
+    return poisson_workload(
+        "no-sharing",
+        rng,
+        config.rate,
+        requests,
+        f"{n} unrelated prompts of ~{config.prompt_len} tokens, {config.rate:g} req/s",
     )

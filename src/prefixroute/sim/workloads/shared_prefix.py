@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefixroute.sim.workload import TokenArray, Workload
-from prefixroute.sim.workloads._build import TokenSource, frozen, one_turn_sessions, poisson_starts
+from prefixroute.sim.workloads._build import TokenSource, frozen, poisson_workload
 from prefixroute.sim.workloads._config import check_non_negative, check_positive, param
 from prefixroute.sim.workloads._params import shared_param
 
@@ -46,16 +46,13 @@ def build(config: SharedPrefixConfig, seed: int) -> Workload:
             prompts.append((g, frozen(np.concatenate([system, ids.fresh(config.question_len)]))))
     # SGLang shuffles the requests before sending; unshuffled, each group arrives back to back.
     order = rng.permutation(len(prompts)) if config.shuffle else np.arange(len(prompts))
-    starts = poisson_starts(rng, len(prompts), config.rate)
-    sessions = one_turn_sessions(
-        (start, prompts[j][1], config.output_len, f"group{prompts[j][0]}")
-        for j, start in zip(order, starts, strict=True)
-    )
-    return Workload(
-        name="shared-prefix",
-        sessions=sessions,
-        block_size=16,
-        description=f"{config.num_groups} groups x {config.prompts_per_group} prompts over "
+    requests = [(prompts[j][1], config.output_len, f"group{prompts[j][0]}") for j in order]
+    return poisson_workload(
+        "shared-prefix",
+        rng,
+        config.rate,
+        requests,
+        f"{config.num_groups} groups x {config.prompts_per_group} prompts over "
         f"{config.system_prompt_len}-token system prompts, "
         f"{'shuffled' if config.shuffle else 'in order'}, {config.rate:g} req/s",
     )

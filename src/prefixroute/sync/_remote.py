@@ -25,8 +25,8 @@ from typing import Any
 import msgspec
 
 from prefixroute.core import ReplicaId, Router
-from prefixroute.gateway._sync_metrics import SyncMetrics
-from prefixroute.gateway._sync_wire import Progress, Routed, decode
+from prefixroute.sync._metrics import SyncMetrics
+from prefixroute.sync._wire import Progress, Routed, decode
 
 REMOTE_TTL_S = 600.0  # a remote request not heard of for this long is taken as over, seconds
 EXPIRE_EVERY_S = 1.0  # how often remote requests are checked for expiry, seconds

@@ -4,7 +4,7 @@ A decision is (instance, replica, block hashes) and, when it is to count as load
 id and sizes; a request's first token and end follow as small progress messages. Hashes travel
 as one bytes field, little-endian uint64 (8 bytes a block), so a 500-block prompt costs 4 KB
 and no per-hash framing. Instances must agree on this format and on replica ids (normalized
-base URLs); an instance ignores what it cannot decode and counts it (``_sync_metrics``).
+base URLs); an instance ignores what it cannot decode and counts it (``_metrics``).
 """
 
 from __future__ import annotations

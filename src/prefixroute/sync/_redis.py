@@ -4,7 +4,7 @@ Each instance's index records only its own decisions, so behind a round-robin ba
 conversation's second turn reaches an instance that never saw the first and may land on a cold
 replica. With ``sync_redis`` every decision is published as (instance, replica, block hashes) on
 one channel, and every instance applies the others' decisions to its own router
-(``_sync_remote``), which records them as it records its own: the indexes converge on the union
+(``_remote``), which records them as it records its own: the indexes converge on the union
 of all decisions. In precise mode a decision becomes a speculative entry at the other instances,
 as it is at the instance that made it. Load is shared the same way: a decision carries the
 request's id and sizes, and its first token and end follow as progress messages.
@@ -29,7 +29,7 @@ Nothing here is on the request path. :meth:`RouteSync.routed` (and its ``first_t
 down) drops its oldest message and counts it. A publisher task drains the queue in pipelined
 batches, a subscriber task applies what others sent. Redis down, at start or mid-run, costs
 only the sharing: both tasks retry with exponential backoff, and routing goes on from the local
-index meanwhile. The messages' format is in ``_sync_wire``, the metrics in ``_sync_metrics``.
+index meanwhile. The messages' format is in ``_wire``, the metrics in ``_metrics``.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from prometheus_client.registry import CollectorRegistry
 from redis.exceptions import RedisError
 
 from prefixroute.core import Decision, RequestView, Router
-from prefixroute.gateway._sync_metrics import SyncMetrics
-from prefixroute.gateway._sync_remote import RemoteRequests
-from prefixroute.gateway._sync_wire import encode, encode_progress
+from prefixroute.sync._metrics import SyncMetrics
+from prefixroute.sync._remote import RemoteRequests
+from prefixroute.sync._wire import encode, encode_progress
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,103 @@
+"""Before a pick: the request's tenant and routing key, as ``prefixroute serve`` admits them.
+
+**Tenant.** The picker holds the gateway's own ``Tenants``, built from the same ``[tenancy]``
+table of the same ``--config`` file, and reads the client's headers, which Envoy forwards: with
+API keys configured, ``Authorization: Bearer <key>`` names the tenant (a missing or unknown key:
+401); without, the tenant header (``x-tenant-id`` by default; a malformed name: 400). The
+tenant's limiter then admits the request (``max_in_flight``, ``requests_per_second``: 429 with
+Retry-After, the body naming the limit). Every refusal happens on the request headers, before
+the body, and is the gateway's status and JSON body (``gateway.error_response``) sent as an
+``ImmediateResponse``. The tenant's in-flight slot is held until the ext_proc stream ends (the
+answer's end, streaming included), as the gateway's middleware holds it until its handler
+returns. The client's key was the picker's to check, not the replica's: the replica gets the
+gateway's upstream key in its place (``upstream_api_key``), or no ``Authorization`` at all, as
+``gateway.upstream_headers`` decides for the gateway's own upstream requests.
+
+**Key.** The body is parsed under the gateway's rules, then ``GatewayState.route_key`` puts the
+key in the tenant's key space (under ``[tenancy] isolation``: its own hash seed, and the body's
+``cache_salt`` set, or removed for a shareable prefix), names its LoRA adapter and, with a
+tokenizer, turns its text into the engines' token ids. Under isolation the body the replica gets
+is the re-encoded object (``gateway.encode_body``), with its new ``content-length``, as the
+gateway sends it. The prompt-token budget (``prompt_tokens_per_minute``) is charged on the hashed
+prompt, as the gateway's proxy charges it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from prefixroute.core import EMPTY_KEY, Endpoint, PrefixrouteError, RouteKey
+from prefixroute.gateway import (
+    GatewayState,
+    Tenants,
+    TenantScope,
+    encode_body,
+    key_of,
+    parse_body,
+    upstream_headers,
+)
+
+AUTHORIZATION = "authorization"
+
+
+@dataclass(slots=True)
+class Admission:
+    """One request's tenant, from its headers to the stream's end."""
+
+    scope: TenantScope
+    set_headers: dict[str, str] = field(default_factory=dict)  # for the replica
+    remove_headers: list[str] = field(default_factory=list)
+    released: bool = False
+
+    def release(self) -> None:
+        """The stream ended: the tenant's in-flight slot is free (once)."""
+        if not self.released:
+            self.released = True
+            self.scope.tenant.limiter.release()
+
+
+def admit(tenants: Tenants, headers: Mapping[str, str], now: float) -> Admission:
+    """Identify the tenant of ``headers`` and count the request in under its limits; raises
+    Unauthorized, BadRequest or RateLimited (each counted in the tenant rejections metric)."""
+    given = CIMultiDict(headers)  # the tenants read names case-insensitively, as from aiohttp
+    tenant = tenants.get(tenants.identify(given), now)
+    try:
+        tenant.limiter.admit(now)
+    except PrefixrouteError as exc:  # RateLimited
+        tenants.rejections.labels(getattr(exc, "limit", "other")).inc()
+        raise
+    admission = Admission(TenantScope(tenant, tenants))
+    admission.set_headers, admission.remove_headers = _credentials(given, admission.scope)
+    return admission
+
+
+def _credentials(headers: CIMultiDict[str], scope: TenantScope) -> tuple[dict[str, str], list[str]]:
+    """The ``Authorization`` change the replica's request needs: what the gateway's
+    ``upstream_headers`` would send in place of the client's."""
+    client = CIMultiDict[str]()
+    if AUTHORIZATION in headers:
+        client[AUTHORIZATION] = headers[AUTHORIZATION]
+    upstream = upstream_headers(CIMultiDictProxy(client), "", scope).get(AUTHORIZATION)
+    if upstream == client.get(AUTHORIZATION):
+        return {}, []
+    if upstream is None:
+        return {}, [AUTHORIZATION]
+    return {AUTHORIZATION: upstream}, []
+
+
+async def request_key(
+    state: GatewayState, endpoint: Endpoint, body: bytes, scope: TenantScope | None
+) -> tuple[RouteKey, bytes | None]:
+    """The router's key of ``body`` sent to ``endpoint``, and the body to send in its place
+    (None: the body as the client sent it); raises the gateway's 400s."""
+    if not body:  # routed on load alone, in the tenant's name
+        return await state.route_key(Endpoint.OTHER, EMPTY_KEY, None, scope), None
+    obj = parse_body(body)
+    key = await state.route_key(endpoint, key_of(endpoint, obj), obj, scope)  # edits obj
+    isolated = scope is not None and scope.tenants.config.isolation
+    if isolated and endpoint is not Endpoint.OTHER:
+        return key, encode_body(obj)  # cache_salt set (or removed): the replica reads it
+    return key, None

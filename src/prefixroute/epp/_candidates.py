@@ -1,0 +1,78 @@
+"""Endpoints as the protocol names them, and which of them a pick may name, in what order.
+
+``ip:port`` is the protocol's form of an endpoint; the registry's ids are URLs
+(``http://ip:port``). A pick chooses among the registry's candidates, narrowed to the proxy's
+subset hint when it sends one (:func:`narrow`), and may name fallbacks after the primary
+(:func:`fallbacks`): the proxy goes down that list when an endpoint fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+from prefixroute.core import (
+    ConfigError,
+    NoReplicaAvailable,
+    PrefixrouteError,
+    ReplicaId,
+    RequestView,
+    Router,
+)
+from prefixroute.gateway import normalize_url
+
+
+def endpoint_of(rid: ReplicaId) -> str:
+    """``http://10.0.0.7:8000`` -> ``10.0.0.7:8000``, the protocol's form."""
+    return urlsplit(rid).netloc
+
+
+def replica_of(endpoint: str) -> ReplicaId:
+    """``10.0.0.7:8000`` (or a URL with a port) -> the registry's id; raises ConfigError."""
+    rid = normalize_url(endpoint if "://" in endpoint else "http://" + endpoint)
+    try:
+        port = urlsplit(rid).port
+    except ValueError:
+        port = None
+    if port is None or any(c.isspace() for c in rid):
+        raise ConfigError(f"an endpoint must be IP:PORT (or a URL with a port), got {endpoint!r}")
+    return rid
+
+
+def fallbacks(
+    router: Router,
+    view: RequestView,
+    now: float,
+    candidates: Sequence[ReplicaId],
+    primary: ReplicaId,
+    n: int,
+) -> list[ReplicaId]:
+    """Up to ``n`` replicas after ``primary``, best first: each one the policy's own choice
+    among the ``candidates`` not yet named (``Router.explain``: nothing recorded, no turn or
+    random draw used up), so the ranking is the policy's, not a second one."""
+    rest = [rid for rid in candidates if rid != primary]
+    out: list[ReplicaId] = []
+    while rest and len(out) < n:
+        chosen = router.explain(view, now, rest).replica
+        out.append(chosen)
+        rest.remove(chosen)
+    return out
+
+
+def narrow(candidates: Sequence[ReplicaId], subset: Sequence[str] | None) -> list[ReplicaId]:
+    """``candidates`` within the proxy's subset hint (all of them without one); raises
+    NoReplicaAvailable when the hint leaves none, as the protocol wants (503)."""
+    if subset is None:
+        return list(candidates)
+    allowed = set()
+    for endpoint in subset:
+        try:
+            allowed.add(replica_of(endpoint))
+        except PrefixrouteError:
+            continue  # a malformed entry is just not eligible
+    narrowed = [rid for rid in candidates if rid in allowed]
+    if not narrowed:
+        raise NoReplicaAvailable(
+            f"none of the {len(subset)} endpoints of the proxy's subset hint is eligible"
+        )
+    return narrowed

@@ -1,0 +1,124 @@
+"""Precise mode in the picker: emulated replicas publish KV events, the picker follows them.
+
+The same settings as ``serve`` (``kv_events``, ``tokenizer``, ``kv_block_size``,
+``speculative_ttl_s``) and the same wiring: the picker keys requests on the replicas' token ids
+(``EmulatedTokenizer``), and the router's index holds only what the events report. Envoy is
+played over gRPC (``grpc_envoy``); each picked request really goes to the replica.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from gateway.helpers import FAST_GATEWAY, STEADY, reset_until_live
+from gateway.test_precise import BS, TURNS, replica_config
+from polling import until
+
+from prefixroute.cli import build_parser
+from prefixroute.commands.epp import config_from_args
+from prefixroute.core import ConfigError
+from prefixroute.emulate import EmulatedCluster, EmulatedTokenizer, start_replicas
+from prefixroute.epp import EndpointPicker, EppConfig
+
+from .conftest import PickerStarter
+from .grpc_envoy import Passed, through
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+async def publishing() -> AsyncIterator[EmulatedCluster]:
+    """Three emulated replicas that bind and publish their KV events."""
+    c = await start_replicas(3, replica_config(kv_events="bind:tcp://127.0.0.1:*"))
+    yield c
+    await c.stop()
+
+
+def batches(epp: EndpointPicker) -> int:
+    return sum(s.stats.batches for s in epp.event_streams.values())
+
+
+def total(epp: EndpointPicker, name: str, **labels: str) -> float:
+    """The sum over replicas of the picker's own /metrics family ``name`` with ``labels``;
+    fails when no sample matches (a renamed or unexported metric must not read as 0)."""
+    found = [
+        s.value
+        for family in epp.metrics.registry.collect()
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+    assert found, f"no sample of {name} {labels}"
+    return sum(found)
+
+
+async def precise_picker(
+    cluster: EmulatedCluster,
+    start_picker: PickerStarter,
+    session: aiohttp.ClientSession,
+    **settings: Any,
+) -> EndpointPicker:
+    """A precise picker whose event streams are connected and in step with the replicas."""
+    specs = tuple(f"{r.url}=connect:{r.kv_events_address}" for r in cluster.replicas)
+    routing = dataclasses.replace(
+        FAST_GATEWAY, replicas=tuple(cluster.urls), kv_events=specs, kv_block_size=BS,
+        **{**STEADY, **settings},
+    )  # fmt: skip
+    epp = await start_picker(EppConfig(routing, grpc_port=0, http_port=None), EmulatedTokenizer())
+    await reset_until_live(session, cluster.urls, lambda rid: [epp.event_streams[rid]])
+    return epp
+
+
+async def test_the_conversation_follows_the_engines_events(
+    publishing: EmulatedCluster, start_picker: PickerStarter, session: aiohttp.ClientSession
+) -> None:
+    """Speculative entries live 1 ms, so every match comes from the replicas' events: the
+    predicted cached tokens equal what the replicas then report, turn after turn."""
+    epp = await precise_picker(publishing, start_picker, session, speculative_ttl_s=0.001)
+    messages: list[dict[str, str]] = []
+    passed: list[Passed] = []
+    start = 0
+    for n in TURNS:
+        messages.append({"role": "user", "content": " ".join(f"w{i}" for i in range(start, n))})
+        start = n
+        before = batches(epp)
+        body = {"model": "emulated", "messages": messages, "max_tokens": 4}
+        reply = await through(epp, session, CHAT, body)
+        passed.append(reply)
+        messages.append(
+            {"role": "assistant", "content": reply.body["choices"][0]["message"]["content"]}
+        )
+        await until(lambda b=before: batches(epp) > b)  # the turn's blocks are reported
+    assert len({p.endpoint for p in passed}) == 1
+    cached = [p.cached for p in passed]
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:])
+    assert [p.predicted for p in passed] == cached
+    assert total(epp, "prefixroute_kv_events_total", type="BlockStored") >= len(TURNS)
+    assert total(epp, "prefixroute_kv_event_gaps_total") == 0
+    assert total(epp, "prefixroute_tokenize_seconds_count") == len(TURNS)
+    assert epp.router.speculative is not None and not epp.router.insert_on_route
+
+
+async def test_precise_mode_needs_a_tokenizer() -> None:
+    routing = dataclasses.replace(
+        FAST_GATEWAY,
+        replicas=("http://127.0.0.1:9",),
+        kv_events=("http://127.0.0.1:9=connect:tcp://127.0.0.1:9",),
+    )
+    with pytest.raises(ConfigError, match="tokenizer"):
+        EndpointPicker(EppConfig(routing))
+
+
+def test_precise_settings_are_serves_flags() -> None:
+    args = build_parser().parse_args([
+        "epp", "--endpoint", "10.0.0.1:8000", "--tokenizer", "/models/tok",
+        "--kv-events", "http://10.0.0.1:8000=connect:tcp://10.0.0.1:5557",
+        "--kv-block-size", "32", "--speculative-ttl", "0.5", "--fallbacks", "2",
+    ])  # fmt: skip
+    config = config_from_args(args)
+    assert config.routing.precise and config.routing.tokenizer == "/models/tok"
+    assert config.routing.kv_block_size == 32 and config.routing.speculative_ttl_s == 0.5
+    assert config.fallbacks == 2

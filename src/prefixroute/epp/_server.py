@@ -139,7 +139,7 @@ class EndpointPicker:
         if cfg.endpoints_file is not None:
             self._file = FileEndpoints(cfg.endpoints_file, self.endpoints)
             self._file.start()
-        self._session = aiohttp.ClientSession()
+        self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())  # as serve
         self._checker = HealthChecker(self.registry, self._session, cfg.routing)
         await self._checker.check_all(first=True)
         self._checker.start()

@@ -252,6 +252,9 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
         auto_decompress=False,  # relay bytes as the replica sent them
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),  # forward the client's
         raise_for_status=False,
+        # A proxy keeps no cookies: one client's Set-Cookie must never ride on another
+        # client's request (aiohttp's default jar stores cookies from host-named replicas).
+        cookie_jar=aiohttp.DummyCookieJar(),
     )
     limits = state.limits
     state.proxy = Proxy(

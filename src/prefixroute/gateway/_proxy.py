@@ -299,7 +299,8 @@ class Proxy:
                 try:
                     with self._traced(call, name) as headers:
                         async with self.session.request(
-                            request.method, url, data=_payload(admitted.body), headers=headers
+                            request.method, url, data=_payload(admitted.body), headers=headers,
+                            allow_redirects=False,  # a replica's 3xx is the client's to follow
                         ) as resp:
                             if resp.status >= 500 and can_retry:
                                 msg = f"replica {name} answered {resp.status}"

@@ -41,12 +41,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from _procs import pct, run_on_uvloop, spawn, timed, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the Envoy that make test-epp runs (tests/epp/envoy.py)
@@ -110,21 +110,6 @@ class Samples:
         return self.count / self.elapsed if self.elapsed else 0.0
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-def _cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) a process has used, or None off Linux."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _consecutive_free_ports(n: int) -> int:
     """A first port whose next ``n - 1`` are free too (emulate --count binds them in a row)."""
     for _ in range(50):
@@ -137,24 +122,6 @@ def _consecutive_free_ports(n: int) -> int:
             continue
         return first
     raise RuntimeError(f"no {n} consecutive free ports")
-
-
-def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "prefixroute.cli", *args]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-async def _wait_ready(session: aiohttp.ClientSession, url: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url) as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer 200")
 
 
 async def _one(session: aiohttp.ClientSession, url: str, i: int, out: Samples) -> str:
@@ -185,14 +152,11 @@ async def _round(
         for i in counter:
             reasons.add(await _one(session, urls[i % len(urls)], i, out))
 
-    cpu0 = _cpu_s(pid) if pid else None
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(conc)))
-    out.elapsed += time.perf_counter() - t0
+    elapsed, cpu = await timed(asyncio.gather(*(worker() for _ in range(conc))), pid)
+    out.elapsed += elapsed
     out.count += n
-    cpu1 = _cpu_s(pid) if pid else None
-    if cpu0 is not None and cpu1 is not None:
-        out.cpu_s += cpu1 - cpu0
+    if cpu is not None:
+        out.cpu_s += cpu
     return reasons
 
 
@@ -205,7 +169,7 @@ def _report(conc: int, direct: Samples, plain: Samples, picked: Samples, buf: Sa
     print(f"{'':18}{'direct':>9}{'envoy rr':>9}{'+epp':>9}{'added':>9}{'ratio':>7}"
           f"{'+epp buf':>10}{'added':>9}")  # fmt: skip
     for q, label in ((0.5, "p50"), (0.99, "p99")):
-        d, b, a, c = (_pct(s.latency, q) for s in (direct, plain, picked, buf))
+        d, b, a, c = (pct(s.latency, q) for s in (direct, plain, picked, buf))
         print(f"{'latency ' + label + ' (ms)':18}{_ms(d):>9}{_ms(b):>9}{_ms(a):>9}"
               f"{_ms(a - b):>9}{a / b:7.2f}{_ms(c):>10}{_ms(c - b):>9}")  # fmt: skip
     print(f"{'requests/s':18}{direct.rps:9.0f}{plain.rps:9.0f}{picked.rps:9.0f}{'':>9}"
@@ -223,8 +187,8 @@ async def _bench(
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         for url in direct:
-            await _wait_ready(session, url + "/health")
-        await _wait_ready(session, epp_http + "/health")
+            await wait_ready(session, url + "/health")
+        await wait_ready(session, epp_http + "/health")
         for urls in (direct, [plain], [picked], [buffered]):  # warm connections and caches
             await _round(session, urls, 200, 8, Samples())
         for conc in concurrencies:
@@ -268,16 +232,6 @@ def _start_envoys(binary: str, grpc_port: int, ports: list[int], work: Path) -> 
     return [picked, plain, buffered]
 
 
-def _run(coro: Coroutine[Any, Any, None]) -> None:
-    """On uvloop where installed, as the servers run."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(coro)
-    else:
-        uvloop.run(coro)
-
-
 def _emulated(first: int) -> list[str]:
     return ["-m", "prefixroute.cli", "emulate", "--port", str(first), "--count", str(REPLICAS),
             "--prefill-rate", "1e9", "--decode-step", "0", "--max-running", "1024"]  # fmt: skip
@@ -294,7 +248,7 @@ def _pass(binary: str, replica_args: list[str], first: int, conc: tuple[int, ...
     replicas = subprocess.Popen(
         [sys.executable, *replica_args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    epp = _spawn(
+    epp = spawn(
         ["epp", *(f"--endpoint=127.0.0.1:{p}" for p in ports), f"--grpc-port={grpc_port}",
          f"--http-port={http_port}"]
     )  # fmt: skip
@@ -306,7 +260,7 @@ def _pass(binary: str, replica_args: list[str], first: int, conc: tuple[int, ...
                 direct = [f"http://127.0.0.1:{p}" for p in ports]
                 epp_http = f"http://127.0.0.1:{http_port}"
                 urls = (plain.url, picked.url, buffered.url)
-                _run(_bench(direct, *urls, epp.pid, epp_http, conc))
+                run_on_uvloop(_bench(direct, *urls, epp.pid, epp_http, conc))
             finally:
                 for envoy in envoys:
                     envoy.stop()
@@ -384,6 +338,6 @@ async def _serve_instant(first: int, count: int) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--instant-replicas"]:
-        _run(_serve_instant(int(sys.argv[2]), int(sys.argv[3])))
+        run_on_uvloop(_serve_instant(int(sys.argv[2]), int(sys.argv[3])))
     else:
         main()

@@ -35,26 +35,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from _procs import pct, run_on_uvloop, spawn, timed, wait_ready
 
 ROUNDS = 4  # alternating direct / gateway rounds per configuration
 REQUESTS = {1: 400, 32: 1600}  # requests per round, by concurrency
 OUTPUT_TOKENS = 8
 HEAD = " ".join(f"shared{i}" for i in range(60))  # ~500 characters every prompt starts with
-
-
-def _cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) a process has used, or None off Linux."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -70,33 +60,10 @@ class Samples:
         return self.count / self.elapsed if self.elapsed else 0.0
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "prefixroute.cli", *args]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-async def _wait_ready(session: aiohttp.ClientSession, url: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(url + "/health") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} did not become ready")
 
 
 async def _one(
@@ -137,14 +104,11 @@ async def _round(
         for i in counter:
             await _one(session, url, i, stream, out)
 
-    cpu0 = _cpu_s(pid) if pid else None
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(conc)))
-    out.elapsed += time.perf_counter() - t0
+    elapsed, cpu = await timed(asyncio.gather(*(worker() for _ in range(conc))), pid)
+    out.elapsed += elapsed
     out.count += n
-    cpu1 = _cpu_s(pid) if pid else None
-    if cpu0 is not None and cpu1 is not None:
-        out.cpu_s += cpu1 - cpu0
+    if cpu is not None:
+        out.cpu_s += cpu
 
 
 def _ms(x: float) -> str:
@@ -159,7 +123,7 @@ def _report(mode: str, conc: int, direct: Samples, gw: Samples) -> None:
         ("first byte", direct.first_byte, gw.first_byte),
     ):
         for q, label in ((0.5, "p50"), (0.99, "p99")):
-            d, g = _pct(xs_d, q), _pct(xs_g, q)
+            d, g = pct(xs_d, q), pct(xs_g, q)
             row = f"{name} {label} (ms)"
             print(f"{row:24}{_ms(d):>10}{_ms(g):>10}{_ms(g - d):>10}{g / d:8.2f}")
     mean_d, mean_g = statistics.fmean(direct.latency), statistics.fmean(gw.latency)
@@ -189,8 +153,8 @@ async def _bench(pairs: list[tuple[Pair, tuple[int, ...]]]) -> None:
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         for pair, _ in pairs:
-            await _wait_ready(session, pair.replica_url)
-            await _wait_ready(session, pair.gateway_url)
+            await wait_ready(session, pair.replica_url + "/health")
+            await wait_ready(session, pair.gateway_url + "/health")
             for url in (pair.replica_url, pair.gateway_url):  # warm up connections and caches
                 await _round(session, url, 200, 8, True, Samples())
                 await _round(session, url, 200, 8, False, Samples())
@@ -207,22 +171,22 @@ async def _bench(pairs: list[tuple[Pair, tuple[int, ...]]]) -> None:
 
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--instant-replica":
-        _run(_instant_replica(int(sys.argv[2])))
+        run_on_uvloop(_instant_replica(int(sys.argv[2])))
         return
     rport, gport, iport, igport = (_free_port() for _ in range(4))
     replica_url = f"http://127.0.0.1:{rport}"
     gateway_url = f"http://127.0.0.1:{gport}"
     instant_url, instant_gw_url = f"http://127.0.0.1:{iport}", f"http://127.0.0.1:{igport}"
-    replica = _spawn(
+    replica = spawn(
         ["emulate", "--port", str(rport), "--prefill-rate", "1e9", "--decode-step", "0",
          "--max-running", "1024"]
     )  # fmt: skip
-    gateway = _spawn(["serve", "--port", str(gport), "--replica", replica_url])
+    gateway = spawn(["serve", "--port", str(gport), "--replica", replica_url])
     instant = subprocess.Popen(
         [sys.executable, __file__, "--instant-replica", str(iport)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    instant_gw = _spawn(["serve", "--port", str(igport), "--replica", instant_url])
+    instant_gw = spawn(["serve", "--port", str(igport), "--replica", instant_url])
     print("# gateway overhead: one near-zero-latency emulated replica, direct vs through gateway")
     print(f"# replica {replica_url}, gateway {gateway_url} (default policy), client in-process")
     print(f"# concurrency 1 also against an instant replica {instant_url} (no timer ticks)")
@@ -231,7 +195,7 @@ def main() -> None:
     try:
         emulated = Pair(replica_url, gateway_url, replica.pid, gateway.pid)
         canned = Pair(instant_url, instant_gw_url, instant.pid, instant_gw.pid, ", instant replica")
-        _run(_bench([(emulated, (1, 32)), (canned, (1,))]))
+        run_on_uvloop(_bench([(emulated, (1, 32)), (canned, (1,))]))
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -244,16 +208,6 @@ def main() -> None:
     print(f"\n(total {time.perf_counter() - started:.0f} s on {cores} cores, 5 processes)")
 
 
-def _run(main: Coroutine[Any, Any, None]) -> None:
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
-
-
-# The emulated replica's first output words, each with its leading space.
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 _INSTANT_TOKENS = [" " + word for word in _WORDS]
 

@@ -666,3 +666,15 @@ def test_arrival_rate_and_mean_uncached_decay_over_ten_seconds() -> None:
     assert load.arrival_rate(30.0) == pytest.approx(count * e / 10)
     assert load.mean_uncached() == pytest.approx(((100 * e + 300) * e + 500) / count)
     assert router.loads[R1].mean_uncached() == 0.0 and router.loads[R1].arrival_rate(5.0) == 0.0
+
+
+def test_ttft_adds_the_replica_s_learned_first_token_overhead() -> None:
+    """The docstring's last term: a replica's fixed first-token cost, where the speed model
+    learned one (a gateway), is part of its predicted TTFT; with ``learned_speeds`` off the
+    fixed constants know no overhead."""
+    for learned, expected in ((True, 1000 / RATE + 0.05), (False, 1000 / RATE)):
+        router = make_router("predicted_ttft", learned_speeds=learned)
+        router.replica_load(R0).speed.first_token_overhead_s = 0.05  # as if learned
+        ctx = context(router, tokens(1000))
+        assert router.policy.predict(ctx, R0) == pytest.approx(expected)  # type: ignore[attr-defined]
+        assert router.policy.predict(ctx, R1) == pytest.approx(1000 / RATE)  # type: ignore[attr-defined]

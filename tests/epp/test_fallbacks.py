@@ -98,27 +98,23 @@ async def test_without_fallbacks_one_endpoint_is_sent() -> None:
     assert len(names) == 1
 
 
-async def test_an_answer_served_by_a_fallback_counts_against_the_primary() -> None:
+@pytest.mark.parametrize("served_by", ["fallback", "primary"])
+async def test_an_answer_served_by_a_fallback_counts_against_the_primary(served_by: str) -> None:
+    """Served by the fallback: the primary gets the failure, the fallback the answer; served
+    by the primary, nothing changes."""
     s = shared("round_robin", FOUR, fallbacks=1)
     stream = PickStream(s)
     primary, fallback = destinations(await pick(stream, completion(10)))
-    await answer_served_by(stream, fallback)
-    assert s.registry.get(f"http://{primary}").failures == 1  # type: ignore[arg-type]
+    server = fallback if served_by == "fallback" else primary
+    await answer_served_by(stream, server)
+    assert s.registry.get(f"http://{primary}").failures == (server != primary)  # type: ignore[arg-type]
     assert s.registry.get(f"http://{fallback}").failures == 0  # type: ignore[arg-type]
     requests = s.metrics.registry.get_sample_value(
         "prefixroute_requests_total",
-        {"replica": s.registry.public_name(f"http://{fallback}"), "status": "200",  # type: ignore[arg-type]
+        {"replica": s.registry.public_name(f"http://{server}"), "status": "200",  # type: ignore[arg-type]
          "reason": "round_robin"},
     )  # fmt: skip
     assert requests == 1
-
-
-async def test_served_by_the_primary_changes_nothing() -> None:
-    s = shared("round_robin", FOUR, fallbacks=1)
-    stream = PickStream(s)
-    primary, _ = destinations(await pick(stream, completion(10)))
-    await answer_served_by(stream, primary)
-    assert s.registry.get(f"http://{primary}").failures == 0  # type: ignore[arg-type]
 
 
 def test_fallbacks_is_a_count() -> None:

@@ -28,9 +28,9 @@ from prefixroute.core.policies import (
     policy_names,
 )
 from prefixroute.core.request_key import EMPTY_KEY, Endpoint, RouteKey, key_of
-from prefixroute.core.router import Router, speed_priors_of
+from prefixroute.core.router import Router
 from prefixroute.core.speculative import SpeculativeEntries
-from prefixroute.core.speed import ReplicaSpeed, SpeedConfig
+from prefixroute.core.speed import ReplicaSpeed, SpeedConfig, speed_priors_of
 from prefixroute.core.token_count import CharsPerToken, TokenCountConfig, TokenCounts
 from prefixroute.core.types import (
     CandidateScore,

@@ -51,6 +51,7 @@ import math
 from dataclasses import dataclass, field
 
 from prefixroute.core.errors import ConfigError
+from prefixroute.core.index import PrefixIndex
 from prefixroute.core.types import ReplicaId
 
 
@@ -119,3 +120,13 @@ class IndexCapacity:
         cap.blocks = min(float(cap.configured), max(low, cap.blocks * math.exp(step)))
         after = int(cap.blocks)
         return after if after != before else None
+
+    def observe(
+        self, index: PrefixIndex, replica: ReplicaId, predicted: int, actual: int, tolerance: int
+    ) -> None:
+        """:meth:`vote`, then resize ``replica`` in ``index`` if the capacity changed (the
+        entries dropped count as ``trimmed``)."""
+        resized = self.vote(replica, predicted, actual, tolerance)
+        cap = self._replicas.get(replica)
+        if resized is not None and cap is not None:
+            cap.trimmed += index.resize_replica(replica, resized)

@@ -9,16 +9,13 @@ Both the simulator and the gateway drive a :class:`Router` the same way::
     router.observe_usage("req-1", prompt_tokens=p, cached_tokens=c)  # the replica's usage, if any
     router.complete("req-1", now, output_tokens=n)  # finished, failed or cancelled
 
-The same calls teach the router each replica's speed (:mod:`prefixroute.core.speed`): a first
-token's time against the work queued ahead, a completion's decode time against its output
-tokens. The priors are the policy's own constants when its config has them
-(``prefill_tokens_per_s``, ``decode_step_s``, ``step_tokens``), so a fresh router predicts with
-exactly the numbers the policy was configured with.
-
-The same usage teaches the router each model's characters per token
-(:mod:`prefixroute.core.token_count`): a request keyed on text is counted in tokens at that
-ratio (its ``prompt_tokens``, and the cached tokens its matched characters stand for), starting
-from the 4.0 prior.
+The same calls teach the router what it cannot be told: each replica's speed
+(:mod:`prefixroute.core.speed`: a first token's time against the work queued ahead, a
+completion's decode time against its output tokens; the priors are the policy's own constants),
+each model's characters per token (:mod:`prefixroute.core.token_count`: a text key's tokens and
+cached tokens are counted at that ratio) and, with ``capacity=IndexCapacityConfig(learn=True)``,
+how much each replica really keeps (:mod:`prefixroute.core.index_capacity`, off by default for
+the reason given there).
 
 A request for a LoRA adapter (``view(..., adapter=name)``) is hashed in the adapter's own key
 space (:meth:`BlockHasher.for_adapter`), composed with a tenant's seed: an engine keeps each
@@ -33,20 +30,14 @@ methods, and with ``speculative_ttl_s`` records each decision as a short-lived s
 entry instead, which covers the requests routed before their events arrive (see
 :mod:`prefixroute.core.speculative`).
 
-With ``capacity=IndexCapacityConfig(learn=True)``, the same usage also teaches approximate mode
-how much each replica really keeps (:mod:`prefixroute.core.index_capacity`, off by default for
-the reason given there): reports of fewer cached tokens than predicted shrink that replica's
-index (trimming its oldest entries), reports of more let it grow back to the configured
-capacity.
-
 Every change to what the router believes goes through a method here, whoever hears of it: its
 own decisions (:meth:`route` and the calls after it), another router instance's decisions
 (:meth:`remote_routed`, :meth:`remote_dispatch`), an engine's KV events (:meth:`engine_stored`,
 :meth:`engine_removed`, :meth:`engine_cleared`) and the numbers a replica reports about itself
-(:meth:`observe_replica`). The index, the load view and the speculative entries are the
-router's own: code outside ``core`` reads them through the methods at the end of the class
-(``tests/test_router_ownership.py`` holds it to that), so a newcomer finds every change to the
-routing state in this file.
+(:meth:`observe_replica`, :meth:`observe_engine_prefill`). The index, the load view and the
+speculative entries are the router's own: code outside ``core`` reads them through the methods
+at the end of the class (``tests/test_router_ownership.py`` holds it to that), so a newcomer
+finds every change to the routing state in this file.
 """
 
 from __future__ import annotations
@@ -63,7 +54,7 @@ from prefixroute.core.index_capacity import IndexCapacity, IndexCapacityConfig, 
 from prefixroute.core.load import LoadTracker, ReplicaLoad
 from prefixroute.core.policies import Policy, RoutingContext
 from prefixroute.core.speculative import SpeculativeEntries
-from prefixroute.core.speed import SpeedConfig
+from prefixroute.core.speed import SpeedConfig, speed_priors_of
 from prefixroute.core.token_count import CharsPerToken, TokenCountConfig, TokenCounts
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 
@@ -111,8 +102,9 @@ class Router:
             self._registered.add(replica)
             self._replicas.append(replica)
             # Precise mode's index follows the engines' own evictions: nothing to learn.
-            bounded = self.index.capacity_of(replica) if self.insert_on_route else None
-            self.capacity.track(replica, bounded)
+            self.capacity.track(
+                replica, self.index.capacity_of(replica) if self.insert_on_route else None
+            )
         self.loads.add_replica(replica)
 
     def remove_replica(self, replica: ReplicaId) -> None:
@@ -213,13 +205,9 @@ class Router:
     def explain(
         self, request: RequestView, now: float, candidates: Sequence[ReplicaId] | None = None
     ) -> Decision:
-        """Where :meth:`route` would send ``request`` now, and what the policy saw of every
-        candidate, without routing it.
-
-        Nothing is recorded, and the policy decides on copies of its own state and of the
-        random generator, so a round-robin turn or a random draw is not used up: the next real
-        decision is the one it would have been had nobody asked.
-        """
+        """Where :meth:`route` would send ``request`` now, with what the policy saw of every
+        candidate, recording nothing: the policy decides on copies of its state and of the
+        random generator, so the next real decision is the one it would have been anyway."""
         policy, rng = copy.deepcopy(self.policy), copy.deepcopy(self.rng)
         return self._decide(request, now, candidates, policy, rng, explain=True)
 
@@ -270,15 +258,9 @@ class Router:
         if actual > req.uncached_tokens:
             self.overpredicted += 1
             self.overpredicted_tokens += actual - req.uncached_tokens
-        # A prediction is made in key blocks and a report counts KV blocks: closer than the two
-        # together is agreement.
-        tolerance = int(req.key_block_tokens) + self.loads.block_size
-        resized = self.capacity.vote(req.replica, req.predicted_cached, cached_tokens, tolerance)
-        if resized is not None and req.replica in self._registered:
-            trimmed = self.index.resize_replica(req.replica, resized)
-            learned = self.capacity.get(req.replica)
-            if learned is not None:
-                learned.trimmed += trimmed
+        # Predictions are in key blocks, reports in KV blocks: closer than both is agreement.
+        tol = int(req.key_block_tokens) + self.loads.block_size
+        self.capacity.observe(self.index, req.replica, req.predicted_cached, cached_tokens, tol)
 
     def complete(self, request_id: str, now: float, output_tokens: int | None = None) -> None:
         """The request ended at ``now``, however it ended. Pass ``output_tokens`` (the tokens
@@ -287,7 +269,7 @@ class Router:
         self.loads.complete(request_id, now, output_tokens)
         self.tokens.forget(request_id)
 
-    # --- what other router instances decided (the gateway's Redis sync) -------------------
+    # --- what other router instances decided (prefixroute.sync) ----------------------------
     def remote_routed(
         self,
         replica: ReplicaId,
@@ -367,6 +349,15 @@ class Router:
             replica, kv_usage=kv_usage, num_waiting=num_waiting, num_running=num_running
         )
 
+    def observe_engine_prefill(
+        self, replica: ReplicaId, *, tokens: float, requests: int, seconds: float
+    ) -> None:
+        """``replica``'s engine reported (its metrics, between two scrapes) that ``requests``
+        requests spent ``seconds`` from being scheduled to their first token, computing
+        ``tokens`` uncached tokens: its speed model learns from it (ignored if not registered)."""
+        if replica in self._registered:
+            self.loads.get(replica).speed.observe_engine_prefill(tokens, requests, seconds)
+
     # --- reads, for metrics, dashboards and reports ---------------------------------------
     def replica_load(self, replica: ReplicaId) -> ReplicaLoad:
         """``replica``'s load and learned speed as the router sees them (a replica never seen
@@ -399,31 +390,9 @@ class Router:
         return len(self.speculative) if self.speculative is not None else None
 
     def index_capacity(self, replica: ReplicaId) -> ReplicaCapacity | None:
-        """What the router has learned of how much ``replica`` keeps (None: not learned, as in
-        precise mode or with an unbounded index)."""
+        """How much ``replica`` keeps, as learned (None: not learning, or unbounded)."""
         return self.capacity.get(replica)
 
     def chars_per_token(self) -> dict[str | None, CharsPerToken]:
         """Each model's characters per token as learned from usage (None: no model named)."""
         return self.tokens.models()
-
-    def observe_engine_prefill(
-        self, replica: ReplicaId, *, tokens: float, requests: int, seconds: float
-    ) -> None:
-        """``replica``'s engine reported (its scraped metrics, between two scrapes) that
-        ``requests`` requests spent ``seconds`` in all from being scheduled to their first
-        token, computing ``tokens`` uncached prompt tokens: its speed model learns from it
-        (:meth:`ReplicaSpeed.observe_engine_prefill`). A replica not registered is ignored."""
-        if replica in self._registered:
-            self.loads.get(replica).speed.observe_engine_prefill(tokens, requests, seconds)
-
-
-def speed_priors_of(policy: Policy) -> SpeedConfig:
-    """Speed priors from the policy's config fields of the same names, where it has them."""
-    config = getattr(policy, "config", None)
-    d = SpeedConfig()
-    return SpeedConfig(
-        prefill_tokens_per_s=getattr(config, "prefill_tokens_per_s", d.prefill_tokens_per_s),
-        decode_step_s=getattr(config, "decode_step_s", d.decode_step_s),
-        step_tokens=getattr(config, "step_tokens", d.step_tokens),
-    )

@@ -355,3 +355,15 @@ class ReplicaSpeed:
             "prior_prefill_tokens_per_s": self.config.prefill_tokens_per_s,
             "prior_decode_step_s": self.config.decode_step_s,
         }
+
+
+def speed_priors_of(policy: object) -> SpeedConfig:
+    """Speed priors from a policy's config fields of the same names, where it has them (a fresh
+    router then predicts with exactly the numbers its policy was configured with)."""
+    config = getattr(policy, "config", None)
+    d = SpeedConfig()
+    return SpeedConfig(
+        prefill_tokens_per_s=getattr(config, "prefill_tokens_per_s", d.prefill_tokens_per_s),
+        decode_step_s=getattr(config, "decode_step_s", d.decode_step_s),
+        step_tokens=getattr(config, "step_tokens", d.step_tokens),
+    )

@@ -87,9 +87,12 @@ def test_resizing_drops_the_least_recently_touched_blocks_first() -> None:
     lru.touch([1, 2, 3])  # now the most recent
     assert lru.resize(3) == 3
     assert sorted(lru.blocks()) == [1, 2, 3]
-    with pytest.raises(ValueError):
+    assert lru.resize(1) == 2 and list(lru.blocks()) == [1]  # one block is a capacity
+    lru.touch([7, 8])  # and it holds from then on
+    assert len(lru) == 1
+    with pytest.raises(ValueError, match="capacity must be at least 1 block"):
         lru.resize(0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="an unbounded LRU keeps no order to resize by"):
         ReplicaLRU(None).resize(4)
 
 
@@ -103,6 +106,9 @@ def test_the_index_resizes_a_bounded_replica_and_counts_the_evictions(compiled: 
     unbounded = PrefixIndex(None, compiled=compiled)
     unbounded.insert(R, [1, 2])
     assert unbounded.resize_replica(R, 1) == 0 and unbounded.blocks_of(R) == 2
+    index.insert(R, [1, 2, 3, 4])
+    assert index.resize_replica(R, 2) == 2 and index.evictions == 4  # evictions add up
+    assert index.capacity_of(ReplicaId("never-seen")) is None
 
 
 def _router(capacity: IndexCapacityConfig | None, insert_on_route: bool = True) -> Router:

@@ -8,8 +8,8 @@ configured constants. The workload mixes prompt sizes (30 to 2,000 uncached toke
 extending an earlier prompt, so part of it is cached) and output lengths, two requests in
 flight, on both engines (the default policy, approximate mode).
 
-It runs twice on fresh gateways: with the first-token overhead fixed at 0
-(``learn_ttft_overhead = false``) and learned (the gateway's default). The tiny model prefills a few
+It runs twice on fresh gateways: with the first-token overhead fixed at 0 (the gateway's
+default) and learned (``learn_ttft_overhead = true``). The tiny model prefills a few
 thousand tokens in tens of milliseconds, so a first token's fixed cost (HTTP, templating,
 scheduling: tens of milliseconds here) is most of a short request's TTFT; without the term the
 fit has no way to say so. Each engine's scraped prefill times (``vllm:request_prefill_time_
@@ -182,7 +182,7 @@ async def test_predicted_ttft_within_30_percent_of_measured_at_p50(
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
         fixed = await run(session, engines, seed=1, learn_overhead=False)
         fixed_judged, judged[:] = list(judged), []
-        learned = await run(session, engines, seed=2, learn_overhead=True)  # the default
+        learned = await run(session, engines, seed=2, learn_overhead=True)
     report("overhead fixed at 0", fixed, fixed_judged)
     p50 = report("overhead learned", learned, judged)
     for url, s in learned.items():

@@ -139,7 +139,7 @@ def gateway_state(config: GatewayConfig, tokenizer: PromptTokenizer | None) -> G
         insert_on_route=not config.precise,
         speculative_ttl_s=config.speculative_ttl_s if config.precise else None,
         # A real first token carries fixed costs a simulated one does not (HTTP, templating,
-        # scheduling): each replica's is learned beside its prefill rate (core/speed.py).
+        # scheduling): learn_ttft_overhead learns each replica's beside its prefill rate.
         speed=dataclasses.replace(
             speed_priors_of(policy), learn_overhead=config.learn_ttft_overhead
         ),

@@ -127,6 +127,5 @@ class IndexCapacity:
         """:meth:`vote`, then resize ``replica`` in ``index`` if the capacity changed (the
         entries dropped count as ``trimmed``)."""
         resized = self.vote(replica, predicted, actual, tolerance)
-        cap = self._replicas.get(replica)
-        if resized is not None and cap is not None:
-            cap.trimmed += index.resize_replica(replica, resized)
+        if resized is not None:  # only a tracked replica's capacity changes
+            self._replicas[replica].trimmed += index.resize_replica(replica, resized)

@@ -147,12 +147,10 @@ class LoadTracker:
             output_tokens=request.output_tokens,
             predicted_cached_tokens=decision.predicted_cached_tokens,
             now=now,
-        )
-        # A text key's blocks are characters: in tokens, a block is what the prompt's estimate
-        # makes of it.
-        units = max(1, request.prompt_units)
-        self._requests[request.request_id].key_block_tokens = (
-            request.block_size * request.prompt_tokens / units
+            # A text key's blocks are characters: in tokens, a block is what the prompt's
+            # estimate makes of it.
+            key_block_tokens=request.block_size * request.prompt_tokens
+            / max(1, request.prompt_units),
         )
 
     def count_dispatch(
@@ -164,9 +162,11 @@ class LoadTracker:
         output_tokens: int,
         predicted_cached_tokens: int,
         now: float,
+        key_block_tokens: float | None = None,
     ) -> None:
         """A request was sent to ``replica``, known by its numbers only: :meth:`dispatch`'s
-        bookkeeping, for a request another router instance routed (it shares them)."""
+        bookkeeping, for a request another router instance routed (it shares them).
+        ``key_block_tokens``: one block of its key in tokens (None: one KV block)."""
         if request_id in self._requests:
             # A reused id: the earlier request is over as far as the load view can tell.
             self.complete(request_id, now)
@@ -178,7 +178,8 @@ class LoadTracker:
         self._requests[request_id] = _InFlight(
             replica, load, uncached, output_tokens, blocks,
             dispatched_s=now, ahead_tokens=load.queued_left(now), decoding=load.decoding > 0,
-            predicted_cached=prompt_tokens - uncached, key_block_tokens=self.block_size,
+            predicted_cached=prompt_tokens - uncached,
+            key_block_tokens=self.block_size if key_block_tokens is None else key_block_tokens,
         )  # fmt: skip
         load.in_flight += 1
         load.prefilling += 1

@@ -142,12 +142,12 @@ class PredictedTTFT:
         prompt = ctx.request.prompt_tokens
         cached = ctx.cached
         now, load_of, terms = ctx.now, ctx.loads.get, self._terms
-        predicted: dict[ReplicaId, tuple[float, float]] = {}  # r -> (TTFT, score)
         scored: list[tuple[float, ReplicaId]] = []
+        ttfts: list[float] = []  # beside scored, for an explanation only
         for r in ctx.candidates:
             ttft, cost = terms(load_of(r), prompt - cached[r], now)
-            predicted[r] = (ttft, ttft + cost)
             scored.append((ttft + cost, r))
+            ttfts.append(ttft)
         best_ttft = min(scored)[0]
         near = [r for t, r in scored if t <= best_ttft + cfg.tie_tolerance_s]
         if len(near) > 1:
@@ -167,4 +167,5 @@ class PredictedTTFT:
         if not ctx.explain:
             return ctx.decide(chosen, reason)
         # Explaining: each candidate's predicted TTFT beside the score that was minimised.
-        return ctx.decide(chosen, reason, predicted)
+        explained = {r: (t, s) for (s, r), t in zip(scored, ttfts, strict=True)}
+        return ctx.decide(chosen, reason, explained)

@@ -131,3 +131,18 @@ def test_the_report_shows_learned_against_true_speed() -> None:
     assert speeds["r2"]["prefill_tokens_per_s"] == 5_000.0
     assert speeds["r2"]["learned_prefill_tokens_per_s"] == pytest.approx(5_000.0, rel=TOLERANCE)
     assert speed_table([m]) is not None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_fleet_faster_than_the_constants_uses_every_replica(seed: int) -> None:
+    """Every replica 3x faster than the configured 10,000 tokens/s, and a fifth joining at 8 s:
+    each serves at least a twentieth of the requests (core/load.py: a cold replica starts from
+    the fleet's learned speed). Started from the constants, the replicas that warmed up first
+    looked 3x faster than the rest, and two or three of the five were sent nothing."""
+    overrides = {"sessions": "100", "rate": "8.6", "add_replica_at_s": "8"}
+    w = make_workload("multi-turn", seed, overrides)
+    fast = ReplicaConfig(prefill_tokens_per_s=30_000.0)
+    result = ClusterSim(w, make_policy(DEFAULT_POLICY), 4, fast, seed).run()
+    served = summarize(result, None).per_replica_requests
+    assert len(served) == 5
+    assert min(served.values()) >= len(result.records) / 20, served

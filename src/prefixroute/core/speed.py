@@ -67,6 +67,17 @@ still counts as one observation, which settles what the data leave open (every r
 replica the same size: rate and decode step trade off), and every estimate stays within
 ``prior / bound .. prior * bound``.
 
+**A fresh replica in a running fleet** (``fleet_prior``) predicts with its fleet's learned
+estimates (:meth:`ReplicaSpeed.start_from`; the load view picks them: its median replica's)
+instead of the configured constants, until its own observations take over. The
+constants are a guess about hardware nobody measured; the fleet's estimates were measured on
+the same model and, usually, similar hardware. With the constants, a replica joining a fleet
+that learned 3x the configured rate looks 3x slower than its peers, and is sent nothing until
+their queues make up the difference; one joining a fleet 3x slower looks 3x faster and is
+flooded until it has warmed up. On two real vLLM engines with the first-token overhead learned,
+the engine that warmed up second stayed at the constants, which made it look too slow to try:
+every request went to the other.
+
 **How good the predictions are.** Before a first token teaches the model, the model predicts it
 from the estimates of the moment (which have not seen it): ``predicted / measured`` goes into a
 window per replica, once the replica is past its priors (the first ``min_observations``
@@ -107,6 +118,7 @@ class SpeedConfig:
     learn: bool = True  # False: the estimates stay at the priors (fixed constants)
     first_token_overhead_s: float = 0.0  # prior fixed time of every first token, seconds
     learn_overhead: bool = False  # learn that overhead too (a gateway; a simulator has none)
+    fleet_prior: bool = True  # a replica not warmed up predicts with its fleet's (load.py)
 
     def __post_init__(self) -> None:
         if self.prefill_tokens_per_s <= 0 or self.decode_step_s < 0 or self.step_tokens < 1:
@@ -150,6 +162,7 @@ class ReplicaSpeed:
     engine_observations: int = 0  # scrape intervals with engine prefill times
     ttft_predictions: int = 0  # TTFTs predicted past the warm-up (judged in ``_ratios``)
     outliers: int = 0  # observations the last refit left out
+    from_fleet: bool = False  # not warmed up, predicting with the fleet's estimates (start_from)
     _prefill: deque[_Obs] = field(default_factory=deque)
     _decode: deque[_Obs] = field(default_factory=deque)
     _engine: deque[_Obs] = field(default_factory=deque)
@@ -202,23 +215,66 @@ class ReplicaSpeed:
         seen = len(self._prefill) + len(self._decode) + len(self._engine)
         return self.config.learn and seen >= max(1, self.config.min_observations)
 
+    def estimates(self) -> tuple[float, float, float, float]:
+        """(prefill rate, decode step, first-token overhead, engine overhead) as predicted now."""
+        return (
+            self.prefill_tokens_per_s,
+            self.decode_step_s,
+            self.first_token_overhead_s,
+            self.engine_overhead_s,
+        )
+
+    def start_from(self, fleet: tuple[float, float, float, float]) -> None:
+        """Predict with ``fleet``'s estimates (as :meth:`estimates` orders them: learned on
+        its peers) while this replica has not warmed up, each within its bounds; once
+        it has, its own fit replaces them and this does nothing. (Module docstring: a fresh
+        replica in a running fleet.)"""
+        cfg = self.config
+        if self.warmed_up or not cfg.learn or not cfg.fleet_prior:
+            return
+        rate, step, first, engine = fleet
+        bound, most = cfg.bound, cfg.bound * cfg.overhead_scale_s
+        prior_rate, prior_step = cfg.prefill_tokens_per_s, cfg.decode_step_s
+        self.prefill_tokens_per_s = min(max(rate, prior_rate / bound), prior_rate * bound)
+        self.decode_step_s = (
+            min(max(step, prior_step / bound), prior_step * bound) if prior_step > 0 else step
+        )
+        # A learned overhead only where this replica would learn one: otherwise its
+        # predictions would carry a term its own fit then drops.
+        self.first_token_overhead_s = (
+            min(max(first, 0.0), most) if cfg.learn_overhead else cfg.first_token_overhead_s
+        )
+        self.engine_overhead_s = min(max(engine, 0.0), most)
+        self.from_fleet = True
+
     def ttft_ratios(self) -> list[float]:
         """``predicted / measured`` of the last ``window`` TTFTs predicted past the warm-up."""
         return list(self._ratios)
 
     # --- observations ---------------------------------------------------------------------
-    def observe_prefill(self, tokens: float, steps: float, ttft_s: float) -> None:
+    def observe_prefill(self, tokens: float, steps: float, ttft_s: float) -> _Obs | None:
         """A request covering ``tokens`` of prefill work (queued left + its own uncached) got
         its first token ``ttft_s`` after dispatch, sharing ``steps`` decode steps. Judged first:
-        what the model predicted for it, past the warm-up."""
+        what the model predicted for it, past the warm-up. Returns the observation, for
+        :meth:`correct_prefill` (None: not taken)."""
         if not self.config.learn or tokens < 0 or not math.isfinite(ttft_s) or ttft_s < 0:
-            return
+            return None
         if self.warmed_up and ttft_s > 0:
             self._ratios.append(self.ttft_s(tokens, steps) / ttft_s)
             self.ttft_predictions += 1
-        self._prefill.append(_Obs((tokens, steps, 0.0, 1.0), ttft_s))
+        obs = _Obs((tokens, steps, 0.0, 1.0), ttft_s)
+        self._prefill.append(obs)
         self.prefill_observations += 1
         self._observed()
+        return obs
+
+    def correct_prefill(self, obs: _Obs, tokens: float, steps: float) -> None:
+        """``obs`` (from :meth:`observe_prefill`) covered ``tokens`` of work over ``steps``
+        steps, not what it said: the replica reported its own uncached count after the first
+        token taught the model. Refits when past the warm-up (a refit then follows anyway)."""
+        obs.x = (max(0.0, tokens), steps, 0.0, 1.0)
+        if self.warmed_up and any(o is obs for o in self._prefill):
+            self._refit()
 
     def observe_decode(self, duration_s: float, steps: int, prefilled_tokens: float) -> None:
         """A request decoded ``steps`` more tokens in ``duration_s`` seconds, while the replica
@@ -316,6 +372,7 @@ class ReplicaSpeed:
         bounds. An overhead is fitted only when there is something to fit it on: engine
         observations for the engine's, ``learn_overhead`` for the first tokens'."""
         cfg = self.config
+        self.from_fleet = False
         a, c = self._normal_equations()
         free = [0, 1]
         if self._engine:
@@ -334,7 +391,7 @@ class ReplicaSpeed:
         self.engine_overhead_s = min(theta[2], most)
         self.first_token_overhead_s = min(theta[3], most)
 
-    def snapshot(self) -> dict[str, float | int | None]:
+    def snapshot(self) -> dict[str, float | int | str | None]:
         """The estimates and their evidence, for reports and the admin API.
 
         ``ttft_error_p50`` is the median of ``|predicted / measured - 1|`` over the last
@@ -350,6 +407,10 @@ class ReplicaSpeed:
             "decode_observations": self.decode_observations,
             "engine_observations": self.engine_observations,
             "ttft_predictions": self.ttft_predictions,
+            # Where the estimates come from: "learned" (this replica's own fit), "fleet" (its
+            # fleet's, until it warms up) or "prior" (the configured constants).
+            "estimates_from": "learned" if self.warmed_up
+            else "fleet" if self.from_fleet else "prior",
             "ttft_error_p50": statistics.median(abs(r - 1) for r in ratios) if ratios else None,
             "ttft_ratio_p50": statistics.median(ratios) if ratios else None,
             "prior_prefill_tokens_per_s": self.config.prefill_tokens_per_s,

@@ -267,7 +267,7 @@ class _LiveCollector(Collector):
             overhead.add_metric([record.url], speed.first_token_overhead_s)
             predictions.add_metric([record.url], speed.ttft_predictions)
             p50 = speed.snapshot()["ttft_error_p50"]
-            if p50 is not None:
+            if isinstance(p50, (int, float)):
                 error.add_metric([record.url], p50)
         yield from (overhead, error, predictions)
 

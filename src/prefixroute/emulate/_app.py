@@ -15,6 +15,7 @@ at once, as vLLM aborts a request whose client went away.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -110,6 +111,9 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     config, engine = request.app[CONFIG], request.app[ENGINE]
     parsed = parse_request(endpoint, await _read_json(request), config.model, config.adapters)
     writer = ResponseWriter(parsed, config.model)
+    overhead_s = config.engine.first_token_overhead_s * config.time_scale
+    if overhead_s > 0:  # what a real server spends before its engine queues the request
+        await asyncio.sleep(overhead_s)
     gen = engine.submit(parsed.tokens, parsed.max_tokens, parsed.cache_salt, parsed.adapter)
     try:
         if parsed.stream:

@@ -22,6 +22,7 @@ from prefixroute.core import (
     RequestTooLarge,
     RequestView,
     Router,
+    SpeedConfig,
 )
 from prefixroute.sim.fleet import Fleet, SpeedChange
 from prefixroute.sim.kernel import ARRIVAL, URGENT, Kernel
@@ -72,6 +73,8 @@ class ReplicaRecord:
     decode_step_s: float = 0.0  # its true decode step at the end of the run, seconds
     learned_prefill_tokens_per_s: float = 0.0  # the router's estimate at the end, tokens/s
     learned_decode_step_s: float = 0.0  # the router's estimate at the end, seconds
+    first_token_overhead_s: float = 0.0  # its true fixed time before its engine queue, seconds
+    learned_first_token_overhead_s: float = 0.0  # the router's estimate at the end, seconds
     kv_capacity_blocks: int = 0  # its true KV cache, blocks
     index_capacity_blocks: int | None = None  # the router's index capacity for it at the end
 
@@ -126,6 +129,7 @@ class ClusterSim:
         trace_speeds: bool = False,
         index_capacity_scale: float = 1.0,
         index_capacity: IndexCapacityConfig | None = None,
+        speed: SpeedConfig | None = None,
     ) -> None:
         self.workload = workload
         self.policy = policy
@@ -141,6 +145,7 @@ class ClusterSim:
         # ``index_capacity`` says so (None: the Router's default).
         self.index_capacity_scale = index_capacity_scale
         self.index_capacity = index_capacity
+        self.speed = speed  # the router's speed priors and learning (None: the policy's priors)
 
     def run(self) -> RunResult:
         wall0 = time.perf_counter()
@@ -153,6 +158,7 @@ class ClusterSim:
             kv_block_size=cfg.block_size,
             seed=self.seed,
             capacity=self.index_capacity,
+            speed=self.speed,
         )
         self._live: dict[ReplicaId, _Live] = {}
         self._stats: dict[ReplicaId, ReplicaRecord] = {}
@@ -213,6 +219,7 @@ class ClusterSim:
         st = self._stats[rid]
         st.learned_prefill_tokens_per_s = speed.prefill_tokens_per_s
         st.learned_decode_step_s = speed.decode_step_s
+        st.learned_first_token_overhead_s = speed.first_token_overhead_s
         learned = self._router.index_capacity(rid)
         st.index_capacity_blocks = int(learned.blocks) if learned is not None else None
 
@@ -260,6 +267,7 @@ class ClusterSim:
         st.evictions = model.cache.evictions
         st.prefill_tokens_per_s = model.config.prefill_tokens_per_s
         st.decode_step_s = model.config.decode_step_s
+        st.first_token_overhead_s = model.config.first_token_overhead_s
 
     # --- requests -------------------------------------------------------------------------
     def _next_session(self) -> None:
@@ -317,15 +325,30 @@ class ClusterSim:
             arrival_s=now,
             block_hashes=list(p.view.block_hashes),
         )
+        overhead = self._live[rid].model.config.first_token_overhead_s
+        if overhead > 0:  # on its way to the engine's queue (HTTP, tokenizing) meanwhile
+            self._kernel.after(overhead, partial(self._submit, p, rid, req))
+        else:
+            self._submit(p, rid, req)
+
+    def _submit(self, p: _Pending, rid: ReplicaId, req: EngineRequest) -> None:
+        """``req`` reaches ``rid``'s engine queue."""
+        live, now = self._live[rid], self._kernel.now
+        if not live.accepting:  # removed while the request was on its way: routed again
+            p.record.rerouted += 1
+            self._router.complete(req.request_id, now, output_tokens=0)
+            self._dispatch(p)
+            return
+        req.arrival_s = now
         try:
-            self._live[rid].model.submit(req)
+            live.model.submit(req)
         except RequestTooLarge:
             # Counted as a failed request (no first token); the run goes on.
             self._router.complete(p.record.request_id, now, output_tokens=0)
             del self._pending[p.record.request_id]
             return
         self._stats[rid].requests += 1
-        self._live[rid].stepper.kick()  # start stepping, or cut a long decode stretch short
+        live.stepper.kick()  # start stepping, or cut a long decode stretch short
 
     def _end(self, rid: ReplicaId, result: StepResult) -> None:
         """``rid`` applied a step (its stepper plans the next one after this returns)."""

@@ -34,6 +34,7 @@ FLEET_KEYS: dict[str, tuple[str, float]] = {
     "kv_tokens": ("kv_capacity_blocks", 1.0),  # KV cache, tokens (divided by the block size)
     "step_tokens": ("step_tokens", 1.0),  # token budget per step
     "max_running": ("max_running", 1.0),  # requests in the running batch
+    "overhead_ms": ("first_token_overhead_s", 0.001),  # fixed time before the engine queues it
 }
 CHANGE_KEYS = ("prefill", "decode_ms")  # what a speed change may set
 
@@ -131,10 +132,11 @@ class Fleet:
             if i == len(self.configs) or self.configs[i] != self.configs[start]:
                 c = self.configs[start]
                 who = f"r{start}" if i - start == 1 else f"r{start}-r{i - 1}"
+                overhead = c.first_token_overhead_s
                 parts.append(
                     f"{who}: {c.prefill_tokens_per_s:,.0f} tok/s, "
                     f"{c.decode_step_s * 1000:g} ms/step, {c.kv_capacity_blocks * c.block_size:,}"
-                    " KV tokens"
+                    " KV tokens" + (f", {overhead * 1000:g} ms before queueing" if overhead else "")
                 )
                 start = i
         parts += [

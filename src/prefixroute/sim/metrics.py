@@ -184,6 +184,8 @@ def _speeds(result: RunResult) -> dict[str, dict[str, float]]:
             "decode_step_s": rep.decode_step_s,
             "learned_prefill_tokens_per_s": rep.learned_prefill_tokens_per_s,
             "learned_decode_step_s": rep.learned_decode_step_s,
+            "first_token_overhead_s": rep.first_token_overhead_s,
+            "learned_first_token_overhead_s": rep.learned_first_token_overhead_s,
         }
         for rep in result.replicas
         if rep.learned_prefill_tokens_per_s > 0

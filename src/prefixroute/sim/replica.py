@@ -49,12 +49,18 @@ class ReplicaConfig:
     decode_step_s: float = 0.015  # added to a step that decodes, seconds (inter-token latency)
     step_tokens: int = 2048  # token budget per step, tokens (max_num_batched_tokens)
     max_running: int = 256  # requests in the running batch (max_num_seqs)
+    # Fixed time before the engine queues a request (the HTTP exchange, tokenizing, templating),
+    # seconds: the cluster and the emulator hold each request this long before submitting it.
+    # A real server has it; 0 keeps the article's model (every recorded simulation).
+    first_token_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if min(self.kv_capacity_blocks, self.block_size, self.step_tokens, self.max_running) < 1:
             raise ConfigError("replica sizes (capacity, block size, budget, batch) must be >= 1")
         if self.prefill_tokens_per_s <= 0 or self.decode_step_s < 0:
             raise ConfigError("prefill rate must be positive and decode step time non-negative")
+        if not self.first_token_overhead_s >= 0:
+            raise ConfigError("first-token overhead must be non-negative")
 
 
 @dataclass(slots=True, eq=False)

@@ -51,53 +51,15 @@ from _procs import pct, run_on_uvloop, spawn, timed, wait_ready
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the Envoy that make test-epp runs (tests/epp/envoy.py)
 
-from epp.envoy import HCM, Envoy, envoy_binary, free_port  # noqa: E402
+from epp.envoy import Envoy, envoy_binary, free_port  # noqa: E402
+
+from prefixroute.epp import EnvoyConfig  # noqa: E402
 
 REPLICAS = 4
 ROUNDS = 4  # alternating rounds per path and concurrency
 REQUESTS = {1: 250, 8: 800}  # per round
 OUTPUT_TOKENS = 8
 HEAD = " ".join(f"shared{i}" for i in range(60))  # ~500 characters every prompt starts with
-PLAIN = """\
-admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
-static_resources:
-  listeners:
-  - name: inference
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": {hcm}
-          stat_prefix: inference
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route: {{cluster: pool, timeout: 120s}}
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: pool
-    type: STATIC
-    lb_policy: ROUND_ROBIN
-    connect_timeout: 1s
-    load_assignment:
-      cluster_name: pool
-      endpoints:
-      - lb_endpoints:
-{endpoints}"""
-ENDPOINT = """\
-        - endpoint:
-            address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-"""
-
-
 @dataclass
 class Samples:
     latency: list[float] = field(default_factory=list)  # end to end, seconds
@@ -212,13 +174,11 @@ def _start_envoys(binary: str, grpc_port: int, ports: list[int], work: Path) -> 
     picked = Envoy(binary, grpc_port, work / "a", "FULL_DUPLEX_STREAMED")
     plain = Envoy(binary, grpc_port, work / "b", "FULL_DUPLEX_STREAMED")
     buffered = Envoy(binary, grpc_port, work / "c", "BUFFERED")
-    plain.config.write_text(
-        PLAIN.format(
-            port=plain.port,
-            admin_port=plain.admin_port,
-            hcm=HCM,
-            endpoints="".join(ENDPOINT.format(port=p) for p in ports),
-        )
+    plain.settings = EnvoyConfig(
+        pickers=(),  # Envoy's own round robin, otherwise the same listener and route
+        endpoints=[f"127.0.0.1:{p}" for p in ports],
+        listen=f"127.0.0.1:{plain.port}",
+        admin_port=plain.admin_port,
     )
     started: list[Envoy] = []
     try:

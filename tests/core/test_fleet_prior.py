@@ -15,15 +15,8 @@ import random
 
 import pytest
 
-from prefixroute.core import (
-    Decision,
-    DecisionReason,
-    LoadTracker,
-    ReplicaId,
-    ReplicaSpeed,
-    RequestView,
-    SpeedConfig,
-)
+from prefixroute.core import LoadTracker, ReplicaId, ReplicaSpeed, SpeedConfig
+from prefixroute.core.types import Decision, DecisionReason, RequestView
 
 from .test_speed import feed
 

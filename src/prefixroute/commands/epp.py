@@ -8,6 +8,7 @@ channel share one index and load view), the tenants (the ``[tenancy]`` table; th
 from ``$PREFIXROUTE_UPSTREAM_API_KEY`` or ``upstream_api_key_file``), token-exact keys
 (``--tokenizer``) and precise mode (``--kv-events``). ``--fallbacks N`` names up to N more
 endpoints after the primary, for proxies that retry down the protocol's list.
+``--print-envoy-config`` prints an Envoy bootstrap to run it behind, and exits.
 """
 
 from __future__ import annotations
@@ -21,8 +22,17 @@ from typing import Any
 from prefixroute._serving import wait_for_signal
 from prefixroute.commands._args import flags
 from prefixroute.commands._settings import add_setting_flags
-from prefixroute.core import ConfigError
-from prefixroute.epp import EndpointPicker, EppConfig, KubernetesPods, PodEndpoints, replica_of
+from prefixroute.core import ConfigError, ReplicaId
+from prefixroute.epp import (
+    EndpointPicker,
+    EnvoyConfig,
+    EppConfig,
+    KubernetesPods,
+    PodEndpoints,
+    endpoint_of,
+    envoy_bootstrap,
+    replica_of,
+)
 from prefixroute.gateway import ADMIN_TOKEN_ENV, UPSTREAM_API_KEY_ENV, build_config, load_toml
 
 log = logging.getLogger("prefixroute.epp")
@@ -78,6 +88,20 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="assume BUFFERED request bodies when Envoy does not say (default full duplex)",
     )
+    e = p.add_argument_group("an Envoy to run it behind")
+    e.add_argument(
+        "--print-envoy-config",
+        action="store_true",
+        help="print an Envoy bootstrap (YAML) whose listener asks this picker (at --grpc-host "
+        "and --grpc-port) and fails closed without it, then exit; with --fallbacks, the "
+        "--endpoint list becomes an override_host cluster that retries down the picker's list",
+    )
+    e.add_argument(
+        "--envoy-listen",
+        default="0.0.0.0:8081",
+        metavar="HOST:PORT",
+        help="with --print-envoy-config: where Envoy takes requests (0.0.0.0:8081)",
+    )
     k = p.add_argument_group("Kubernetes discovery (needs the kubernetes extra)")
     k.add_argument("--k8s-selector", metavar="LABELS", help="pod label selector, e.g. app=vllm")
     k.add_argument("--k8s-namespace", default="default", help="the pods' namespace")
@@ -109,10 +133,26 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
     )
 
 
+def envoy_config_of(config: EppConfig, listen: str) -> EnvoyConfig:
+    """The Envoy in front of ``config``'s picker: its pool listed only when the picker names
+    fallbacks (``override_host``; else ``ORIGINAL_DST`` follows the picker's one endpoint)."""
+    host = config.grpc_host if config.grpc_host not in ("0.0.0.0", "::") else "127.0.0.1"
+    listed = config.routing.replicas if config.fallbacks else ()
+    return EnvoyConfig(
+        pickers=[f"{host}:{config.grpc_port}"],
+        endpoints=[endpoint_of(ReplicaId(r)) for r in listed],
+        listen=listen,
+        body_mode="FULL_DUPLEX_STREAMED" if config.full_duplex else "BUFFERED",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     level = logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = config_from_args(args)
+    if args.print_envoy_config:
+        print(envoy_bootstrap(envoy_config_of(config, args.envoy_listen)), end="")
+        return 0
     pods = None
     if args.k8s_selector:
         pods = (KubernetesPods(args.k8s_namespace, args.k8s_selector), args.k8s_target_port)

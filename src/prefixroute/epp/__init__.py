@@ -17,11 +17,13 @@ In-process::
         epp.address   # "127.0.0.1:41234": Envoy's ext_proc grpc_service
 
 From the command line: ``prefixroute epp --endpoint 10.0.0.7:8000 ...`` (or ``--endpoints-file``,
-or ``--k8s-selector`` with the ``kubernetes`` extra).
+or ``--k8s-selector`` with the ``kubernetes`` extra). An Envoy to run it behind:
+``prefixroute epp --print-envoy-config`` (:func:`envoy_bootstrap`).
 """
 
 from prefixroute.epp._candidates import endpoint_of, fallbacks, replica_of
 from prefixroute.epp._endpoints import EndpointSet, FileEndpoints, read_endpoints_file
+from prefixroute.epp._envoy_config import EnvoyConfig, envoy_bootstrap
 from prefixroute.epp._kube import KubernetesPods, PodEndpoints, PodInfo, pod_info
 from prefixroute.epp._protocol import (
     DESTINATION_HEADER,
@@ -41,6 +43,7 @@ __all__ = [
     "SUBSET_NAMESPACE",
     "EndpointPicker",
     "EndpointSet",
+    "EnvoyConfig",
     "EppConfig",
     "FileEndpoints",
     "KubernetesPods",
@@ -49,6 +52,7 @@ __all__ = [
     "PodEndpoints",
     "PodInfo",
     "endpoint_of",
+    "envoy_bootstrap",
     "fallbacks",
     "pod_info",
     "read_endpoints_file",

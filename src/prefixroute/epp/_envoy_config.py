@@ -1,0 +1,217 @@
+"""An Envoy bootstrap that puts the picker in front of a pool: the configuration the picker's
+tests run against a real Envoy, for anyone who runs Envoy themselves
+(``prefixroute epp --print-envoy-config``). A Gateway implementation with InferencePool support
+(Envoy Gateway, kgateway, Istio, GKE) writes its own and needs none of this.
+
+What it sets, and why (docs/kubernetes.md, "The Envoy side"):
+
+- the HTTP filter ``envoy.filters.http.ext_proc`` asking the picker over an HTTP/2 cluster,
+  headers and trailers ``SEND``, both bodies ``FULL_DUPLEX_STREAMED`` (or ``BUFFERED``) as the
+  protocol asks, and the ``envoy.lb`` metadata namespaces forwarded and received;
+- ``failure_mode_allow: false``: with the picker down, Envoy answers 500 and sends nothing
+  upstream (fail closed: an ``ORIGINAL_DST`` cluster with no destination has nowhere to go);
+- the pool: with no endpoints listed, ``ORIGINAL_DST`` reading the destination header (one
+  address); with them, a static cluster whose load balancer is ``override_host`` reading the
+  header as the protocol's list, with a route retry policy to go down it
+  (``prefixroute epp --fallbacks N``);
+- with ``trace``: the served endpoint sent to the picker with the response (ext_proc's
+  ``upstream.address`` attribute) and an access log line per request.
+
+Without a picker (``pickers`` empty) it is the same listener with Envoy's own round robin over
+the endpoints: the baseline ``benchmarks/epp_overhead.py`` measures the picker against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prefixroute.core import ConfigError
+from prefixroute.epp._protocol import DESTINATION_HEADER
+
+_FILTERS = "type.googleapis.com/envoy.extensions.filters."
+_LB = "type.googleapis.com/envoy.extensions.load_balancing_policies."
+HCM = _FILTERS + "network.http_connection_manager.v3.HttpConnectionManager"
+EXT_PROC = _FILTERS + "http.ext_proc.v3.ExternalProcessor"
+ROUTER = _FILTERS + "http.router.v3.Router"
+BODY_MODES = ("FULL_DUPLEX_STREAMED", "BUFFERED")
+# One line a request: what the picker named, the host that served it, the status, attempts.
+ACCESS_FORMAT = (
+    f"%REQ({DESTINATION_HEADER})% %UPSTREAM_HOST% %RESPONSE_CODE% %UPSTREAM_REQUEST_ATTEMPT_COUNT%"
+)
+# Go down the picker's list on a refused connection or a reset before the answer.
+RETRY = ", retry_policy: {retry_on: 'connect-failure,reset', num_retries: 3}"
+
+_BOOTSTRAP = """\
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
+static_resources:
+  listeners:
+  - name: inference
+    address: {{socket_address: {{address: {host}, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": {hcm}
+          stat_prefix: inference{access_log}
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: pool, timeout: {timeout_s}s{retry}}}
+          http_filters:
+{ext_proc}          - name: envoy.filters.http.router
+            typed_config:
+              "@type": {router}
+  clusters:
+{clusters}"""
+_EXT_PROC = """\
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              "@type": {ext_proc}
+              grpc_service:
+                envoy_grpc: {{cluster_name: epp}}
+                timeout: 10s
+              failure_mode_allow: false
+              message_timeout: 10s
+              processing_mode:
+                request_header_mode: SEND
+                response_header_mode: SEND
+                request_body_mode: {body_mode}
+                response_body_mode: {body_mode}
+                request_trailer_mode: SEND
+                response_trailer_mode: SEND
+{attributes}              metadata_options:
+                forwarding_namespaces: {{untyped: ["envoy.lb.subset_hint", "envoy.lb"]}}
+                receiving_namespaces: {{untyped: ["envoy.lb"]}}
+"""
+_ACCESS_LOG = """
+          access_log:
+          - name: envoy.access_loggers.file
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: {path}
+              log_format:
+                text_format_source:
+                  inline_string: "{format}\\n\""""
+_ATTRIBUTES = '              response_attributes: ["upstream.address"]\n'
+_EPP_CLUSTER = """\
+  - name: epp
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+{assignment}"""
+_ORIGINAL_DST = f"""\
+  - name: pool
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 1s
+    original_dst_lb_config:
+      use_http_header: true
+      http_header_name: {DESTINATION_HEADER}
+"""
+_OVERRIDE_HOST = f"""\
+  - name: pool
+    type: STATIC
+    connect_timeout: 1s
+    load_balancing_policy:
+      policies:
+      - typed_extension_config:
+          name: envoy.load_balancing_policies.override_host
+          typed_config:
+            "@type": {_LB}override_host.v3.OverrideHost
+            override_host_sources:
+            - header: {DESTINATION_HEADER}
+            fallback_policy:
+              policies:
+              - typed_extension_config:
+                  name: envoy.load_balancing_policies.round_robin
+                  typed_config:
+                    "@type": {_LB}round_robin.v3.RoundRobin
+{{assignment}}"""
+_ROUND_ROBIN = """\
+  - name: pool
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    connect_timeout: 1s
+{assignment}"""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvoyConfig:
+    """What the bootstrap says (module docstring). Addresses are ``host:port``, hosts as IPs."""
+
+    pickers: Sequence[str]  # the pickers' gRPC addresses (empty: Envoy's own round robin)
+    endpoints: Sequence[str] = ()  # the pool, listed: override_host (with pickers) or round robin
+    listen: str = "0.0.0.0:8081"  # where Envoy takes the clients' requests
+    admin_port: int = 9901  # Envoy's admin interface, on 127.0.0.1
+    body_mode: str = "FULL_DUPLEX_STREAMED"  # ext_proc's request and response body modes
+    timeout_s: int = 120  # a request's route timeout, seconds (a long generation takes minutes)
+    access_log: str | None = None  # a file for one line a request (what was named, what served)
+    trace: bool = False  # send the picker the endpoint that served (upstream.address)
+
+    def __post_init__(self) -> None:
+        if self.body_mode not in BODY_MODES:
+            raise ConfigError(f"body mode {self.body_mode!r}: one of {', '.join(BODY_MODES)}")
+        if not self.pickers and not self.endpoints:
+            raise ConfigError("an Envoy config needs pickers or, without them, endpoints")
+        for address in (*self.pickers, *self.endpoints, self.listen):
+            _split(address)
+
+
+def envoy_bootstrap(config: EnvoyConfig) -> str:
+    """The Envoy bootstrap (YAML) for ``config``: ``envoy -c FILE`` runs it."""
+    host, port = _split(config.listen)
+    listed = _assignment("pool", config.endpoints) if config.endpoints else ""
+    if not config.pickers:
+        clusters = _ROUND_ROBIN.format(assignment=listed)
+    elif config.endpoints:
+        clusters = _OVERRIDE_HOST.format(assignment=listed)
+    else:
+        clusters = _ORIGINAL_DST
+    ext_proc = ""
+    if config.pickers:
+        clusters += _EPP_CLUSTER.format(assignment=_assignment("epp", config.pickers))
+        ext_proc = _EXT_PROC.format(
+            ext_proc=EXT_PROC,
+            body_mode=config.body_mode,
+            attributes=_ATTRIBUTES if config.trace else "",
+        )
+    log = config.access_log
+    return _BOOTSTRAP.format(
+        admin_port=config.admin_port,
+        host=host,
+        port=port,
+        hcm=HCM,
+        access_log=_ACCESS_LOG.format(path=log, format=ACCESS_FORMAT) if log else "",
+        timeout_s=config.timeout_s,
+        retry=RETRY if config.pickers and config.endpoints else "",
+        ext_proc=ext_proc,
+        router=ROUTER,
+        clusters=clusters.rstrip("\n"),
+    )
+
+
+def _assignment(cluster: str, addresses: Sequence[str]) -> str:
+    lines = [f"    load_assignment:\n      cluster_name: {cluster}\n      endpoints:\n"]
+    lines.append("      - lb_endpoints:\n")
+    for address in addresses:
+        host, port = _split(address)
+        lines.append(
+            "        - endpoint:\n"
+            f"            address: {{socket_address: {{address: {host}, port_value: {port}}}}}\n"
+        )
+    return "".join(lines)
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"address {address!r}: expected host:port")
+    return host.strip("[]"), int(port)

@@ -148,20 +148,71 @@ def test_start_from_stays_within_the_bounds_and_learns_no_overhead_it_would_not(
 
 # --- a first token far off its prediction, while warming up ----------------------------------
 @pytest.mark.parametrize(
-    ("ttft_s", "at_once"),
-    [(0.5, True), (0.21, True), (0.19, False), (0.1, False), (0.06, False), (0.04, True)],
+    ("sent", "ttft_s", "at_once"),
+    [
+        (7.0, 0.5, True),
+        (7.0, 0.21, True),
+        (7.0, 0.19, False),
+        (7.0, 0.1, False),
+        (7.0, 0.06, False),
+        (7.0, 0.04, True),
+        (0.0, 0.2, False),  # exactly 2x: not over
+        (0.0, 0.05, False),  # exactly half
+    ],
 )
 def test_a_warming_replica_learns_from_a_first_token_over_2x_off_at_once(
-    ttft_s: float, at_once: bool
+    sent: float, ttft_s: float, at_once: bool
 ) -> None:
     # 1,000 uncached tokens at the prior's 10,000 tokens/s: predicted 0.1 s.
     tracker = LoadTracker()
-    send(tracker, "a", "r0", 1000, 0.0)
-    tracker.first_token("a", ttft_s)
+    send(tracker, "a", "r0", 1000, sent)
+    tracker.first_token("a", sent + ttft_s)
     speed = tracker[ReplicaId("r0")].speed
     assert speed.prefill_observations == (1 if at_once else 0)
-    tracker.complete("a", 1.0, output_tokens=10)
+    tracker.complete("a", sent + 1.0, output_tokens=10)
     assert speed.prefill_observations == 1  # learned once, whenever
+
+
+def test_a_decoding_replica_s_prediction_counts_its_steps() -> None:
+    # 1,000 tokens while decoding: 0.1 s + 1.5 steps of 0.015 s = 0.1225 s predicted; 0.24 s
+    # is under 2x that (without the steps it would be over 2x 0.1 s).
+    tracker = LoadTracker()
+    send(tracker, "busy", "r0", 100, 0.0)
+    tracker.first_token("busy", 0.01)  # r0 now decodes it
+    send(tracker, "a", "r0", 1000, 1.0)
+    tracker.first_token("a", 1.24)
+    assert tracker[ReplicaId("r0")].speed.prefill_observations == 0
+
+
+def test_the_reported_count_corrects_what_the_first_token_taught() -> None:
+    # Predicted 900 of 1,000 tokens cached: 0.01 s; 0.1 s is 10x off, so it teaches at once,
+    # as 100 tokens. The replica then reports 500 uncached: the model ends where one that
+    # predicted 500 right (and learned at the end) does, within the speed model's 15%, and
+    # far from where the 100 tokens put it.
+    def rate(predicted_cached: int, reported_cached: int | None) -> float:
+        tracker = LoadTracker(speed=SpeedConfig(min_observations=1))
+        view = RequestView("a", (), 16, 1000, 1000, 10)
+        why = DecisionReason.PREFIX_MATCH
+        tracker.dispatch(view, Decision(ReplicaId("r0"), why, predicted_cached), 5.0)
+        tracker.first_token("a", 5.1)
+        if reported_cached is not None:
+            tracker.observe_usage("a", prompt_tokens=1000, cached_tokens=reported_cached)
+        tracker.complete("a", 6.0)
+        return tracker[ReplicaId("r0")].speed.prefill_tokens_per_s
+
+    right = rate(500, 500)  # 0.1 s for a predicted 0.05: not misjudged, learned at the end
+    uncorrected = rate(900, None)
+    assert uncorrected < 0.5 * right
+    assert rate(900, 500) == pytest.approx(right, rel=0.15)
+    assert rate(900, 0) > rate(900, 500)  # 1,000 tokens in the same time: faster
+
+
+def test_one_warmed_up_replica_is_the_fleet() -> None:
+    tracker = LoadTracker()
+    feed(tracker.get(ReplicaId("only")).speed, random.Random(3), 30_000.0, 0.015, 100)
+    tracker.add_replica(COLD)
+    learned_requests(tracker, 8, "only")
+    assert tracker.fleet_estimates() == tracker[ReplicaId("only")].speed.estimates()
 
 
 def test_a_warmed_up_replica_waits_for_the_end_however_far_off() -> None:

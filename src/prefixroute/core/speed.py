@@ -102,6 +102,7 @@ from prefixroute.core._solve import solve_feasible
 from prefixroute.core.errors import ConfigError
 
 REFIT_EVERY = 8  # observations between refits once a window is full (a refit is O(window))
+CORRECTION_REFITS = 8  # at most this many refits settle a corrected observation (warm-up only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,10 +272,17 @@ class ReplicaSpeed:
     def correct_prefill(self, obs: _Obs, tokens: float, steps: float) -> None:
         """``obs`` (from :meth:`observe_prefill`) covered ``tokens`` of work over ``steps``
         steps, not what it said: the replica reported its own uncached count after the first
-        token taught the model. Refits when past the warm-up (a refit then follows anyway)."""
+        token taught the model. Past the warm-up, refits until the rate settles: each refit
+        weighs observations by the predictions of the estimates it starts from, and those were
+        fitted on the wrong count (one refit from them stays near where they were)."""
         obs.x = (max(0.0, tokens), steps, 0.0, 1.0)
-        if self.warmed_up and any(o is obs for o in self._prefill):
+        if not self.warmed_up or not any(o is obs for o in self._prefill):
+            return
+        for _ in range(CORRECTION_REFITS):
+            before = self.prefill_tokens_per_s
             self._refit()
+            if abs(self.prefill_tokens_per_s / before - 1.0) < 0.01:
+                break
 
     def observe_decode(self, duration_s: float, steps: int, prefilled_tokens: float) -> None:
         """A request decoded ``steps`` more tokens in ``duration_s`` seconds, while the replica

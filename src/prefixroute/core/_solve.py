@@ -1,10 +1,63 @@
-"""Small linear least squares for the speed model (:mod:`prefixroute.core.speed`): its normal
-equations have two to four unknowns, solved with the feasibility rules of a speed (a rate
-positive, a time not negative). Pure Python: a 4x4 solve is a few microseconds, and the core
-takes no numerical library.
+"""Small linear least squares for the speed model (:mod:`prefixroute.core.speed`): its
+observations, their normal equations (two to four unknowns), solved with the feasibility rules
+of a speed (a rate positive, a time not negative). Pure Python: a 4x4 solve is a few
+microseconds, and the core takes no numerical library.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Obs:
+    """One observation: ``seconds = x . (1/rate, decode step, engine overhead, overhead)``."""
+
+    x: tuple[float, float, float, float]  # tokens, decode steps, engine requests, first tokens
+    seconds: float  # the time measured, seconds
+
+
+def add_observations(
+    a: list[list[float]],
+    c: list[float],
+    windows: Iterable[Sequence[Obs]],
+    theta: list[float],
+    factor: float,
+) -> int:
+    """Add each window's observations to the normal equations ``a``, ``c`` (in place), each
+    divided by its prediction at ``theta`` (relative errors), leaving out those more than
+    ``factor`` off the window's typical misprediction; returns how many were left out."""
+    dropped = 0
+    for window in windows:
+        if not window:
+            continue
+        preds = [max(sum(v * t for v, t in zip(o.x, theta, strict=True)), 1e-9) for o in window]
+        ratios = [o.seconds / p for o, p in zip(window, preds, strict=True)]
+        # The typical misprediction, among the newer half: a change of speed becomes the norm
+        # once it is half of that, and is no longer taken for a run of outliers.
+        recent = sorted(ratios[len(ratios) // 2 :])
+        centre = recent[len(recent) // 2]
+        for o, p, r in zip(window, preds, ratios, strict=True):
+            if not centre / factor <= r <= centre * factor:
+                dropped += 1
+                continue
+            x, k = o.x[0] / p, o.x[1] / p
+            a[0][0] += x * x
+            a[0][1] += x * k
+            a[1][1] += k * k
+            c[0] += x * r
+            c[1] += k * r
+            for i in (2, 3):  # the overheads' columns, where the observation has them
+                if o.x[i]:
+                    row = (x, k, o.x[2] / p, o.x[3] / p)
+                    for j in range(4):
+                        a[i][j] += row[i] * row[j]
+                        if j < 2:
+                            a[j][i] += row[i] * row[j]
+                    c[i] += row[i] * r
+    a[1][0] = a[0][1]
+    return dropped
 
 
 def solve_feasible(

@@ -40,7 +40,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from prefixroute.core.speed import REFIT_EVERY, ReplicaSpeed, SpeedConfig, _Obs
+from prefixroute.core._solve import Obs
+from prefixroute.core.speed import REFIT_EVERY, ReplicaSpeed, SpeedConfig
 from prefixroute.core.types import Decision, ReplicaId, RequestView
 
 THROUGHPUT_WINDOW_S = 10.0  # seconds; time constant of the decaying throughput estimate
@@ -139,7 +140,7 @@ class _InFlight:
     predicted_cached: int = 0  # cached tokens predicted at dispatch, tokens
     key_block_tokens: float = 0.0  # one block of the request's key, in tokens (a prediction's step)
     ttft_learned: bool = False  # its first token taught the speed model already (warm-up)
-    ttft_obs: _Obs | None = None  # what it taught, corrected by the reported count at the end
+    ttft_obs: Obs | None = None  # what it taught, corrected by the reported count at the end
 
 
 @dataclass(slots=True)
@@ -323,7 +324,7 @@ class LoadTracker:
         return not predicted / MISJUDGED <= measured <= predicted * MISJUDGED
 
     @staticmethod
-    def _learn_ttft(req: _InFlight) -> _Obs | None:
+    def _learn_ttft(req: _InFlight) -> Obs | None:
         assert req.first_token_s is not None
         speed = req.load.speed
         own = req.uncached_tokens if req.actual_uncached is None else req.actual_uncached

@@ -98,7 +98,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from prefixroute.core._solve import solve_feasible
+from prefixroute.core._solve import Obs, add_observations, solve_feasible
 from prefixroute.core.errors import ConfigError
 
 REFIT_EVERY = 8  # observations between refits once a window is full (a refit is O(window))
@@ -142,14 +142,6 @@ class SpeedConfig:
 
 
 @dataclass(slots=True)
-class _Obs:
-    """One observation: ``seconds = x . (1/rate, decode step, engine overhead, overhead)``."""
-
-    x: tuple[float, float, float, float]  # tokens, decode steps, engine requests, first tokens
-    seconds: float  # the time measured, seconds
-
-
-@dataclass(slots=True)
 class ReplicaSpeed:
     """One replica's learned prefill rate, decode step and overheads (module docstring)."""
 
@@ -164,9 +156,9 @@ class ReplicaSpeed:
     ttft_predictions: int = 0  # TTFTs predicted past the warm-up (judged in ``_ratios``)
     outliers: int = 0  # observations the last refit left out
     from_fleet: bool = False  # not warmed up, predicting with the fleet's estimates (start_from)
-    _prefill: deque[_Obs] = field(default_factory=deque)
-    _decode: deque[_Obs] = field(default_factory=deque)
-    _engine: deque[_Obs] = field(default_factory=deque)
+    _prefill: deque[Obs] = field(default_factory=deque)
+    _decode: deque[Obs] = field(default_factory=deque)
+    _engine: deque[Obs] = field(default_factory=deque)
     _ratios: deque[float] = field(default_factory=deque)  # predicted / measured TTFTs
     _unfitted: int = 0  # observations since the last refit
 
@@ -253,7 +245,7 @@ class ReplicaSpeed:
         return list(self._ratios)
 
     # --- observations ---------------------------------------------------------------------
-    def observe_prefill(self, tokens: float, steps: float, ttft_s: float) -> _Obs | None:
+    def observe_prefill(self, tokens: float, steps: float, ttft_s: float) -> Obs | None:
         """A request covering ``tokens`` of prefill work (queued left + its own uncached) got
         its first token ``ttft_s`` after dispatch, sharing ``steps`` decode steps. Judged first:
         what the model predicted for it, past the warm-up. Returns the observation, for
@@ -263,13 +255,13 @@ class ReplicaSpeed:
         if self.warmed_up and ttft_s > 0:
             self._ratios.append(self.ttft_s(tokens, steps) / ttft_s)
             self.ttft_predictions += 1
-        obs = _Obs((tokens, steps, 0.0, 1.0), ttft_s)
+        obs = Obs((tokens, steps, 0.0, 1.0), ttft_s)
         self._prefill.append(obs)
         self.prefill_observations += 1
         self._observed()
         return obs
 
-    def correct_prefill(self, obs: _Obs, tokens: float, steps: float) -> None:
+    def correct_prefill(self, obs: Obs, tokens: float, steps: float) -> None:
         """``obs`` (from :meth:`observe_prefill`) covered ``tokens`` of work over ``steps``
         steps, not what it said: the replica reported its own uncached count after the first
         token taught the model. Past the warm-up, refits until the rate settles: each refit
@@ -289,7 +281,7 @@ class ReplicaSpeed:
         prefilled ``prefilled_tokens`` for others in the same steps."""
         if not self.config.learn or steps < 1 or not math.isfinite(duration_s) or duration_s < 0:
             return
-        self._decode.append(_Obs((max(0.0, prefilled_tokens), steps, 0.0, 0.0), duration_s))
+        self._decode.append(Obs((max(0.0, prefilled_tokens), steps, 0.0, 0.0), duration_s))
         self.decode_observations += 1
         self._observed()
 
@@ -301,7 +293,7 @@ class ReplicaSpeed:
             return
         if not math.isfinite(seconds) or not math.isfinite(tokens) or seconds <= 0:
             return
-        self._engine.append(_Obs((tokens, 0.0, float(requests), 0.0), seconds))
+        self._engine.append(Obs((tokens, 0.0, float(requests), 0.0), seconds))
         self.engine_observations += 1
         self._observed()
 
@@ -332,38 +324,8 @@ class ReplicaSpeed:
             a[1][1] += 1.0 / (d0 * d0)
             c[1] += 1.0 / d0
         a[2][2] = a[3][3] = 1.0 / (scale * scale)  # each overhead: "as the prior", once
-        theta = self._theta()
-        factor, dropped = cfg.outlier_factor, 0
-        for window in (self._prefill, self._decode, self._engine):
-            if not window:
-                continue
-            preds = [max(sum(v * t for v, t in zip(o.x, theta, strict=True)), 1e-9)
-                     for o in window]  # fmt: skip
-            ratios = [o.seconds / p for o, p in zip(window, preds, strict=True)]
-            # The typical misprediction, among the newer half: a change of speed becomes the
-            # norm once it is half of that, and is no longer taken for a run of outliers.
-            recent = sorted(ratios[len(ratios) // 2 :])
-            centre = recent[len(recent) // 2]
-            for o, p, r in zip(window, preds, ratios, strict=True):
-                if not centre / factor <= r <= centre * factor:
-                    dropped += 1
-                    continue
-                x, k = o.x[0] / p, o.x[1] / p
-                a[0][0] += x * x
-                a[0][1] += x * k
-                a[1][1] += k * k
-                c[0] += x * r
-                c[1] += k * r
-                for i in (2, 3):  # the overheads' columns, where the observation has them
-                    if o.x[i]:
-                        row = (x, k, o.x[2] / p, o.x[3] / p)
-                        for j in range(4):
-                            a[i][j] += row[i] * row[j]
-                            if j < 2:
-                                a[j][i] += row[i] * row[j]
-                        c[i] += row[i] * r
-        a[1][0] = a[0][1]
-        self.outliers = dropped
+        windows = (self._prefill, self._decode, self._engine)
+        self.outliers = add_observations(a, c, windows, self._theta(), cfg.outlier_factor)
         return a, c
 
     def _theta(self) -> list[float]:
@@ -415,8 +377,7 @@ class ReplicaSpeed:
             "decode_observations": self.decode_observations,
             "engine_observations": self.engine_observations,
             "ttft_predictions": self.ttft_predictions,
-            # Where the estimates come from: "learned" (this replica's own fit), "fleet" (its
-            # fleet's, until it warms up) or "prior" (the configured constants).
+            # "learned" (its own fit), "fleet" (its fleet's, until it warms up) or "prior".
             "estimates_from": "learned" if self.warmed_up
             else "fleet" if self.from_fleet else "prior",
             "ttft_error_p50": statistics.median(abs(r - 1) for r in ratios) if ratios else None,

@@ -109,6 +109,13 @@ def test_rates_come_from_two_snapshots() -> None:
     text = console.export_text()
     assert " 10.0 " in text  # (30 - 10) requests / 2 s
     assert "50.0" in text and "40.0" in text  # hit rates predicted / reported, percent
+    assert "10,000 " in text and "10,000*" not in text  # no estimates_from: learned
+    cold = state(12.0, 30)
+    replica = cold["replicas"][0]  # type: ignore[index]
+    replica["speed"]["estimates_from"] = "fleet"
+    console = Console(width=100, record=True)
+    console.print(render(cold, None))
+    assert "10,000*" in console.export_text()
 
 
 def test_fetch_state_of_nothing_is_a_config_error() -> None:

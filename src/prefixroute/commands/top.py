@@ -144,7 +144,8 @@ def _replica_table(state: dict[str, Any], previous: dict[str, Any] | None) -> Ta
     table = Table(
         box=box.SIMPLE_HEAD, header_style="bold", show_edge=False, padding=(0, 1),
         collapse_padding=True,
-        caption="tok/s: learned prefill speed; pred% / hit%: prefix hit predicted / reported",
+        caption="tok/s: learned prefill speed (*: not yet, the fleet's or the configured); "
+        "pred% / hit%: prefix hit predicted / reported",
         caption_justify="left",
     )  # fmt: skip
     for name in COLUMNS:
@@ -159,7 +160,7 @@ def _replica_table(state: dict[str, Any], previous: dict[str, Any] | None) -> Ta
             str(r["in_flight"]),
             f"{r['queued_prefill_tokens']:,}",
             f"{r['queued_prefill_s']:.3f}",
-            f"{speed['prefill_tokens_per_s']:,.0f}",
+            f"{speed['prefill_tokens_per_s']:,.0f}{_unlearned(speed)}",
             f"{1000 * speed['decode_step_s']:.1f}",
             f"{r['index_blocks']:,}",
             rate,
@@ -167,6 +168,12 @@ def _replica_table(state: dict[str, Any], previous: dict[str, Any] | None) -> Ta
             _pct(r["actual_cached"], r["prompt_tokens"]),
         )
     return table
+
+
+def _unlearned(speed: dict[str, Any]) -> str:
+    """``*`` beside a speed the replica has not taught the router yet (a gateway that does not
+    say counts as learned)."""
+    return "" if speed.get("estimates_from", "learned") == "learned" else "*"
 
 
 def _decisions(state: dict[str, Any], decisions: int) -> Table:

@@ -6,11 +6,13 @@ do; ``--fleet ...:overhead_ms=N`` sets it per replica; the router can learn it
 
 from __future__ import annotations
 
+import json
 import time
 
 import aiohttp
 import pytest
 
+from prefixroute.cli import main
 from prefixroute.core import DEFAULT_POLICY, ConfigError, SpeedConfig, make_policy
 from prefixroute.emulate import EmulatedReplica, EmulatorConfig
 from prefixroute.sim import ClusterSim, RunResult, make_workload, parse_fleet
@@ -92,3 +94,18 @@ async def test_the_emulator_holds_each_request_for_it() -> None:
             async with session.post(replica.url + "/v1/completions", json=body) as resp:
                 assert resp.status == 200, await resp.text()
             assert time.perf_counter() - start >= 0.1
+
+
+def test_simulate_learns_it_with_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    def learned(*flag: str) -> list[float]:
+        argv = ["simulate", "--workload", "multi-turn", "--set", "sessions=60", "--set",
+                "rate=2", "--fleet", "2:overhead_ms=40", "--json", *flag]  # fmt: skip
+        assert main(argv) == 0
+        doc = json.loads(capsys.readouterr().out)
+        speeds = doc["policies"][0]["per_replica_speed"]
+        assert [s["first_token_overhead_s"] for s in speeds.values()] == [0.04, 0.04]
+        return [s["learned_first_token_overhead_s"] for s in speeds.values()]
+
+    assert learned() == [0.0, 0.0]
+    for overhead in learned("--learn-ttft-overhead"):
+        assert overhead == pytest.approx(0.040, rel=0.25)

@@ -76,6 +76,12 @@ def add_parser(sub: Any) -> None:
         metavar="REPLICA@SECONDS:KEY=VALUE",
         help=CHANGE_HELP,
     )
+    p.add_argument(
+        "--learn-ttft-overhead",
+        action="store_true",
+        help="the router learns each replica's fixed first-token overhead too (the gateway's "
+        "learn_ttft_overhead; see --fleet's overhead_ms)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for workload and routing")
     add_slo_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -149,6 +155,7 @@ def _run_workload(
         policy_params=params,
         progress=sys.stderr.isatty() or tables,
         fleet=fleet,
+        learn_overhead=args.learn_ttft_overhead,
     )
     title = (
         f"{workload.name}: {workload.num_requests:,} requests, {replicas} replicas, "

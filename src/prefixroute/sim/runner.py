@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from prefixroute.core import make_policy
+from prefixroute.core import make_policy, speed_priors_of
 from prefixroute.sim.cluster import ClusterSim, RunResult
 from prefixroute.sim.fleet import Fleet
 from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S, PolicyMetrics, oracle_floor, summarize
@@ -84,10 +84,13 @@ def compare_policies(
     progress: bool = True,
     on_result: Callable[[PolicyMetrics], None] | None = None,
     fleet: Fleet | None = None,
+    learn_overhead: bool = False,
 ) -> Comparison:
     """Simulate ``workload`` once per policy, each on a fresh cluster with the same seed.
 
     ``fleet`` gives each replica its own settings (and speed changes); it replaces ``replicas``.
+    ``learn_overhead``: the router learns each replica's fixed first-token overhead too (as
+    the gateway's ``learn_ttft_overhead``; worth it where the fleet's overheads differ).
     """
     cfg = replica_config or ReplicaConfig(block_size=workload.block_size)
     if fleet is not None:
@@ -96,9 +99,11 @@ def compare_policies(
     out = Comparison(workload, [])
     for name in policies:
         policy = make_policy(name, **(policy_params or {}).get(name, {}))
+        speed = dataclasses.replace(speed_priors_of(policy), learn_overhead=learn_overhead)
         bar = LazyProgress(workload.num_requests, f"{workload.name} / {name}", progress)
         try:
-            result = ClusterSim(workload, policy, replicas, cfg, seed, bar.update, fleet).run()
+            sim = ClusterSim(workload, policy, replicas, cfg, seed, bar.update, fleet, speed=speed)
+            result = sim.run()
         finally:
             bar.close()
         metrics = summarize(result, floor, ttft_slo_s)

@@ -318,34 +318,35 @@ class LoadTracker:
         speed = req.load.speed
         if speed.warmed_up or not speed.config.learn or req.first_token_s is None:
             return False
-        work = req.ahead_tokens + req.uncached_tokens
-        predicted = speed.ttft_s(work, speed.steps(work, req.decoding))
+        predicted = speed.ttft_s(*LoadTracker._ttft_work(req, req.uncached_tokens))
         measured = req.first_token_s - req.dispatched_s
         return not predicted / MISJUDGED <= measured <= predicted * MISJUDGED
 
     @staticmethod
+    def _ttft_work(req: _InFlight, own: int) -> tuple[float, float]:
+        """(tokens, decode steps) the request's first token waited for, with ``own`` uncached
+        tokens of its own: the arguments of ``ReplicaSpeed.ttft_s`` and ``observe_prefill``."""
+        work = req.ahead_tokens + own
+        return work, req.load.speed.steps(work, req.decoding)
+
+    @staticmethod
     def _learn_ttft(req: _InFlight) -> Obs | None:
         assert req.first_token_s is not None
-        speed = req.load.speed
         own = req.uncached_tokens if req.actual_uncached is None else req.actual_uncached
-        work = req.ahead_tokens + own
-        return speed.observe_prefill(
-            work, speed.steps(work, req.decoding), req.first_token_s - req.dispatched_s
-        )
+        work, steps = LoadTracker._ttft_work(req, own)
+        return req.load.speed.observe_prefill(work, steps, req.first_token_s - req.dispatched_s)
 
     @staticmethod
     def _learn(req: _InFlight, now: float, output_tokens: int | None) -> None:
         assert req.first_token_s is not None
+        speed = req.load.speed
         if not req.ttft_learned:
             LoadTracker._learn_ttft(req)
         elif req.ttft_obs is not None and req.actual_uncached is not None:
             # Taught at its first token with the predicted uncached tokens: the replica's own
             # count corrects that observation (a wrong cache prediction is not a wrong speed).
-            work = req.ahead_tokens + req.actual_uncached
-            speed = req.load.speed
-            speed.correct_prefill(req.ttft_obs, work, speed.steps(work, req.decoding))
+            speed.correct_prefill(req.ttft_obs, *LoadTracker._ttft_work(req, req.actual_uncached))
         if output_tokens is not None and output_tokens > 1:
-            speed = req.load.speed
             prefilled = req.load.prefilled_tokens - req.prefilled_mark
             speed.observe_decode(now - req.first_token_s, output_tokens - 1, prefilled)
 

@@ -226,18 +226,11 @@ class ReplicaSpeed:
         if self.warmed_up or not cfg.learn or not cfg.fleet_prior:
             return
         rate, step, first, engine = fleet
-        bound, most = cfg.bound, cfg.bound * cfg.overhead_scale_s
-        prior_rate, prior_step = cfg.prefill_tokens_per_s, cfg.decode_step_s
-        self.prefill_tokens_per_s = min(max(rate, prior_rate / bound), prior_rate * bound)
-        self.decode_step_s = (
-            min(max(step, prior_step / bound), prior_step * bound) if prior_step > 0 else step
-        )
         # A learned overhead only where this replica would learn one: otherwise its
         # predictions would carry a term its own fit then drops.
-        self.first_token_overhead_s = (
-            min(max(first, 0.0), most) if cfg.learn_overhead else cfg.first_token_overhead_s
+        self._set_within_bounds(
+            rate, step, engine, first if cfg.learn_overhead else cfg.first_token_overhead_s
         )
-        self.engine_overhead_s = min(max(engine, 0.0), most)
         self.from_fleet = True
 
     def ttft_ratios(self) -> list[float]:
@@ -350,16 +343,19 @@ class ReplicaSpeed:
         if cfg.learn_overhead and self._prefill:
             free.append(3)
         theta = solve_feasible(a, c, self._theta(), free)
-        rate = 1.0 / theta[0]
+        self._set_within_bounds(1.0 / theta[0], theta[1], theta[2], theta[3])
+
+    def _set_within_bounds(self, rate: float, step: float, engine: float, first: float) -> None:
+        """Take these estimates, each within its bounds: the rate and the decode step within
+        ``bound`` of their priors, the overheads between 0 and ``bound`` full steps."""
+        cfg = self.config
         self.prefill_tokens_per_s = min(max(rate, cfg.prefill_tokens_per_s / cfg.bound),
                                         cfg.prefill_tokens_per_s * cfg.bound)  # fmt: skip
-        d0, d_new = cfg.decode_step_s, theta[1]
-        if d0 > 0:
-            d_new = min(max(d_new, d0 / cfg.bound), d0 * cfg.bound)
-        self.decode_step_s = d_new
+        d0 = cfg.decode_step_s
+        self.decode_step_s = min(max(step, d0 / cfg.bound), d0 * cfg.bound) if d0 > 0 else step
         most = cfg.bound * cfg.overhead_scale_s
-        self.engine_overhead_s = min(theta[2], most)
-        self.first_token_overhead_s = min(theta[3], most)
+        self.engine_overhead_s = min(max(engine, 0.0), most)
+        self.first_token_overhead_s = min(max(first, 0.0), most)
 
     def snapshot(self) -> dict[str, float | int | str | None]:
         """The estimates and their evidence, for reports and the admin API.

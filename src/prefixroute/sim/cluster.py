@@ -254,10 +254,13 @@ class ClusterSim:
             moved = list(live.model.waiting)
             live.model.waiting.clear()
             for req in moved:
-                p = self._pending[req.request_id]
-                p.record.rerouted += 1
-                self._router.complete(req.request_id, self._kernel.now, output_tokens=0)
-                self._dispatch(p)
+                self._reroute(self._pending[req.request_id])
+
+    def _reroute(self, p: _Pending) -> None:
+        """``p`` never started on the replica it was sent to (that one left): route it again."""
+        p.record.rerouted += 1
+        self._router.complete(p.record.request_id, self._kernel.now, output_tokens=0)
+        self._dispatch(p)
 
     def _close_stats(self, rid: ReplicaId, model: ReplicaModel) -> None:
         st = self._stats[rid]
@@ -334,10 +337,8 @@ class ClusterSim:
     def _submit(self, p: _Pending, rid: ReplicaId, req: EngineRequest) -> None:
         """``req`` reaches ``rid``'s engine queue."""
         live, now = self._live[rid], self._kernel.now
-        if not live.accepting:  # removed while the request was on its way: routed again
-            p.record.rerouted += 1
-            self._router.complete(req.request_id, now, output_tokens=0)
-            self._dispatch(p)
+        if not live.accepting:  # removed while the request was on its way
+            self._reroute(p)
             return
         req.arrival_s = now
         try:

@@ -1,10 +1,11 @@
 """What the router and policy tests share: four replicas, a router over them with block size 1
-(a token is a block), and ways to fill its cache and its load."""
+(a token is a block), ways to fill its cache and its load, and the context its policy decides
+in."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prefixroute.core import (
@@ -14,6 +15,7 @@ from prefixroute.core import (
     ReplicaId,
     RequestView,
     Router,
+    RoutingContext,
     make_policy,
 )
 
@@ -22,10 +24,18 @@ R0, R1, R2, R3 = NAMES
 _ids = itertools.count()
 
 
-def router_over(policy: str, replicas: Iterable[ReplicaId], **kwargs: Any) -> Router:
-    """A router with ``policy`` (its default parameters) over ``replicas``; ``kwargs`` go to
-    ``Router``."""
-    router = Router(make_policy(policy), BlockHasher(block_size=1), **kwargs)
+def router_over(
+    policy: str,
+    replicas: Iterable[ReplicaId],
+    *,
+    block_size: int = 1,
+    params: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> Router:
+    """A router with ``policy`` (``params`` its parameters, else its defaults) over
+    ``replicas``, hashing blocks of ``block_size`` tokens; ``kwargs`` go to ``Router``."""
+    hasher = BlockHasher(block_size=block_size)
+    router = Router(make_policy(policy, **(params or {})), hasher, **kwargs)
     for r in replicas:
         router.add_replica(r)
     return router
@@ -33,10 +43,29 @@ def router_over(policy: str, replicas: Iterable[ReplicaId], **kwargs: Any) -> Ro
 
 def make_router(policy: str, *, seed: int = 0, n: int = 4, **params: Any) -> Router:
     """A router over the first ``n`` of ``NAMES``; ``params`` go to the policy."""
-    router = Router(make_policy(policy, **params), BlockHasher(block_size=1), seed=seed)
-    for r in NAMES[:n]:
-        router.add_replica(r)
-    return router
+    return router_over(policy, NAMES[:n], params=params, seed=seed)
+
+
+def context_of(
+    router: Router,
+    view: RequestView,
+    candidates: Sequence[ReplicaId] | None = None,
+    now: float = 0.0,
+) -> RoutingContext:
+    """What a policy of ``router`` is asked to decide on: ``view`` among ``candidates`` (by
+    default every replica), with the router's index, load view and random generator."""
+    cands = router.replicas if candidates is None else candidates
+    return RoutingContext(view, cands, router.index, router.loads, router.rng, now)
+
+
+def context(
+    router: Router,
+    toks: Sequence[int],
+    candidates: Sequence[ReplicaId] | None = None,
+    now: float = 0.0,
+) -> RoutingContext:
+    """:func:`context_of` a new request for ``toks``."""
+    return context_of(router, router.view(f"ctx{next(_ids)}", tokens=toks), candidates, now)
 
 
 def tokens(n: int, start: int = 0) -> list[int]:

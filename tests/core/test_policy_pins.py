@@ -18,13 +18,11 @@ from typing import Any
 import pytest
 
 from prefixroute.core import (
-    BlockHasher,
     ConfigError,
     Decision,
     DecisionReason,
     ReplicaId,
     Router,
-    RoutingContext,
     make_policy,
 )
 
@@ -37,9 +35,12 @@ from .helpers import (
     arrivals,
     busy,
     busy_each,
+    context,
+    context_of,
     dispatch,
     make_router,
     prime,
+    router_over,
     tokens,
 )
 
@@ -51,11 +52,6 @@ RATE = 10_000.0  # prefill tokens/s
 STEP = 2048  # tokens per batch step
 DECODE = 0.015  # s per decoding step
 NO_PENALTIES = {"miss_penalty": 0.0, "interference": 0.0, "arrivals": 0.0}
-
-
-def context(router: Router, toks: Sequence[int], now: float = 0.0) -> RoutingContext:
-    view = router.view(f"q{next(_ids)}", tokens=toks)
-    return RoutingContext(view, router.replicas, router.index, router.loads, router.rng, now)
 
 
 def route(router: Router, toks: Sequence[int], now: float = 0.0) -> Decision:
@@ -319,7 +315,7 @@ def test_power_of_two_with_one_candidate_takes_it() -> None:
     router = make_router("power_of_two")
     view = router.view("one", tokens=tokens(10))
     for r in NAMES:
-        ctx = RoutingContext(view, [r], router.index, router.loads, router.rng, 0.0)
+        ctx = context_of(router, view, [r])
         assert router.policy.decide(ctx).replica == r
 
 
@@ -330,8 +326,7 @@ def test_kv_cost_logit_is_overlap_weight_times_prefill_blocks_plus_decode_blocks
     # block_size 16 (the default). 100 queued prefill tokens and 7 active blocks on R0; a
     # 50-token prompt of which 16 are cached there:
     # prefill = (100 + 50 - 16) / 16 = 8.375 blocks, decode = 7 + ceil(50 / 16) = 11 blocks.
-    router = Router(make_policy("kv_cost", overlap_weight=2.0), BlockHasher(block_size=16))
-    router.add_replica(R0)
+    router = router_over("kv_cost", [R0], block_size=16, params={"overlap_weight": 2.0})
     busy(router, R0, prompt=100)
     load = router.loads[R0]
     load.active_blocks = 7  # as a reported number, not what the request above reserved
@@ -428,9 +423,7 @@ def test_cache_aware_imbalance_needs_both_the_gap_and_the_ratio(
 
 def test_cache_aware_match_rate_counts_tokens_not_blocks() -> None:
     # Block size 4: 3 matched blocks are 12 of a 30-token prompt, a rate of 0.4 > 0.3.
-    router = Router(make_policy("cache_aware"), BlockHasher(block_size=4))
-    for r in NAMES:
-        router.add_replica(r)
+    router = router_over("cache_aware", NAMES, block_size=4)
     prompt = tokens(30)
     prime(router, R2, prompt[:12])
     prime(router, R0, tokens(4, start=900_000))  # trees: R1 and R3 are the smallest
@@ -560,24 +553,16 @@ SHORT = (64, 16, 16)  # predicted_ttft's defaults: above, top, sample
 
 
 def big(n: int) -> tuple[Router, list[ReplicaId]]:
-    router = Router(make_policy("predicted_ttft"), BlockHasher(block_size=1))
     names = [ReplicaId(f"b{i:03}") for i in range(n)]
-    for r in names:
-        router.add_replica(r)
-    return router, names
-
-
-def big_context(router: Router, cands: Sequence[ReplicaId], toks: Sequence[int]) -> RoutingContext:
-    view = router.view(f"q{next(_ids)}", tokens=toks)
-    return RoutingContext(view, cands, router.index, router.loads, router.rng, 0.0)
+    return router_over("predicted_ttft", names), names
 
 
 def test_shortlist_starts_above_the_threshold_not_at_it() -> None:
     router, names = big(100)  # more than 64 replicas registered: the holder map is on
     assert router.index.has_holder_map
-    ctx = big_context(router, names[:64], tokens(8))
+    ctx = context(router, tokens(8), names[:64])
     assert ctx.shortlist(*SHORT) is ctx
-    ctx = big_context(router, names[:65], tokens(8))
+    ctx = context(router, tokens(8), names[:65])
     narrowed = ctx.shortlist(*SHORT)
     assert narrowed is not ctx and len(narrowed.candidates) == 16
 
@@ -586,12 +571,12 @@ def test_no_shortlist_without_the_holder_map_or_with_speculative_entries() -> No
     router, _ = big(10)  # few replicas registered: no holder map
     assert not router.index.has_holder_map
     many = [ReplicaId(f"x{i}") for i in range(100)]
-    ctx = big_context(router, many, tokens(8))
+    ctx = context(router, tokens(8), many)
     assert ctx.shortlist(*SHORT) is ctx
     from prefixroute.core.speculative import SpeculativeEntries
 
     router, names = big(100)
-    ctx = big_context(router, names, tokens(8))
+    ctx = context(router, tokens(8), names)
     ctx.speculative = SpeculativeEntries(ttl_s=1.0)
     assert ctx.shortlist(*SHORT) is ctx
 
@@ -609,7 +594,7 @@ def test_shortlist_adds_gapped_candidates_with_exact_matches_and_keeps_the_conte
     home = names[150]
     prime(router, home, prompt[:30])
     cands = [r for r in names if r != gapped_out]
-    ctx = big_context(router, cands, prompt)
+    ctx = context(router, prompt, cands)
     narrowed = ctx.shortlist(*SHORT)
     matches = narrowed.matches
     assert gapped_in in narrowed.candidates and gapped_out not in narrowed.candidates

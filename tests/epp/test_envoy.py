@@ -15,8 +15,8 @@ import time
 
 import aiohttp
 import pytest
-from gateway.helpers import send, words
-from gateway.test_article import TURNS, _chat, _completions
+from gateway.helpers import TURNS, send, words
+from gateway.test_article import _chat, _completions
 
 from prefixroute.core import DEFAULT_POLICY
 from prefixroute.emulate import EmulatorConfig

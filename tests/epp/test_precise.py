@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from gateway.helpers import FAST_GATEWAY, STEADY, reset_until_live
-from gateway.test_precise import BS, TURNS, replica_config
+from gateway.helpers import FAST_GATEWAY, STEADY, TURNS, article_chat, reset_until_live
+from gateway.test_precise import BS, replica_config
 from polling import until
 
 from prefixroute.cli import build_parser
@@ -78,20 +78,14 @@ async def test_the_conversation_follows_the_engines_events(
     """Speculative entries live 1 ms, so every match comes from the replicas' events: the
     predicted cached tokens equal what the replicas then report, turn after turn."""
     epp = await precise_picker(publishing, start_picker, session, speculative_ttl_s=0.001)
-    messages: list[dict[str, str]] = []
-    passed: list[Passed] = []
-    start = 0
-    for n in TURNS:
-        messages.append({"role": "user", "content": " ".join(f"w{i}" for i in range(start, n))})
-        start = n
+
+    async def turn(_: int, body: dict[str, Any]) -> tuple[Passed, str]:
         before = batches(epp)
-        body = {"model": "emulated", "messages": messages, "max_tokens": 4}
         reply = await through(epp, session, CHAT, body)
-        passed.append(reply)
-        messages.append(
-            {"role": "assistant", "content": reply.body["choices"][0]["message"]["content"]}
-        )
-        await until(lambda b=before: batches(epp) > b)  # the turn's blocks are reported
+        await until(lambda: batches(epp) > before)  # the turn's blocks are reported
+        return reply, reply.body["choices"][0]["message"]["content"]
+
+    passed, _ = await article_chat(turn)
     assert len({p.endpoint for p in passed}) == 1
     cached = [p.cached for p in passed]
     assert cached[0] == 0 and all(c > 0 for c in cached[1:])

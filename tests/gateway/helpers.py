@@ -1,4 +1,5 @@
-"""Client-side helpers for gateway tests: send one request, read it to the end, summarise."""
+"""Client-side helpers for gateway tests: send one request, read it to the end, summarise; the
+article's conversation (``article_chat``), whatever it goes through."""
 
 from __future__ import annotations
 
@@ -107,6 +108,40 @@ async def send(
 def words(n: int) -> str:
     """The article's prompts: ``w0 w1 ... w{n-1}``; each is a prefix of any longer one."""
     return " ".join(f"w{i}" for i in range(n))
+
+
+# The article's conversation: words in each turn's prompt (each prompt a prefix of the next).
+TURNS = (400, 700, 1000, 1400, 1700)
+R = TypeVar("R")
+
+
+async def article_chat(
+    turn: Callable[[int, dict[str, Any]], Awaitable[tuple[R, str]]], **fields: Any
+) -> tuple[list[R], list[dict[str, str]]]:
+    """The article's conversation as chat: turn ``i``'s body (the history, then the words up to
+    ``TURNS[i]``; ``fields`` added) goes to ``turn(i, body)``, which sends it and returns the
+    reply and the answer's text, the history's next message. Returns the replies and the
+    history."""
+    messages: list[dict[str, str]] = []
+    replies: list[R] = []
+    start = 0
+    for i, n in enumerate(TURNS):
+        messages.append({"role": "user", "content": " ".join(f"w{w}" for w in range(start, n))})
+        start = n
+        body = {"model": "emulated", "messages": messages, "max_tokens": 4, **fields}
+        reply, answer = await turn(i, body)
+        replies.append(reply)
+        messages.append({"role": "assistant", "content": answer})
+    return replies, messages
+
+
+async def chat_turn(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+) -> tuple[Reply, str]:
+    """One chat turn through the gateway at ``url``, answered whole: the reply and its text."""
+    reply = await send(session, url, "/v1/chat/completions", body)
+    assert reply.complete, reply
+    return reply, reply.text
 
 
 def question(name: str, turn: int) -> dict[str, str]:

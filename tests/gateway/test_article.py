@@ -23,9 +23,8 @@ import pytest
 
 from prefixroute.core import DEFAULT_POLICY
 
-from .helpers import GatewayOf, Reply, send, words
+from .helpers import TURNS, GatewayOf, Reply, article_chat, chat_turn, send, words
 
-TURNS = (400, 700, 1000, 1400, 1700)
 POLICIES = ("round_robin", DEFAULT_POLICY)
 
 
@@ -41,17 +40,7 @@ async def _completions(session: aiohttp.ClientSession, url: str, stream: bool) -
 
 async def _chat(session: aiohttp.ClientSession, url: str, stream: bool) -> list[Reply]:
     """The same conversation as chat: each turn adds the reply and the next words."""
-    messages: list[dict[str, str]] = []
-    replies = []
-    start = 0
-    for n in TURNS:
-        messages.append({"role": "user", "content": " ".join(f"w{i}" for i in range(start, n))})
-        start = n
-        body = {"model": "emulated", "messages": messages, "max_tokens": 4, "stream": stream}
-        reply = await send(session, url, "/v1/chat/completions", body)
-        assert reply.complete, reply
-        replies.append(reply)
-        messages.append({"role": "assistant", "content": reply.text})
+    replies, _ = await article_chat(lambda _, body: chat_turn(session, url, body), stream=stream)
     return replies
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,18 @@ from prefixroute.emulate import EmulatedReplica, EmulatedTokenizer, EmulatorConf
 from prefixroute.gateway import Gateway, GatewayConfig, load_toml
 from prefixroute.sim.replica import ReplicaConfig
 
-from .helpers import ClusterFactory, GatewayFactory, Reply, reset_until_live, send
+from .helpers import (
+    TURNS,
+    ClusterFactory,
+    GatewayFactory,
+    Reply,
+    article_chat,
+    chat_turn,
+    reset_until_live,
+    send,
+)
 
 BS = 16  # the replicas' KV block size, tokens
-TURNS = (400, 700, 1000, 1400, 1700)  # the article's conversation, words per prompt
 
 
 def free_port() -> int:
@@ -75,6 +84,23 @@ def batches(gw: Gateway) -> int:
     return sum(s.stats.batches for s in gw.event_streams.values())
 
 
+async def heard_conversation(
+    session: aiohttp.ClientSession, gws: Sequence[Gateway]
+) -> tuple[list[Reply], list[dict[str, str]]]:
+    """The article's conversation as chat, turn ``i`` through ``gws[i % len(gws)]`` (round
+    robin), each turn answered whole and heard by every one of ``gws`` (the replicas' events
+    for its blocks came) before the next. Returns the replies and the history."""
+
+    async def turn(i: int, body: dict[str, Any]) -> tuple[Reply, str]:
+        before = [batches(gw) for gw in gws]
+        answered = await chat_turn(session, gws[i % len(gws)].url, body)
+        for g, b in zip(gws, before, strict=True):  # every gateway hears the turn's blocks
+            await until(lambda g=g, b=b: batches(g) > b)
+        return answered
+
+    return await article_chat(turn)
+
+
 @pytest.mark.parametrize("gateway_binds", [False, True], ids=["replicas-bind", "gateway-binds"])
 async def test_the_conversation_follows_the_engines_events(
     make_cluster: ClusterFactory,
@@ -87,19 +113,7 @@ async def test_the_conversation_follows_the_engines_events(
     _, gw = await precise_cluster(
         make_cluster, make_gateway, session, 3, gateway_binds, speculative_ttl_s=0.001
     )
-    messages: list[dict[str, str]] = []
-    replies: list[Reply] = []
-    start = 0
-    for n in TURNS:
-        messages.append({"role": "user", "content": " ".join(f"w{i}" for i in range(start, n))})
-        start = n
-        before = batches(gw)
-        body = {"model": "emulated", "messages": messages, "max_tokens": 4}
-        reply = await send(session, gw.url, "/v1/chat/completions", body)
-        assert reply.complete, reply
-        replies.append(reply)
-        messages.append({"role": "assistant", "content": reply.text})
-        await until(lambda b=before: batches(gw) > b)  # the turn's blocks are reported
+    replies, _ = await heard_conversation(session, [gw])
     assert len({r.headers["x-prefixroute-replica"] for r in replies}) == 1
     cached = [r.usage["prompt_tokens_details"]["cached_tokens"] for r in replies if r.usage]
     assert cached[0] == 0 and all(c > 0 for c in cached[1:])

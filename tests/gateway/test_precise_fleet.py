@@ -20,7 +20,7 @@ from prefixroute.gateway import Gateway
 
 from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, reset_until_live, send
 from .redis_server import RedisServer
-from .test_precise import BS, TURNS, batches, metric, metrics, replica_config
+from .test_precise import BS, batches, heard_conversation, metric, metrics, replica_config
 from .test_sync import all_connected
 
 INSTANCES = 3
@@ -59,21 +59,7 @@ async def test_three_instances_follow_the_same_events(
     make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     gws = await precise_fleet(make_cluster, make_gateway, session)
-    messages: list[dict[str, str]] = []
-    replies: list[Reply] = []
-    start = 0
-    for turn, n in enumerate(TURNS):
-        messages.append({"role": "user", "content": " ".join(f"w{i}" for i in range(start, n))})
-        start = n
-        before = [batches(gw) for gw in gws]
-        gw = gws[turn % INSTANCES]  # round robin over the instances
-        body = {"model": "emulated", "messages": messages, "max_tokens": 4}
-        reply = await send(session, gw.url, "/v1/chat/completions", body)
-        assert reply.complete, reply
-        replies.append(reply)
-        messages.append({"role": "assistant", "content": reply.text})
-        for g, b in zip(gws, before, strict=True):  # every instance hears the turn's blocks
-            await until(lambda g=g, b=b: batches(g) > b)
+    replies, messages = await heard_conversation(session, gws)  # round robin over the instances
     assert len({r.headers["x-prefixroute-replica"] for r in replies}) == 1
     cached = [r.usage["prompt_tokens_details"]["cached_tokens"] for r in replies if r.usage]
     assert cached[0] == 0 and all(c > 0 for c in cached[1:])

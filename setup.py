@@ -29,11 +29,13 @@ setup(
     ext_modules=[
         Extension(
             "prefixroute.core._native._hotpath",
-            sources=[f"{NATIVE}/{name}.c" for name in ("_hotpath", "chain", "lru")],
+            sources=[f"{NATIVE}/{name}.c" for name in ("_hotpath", "chain", "lru", "solve")],
             depends=[
                 f"{NATIVE}/{name}.h"
                 for name in ("glue", "hotpath", "oatable", "table", "vendor/xxhash")
             ],
+            # solve.c must add and multiply exactly as core/_solve.py does: no fused multiply-add.
+            extra_compile_args=["-ffp-contract=off"],
             optional=True,
         ),
         # The simulator's KV block pool (sim/kv_cache.py is its reference).

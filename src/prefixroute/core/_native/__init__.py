@@ -1,10 +1,11 @@
-"""The compiled hot path: chained block hashing and a replica's LRU in C (``*.c`` here).
+"""The compiled hot path: chained block hashing, a replica's LRU and the speed model's normal
+equations in C (``*.c`` here).
 
 ``pip install -e .`` builds it (``setup.py``) when a C compiler is there; without one the
 install goes on and the pure-Python references run instead, with the same results:
-``BlockHasher._hash_bytes`` and ``_packed`` (core/hashing.py) and ``ReplicaLRU``
-(core/_lru.py); the simulator's KV block pool (``kvcache.c``, a module of its own) has
-``KVCache`` (sim/kv_cache.py).
+``BlockHasher._hash_bytes`` and ``_packed`` (core/hashing.py), ``ReplicaLRU``
+(core/_lru.py) and ``add_observations_py`` (core/_solve.py); the simulator's KV block pool
+(``kvcache.c``, a module of its own) has ``KVCache`` (sim/kv_cache.py).
 ``PREFIXROUTE_PURE_PYTHON=1`` switches the compiled path off (mutation testing mutates the
 Python, so its tests must run it). The choice is made once, at import, and never warned about
 there: ``make install`` says once that the extension is missing (:func:`missing`).
@@ -22,7 +23,16 @@ if TYPE_CHECKING:
     from prefixroute.core._native._hotpath import LRU as NativeLRU
     from prefixroute.core._native._kvcache import KVCache as NativeKVCache
 
-__all__ = ["LRU", "KVCache", "PURE_PYTHON_ENV", "ChainFn", "chain_xxh3", "missing", "pack_u32"]
+__all__ = [
+    "LRU",
+    "KVCache",
+    "PURE_PYTHON_ENV",
+    "ChainFn",
+    "add_observations",
+    "chain_xxh3",
+    "missing",
+    "pack_u32",
+]
 
 PURE_PYTHON_ENV = "PREFIXROUTE_PURE_PYTHON"
 
@@ -43,6 +53,8 @@ _ext, _why_not = _load()
 chain_xxh3: ChainFn | None = None if _ext is None else _ext.chain_xxh3
 pack_u32: Callable[[object], bytes | None] | None = None if _ext is None else _ext.pack_u32
 LRU: type[NativeLRU] | None = None if _ext is None else _ext.LRU
+# The speed model's normal equations (solve.c; the reference is core/_solve.py's).
+add_observations: Callable[..., int | None] | None = None if _ext is None else _ext.add_observations
 
 
 def _load_kv_cache() -> type[NativeKVCache] | None:

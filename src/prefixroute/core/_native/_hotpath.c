@@ -1,4 +1,5 @@
-/* The compiled hot path of prefixroute.core: chained block hashing and one replica's LRU.
+/* The compiled hot path of prefixroute.core: chained block hashing, one replica's LRU, and the
+ * speed model's normal equations (solve.c, whose reference is core/_solve.py).
  *
  * The readable reference for both is Python: BlockHasher._hash_bytes (core/hashing.py) and
  * ReplicaLRU (core/_lru.py). chain.c and lru.c must give exactly their results; the tests feed
@@ -20,7 +21,8 @@
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "prefixroute.core._native._hotpath",
-    .m_doc = "The compiled hot path: chained xxh3 block hashing and a per-replica LRU.",
+    .m_doc = "The compiled hot path: chained xxh3 block hashing, a per-replica LRU and the "
+             "speed model's normal equations.",
     .m_size = -1,
     .m_methods = chain_methods,
 };
@@ -28,5 +30,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__hotpath(void)
 {
-    return module_of_type(&module, "LRU", &LRU_type);
+    PyObject *m = module_of_type(&module, "LRU", &LRU_type);
+    if (m != NULL && PyModule_AddFunctions(m, solve_methods) < 0)
+        Py_CLEAR(m);
+    return m;
 }

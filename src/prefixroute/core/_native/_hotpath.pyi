@@ -1,7 +1,8 @@
-"""Types of the compiled hot path (``_hotpath.c``, ``chain.c``, ``lru.c``); the Python
+"""Types of the compiled hot path (``_hotpath.c``, ``chain.c``, ``lru.c``, ``solve.c``); the Python
 references they must equal are named in ``__init__.py``."""
 
 from collections.abc import Sequence
+from typing import Any
 
 from prefixroute.core.hashing import BlockHash
 
@@ -12,6 +13,13 @@ def chain_xxh3(data: bytes | memoryview, step: int, start: int, stop: int, chain
 def pack_u32(ids: object, /) -> bytes | None:
     """A list or tuple of ids, or a 1-d integer array, as little-endian uint32 bytes, with
     ``BlockHasher._packed``'s errors; None for any other container (Python converts it)."""
+
+def add_observations(
+    a: list[list[float]], c: list[float], windows: Sequence[Sequence[Any]], theta: Sequence[float],
+    factor: float, /,
+) -> int | None:
+    """``core._solve.add_observations`` (the speed model's normal equations) to the bit; None,
+    with ``a`` and ``c`` unchanged, where a ratio is not a number (the reference decides)."""
 
 class LRU:
     """One replica's block-hash LRU: the compiled twin of ``_lru.ReplicaLRU``."""

@@ -1,4 +1,4 @@
-/* What the module (_hotpath.c) takes from chain.c and lru.c. */
+/* What the module (_hotpath.c) takes from chain.c, lru.c and solve.c. */
 #ifndef PREFIXROUTE_HOTPATH_H
 #define PREFIXROUTE_HOTPATH_H
 
@@ -7,5 +7,6 @@
 
 extern PyMethodDef chain_methods[]; /* chain_xxh3, pack_u32 */
 extern PyTypeObject LRU_type;       /* one replica's LRU */
+extern PyMethodDef solve_methods[]; /* add_observations (the speed model's normal equations) */
 
 #endif

@@ -1,0 +1,222 @@
+/* The speed model's normal equations in C: add_observations of core/_solve.py, its reference.
+ *
+ * Why: a refit reads every observation of a replica's windows (up to 3 x 64) twice, and runs
+ * every few requests of every replica; in the simulator at 16 replicas those two loops were a
+ * fifth of the run after the rest went compiled. The arithmetic is the reference's, operation
+ * for operation and in the same order (no fused multiply-add: setup.py builds with
+ * -ffp-contract=off), so the sums are the same to the bit and the simulator's recorded digests
+ * do not move; tests/core/test_native_solve.py compares the two on random windows.
+ *
+ * When the answer could differ (a ratio that is not a number, where Python's sort and qsort may
+ * order the newer half differently) it returns None having changed nothing, and the caller runs
+ * the reference instead.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "hotpath.h"
+
+typedef struct {
+    double x[4];
+    double seconds;
+} Obs;
+
+static int
+cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sequence `obj` of n floats into out[n]; 0 with an error set. */
+static int
+floats_of(PyObject *obj, double *out, Py_ssize_t n, const char *what)
+{
+    PyObject *seq = PySequence_Fast(obj, what);
+    if (seq == NULL)
+        return 0;
+    int ok = PySequence_Fast_GET_SIZE(seq) == n;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        out[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+        ok = !(out[i] == -1.0 && PyErr_Occurred());
+    }
+    if (!ok && !PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd numbers", what, n);
+    Py_DECREF(seq);
+    return ok;
+}
+
+/* The window's observations read into obs[n] (x and seconds as floats); 0 with an error set. */
+static int
+read_window(PyObject *seq, Obs *obs, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *x = PyObject_GetAttrString(o, "x");
+        if (x == NULL)
+            return 0;
+        int ok = floats_of(x, obs[i].x, 4, "an observation's x");
+        Py_DECREF(x);
+        if (!ok)
+            return 0;
+        PyObject *s = PyObject_GetAttrString(o, "seconds");
+        if (s == NULL)
+            return 0;
+        obs[i].seconds = PyFloat_AsDouble(s);
+        Py_DECREF(s);
+        if (obs[i].seconds == -1.0 && PyErr_Occurred())
+            return 0;
+    }
+    return 1;
+}
+
+/* One window into A and C, as the reference's loop body does; -1 when a ratio is not a number
+ * (the caller falls back), else how many observations were left out. */
+static Py_ssize_t
+add_window(Obs *obs, Py_ssize_t n, const double t[4], double factor, double A[4][4], double C[4],
+           double *scratch)
+{
+    double *p = scratch, *r = scratch + n, *recent = scratch + 2 * n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const double *x = obs[i].x;
+        double pred = x[0] * t[0] + x[1] * t[1] + x[2] * t[2] + x[3] * t[3];
+        if (pred < 1e-9)
+            pred = 1e-9;
+        p[i] = pred;
+        r[i] = obs[i].seconds / pred;
+        if (isnan(r[i]))
+            return -1;
+    }
+    Py_ssize_t half = n / 2, m = n - half;
+    for (Py_ssize_t i = 0; i < m; i++)
+        recent[i] = r[half + i];
+    qsort(recent, (size_t)m, sizeof(double), cmp_double);
+    double centre = recent[m / 2];
+    double low = centre / factor, high = centre * factor;
+    Py_ssize_t dropped = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!(low <= r[i] && r[i] <= high)) {
+            dropped++;
+            continue;
+        }
+        const double *ox = obs[i].x;
+        double x = ox[0] / p[i], k = ox[1] / p[i];
+        A[0][0] += x * x;
+        A[0][1] += x * k;
+        A[1][1] += k * k;
+        C[0] += x * r[i];
+        C[1] += k * r[i];
+        if (ox[2] != 0.0 || ox[3] != 0.0) {
+            double row[4] = {x, k, ox[2] / p[i], ox[3] / p[i]};
+            for (int a = 2; a < 4; a++) {
+                if (ox[a] == 0.0)
+                    continue;
+                for (int j = 0; j < 4; j++) {
+                    A[a][j] += row[a] * row[j];
+                    if (j < 2)
+                        A[j][a] += row[a] * row[j];
+                }
+                C[a] += row[a] * r[i];
+            }
+        }
+    }
+    return dropped;
+}
+
+/* Every window (a sequence of sequences of observations) into A and C; -1 to fall back, -2
+ * with an error set, else how many were left out. */
+static Py_ssize_t
+add_windows(PyObject *windows, const double t[4], double factor, double A[4][4], double C[4])
+{
+    PyObject *all = PySequence_Fast(windows, "windows must be a sequence");
+    if (all == NULL)
+        return -2;
+    Py_ssize_t dropped = 0;
+    for (Py_ssize_t w = 0; w < PySequence_Fast_GET_SIZE(all) && dropped >= 0; w++) {
+        PyObject *seq = PySequence_Fast(PySequence_Fast_GET_ITEM(all, w), "a window");
+        if (seq == NULL) {
+            dropped = -2;
+            break;
+        }
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        Obs *obs = n ? PyMem_Malloc((size_t)n * sizeof(Obs)) : NULL;
+        double *scratch = n ? PyMem_Malloc((size_t)n * 3 * sizeof(double)) : NULL;
+        if (n && (obs == NULL || scratch == NULL)) {
+            PyErr_NoMemory();
+            dropped = -2;
+        }
+        else if (n && !read_window(seq, obs, n))
+            dropped = -2;
+        else if (n) {
+            Py_ssize_t d = add_window(obs, n, t, factor, A, C, scratch);
+            dropped = d < 0 ? -1 : dropped + d;
+        }
+        PyMem_Free(obs);
+        PyMem_Free(scratch);
+        Py_DECREF(seq);
+    }
+    Py_DECREF(all);
+    return dropped;
+}
+
+/* a (4 lists of 4) and c (4) into A and C, or back; 0 with an error set. */
+static int
+matrix_io(PyObject *a, PyObject *c, double A[4][4], double C[4], int write)
+{
+    if (!PyList_Check(a) || PyList_GET_SIZE(a) != 4 || !PyList_Check(c) || PyList_GET_SIZE(c) != 4) {
+        PyErr_SetString(PyExc_TypeError, "a must be 4 lists of 4 floats, c a list of 4");
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < 4; i++) {
+        PyObject *row = PyList_GET_ITEM(a, i);
+        if (!PyList_Check(row) || PyList_GET_SIZE(row) != 4) {
+            PyErr_SetString(PyExc_TypeError, "a must be 4 lists of 4 floats");
+            return 0;
+        }
+        if (!write) {
+            if (!floats_of(row, A[i], 4, "a row of a"))
+                return 0;
+            continue;
+        }
+        for (Py_ssize_t j = 0; j < 4; j++) {
+            PyObject *v = PyFloat_FromDouble(A[i][j]);
+            if (v == NULL)
+                return 0;
+            PyList_SetItem(row, j, v); /* steals v */
+        }
+        PyObject *v = PyFloat_FromDouble(C[i]);
+        if (v == NULL)
+            return 0;
+        PyList_SetItem(c, i, v);
+    }
+    return write || floats_of(c, C, 4, "c");
+}
+
+/* add_observations(a, c, windows, theta, factor) -> int | None (core/_solve.py). */
+static PyObject *
+solve_add_observations(PyObject *self, PyObject *args)
+{
+    PyObject *a, *c, *windows, *theta;
+    double factor, t[4], A[4][4], C[4];
+    if (!PyArg_ParseTuple(args, "OOOOd:add_observations", &a, &c, &windows, &theta, &factor))
+        return NULL;
+    if (!floats_of(theta, t, 4, "theta") || !matrix_io(a, c, A, C, 0))
+        return NULL;
+    Py_ssize_t dropped = add_windows(windows, t, factor, A, C);
+    if (dropped == -2)
+        return NULL;
+    if (dropped == -1)
+        Py_RETURN_NONE; /* a and c untouched: the reference decides */
+    if (!matrix_io(a, c, A, C, 1))
+        return NULL;
+    return PyLong_FromSsize_t(dropped);
+}
+
+PyMethodDef solve_methods[] = {
+    {"add_observations", solve_add_observations, METH_VARARGS,
+     "add_observations(a, c, windows, theta, factor) -> int | None: core/_solve.py's, in C "
+     "(None: a ratio is not a number; nothing changed)."},
+    {NULL, NULL, 0, NULL},
+};

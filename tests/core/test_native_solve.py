@@ -1,0 +1,83 @@
+"""The compiled normal equations (``_native.add_observations``, solve.c) give what the Python
+reference (``_solve.add_observations_py``) gives, to the bit: the same ``a``, ``c`` and count
+left out, on random windows (ints and floats, overhead columns on and off, outliers), so the
+speed model and the simulator's digests do not depend on which one ran."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import deque
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixroute.core import _native
+from prefixroute.core._solve import Obs, add_observations, add_observations_py
+
+pytestmark = pytest.mark.skipif(
+    _native.add_observations is None, reason="the compiled hot path is not built"
+)
+
+finite = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False)
+count = st.one_of(st.integers(min_value=0, max_value=100_000), finite)
+observation = st.builds(
+    lambda x0, x1, x2, x3, s: Obs((x0, x1, x2, x3), s),
+    count,
+    count,
+    st.one_of(st.just(0.0), count),
+    st.one_of(st.just(0.0), st.just(1.0), finite),
+    st.floats(min_value=1e-6, max_value=100.0),
+)
+window = st.lists(observation, max_size=70).map(lambda obs: deque(obs, maxlen=64))
+theta = st.tuples(
+    st.floats(min_value=1e-7, max_value=1e-2),
+    st.floats(min_value=0.0, max_value=0.1),
+    st.floats(min_value=0.0, max_value=0.5),
+    st.floats(min_value=0.0, max_value=0.5),
+).map(list)
+
+
+def start() -> tuple[list[list[float]], list[float]]:
+    """Normal equations with priors in them, as ``ReplicaSpeed._normal_equations`` starts."""
+    a = [[0.0] * 4 for _ in range(4)]
+    a[0][0], a[1][1], a[2][2], a[3][3] = 1e8, 4444.4, 11.9, 11.9
+    return a, [1e4, 66.7, 0.0, 0.0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(window, min_size=1, max_size=3), theta, st.floats(min_value=1.01, max_value=10))
+def test_compiled_equals_the_reference(windows, theta, factor) -> None:  # type: ignore[no-untyped-def]
+    a1, c1 = start()
+    a2, c2 = copy.deepcopy(a1), list(c1)
+    dropped_c = _native.add_observations(a1, c1, tuple(windows), theta, factor)
+    dropped_py = add_observations_py(a2, c2, windows, theta, factor)
+    assert dropped_c is not None
+    a1[1][0] = a1[0][1]  # add_observations' last step, done by its caller on the compiled path
+    assert (a1, c1, dropped_c) == (a2, c2, dropped_py)
+
+
+def test_a_ratio_that_is_not_a_number_falls_back_unchanged() -> None:
+    """A prediction that is not a number: the compiled path answers None and changes nothing;
+    ``add_observations`` then gives the reference's answer."""
+    windows = (deque([Obs((100.0, 1.0, 0.0, 1.0), 0.01), Obs((200.0, 2.0, 0.0, 1.0), 0.02)]),)
+    nan_theta = [math.nan, 0.01, 0.0, 0.0]
+    a, c = start()
+    before = (copy.deepcopy(a), list(c))
+    assert _native.add_observations(a, c, windows, nan_theta, 3.0) is None
+    assert (a, c) == before
+    a_py, c_py = start()
+    expected = add_observations_py(a_py, c_py, windows, nan_theta, 3.0)
+    assert add_observations(a, c, windows, nan_theta, 3.0) == expected
+    assert str((a, c)) == str((a_py, c_py))  # nan != nan: compared as text
+
+
+def test_bad_arguments_are_errors_not_crashes() -> None:
+    a, c = start()
+    with pytest.raises(TypeError):
+        _native.add_observations([[0.0] * 4], c, (), [0.0] * 4, 3.0)
+    with pytest.raises(ValueError):
+        _native.add_observations(a, c, (), [0.0] * 3, 3.0)
+    with pytest.raises(AttributeError):
+        _native.add_observations(a, c, ([object()],), [1e-4, 0.0, 0.0, 0.0], 3.0)

@@ -28,7 +28,9 @@ less than the rest of that tick adds nothing measurable (direct and plain Envoy 
 so added latency shows in whole ticks. A second pass repeats concurrency 1 against *instant*
 replicas (this file, ``--instant-replicas PORT COUNT``: canned OpenAI-shaped answers with
 ``usage``, no timers) with their own picker and Envoys; its rows measure what the picker adds
-to the microsecond.
+to the microsecond. That pass adds Envoy D, as A but asking a *null* picker
+(``_null_picker.py``: the same gRPC server setup, answering each message with the least it
+can, no routing): what Python gRPC alone adds, the floor under a picker written in Python.
 """
 
 from __future__ import annotations
@@ -126,16 +128,23 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:8.3f}"
 
 
-def _report(conc: int, direct: Samples, plain: Samples, picked: Samples, buf: Samples) -> None:
+def _report(
+    conc: int, direct: Samples, plain: Samples, picked: Samples, buf: Samples, null: Samples
+) -> None:
+    """The table; the null picker's columns only when that path ran (``null.count``)."""
     print(f"\n## concurrency {conc} ({plain.count} requests per path, {ROUNDS} rounds)")
+    floor_head = f"{'+null':>9}{'added':>9}" if null.count else ""
     print(f"{'':18}{'direct':>9}{'envoy rr':>9}{'+epp':>9}{'added':>9}{'ratio':>7}"
-          f"{'+epp buf':>10}{'added':>9}")  # fmt: skip
+          f"{'+epp buf':>10}{'added':>9}{floor_head}")  # fmt: skip
     for q, label in ((0.5, "p50"), (0.99, "p99")):
         d, b, a, c = (pct(s.latency, q) for s in (direct, plain, picked, buf))
+        z = pct(null.latency, q) if null.count else 0.0
+        floor = f"{_ms(z):>9}{_ms(z - b):>9}" if null.count else ""
         print(f"{'latency ' + label + ' (ms)':18}{_ms(d):>9}{_ms(b):>9}{_ms(a):>9}"
-              f"{_ms(a - b):>9}{a / b:7.2f}{_ms(c):>10}{_ms(c - b):>9}")  # fmt: skip
+              f"{_ms(a - b):>9}{a / b:7.2f}{_ms(c):>10}{_ms(c - b):>9}{floor}")  # fmt: skip
+    floor_rps = f"{'':>9}{null.rps:9.0f}" if null.count else ""
     print(f"{'requests/s':18}{direct.rps:9.0f}{plain.rps:9.0f}{picked.rps:9.0f}{'':>9}"
-          f"{picked.rps / plain.rps:7.2f}{buf.rps:10.0f}")  # fmt: skip
+          f"{picked.rps / plain.rps:7.2f}{buf.rps:10.0f}{floor_rps}")  # fmt: skip
     if picked.cpu_s and buf.cpu_s:
         print(f"picker CPU per request: {picked.cpu_s / picked.count * 1e6:.0f} us full duplex,"
               f" {buf.cpu_s / buf.count * 1e6:.0f} us buffered")  # fmt: skip
@@ -143,7 +152,7 @@ def _report(conc: int, direct: Samples, plain: Samples, picked: Samples, buf: Sa
 
 async def _bench(
     direct: list[str], plain: str, picked: str, buffered: str, epp_pid: int, epp_http: str,
-    concurrencies: tuple[int, ...],
+    concurrencies: tuple[int, ...], null: str | None = None,
 ) -> None:  # fmt: skip
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=30)
@@ -151,10 +160,11 @@ async def _bench(
         for url in direct:
             await wait_ready(session, url + "/health")
         await wait_ready(session, epp_http + "/health")
-        for urls in (direct, [plain], [picked], [buffered]):  # warm connections and caches
+        paths = [direct, [plain], [picked], [buffered]] + ([[null]] if null else [])
+        for urls in paths:  # warm connections and caches
             await _round(session, urls, 200, 8, Samples())
         for conc in concurrencies:
-            d, b, a, c = Samples(), Samples(), Samples(), Samples()
+            d, b, a, c, z = Samples(), Samples(), Samples(), Samples(), Samples()
             reasons: set[str] = set()
             for _ in range(ROUNDS):
                 n = REQUESTS[conc]
@@ -162,18 +172,26 @@ async def _bench(
                 await _round(session, [plain], n, conc, b)
                 reasons |= await _round(session, [picked], n, conc, a, epp_pid)
                 reasons |= await _round(session, [buffered], n, conc, c, epp_pid)
+                if null is not None:
+                    await _round(session, [null], n, conc, z)
             assert "" not in reasons, "a request through envoy+epp had no picker reason"
-            _report(conc, d, b, a, c)
+            _report(conc, d, b, a, c, z)
             print(f"picker reasons seen: {', '.join(sorted(reasons))}")
 
 
-def _start_envoys(binary: str, grpc_port: int, ports: list[int], work: Path) -> list[Envoy]:
-    """Envoy A (the picker, full duplex), B (round robin), C (the picker, buffered)."""
-    for name in "abc":
+def _start_envoys(
+    binary: str, grpc_port: int, ports: list[int], work: Path, null_port: int | None
+) -> list[Envoy]:
+    """Envoy A (the picker, full duplex), B (round robin), C (the picker, buffered), and with
+    ``null_port`` D (the null picker, full duplex)."""
+    for name in "abcd":
         (work / name).mkdir()
     picked = Envoy(binary, grpc_port, work / "a", "FULL_DUPLEX_STREAMED")
     plain = Envoy(binary, grpc_port, work / "b", "FULL_DUPLEX_STREAMED")
     buffered = Envoy(binary, grpc_port, work / "c", "BUFFERED")
+    envoys = [picked, plain, buffered]
+    if null_port is not None:
+        envoys.append(Envoy(binary, null_port, work / "d", "FULL_DUPLEX_STREAMED"))
     plain.settings = EnvoyConfig(
         pickers=(),  # Envoy's own round robin, otherwise the same listener and route
         endpoints=[f"127.0.0.1:{p}" for p in ports],
@@ -182,14 +200,24 @@ def _start_envoys(binary: str, grpc_port: int, ports: list[int], work: Path) -> 
     )
     started: list[Envoy] = []
     try:
-        for envoy in (picked, plain, buffered):
+        for envoy in envoys:
             envoy.start()
             started.append(envoy)
     except BaseException:
         for envoy in started:
             envoy.stop()
         raise
-    return [picked, plain, buffered]
+    return envoys
+
+
+def _wait_listening(port: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port} after {timeout_s:.0f} s")
 
 
 def _emulated(first: int) -> list[str]:
@@ -201,8 +229,11 @@ def _instant(first: int) -> list[str]:
     return [__file__, "--instant-replicas", str(first), str(REPLICAS)]
 
 
-def _pass(binary: str, replica_args: list[str], first: int, conc: tuple[int, ...]) -> None:
-    """Replicas (from ``replica_args``), a picker over them, the three Envoys; measure."""
+def _pass(
+    binary: str, replica_args: list[str], first: int, conc: tuple[int, ...], null: bool = False
+) -> None:
+    """Replicas (from ``replica_args``), a picker over them (and with ``null`` the null
+    picker), the Envoys; measure."""
     ports = list(range(first, first + REPLICAS))
     grpc_port, http_port = free_port(), free_port()
     replicas = subprocess.Popen(
@@ -212,22 +243,30 @@ def _pass(binary: str, replica_args: list[str], first: int, conc: tuple[int, ...
         ["epp", *(f"--endpoint=127.0.0.1:{p}" for p in ports), f"--grpc-port={grpc_port}",
          f"--http-port={http_port}"]
     )  # fmt: skip
+    procs = [epp, replicas]
+    null_port = free_port() if null else None
+    if null_port is not None:
+        script = str(Path(__file__).with_name("_null_picker.py"))
+        endpoints = [f"127.0.0.1:{p}" for p in ports]
+        procs.append(subprocess.Popen([sys.executable, script, str(null_port), *endpoints]))
+        _wait_listening(null_port)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            envoys = _start_envoys(binary, grpc_port, ports, Path(tmp))
+            envoys = _start_envoys(binary, grpc_port, ports, Path(tmp), null_port)
             try:
-                picked, plain, buffered = envoys
+                picked, plain, buffered = envoys[:3]
                 direct = [f"http://127.0.0.1:{p}" for p in ports]
                 epp_http = f"http://127.0.0.1:{http_port}"
                 urls = (plain.url, picked.url, buffered.url)
-                run_on_uvloop(_bench(direct, *urls, epp.pid, epp_http, conc))
+                floor = envoys[3].url if null_port is not None else None
+                run_on_uvloop(_bench(direct, *urls, epp.pid, epp_http, conc, floor))
             finally:
                 for envoy in envoys:
                     envoy.stop()
     finally:
-        for proc in (epp, replicas):
+        for proc in procs:
             proc.send_signal(signal.SIGTERM)
-        for proc in (epp, replicas):
+        for proc in procs:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -247,7 +286,7 @@ def main() -> None:
     _pass(binary, _emulated(first), first, (1, 8))
     print(f"\n# the same at concurrency 1, {REPLICAS} instant replicas (no timer ticks)")
     first = _consecutive_free_ports(REPLICAS)
-    _pass(binary, _instant(first), first, (1,))
+    _pass(binary, _instant(first), first, (1,), null=True)
     print(f"\n(total {time.perf_counter() - started:.0f} s on {os.cpu_count()} cores)")
 
 

@@ -42,6 +42,7 @@ StackFactory = Callable[..., Awaitable[Stack]]
 
 
 PickerStarter = Callable[..., Awaitable[EndpointPicker]]  # (config, tokenizer=None)
+PickerFactory = Callable[..., Awaitable[EndpointPicker]]  # (http_host=..., **GatewayConfig)
 
 
 @pytest.fixture
@@ -64,6 +65,26 @@ async def start_picker() -> AsyncIterator[PickerStarter]:
             return epp
 
         yield start
+
+
+@pytest.fixture
+def make_picker(cluster: EmulatedCluster, start_picker: PickerStarter) -> PickerFactory:
+    """Pickers over ``cluster`` with their HTTP listener on any free port of ``http_host``;
+    keywords: more ``GatewayConfig`` fields, or ``epp`` (more ``EppConfig`` fields)."""
+
+    async def make(
+        http_host: str = "127.0.0.1", epp: dict[str, Any] | None = None, **routing: Any
+    ) -> EndpointPicker:
+        cfg = dataclasses.replace(FAST_GATEWAY, replicas=tuple(cluster.urls), **STEADY, **routing)
+        config = EppConfig(cfg, grpc_port=0, http_port=0, http_host=http_host, **(epp or {}))
+        return await start_picker(config)
+
+    return make
+
+
+def side(epp: EndpointPicker) -> str:
+    """The base URL of a picker's HTTP listener (metrics, health, admin)."""
+    return f"http://127.0.0.1:{epp.http_port}"
 
 
 @pytest.fixture

@@ -1,40 +1,18 @@
-"""The endpoint picker's fleet page and admin listing (issue 14: "a live fleet page at
-/dashboard on the gateway (and on epp)"; issue 13: "admin listing ... behave as in serve"):
-the same page and the same rules as the gateway's, on the picker's HTTP listener."""
+"""The endpoint picker's fleet page and who may see its admin surfaces (issue 14: "a live
+fleet page at /dashboard on the gateway (and on epp)"; issue 13: "admin listing ... behave as
+in serve"): the same page and the same rules as the gateway's, on the picker's HTTP listener.
+The admin API itself: ``test_admin.py``."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-from typing import Any
-
 import aiohttp
-import pytest
-from gateway.helpers import FAST_GATEWAY, STEADY
 
-from prefixroute.emulate import EmulatedCluster
-from prefixroute.epp import EndpointPicker, EppConfig
-
-from .conftest import PickerStarter
+from .conftest import PickerFactory, side
 from .grpc_envoy import through
 
 TOKEN = "picker-admin-token"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 CHAT = "/v1/chat/completions"
-PickerFactory = Callable[..., Any]
-
-
-@pytest.fixture
-def make_picker(cluster: EmulatedCluster, start_picker: PickerStarter) -> PickerFactory:
-    async def make(http_host: str = "127.0.0.1", **routing: Any) -> EndpointPicker:
-        cfg = dataclasses.replace(FAST_GATEWAY, replicas=tuple(cluster.urls), **STEADY, **routing)
-        return await start_picker(EppConfig(cfg, grpc_port=0, http_port=0, http_host=http_host))
-
-    return make
-
-
-def side(epp: EndpointPicker) -> str:
-    return f"http://127.0.0.1:{epp.http_port}"
 
 
 async def test_the_page_shows_the_pickers_replicas_and_its_decisions(
@@ -54,7 +32,8 @@ async def test_the_page_shows_the_pickers_replicas_and_its_decisions(
     async with session.get(side(epp) + "/dashboard") as resp:
         assert resp.status == 200 and resp.content_type == "text/html"
     async with session.get(side(epp) + "/admin/replicas") as resp:
-        assert resp.status == 200 and len((await resp.json())["data"]) == 4
+        assert resp.status == 404  # as serve: without a token there is no admin API
+        assert (await resp.json())["error"]["message"] == "Not Found"  # serve's JSON 404
 
 
 async def test_with_a_token_every_admin_path_needs_it(

@@ -4,10 +4,16 @@ One asyncio loop runs everything (``grpc.aio``, aiohttp, the health probes), so 
 which is not thread-safe, is only ever touched from that loop. The Kubernetes watcher runs the
 blocking client in a thread and hands each new endpoint set to the loop.
 
-The HTTP side is the gateway's, narrowed to what a picker has: ``GET /metrics`` (the gateway's
-Prometheus registry: decisions, requests by replica/status/reason, predicted against actual
-cached tokens, the live index and load), ``GET /health`` (200 while some endpoint is healthy,
-else 503) and ``GET /admin/replicas`` (the registry's listing, read-only).
+The HTTP side is the gateway's admin listener (``gateway.admin_listener``, what ``serve
+--admin-port`` runs) with two public paths added: ``GET /metrics`` (the gateway's Prometheus
+registry: decisions, requests by replica/status/reason, predicted against actual cached tokens,
+the live index and load) and ``GET /health`` (200 while some endpoint is healthy, else 503).
+The rest is ``serve``'s, same handlers and rules: with an admin token, the admin API (replicas
+listed and drained, tenants' limits read and set, ``/admin/explain``), bearer token only, a
+JSON 401 without it; the fleet page with the token, or without one on a loopback listener for
+loopback clients; no admin API without a token. One difference: adding or removing an endpoint
+answers 409, since the endpoints are the discovery source's (the ``--endpoint`` list, the
+endpoints file, Kubernetes pods), which would undo the change (:meth:`EndpointPicker.membership`).
 
 The router, registry, metrics, Redis sync, tokenizer threads and precise mode's KV-event
 subscribers are the gateway's own, built by the gateway's wiring (``gateway.gateway_state``)
@@ -50,9 +56,8 @@ from prefixroute.gateway import (
     HFTokenizer,
     PromptTokenizer,
     Tenants,
-    admin_refusal,
+    admin_listener,
     gateway_state,
-    mount_fleet_page,
 )
 
 log = logging.getLogger(__name__)
@@ -222,21 +227,30 @@ class EndpointPicker:
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
 
-    # --- HTTP: metrics, health, admin listing ---------------------------------------------
-    def _http_app(self) -> web.Application:
-        """``/metrics`` and ``/health`` (probes, Prometheus) for anyone; the admin listing and
-        the fleet page (``/dashboard``) as the gateway serves them: with the admin token, or
-        on a loopback listener for loopback clients only, else not at all."""
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/health", self._healthz)
-        cfg = self.config
-        fleet = mount_fleet_page(
-            app, cfg.routing, self.router, self.registry, self.metrics, cfg.http_host
+    # --- HTTP: metrics, health, the admin API and the fleet page ----------------------------
+    def membership(self) -> str:
+        """Why the admin API does not add or remove endpoints here (its 409's message): the
+        discovery source owns them, and would undo such a change (a static list at the next
+        start); the proxy's own pool would not follow it either."""
+        file = self.config.endpoints_file
+        source = (
+            f"the endpoints file {file}"
+            if file is not None
+            else "the --endpoint list, or Kubernetes discovery (--k8s-selector)"
         )
-        if fleet is not None:
-            self.shared.fleet = fleet
-            app.router.add_get("/admin/replicas", self._replicas)
+        return (
+            f"the picker's endpoints belong to {source}, which would undo a change made here: "
+            "change them there (draining one works)"
+        )
+
+    def _http_app(self) -> web.Application:
+        """``/metrics`` and ``/health`` (probes, Prometheus) for anyone; the rest as the
+        gateway's admin listener serves it (see the module doc)."""
+        public = [web.get("/metrics", self._metrics), web.get("/health", self._healthz)]
+        app, self.shared.fleet = admin_listener(
+            self.state, self.tenants, self.config.http_host,
+            routes=public, membership_refusal=self.membership(),
+        )  # fmt: skip
         return app
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -247,9 +261,3 @@ class EndpointPicker:
         healthy = sum(1 for r in self.registry if r.healthy and not r.draining)
         status = 200 if healthy else 503
         return web.json_response({"healthy_endpoints": healthy}, status=status)
-
-    async def _replicas(self, request: web.Request) -> web.Response:
-        refused = admin_refusal(request)
-        if refused is not None:
-            return refused
-        return web.json_response({"data": [self.registry.describe(r) for r in self.registry]})

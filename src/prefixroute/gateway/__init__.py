@@ -10,6 +10,7 @@ In-process (tests, ``prefixroute bench``)::
 From the command line: ``prefixroute serve --replica URL [--replica URL ...] [--policy NAME]``.
 """
 
+from prefixroute.gateway._admin import admin_listener
 from prefixroute.gateway._app import build_app, gateway_state
 from prefixroute.gateway._auth import generate_api_key, hash_api_key
 from prefixroute.gateway._config import (
@@ -21,7 +22,6 @@ from prefixroute.gateway._config import (
     config_fields,
 )
 from prefixroute.gateway._config_file import CONFIG_HELP, build_config, load_toml
-from prefixroute.gateway._dashboard import admin_refusal, mount_fleet_page
 from prefixroute.gateway._errors import error_body, error_response, spec_for
 from prefixroute.gateway._fleetview import DecisionEntry, FleetView
 from prefixroute.gateway._health import HealthChecker
@@ -75,7 +75,7 @@ __all__ = [
     "Tenants",
     "TokenizerPool",
     "Usage",
-    "admin_refusal",
+    "admin_listener",
     "build_app",
     "build_config",
     "config_fields",
@@ -87,7 +87,6 @@ __all__ = [
     "hash_api_key",
     "key_of",
     "load_toml",
-    "mount_fleet_page",
     "normalize_url",
     "parse_body",
     "spec_for",

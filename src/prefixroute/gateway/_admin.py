@@ -18,6 +18,12 @@ token the admin API is not mounted at all; with ``admin_port`` it is served only
 listener (:func:`build_admin_app`). A replica added here is probed at once and, if it answers,
 takes traffic from the next request. Limits set here last until the gateway stops.
 
+The endpoint picker (``prefixroute epp``) serves these same handlers on its HTTP listener
+(:func:`admin_listener`, as ``admin_port`` does), with one difference: its endpoints belong to
+its discovery source (the ``--endpoint`` list, the endpoints file, Kubernetes pods), which would
+undo a replica added or removed here, so those two calls answer 409 with the reason
+(``membership_refusal``); draining one works, and lasts while the source keeps listing it.
+
 ``/admin/explain`` answers "why would my request go there?": the request is keyed exactly as
 the proxied path keys it (``GatewayState.route_key``) and the router explains its decision
 (``Router.explain``: every candidate's match, load and, from the default policy, predicted TTFT
@@ -27,10 +33,11 @@ and score) without routing it, so nothing is recorded and nothing is sent to a r
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from prefixroute.core import ConfigError, Decision, Endpoint
 from prefixroute.gateway import _dashboard
@@ -41,8 +48,8 @@ from prefixroute.gateway._admission import (
     request_id_of,
 )
 from prefixroute.gateway._auth import bearer_token, secrets_equal
-from prefixroute.gateway._errors import BadRequest, Unauthorized, make_error_middleware
-from prefixroute.gateway._fleetview import FLEET
+from prefixroute.gateway._errors import BadRequest, Conflict, Unauthorized, make_error_middleware
+from prefixroute.gateway._fleetview import FLEET, FleetView
 from prefixroute.gateway._requests import key_of, parse_body
 from prefixroute.gateway._state import STATE, GatewayState
 from prefixroute.gateway._tenant_config import (
@@ -50,18 +57,25 @@ from prefixroute.gateway._tenant_config import (
     check_tenant_name,
     limits_from,
 )
-from prefixroute.gateway._tenants import TENANTS, TenantScope
+from prefixroute.gateway._tenants import TENANTS, Tenants, TenantScope
 
 MAX_ADMIN_BODY = 64 * 1024  # bytes
 EXPLAINED = {Endpoint.COMPLETIONS: "/v1/completions", Endpoint.CHAT: "/v1/chat/completions"}
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: web.Application, membership_refusal: str | None = None) -> None:
+    """The admin API's routes; with ``membership_refusal``, adding and removing a replica
+    answer 409 with it (after the token check), for an app whose replicas another source
+    owns (the endpoint picker's discovery)."""
     eh = expect_handler  # aiohttp's default can fail (see _admission)
+    add: Handler = add_replica
+    remove: Handler = remove_replica
+    if membership_refusal is not None:
+        add = remove = _refuser(membership_refusal)
     app.router.add_get("/admin/replicas", list_replicas, expect_handler=eh)
-    app.router.add_post("/admin/replicas", add_replica, expect_handler=eh)
+    app.router.add_post("/admin/replicas", add, expect_handler=eh)
     app.router.add_post(r"/admin/replicas/{ref:.+}/drain", drain_replica, expect_handler=eh)
-    app.router.add_delete(r"/admin/replicas/{ref:.+}", remove_replica, expect_handler=eh)
+    app.router.add_delete(r"/admin/replicas/{ref:.+}", remove, expect_handler=eh)
     app.router.add_get("/admin/tenants", list_tenants, expect_handler=eh)
     app.router.add_get("/admin/tenants/{name}", get_tenant, expect_handler=eh)
     app.router.add_put("/admin/tenants/{name}/limits", set_tenant_limits, expect_handler=eh)
@@ -71,8 +85,32 @@ def add_routes(app: web.Application) -> None:
 
 
 def build_admin_app(main: web.Application) -> web.Application:
-    """The admin API alone, sharing ``main``'s state, for a listener of its own."""
+    """The admin API alone, sharing ``main``'s state, for ``admin_port`` (which needs a
+    token, so the API and the fleet page are both there)."""
     state = main[STATE]
+    host = state.config.admin_host or state.config.host
+    app, _ = admin_listener(state, main[TENANTS], host, fleet=main[FLEET])
+    return app
+
+
+def admin_listener(
+    state: GatewayState,
+    tenants: Tenants,
+    host: str,
+    *,
+    fleet: FleetView | None = None,
+    routes: Iterable[web.AbstractRouteDef] = (),
+    membership_refusal: str | None = None,
+) -> tuple[web.Application, FleetView | None]:
+    """An app for a listener of its own, bound to ``host``, on the state and tenants of what
+    routes (the gateway's ``admin_port``, the endpoint picker's HTTP side), under the main
+    listener's rules: ``routes`` for anyone (the picker's metrics and health); the admin API
+    with an admin token, else not at all; the fleet page with a token, or on a loopback
+    ``host`` for loopback clients only (``_dashboard``); a JSON 404 for anything else, and
+    every error as JSON. ``fleet``: the view the page shows (a new one when None).
+
+    Returns the app, and the fleet view to record decisions in when the page is mounted
+    (else None: nobody would see them)."""
     app = web.Application(
         middlewares=[
             make_request_id_middleware(),
@@ -81,12 +119,16 @@ def build_admin_app(main: web.Application) -> web.Application:
         client_max_size=MAX_ADMIN_BODY,
     )
     app[STATE] = state
-    app[TENANTS] = main[TENANTS]
-    app[FLEET] = main[FLEET]
-    add_routes(app)
-    _dashboard.add_routes(app)  # the fleet page goes where the admin API goes
+    app[TENANTS] = tenants
+    view = app[FLEET] = fleet if fleet is not None else FleetView()
+    app.add_routes(routes)
+    if state.config.admin_token is not None:
+        add_routes(app, membership_refusal)
+    shown = _dashboard.mounted_on(state.config, host)
+    if shown:
+        _dashboard.add_routes(app)  # the fleet page goes where the admin API goes
     add_catch_all(app)
-    return app
+    return app, view if shown else None
 
 
 def _authorize(request: web.Request) -> GatewayState:
@@ -134,6 +176,14 @@ async def remove_replica(request: web.Request) -> web.Response:
     described = state.registry.describe(record)
     state.registry.remove(record.id)
     return web.json_response({"replica": described})
+
+
+def _refuser(reason: str) -> Handler:
+    async def refuse(request: web.Request) -> web.Response:
+        _authorize(request)  # an unauthorised caller learns nothing, not even this
+        raise Conflict(reason)
+
+    return refuse
 
 
 async def list_tenants(request: web.Request) -> web.Response:

@@ -13,7 +13,8 @@ surface:
   header to a page it navigates to, but it asks for Basic credentials itself when the page
   answers 401 with a Basic challenge, and then sends them with the page's own requests. The
   token is compared in constant time, by digest (``_auth.secrets_equal``), as the admin API's.
-  With ``admin_port`` the page is served on the admin listener only, like ``/admin/*``.
+  With ``admin_port`` the page is served on the admin listener only, like ``/admin/*``
+  (``_admin.admin_listener``, which the endpoint picker's HTTP listener is too).
 * Without an admin token the page is mounted only when the gateway listens on a loopback
   address (``127.0.0.1``, ``::1``, ``localhost``), and answers loopback peers only: the
   ``prefixroute serve`` of a laptop gets its page with no setup, and a gateway bound to a
@@ -37,16 +38,12 @@ from importlib import resources
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from prefixroute.core import Router
 from prefixroute.gateway._admission import expect_handler
 from prefixroute.gateway._auth import bearer_token, secrets_equal
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import ERROR_TABLE, BadRequest, Unauthorized, error_body
-from prefixroute.gateway._fleetview import FLEET, FleetView, fleet_state
-from prefixroute.gateway._limits import Limits
-from prefixroute.gateway._metrics import GatewayMetrics
-from prefixroute.gateway._registry import ReplicaRegistry
-from prefixroute.gateway._state import STATE, GatewayState
+from prefixroute.gateway._fleetview import FLEET, fleet_state
+from prefixroute.gateway._state import STATE
 
 DASHBOARD_PATH = "/dashboard"
 STATE_PATH = "/dashboard/state.json"
@@ -80,38 +77,17 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
+def mounted_on(config: GatewayConfig, host: str) -> bool:
+    """Whether a listener bound to ``host`` that serves the admin surfaces serves the page:
+    with an admin token, or without one on a loopback address (for loopback clients only)."""
+    return config.admin_token is not None or is_loopback(host)
+
+
 def mounted_on_main(config: GatewayConfig) -> bool:
     """Whether the main listener serves the page (else the admin listener, or nobody)."""
     if config.admin_port is not None:
         return False  # with a token, on the admin listener (build_admin_app)
-    return config.admin_token is not None or is_loopback(config.host)
-
-
-def mount_fleet_page(
-    app: web.Application,
-    config: GatewayConfig,
-    router: Router,
-    registry: ReplicaRegistry,
-    metrics: GatewayMetrics,
-    listener_host: str,
-) -> FleetView | None:
-    """The fleet page on an app that is not the gateway's (the endpoint picker's HTTP
-    listener, bound to ``listener_host``), under the same rules: mounted with an admin token,
-    or on a loopback listener for loopback clients only. Returns the view to record decisions
-    in (``FleetView.decisions``), or None when the page is not mounted."""
-    if config.admin_token is None and not is_loopback(listener_host):
-        return None
-    limits = Limits(config.max_in_flight, config.max_body_bytes, config.client_body_timeout_s)
-    app[STATE] = GatewayState(config, router, registry, metrics, limits)
-    fleet = app[FLEET] = FleetView()
-    add_routes(app)
-    return fleet
-
-
-def admin_refusal(request: web.Request) -> web.Response | None:
-    """None when ``request`` may read admin surfaces mounted with :func:`mount_fleet_page`
-    (the admin token, or a loopback client when there is none), else the refusing answer."""
-    return _refusal(request, BEARER_CHALLENGE)
+    return mounted_on(config, config.host)
 
 
 def add_routes(app: web.Application) -> None:

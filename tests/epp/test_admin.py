@@ -16,7 +16,7 @@ from gateway.helpers import wrong_credentials
 from polling import until
 
 from prefixroute.emulate import EmulatedCluster
-from prefixroute.epp import EndpointPicker
+from prefixroute.epp import EndpointPicker, EppConfig
 from prefixroute.gateway import TenancyConfig
 
 from .conftest import PickerFactory, side
@@ -251,3 +251,15 @@ async def test_with_an_endpoints_file_a_drain_outlasts_its_reread(
     await until(lambda: len(epp.registry) == 3)  # re-read
     status, listed = await call(session, "GET", api)
     assert {r["url"]: r["status"] for r in listed["replicas"]}[drained] == "draining"
+
+
+def test_the_refusal_names_the_source_in_use() -> None:
+    """The 409's message names where the endpoints come from: the Kubernetes pods when the
+    command watches them (it says so), else the endpoints file, else the --endpoint list."""
+    pods = "Kubernetes discovery (pods app=vllm in inference)"
+    watched = EndpointPicker(EppConfig(), discovery=pods).membership()
+    assert pods in watched and "--endpoint" not in watched
+    listed = EndpointPicker(EppConfig()).membership()
+    assert "--endpoint list" in listed and "Kubernetes" not in listed
+    filed = EndpointPicker(EppConfig(endpoints_file="/etc/endpoints")).membership()
+    assert "/etc/endpoints" in filed and "Kubernetes" not in filed

@@ -161,7 +161,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: EppConfig, pods: tuple[KubernetesPods, int] | None, resync_s: int) -> None:
-    async with EndpointPicker(config) as epp:
+    discovery = None
+    if pods is not None:
+        discovery = f"Kubernetes discovery (pods {pods[0].selector} in {pods[0].namespace})"
+    async with EndpointPicker(config, discovery=discovery) as epp:
         watcher = None
         if pods is not None:
             loop = asyncio.get_running_loop()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any
 
 import aiohttp
@@ -69,3 +70,14 @@ async def timed(work: Awaitable[Any], pid: int | None) -> tuple[float, float | N
     elapsed = time.perf_counter() - t0
     cpu1 = cpu_s(pid) if pid else None
     return elapsed, (cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None)
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
+    """SIGTERM every process, then wait for each (killing one that outlives ``timeout_s``)."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()

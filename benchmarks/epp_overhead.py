@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _procs import pct, run_on_uvloop, spawn, timed, wait_ready
+from _procs import pct, run_on_uvloop, spawn, stop_all, timed, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the Envoy that make test-epp runs (tests/epp/envoy.py)
@@ -264,13 +264,7 @@ def _pass(
                 for envoy in envoys:
                     envoy.stop()
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from _procs import pct, run_on_uvloop, spawn, timed, wait_ready
+from _procs import pct, run_on_uvloop, spawn, stop_all, timed, wait_ready
 
 ROUNDS = 4  # alternating direct / gateway rounds per configuration
 REQUESTS = {1: 400, 32: 1600}  # requests per round, by concurrency
@@ -197,13 +197,7 @@ def main() -> None:
         canned = Pair(instant_url, instant_gw_url, instant.pid, instant_gw.pid, ", instant replica")
         run_on_uvloop(_bench([(emulated, (1, 32)), (canned, (1,))]))
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
     cores = os.cpu_count()
     print(f"\n(total {time.perf_counter() - started:.0f} s on {cores} cores, 5 processes)")
 

@@ -1,7 +1,7 @@
 """The compiled normal equations (``_native.add_observations``, solve.c) give what the Python
-reference (``_solve.add_observations_py``) gives, to the bit: the same ``a``, ``c`` and count
-left out, on random windows (ints and floats, overhead columns on and off, outliers), so the
-speed model and the simulator's digests do not depend on which one ran."""
+reference (``_solve.add_observations(compiled=False)``) gives, to the bit: the same ``a``,
+``c`` and count left out, on random windows (ints and floats, overhead columns on and off,
+outliers), so the speed model and the simulator's digests do not depend on which one ran."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixroute.core import _native
-from prefixroute.core._solve import Obs, add_observations, add_observations_py
+from prefixroute.core._solve import Obs, add_observations
 
 pytestmark = pytest.mark.skipif(
     _native.add_observations is None, reason="the compiled hot path is not built"
@@ -52,7 +52,7 @@ def test_compiled_equals_the_reference(windows, theta, factor) -> None:  # type:
     a1, c1 = start()
     a2, c2 = copy.deepcopy(a1), list(c1)
     dropped_c = _native.add_observations(a1, c1, tuple(windows), theta, factor)
-    dropped_py = add_observations_py(a2, c2, windows, theta, factor)
+    dropped_py = add_observations(a2, c2, windows, theta, factor, compiled=False)
     assert dropped_c is not None
     a1[1][0] = a1[0][1]  # add_observations' last step, done by its caller on the compiled path
     assert (a1, c1, dropped_c) == (a2, c2, dropped_py)
@@ -68,7 +68,7 @@ def test_a_ratio_that_is_not_a_number_falls_back_unchanged() -> None:
     assert _native.add_observations(a, c, windows, nan_theta, 3.0) is None
     assert (a, c) == before
     a_py, c_py = start()
-    expected = add_observations_py(a_py, c_py, windows, nan_theta, 3.0)
+    expected = add_observations(a_py, c_py, windows, nan_theta, 3.0, compiled=False)
     assert add_observations(a, c, windows, nan_theta, 3.0) == expected
     assert str((a, c)) == str((a_py, c_py))  # nan != nan: compared as text
 

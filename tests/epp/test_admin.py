@@ -257,7 +257,9 @@ def test_the_refusal_names_the_source_in_use() -> None:
     """The 409's message names where the endpoints come from: the Kubernetes pods when the
     command watches them (it says so), else the endpoints file, else the --endpoint list."""
     pods = "Kubernetes discovery (pods app=vllm in inference)"
-    watched = EndpointPicker(EppConfig(), discovery=pods).membership()
+    picker = EndpointPicker(EppConfig())
+    picker.discovery = pods
+    watched = picker.membership()
     assert pods in watched and "--endpoint" not in watched
     listed = EndpointPicker(EppConfig()).membership()
     assert "--endpoint list" in listed and "Kubernetes" not in listed

@@ -161,10 +161,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: EppConfig, pods: tuple[KubernetesPods, int] | None, resync_s: int) -> None:
-    discovery = None
+    epp = EndpointPicker(config)
     if pods is not None:
-        discovery = f"Kubernetes discovery (pods {pods[0].selector} in {pods[0].namespace})"
-    async with EndpointPicker(config, discovery=discovery) as epp:
+        epp.discovery = f"Kubernetes discovery (pods {pods[0].selector} in {pods[0].namespace})"
+    async with epp:
         watcher = None
         if pods is not None:
             loop = asyncio.get_running_loop()

@@ -27,73 +27,73 @@ def add_observations(
     windows: Iterable[Sequence[Obs]],
     theta: list[float],
     factor: float,
+    compiled: bool = True,
 ) -> int:
     """Add each window's observations to the normal equations ``a``, ``c`` (in place), each
     divided by its prediction at ``theta`` (relative errors), leaving out those more than
     ``factor`` off the window's typical misprediction; returns how many were left out.
-    Compiled (``_native``, ``solve.c``) when built, with the same result to the bit."""
+
+    Compiled (``_native``, ``solve.c``) when built, with the same result to the bit; the Python
+    below is its reference (``compiled=False`` runs it)."""
     windows = tuple(windows)
-    if _native.add_observations is not None:
-        dropped = _native.add_observations(a, c, windows, theta, factor)
+    if compiled and _native.add_observations is not None:
+        dropped: int | None = _native.add_observations(a, c, windows, theta, factor)
         if dropped is not None:  # else a ratio was not a number: the reference decides
             a[1][0] = a[0][1]
             return dropped
-    return add_observations_py(a, c, windows, theta, factor)
-
-
-def add_observations_py(
-    a: list[list[float]],
-    c: list[float],
-    windows: Iterable[Sequence[Obs]],
-    theta: list[float],
-    factor: float,
-) -> int:
-    """:func:`add_observations` in Python: the reference ``solve.c`` must equal."""
     dropped = 0
-    t0, t1, t2, t3 = theta
     for window in windows:
-        if not window:
-            continue
-        # Unrolled, not ``sum(zip(...))``: a refit reads every observation twice and runs every
-        # few requests per replica (a third of the simulator's time was these loops). The sums
-        # are taken in the same order, so the results are the same to the bit.
-        preds: list[float] = []
-        ratios: list[float] = []
-        for o in window:
-            x0, x1, x2, x3 = o.x
-            p = x0 * t0 + x1 * t1 + x2 * t2 + x3 * t3
-            if p < 1e-9:
-                p = 1e-9
-            preds.append(p)
-            ratios.append(o.seconds / p)
-        # The typical misprediction, among the newer half: a change of speed becomes the norm
-        # once it is half of that, and is no longer taken for a run of outliers.
-        recent = sorted(ratios[len(ratios) // 2 :])
-        centre = recent[len(recent) // 2]
-        low, high = centre / factor, centre * factor
-        a00, a01, a11, c0, c1 = a[0][0], a[0][1], a[1][1], c[0], c[1]
-        for o, p, r in zip(window, preds, ratios, strict=True):
-            if not low <= r <= high:
-                dropped += 1
-                continue
-            ox = o.x
-            x, k = ox[0] / p, ox[1] / p
-            a00 += x * x
-            a01 += x * k
-            a11 += k * k
-            c0 += x * r
-            c1 += k * r
-            if ox[2] or ox[3]:  # the overheads' columns, where the observation has them
-                row = (x, k, ox[2] / p, ox[3] / p)
-                for i in (2, 3):
-                    if ox[i]:
-                        for j in range(4):
-                            a[i][j] += row[i] * row[j]
-                            if j < 2:
-                                a[j][i] += row[i] * row[j]
-                        c[i] += row[i] * r
-        a[0][0], a[0][1], a[1][1], c[0], c[1] = a00, a01, a11, c0, c1
+        if window:
+            dropped += _add_window(a, c, window, theta, factor)
     a[1][0] = a[0][1]
+    return dropped
+
+
+def _add_window(
+    a: list[list[float]], c: list[float], window: Sequence[Obs], theta: list[float], factor: float
+) -> int:
+    """One window of :func:`add_observations` (in Python); returns how many it left out."""
+    # Unrolled, not ``sum(zip(...))``: a refit reads every observation twice and runs every
+    # few requests per replica (a third of the simulator's time was these loops). The sums
+    # are taken in the same order, so the results are the same to the bit.
+    t0, t1, t2, t3 = theta
+    preds: list[float] = []
+    ratios: list[float] = []
+    for o in window:
+        x0, x1, x2, x3 = o.x
+        p = x0 * t0 + x1 * t1 + x2 * t2 + x3 * t3
+        if p < 1e-9:
+            p = 1e-9
+        preds.append(p)
+        ratios.append(o.seconds / p)
+    # The typical misprediction, among the newer half: a change of speed becomes the norm
+    # once it is half of that, and is no longer taken for a run of outliers.
+    recent = sorted(ratios[len(ratios) // 2 :])
+    centre = recent[len(recent) // 2]
+    low, high = centre / factor, centre * factor
+    dropped = 0
+    a00, a01, a11, c0, c1 = a[0][0], a[0][1], a[1][1], c[0], c[1]
+    for o, p, r in zip(window, preds, ratios, strict=True):
+        if not low <= r <= high:
+            dropped += 1
+            continue
+        ox = o.x
+        x, k = ox[0] / p, ox[1] / p
+        a00 += x * x
+        a01 += x * k
+        a11 += k * k
+        c0 += x * r
+        c1 += k * r
+        if ox[2] or ox[3]:  # the overheads' columns, where the observation has them
+            row = (x, k, ox[2] / p, ox[3] / p)
+            for i in (2, 3):
+                if ox[i]:
+                    for j in range(4):
+                        a[i][j] += row[i] * row[j]
+                        if j < 2:
+                            a[j][i] += row[i] * row[j]
+                    c[i] += row[i] * r
+    a[0][0], a[0][1], a[1][1], c[0], c[1] = a00, a01, a11, c0, c1
     return dropped
 
 

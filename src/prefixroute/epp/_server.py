@@ -106,18 +106,13 @@ class _Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 class EndpointPicker:
     """``async with EndpointPicker(config) as epp:`` serves until the block ends."""
 
-    def __init__(
-        self,
-        config: EppConfig,
-        tokenizer: PromptTokenizer | None = None,
-        discovery: str | None = None,
-    ) -> None:
+    def __init__(self, config: EppConfig, tokenizer: PromptTokenizer | None = None) -> None:
         """``tokenizer`` overrides ``config.routing.tokenizer`` (tests pass one that matches
-        their replicas), as ``gateway.build_app`` takes it. ``discovery`` names a source of
-        endpoints the config does not show (``prefixroute epp``: the Kubernetes pods it
-        watches), for the admin API's refusals (:meth:`membership`)."""
+        their replicas), as ``gateway.build_app`` takes it."""
         self.config = config
-        self.discovery = discovery
+        # A source of endpoints the config does not show, named before start (``prefixroute
+        # epp``: the Kubernetes pods it watches), for the admin API's refusals (membership).
+        self.discovery: str | None = None
         rc = config.routing
         if tokenizer is None and rc.tokenizer is not None:
             tokenizer = HFTokenizer(rc.tokenizer)

@@ -4,8 +4,8 @@ equations in C (``*.c`` here).
 ``pip install -e .`` builds it (``setup.py``) when a C compiler is there; without one the
 install goes on and the pure-Python references run instead, with the same results:
 ``BlockHasher._hash_bytes`` and ``_packed`` (core/hashing.py), ``ReplicaLRU``
-(core/_lru.py) and ``add_observations_py`` (core/_solve.py); the simulator's KV block pool
-(``kvcache.c``, a module of its own) has ``KVCache`` (sim/kv_cache.py).
+(core/_lru.py) and ``add_observations(compiled=False)`` (core/_solve.py); the simulator's KV
+block pool (``kvcache.c``, a module of its own) has ``KVCache`` (sim/kv_cache.py).
 ``PREFIXROUTE_PURE_PYTHON=1`` switches the compiled path off (mutation testing mutates the
 Python, so its tests must run it). The choice is made once, at import, and never warned about
 there: ``make install`` says once that the extension is missing (:func:`missing`).

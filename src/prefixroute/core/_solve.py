@@ -54,8 +54,8 @@ def _add_window(
 ) -> int:
     """One window of :func:`add_observations` (in Python); returns how many it left out."""
     # Unrolled, not ``sum(zip(...))``: a refit reads every observation twice and runs every
-    # few requests per replica (a third of the simulator's time was these loops). The sums
-    # are taken in the same order, so the results are the same to the bit.
+    # few requests per replica (36% of a simulator run under round_robin was these loops as
+    # first written; solve.c). The sums are taken in the same order: the same to the bit.
     t0, t1, t2, t3 = theta
     preds: list[float] = []
     ratios: list[float] = []

@@ -83,4 +83,6 @@ async def serve(port: int, endpoints: list[str]) -> None:
 if __name__ == "__main__":
     import uvloop
 
+    if len(sys.argv) < 3 or not sys.argv[1].isdigit():
+        sys.exit("usage: python benchmarks/_null_picker.py PORT ENDPOINT... (ENDPOINT as ip:port)")
     uvloop.run(serve(int(sys.argv[1]), sys.argv[2:]))

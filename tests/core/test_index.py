@@ -176,6 +176,9 @@ class IndexMachine(RuleBasedStateMachine):
                 assert set(hashes[:k]) <= self.ever[r], "matched blocks that were never inserted"
             some = MACHINE_NAMES[::2]  # the optional replica filter
             assert self.index.match(hashes, some) == {r: k for r, k in got.items() if r in some}
+            # match_each: the same matches, every replica asked for present (0: none), in order
+            each = self.index.match_each(hashes, some)
+            assert list(each.items()) == [(r, got.get(r, 0)) for r in some]
 
     @invariant()
     def deepest_holders_are_the_longest_matches(self) -> None:

@@ -167,6 +167,20 @@ class PrefixIndex:
                 result[replica] = m
         return result
 
+    def match_each(
+        self, block_hashes: Sequence[BlockHash], replicas: Iterable[ReplicaId]
+    ) -> dict[ReplicaId, int]:
+        """Longest cached prefix of each of ``replicas``, in blocks, in their order, 0 included
+        (a policy's matches: one dict built once, not :meth:`match`'s then a copy with zeros)."""
+        if not block_hashes:
+            return dict.fromkeys(replicas, 0)
+        get = self._replicas.get
+        result: dict[ReplicaId, int] = {}
+        for replica in replicas:
+            entries = get(replica)
+            result[replica] = entries.match(block_hashes) if entries is not None else 0
+        return result
+
     # --- the holder map (large clusters) --------------------------------------------------
     @property
     def has_holder_map(self) -> bool:

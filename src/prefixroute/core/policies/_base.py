@@ -46,12 +46,12 @@ class RoutingContext:
         """
         if self._matches is None:
             hashes = self.request.block_hashes
-            found = self.index.match(hashes, self.candidates)
+            found = self.index.match_each(hashes, self.candidates)
             if self.speculative is not None:
                 for r, m in self.speculative.match(hashes, self.candidates, self.now).items():
-                    if m > found.get(r, 0):
+                    if m > found[r]:
                         found[r] = m
-            self._matches = {r: found.get(r, 0) for r in self.candidates}
+            self._matches = found
         return self._matches
 
     @property
@@ -68,9 +68,11 @@ class RoutingContext:
             cap = max(0, req.prompt_units - 1) // req.block_size
             scale = req.block_size * req.tokens_per_unit
             most = max(0, req.prompt_tokens - 1)
-            self._cached = {
-                r: min(round(min(m, cap) * scale), most) for r, m in self.matches.items()
-            }
+            matches = self.matches
+            # Once per distinct match length, not per candidate: most candidates share a few
+            # lengths (0, a common system prompt), and the conversion is the costly part.
+            tokens = {m: min(round(min(m, cap) * scale), most) for m in set(matches.values())}
+            self._cached = {r: tokens[m] for r, m in matches.items()}
         return self._cached
 
     def cached_tokens(self, replica: ReplicaId) -> int:

@@ -16,10 +16,22 @@ from prefixroute.sim.workloads import make_workload
 
 
 def test_emulated_comparison_reproduces_the_article(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main([
-        "bench", "-w", "seed-conversation", "-n", "5", "--block-size", "1",
-        "--time-scale", "0.05", "-p", f"round_robin,{DEFAULT_POLICY}", "--json",
-    ])
+    code = main(
+        [
+            "bench",
+            "-w",
+            "seed-conversation",
+            "-n",
+            "5",
+            "--block-size",
+            "1",
+            "--time-scale",
+            "0.05",
+            "-p",
+            f"round_robin,{DEFAULT_POLICY}",
+            "--json",
+        ]
+    )
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     by = {p["policy"]: p for p in doc["policies"]}
@@ -27,9 +39,44 @@ def test_emulated_comparison_reproduces_the_article(capsys: pytest.CaptureFixtur
     assert by["round_robin"]["prefill_tokens"] == 5_200
     assert by[DEFAULT_POLICY]["prefill_tokens"] == 1_700
     assert len(by["round_robin"]["per_replica_requests"]) == 5
-    assert list(by[DEFAULT_POLICY]["per_replica_requests"].values()) == [5]
+    # Every replica is listed, in the fleet's order, those sent nothing with 0.
+    served = by[DEFAULT_POLICY]["per_replica_requests"]
+    assert list(served) == ["r0", "r1", "r2", "r3", "r4"]
+    assert sorted(served.values()) == [0, 0, 0, 0, 5]
     assert by[DEFAULT_POLICY]["errors"] == 0
     assert by[DEFAULT_POLICY]["itl_ms"]["p50"] > 0
+
+
+def test_fleet_gives_the_emulated_replicas_their_own_speeds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--fleet as in simulate: the fleet's size replaces --emulate, each replica runs at its own
+    prefill rate, and the report names replicas r0, r1 in the fleet's order."""
+    code = main([
+        "bench", "-w", "seed-conversation", "-n", "4", "--block-size", "1",
+        "--time-scale", "0.2", "-p", "round_robin", "--json",
+        "--fleet", "1:prefill=200000+1:prefill=2000",
+    ])  # fmt: skip
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "r1: 2,000 tok/s" in doc["target"]
+    row = doc["policies"][0]
+    assert list(row["per_replica_requests"]) == ["r0", "r1"]  # 2 replicas, not -n 4
+    ttft: dict[str, list[float]] = {"r0": [], "r1": []}
+    for turn in row["turns"]:
+        ttft[turn["replica"]].append(turn["ttft_ms"])
+    # Round robin alternates turns; a turn prefills >= 300 new tokens: >= 150 ms at 2,000
+    # tokens/s, a few ms at 200,000.
+    assert ttft["r0"] and ttft["r1"]
+    assert min(ttft["r1"]) > 150 and min(ttft["r1"]) > 2 * max(ttft["r0"])
+
+
+def test_fleet_is_for_emulated_replicas_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--url", "http://127.0.0.1:1", "--fleet", "2+2"]) == 2
+    assert "omit --url" in capsys.readouterr().err
+    assert main(["bench", "--fleet", "2+x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prefixroute: error: --fleet") and err.count("\n") == 1
 
 
 def test_prompt_text_is_one_word_per_token_and_turns_extend() -> None:
@@ -57,10 +104,17 @@ def test_unreachable_url_is_one_line_not_a_table(capsys: pytest.CaptureFixture[s
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = main([
-        "bench", "--url", f"http://127.0.0.1:{port}", "-w", "seed-conversation",
-        "--time-scale", "0.01",
-    ])
+    code = main(
+        [
+            "bench",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "-w",
+            "seed-conversation",
+            "--time-scale",
+            "0.01",
+        ]
+    )
     assert code == 2
     out, err = capsys.readouterr()
     assert out == ""

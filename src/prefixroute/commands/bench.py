@@ -4,7 +4,9 @@ Two ways to run it:
 
 * ``--url URL``: against a running gateway (or a single replica); one result row.
 * no ``--url``: start ``--emulate N`` emulated replicas and one gateway per ``--policy`` in this
-  process, all on 127.0.0.1, and compare the policies on the same workload.
+  process, all on 127.0.0.1, and compare the policies on the same workload. ``--fleet`` gives
+  the replicas their own speeds (as ``simulate --fleet``), e.g. ``2+2:prefill=2500`` for a
+  fleet whose second half prefills 4x slower; every policy meets fresh replicas of that fleet.
 """
 
 from __future__ import annotations
@@ -26,10 +28,16 @@ from prefixroute.commands._args import (
 )
 from prefixroute.core import DEFAULT_POLICY, ConfigError, PrefixrouteError, parse_policy_list
 from prefixroute.sim import (
+    CHANGE_HELP,
+    FLEET_HELP,
+    Fleet,
     LazyProgress,
     PolicyMetrics,
     ReplicaConfig,
+    ReplicaRecord,
+    RunResult,
     Workload,
+    fleet_from_flags,
     make_console,
     make_workload,
     oracle_floor,
@@ -67,6 +75,14 @@ def add_parser(sub: Any) -> None:
         help=POLICY_PARAM_HELP + "; emulated replicas only",
     )  # fmt: skip
     p.add_argument("--emulate", "-n", type=int, default=4, help="emulated replicas (no --url)")
+    p.add_argument(
+        "--fleet", metavar="SPEC",
+        help=FLEET_HELP.replace("--replicas", "--emulate") + "; emulated replicas only",
+    )  # fmt: skip
+    p.add_argument(
+        "--speed-change", action="append", default=[], metavar="REPLICA@SECONDS:KEY=VALUE",
+        help=CHANGE_HELP + "; seconds of workload time after the replica starts",
+    )  # fmt: skip
     p.add_argument("--block-size", type=int, help="emulated replicas' KV block size, tokens")
     p.add_argument("--kv-tokens", type=int, default=131_072, help="emulated KV cache, tokens")
     p.add_argument(
@@ -117,14 +133,15 @@ async def _run_emulated(
 ) -> list[ReplayResult]:
     # Imported here: a --url run needs neither the emulator nor the gateway.
     from prefixroute.emulate import EmulatorConfig, start_replicas
-    from prefixroute.gateway import Gateway, GatewayConfig
+    from prefixroute.gateway import Gateway, GatewayConfig, normalize_url, replica_name
 
-    block = args.block_size or workload.block_size
-    engine = ReplicaConfig(kv_capacity_blocks=max(1, args.kv_tokens // block), block_size=block)
+    engine = _engine(args, workload)
+    fleet = _fleet(args, engine)
+    count = args.emulate if fleet is None else fleet.size
     results = []
     for policy in parse_policy_list(args.policy):
         emulator = EmulatorConfig(engine, time_scale=args.time_scale)
-        cluster = await start_replicas(args.emulate, emulator)
+        cluster = await start_replicas(count, emulator, fleet)
         try:
             gw_cfg = GatewayConfig(
                 port=0,
@@ -136,12 +153,40 @@ async def _run_emulated(
                 cfg = ReplayConfig(gw.url, args.model, args.time_scale, args.timeout)
                 bar = LazyProgress(workload.num_requests, f"{workload.name} / {policy}", True)
                 try:
-                    results.append(await replay(workload, cfg, policy, bar.update))
+                    result = await replay(workload, cfg, policy, bar.update)
                 finally:
                     bar.close()
+            # The gateway names replicas by an opaque hash: name them r0, r1, ... in the fleet's
+            # order instead (as --fleet and the simulator do), counting those sent nothing.
+            names = [replica_name(normalize_url(url)) for url in cluster.urls]
+            name_in_fleet_order(result.run, names)
+            results.append(result)
         finally:
             await cluster.stop()
     return results
+
+
+def name_in_fleet_order(run: RunResult, names: list[str]) -> None:
+    """Rename ``run``'s replicas ``r0`` for ``names[0]`` and so on, in its records and its
+    per-replica list, which then holds every replica of the fleet (0 for one sent nothing)."""
+    ours = {n: f"r{i}" for i, n in enumerate(names)}
+    for rec in run.records:
+        rec.replica = ours.get(rec.replica, rec.replica)
+    counts = {ours.get(r.replica, r.replica): r.requests for r in run.replicas}
+    run.replicas = [ReplicaRecord(r, requests=counts.get(r, 0)) for r in ours.values()]
+
+
+def _engine(args: argparse.Namespace, workload: Workload) -> ReplicaConfig:
+    """The emulated replicas' engine settings (``--fleet`` groups override them)."""
+    block = args.block_size or workload.block_size
+    return ReplicaConfig(kv_capacity_blocks=max(1, args.kv_tokens // block), block_size=block)
+
+
+def _fleet(args: argparse.Namespace, engine: ReplicaConfig) -> Fleet | None:
+    """The per-replica settings of ``--fleet`` / ``--speed-change`` (None without either)."""
+    if not (args.fleet or args.speed_change):
+        return None
+    return fleet_from_flags(args.fleet, args.speed_change, args.emulate, engine)
 
 
 def _check(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -155,7 +200,11 @@ def _check(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     if args.url:  # one row, whatever the live gateway runs: --policy is not used
         if args.policy_param:
             raise ConfigError("--policy-param sets the emulated gateways' policies: omit --url")
+        if args.fleet or args.speed_change:
+            raise ConfigError("--fleet and --speed-change set emulated replicas: omit --url")
         return {}
+    # A bad fleet spec is one line before anything starts (the block size is only a stand-in).
+    _fleet(args, ReplicaConfig(block_size=args.block_size or 16))
     return checked_policy_params(args.policy_param, parse_policy_list(args.policy))
 
 
@@ -173,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
                 f"every request failed ({r.run.policy}, {len(r.errors)} errors): {r.errors[0]}"
             )
     metrics = [_metrics(r, floor, args.slo_ttft_ms / 1000.0) for r in results]
-    target = args.url or f"{args.emulate} emulated replicas behind the gateway"
+    target = args.url or _emulated_target(args, workload)
     title = f"bench {workload.name}: {workload.num_requests:,} requests -> {target}"
     if args.json:
         write_json(metrics, sys.stdout, {"workload": workload.name, "target": target})
@@ -186,6 +235,13 @@ def run(args: argparse.Namespace) -> int:
         }
         write_plot(metrics, ttfts, args.plot, title)
     return 1 if any(m.errors for m in metrics) else 0
+
+
+def _emulated_target(args: argparse.Namespace, workload: Workload) -> str:
+    fleet = _fleet(args, _engine(args, workload))
+    if fleet is not None:
+        return f"emulated replicas behind the gateway ({fleet.describe()})"
+    return f"{args.emulate} emulated replicas behind the gateway"
 
 
 def _print(metrics: list[PolicyMetrics], results: list[ReplayResult], title: str) -> None:

@@ -129,14 +129,16 @@ async def _run_url(args: argparse.Namespace, workload: Workload) -> list[ReplayR
 
 
 async def _run_emulated(
-    args: argparse.Namespace, workload: Workload, params: dict[str, dict[str, Any]]
+    args: argparse.Namespace,
+    workload: Workload,
+    params: dict[str, dict[str, Any]],
+    engine: ReplicaConfig,
+    fleet: Fleet | None,
 ) -> list[ReplayResult]:
     # Imported here: a --url run needs neither the emulator nor the gateway.
     from prefixroute.emulate import EmulatorConfig, start_replicas
-    from prefixroute.gateway import Gateway, GatewayConfig, normalize_url, replica_name
+    from prefixroute.gateway import Gateway, GatewayConfig, normalize_url
 
-    engine = _engine(args, workload)
-    fleet = _fleet(args, engine)
     count = args.emulate if fleet is None else fleet.size
     results = []
     for policy in parse_policy_list(args.policy):
@@ -156,9 +158,9 @@ async def _run_emulated(
                     result = await replay(workload, cfg, policy, bar.update)
                 finally:
                     bar.close()
-            # The gateway names replicas by an opaque hash: name them r0, r1, ... in the fleet's
-            # order instead (as --fleet and the simulator do), counting those sent nothing.
-            names = [replica_name(normalize_url(url)) for url in cluster.urls]
+                # The gateway names replicas by an opaque hash: name them r0, r1, ... in the
+                # fleet's order instead (as --fleet and the simulator do).
+                names = [gw.registry.public_name(normalize_url(url)) for url in cluster.urls]
             name_in_fleet_order(result.run, names)
             results.append(result)
         finally:
@@ -203,18 +205,18 @@ def _check(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         if args.fleet or args.speed_change:
             raise ConfigError("--fleet and --speed-change set emulated replicas: omit --url")
         return {}
-    # A bad fleet spec is one line before anything starts (the block size is only a stand-in).
-    _fleet(args, ReplicaConfig(block_size=args.block_size or 16))
     return checked_policy_params(args.policy_param, parse_policy_list(args.policy))
 
 
 def run(args: argparse.Namespace) -> int:
     params = _check(args)
     workload = make_workload(args.workload, args.seed, parse_pairs(args.overrides, "--set"))
+    engine = _engine(args, workload)
+    fleet = None if args.url else _fleet(args, engine)  # a bad spec: one line, before any start
     if args.url:
         results = asyncio.run(_run_url(args, workload))
     else:
-        results = asyncio.run(_run_emulated(args, workload, params))
+        results = asyncio.run(_run_emulated(args, workload, params, engine, fleet))
     floor = oracle_floor(workload, args.block_size or workload.block_size)
     for r in results:
         if r.errors and not any(rec.finish_s is not None for rec in r.run.records):
@@ -222,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
                 f"every request failed ({r.run.policy}, {len(r.errors)} errors): {r.errors[0]}"
             )
     metrics = [_metrics(r, floor, args.slo_ttft_ms / 1000.0) for r in results]
-    target = args.url or _emulated_target(args, workload)
+    target = args.url or _emulated_target(args.emulate, fleet)
     title = f"bench {workload.name}: {workload.num_requests:,} requests -> {target}"
     if args.json:
         write_json(metrics, sys.stdout, {"workload": workload.name, "target": target})
@@ -237,11 +239,10 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(m.errors for m in metrics) else 0
 
 
-def _emulated_target(args: argparse.Namespace, workload: Workload) -> str:
-    fleet = _fleet(args, _engine(args, workload))
+def _emulated_target(count: int, fleet: Fleet | None) -> str:
     if fleet is not None:
         return f"emulated replicas behind the gateway ({fleet.describe()})"
-    return f"{args.emulate} emulated replicas behind the gateway"
+    return f"{count} emulated replicas behind the gateway"
 
 
 def _print(metrics: list[PolicyMetrics], results: list[ReplayResult], title: str) -> None:

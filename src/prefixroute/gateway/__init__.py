@@ -32,7 +32,6 @@ from prefixroute.gateway._registry import (
     ReplicaRegistry,
     ReplicaStatus,
     normalize_url,
-    replica_name,
 )
 from prefixroute.gateway._requests import encode_body, key_of, parse_body
 from prefixroute.gateway._server import Gateway
@@ -89,7 +88,6 @@ __all__ = [
     "key_of",
     "load_toml",
     "normalize_url",
-    "replica_name",
     "parse_body",
     "spec_for",
     "upstream_headers",

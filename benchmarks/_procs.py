@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import aiohttp
@@ -49,16 +49,6 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, timeout_s: float 
             pass
         await asyncio.sleep(0.05)
     raise RuntimeError(f"{url} did not answer 200")
-
-
-def run_on_uvloop(main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main`` on uvloop where installed, as the servers run, else asyncio's loop."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
-        uvloop.run(main)
 
 
 async def timed(work: Awaitable[Any], pid: int | None) -> tuple[float, float | None]:

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _procs import pct, run_on_uvloop, spawn, stop_all, timed, wait_ready
+from _procs import pct, spawn, stop_all, timed, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the Envoy that make test-epp runs (tests/epp/envoy.py)
@@ -56,12 +56,15 @@ sys.path.insert(0, str(ROOT / "tests"))  # the Envoy that make test-epp runs (te
 from epp.envoy import Envoy, envoy_binary, free_port  # noqa: E402
 
 from prefixroute.epp import EnvoyConfig  # noqa: E402
+from prefixroute.gateway import run_on_uvloop  # noqa: E402
 
 REPLICAS = 4
 ROUNDS = 4  # alternating rounds per path and concurrency
 REQUESTS = {1: 250, 8: 800}  # per round
 OUTPUT_TOKENS = 8
 HEAD = " ".join(f"shared{i}" for i in range(60))  # ~500 characters every prompt starts with
+
+
 @dataclass
 class Samples:
     latency: list[float] = field(default_factory=list)  # end to end, seconds

@@ -39,7 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from _procs import pct, run_on_uvloop, spawn, stop_all, timed, wait_ready
+from _procs import pct, spawn, stop_all, timed, wait_ready
+
+from prefixroute.gateway import run_on_uvloop
 
 ROUNDS = 4  # alternating direct / gateway rounds per configuration
 REQUESTS = {1: 400, 32: 1600}  # requests per round, by concurrency

@@ -352,8 +352,9 @@ async def wait_for_signal() -> None:
     await stop.wait()
 
 
-def run_until_signal(main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main`` on uvloop when installed, else asyncio's default loop."""
+def run_on_uvloop(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on uvloop when installed, else asyncio's default loop: how every server of
+    ours runs (and the benchmarks' clients, so that both sides measure the same loop)."""
     try:
         import uvloop
     except ImportError:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -35,6 +35,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prefixroute._tasks import cancel_and_wait
 
 from .tap import Tap
+
+if TYPE_CHECKING:
+    from .clients import Canary
 
 HOST = "127.0.0.1"
 ADMIN_TOKEN = "chaos-admin-token"  # the admin API wants at least 8 characters
@@ -337,6 +340,14 @@ class Result:
     def check(self, ok: bool, target: str) -> None:
         if not ok:
             self.missed.append(target)
+
+    def count_canary(self, canary: Canary, target: str) -> None:
+        """The canary's column, why its requests failed (in the notes), and ``target`` checked:
+        every canary request served."""
+        self.canary_sent, self.canary_failures = canary.sent, canary.failures
+        if canary.why:
+            self.notes.append("canary: " + ", ".join(f"{w} x{n}" for w, n in canary.why.items()))
+        self.check(canary.sent > 0 and canary.failures == 0, target)
 
     def finish(self, watcher: EjectionWatcher | None = None) -> None:
         """The scenario is over: its wall time, and its ejections when ``watcher`` counted them."""

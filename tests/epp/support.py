@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,12 @@ from prefixroute.gateway import GatewayConfig, Tenants, gateway_state
 ENDPOINTS = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")
 FULL_DUPLEX = mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED = mode_pb2.ProcessingMode.BUFFERED
+
+
+def completion(n: int, *, tag: str = "w", stream: bool = False) -> bytes:
+    """A ``/v1/completions`` body whose prompt is ``n`` words: ``{tag}0 {tag}1 ...``."""
+    prompt = " ".join(f"{tag}{i}" for i in range(n))
+    return json.dumps({"model": "m", "prompt": prompt, "max_tokens": 4, "stream": stream}).encode()
 
 
 class Clock:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -17,21 +18,16 @@ from prefixroute.sim.replica import ReplicaConfig
 
 from .helpers import ClusterFactory, GatewayFactory, send, words
 
-VLLM = """\
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="m"} 3.0
-vllm:num_requests_running{engine="1",model_name="m"} 2.0
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
-vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
-"""
-SGLANG = """\
-sglang:num_running_reqs{model_name="m"} 4.0
-sglang:num_queue_reqs{model_name="m"} 6.0
-sglang:token_usage{model_name="m"} 0.1
-"""
+METRICS = Path(__file__).resolve().parents[1] / "data" / "metrics"  # engines' /metrics pages
+
+
+def exposition(name: str) -> str:
+    """A Prometheus text page written with an engine's metric names (tests/data/metrics)."""
+    return (METRICS / name).read_text()
+
+
+VLLM = exposition("vllm_load.prom")
+SGLANG = exposition("sglang_load.prom")
 
 
 def test_vllm_and_sglang_names() -> None:
@@ -55,39 +51,10 @@ async def test_health_rounds_feed_the_load_view(
 
 # vLLM 0.32's prefill histograms (names and semantics as vllm/v1/metrics/loggers.py has them),
 # over two data-parallel engines.
-VLLM_PREFILL = """\
-# TYPE vllm:request_prefill_time_seconds histogram
-vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 1.5
-vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 10.0
-vllm:request_prefill_time_seconds_sum{engine="1",model_name="m"} 0.5
-vllm:request_prefill_time_seconds_count{engine="1",model_name="m"} 5.0
-# TYPE vllm:request_prefill_kv_computed_tokens histogram
-vllm:request_prefill_kv_computed_tokens_sum{engine="0",model_name="m"} 9000.0
-vllm:request_prefill_kv_computed_tokens_count{engine="0",model_name="m"} 10.0
-vllm:request_prefill_kv_computed_tokens_sum{engine="1",model_name="m"} 3000.0
-vllm:request_prefill_kv_computed_tokens_count{engine="1",model_name="m"} 5.0
-"""
+VLLM_PREFILL = exposition("vllm_prefill.prom")
 # An older vLLM: no computed-tokens histogram; prompt tokens less prefix-cache hits instead.
-VLLM_OLDER = """\
-# TYPE vllm:request_prefill_time_seconds histogram
-vllm:request_prefill_time_seconds_sum{model_name="m"} 2.0
-vllm:request_prefill_time_seconds_count{model_name="m"} 4.0
-# TYPE vllm:prompt_tokens counter
-vllm:prompt_tokens_total{model_name="m"} 5000.0
-# TYPE vllm:prefix_cache_hits counter
-vllm:prefix_cache_hits_total{model_name="m"} 1000.0
-"""
-SGLANG_PREFILL = """\
-# TYPE sglang:per_stage_req_latency_seconds histogram
-sglang:per_stage_req_latency_seconds_sum{model_name="m",stage="prefill_forward"} 3.0
-sglang:per_stage_req_latency_seconds_count{model_name="m",stage="prefill_forward"} 6.0
-sglang:per_stage_req_latency_seconds_sum{model_name="m",stage="decode_forward"} 99.0
-sglang:per_stage_req_latency_seconds_count{model_name="m",stage="decode_forward"} 60.0
-# TYPE sglang:prompt_tokens counter
-sglang:prompt_tokens_total{model_name="m"} 7000.0
-# TYPE sglang:cached_tokens counter
-sglang:cached_tokens_total{model_name="m"} 2000.0
-"""
+VLLM_OLDER = exposition("vllm_older_prefill.prom")
+SGLANG_PREFILL = exposition("sglang_prefill.prom")
 
 
 def test_prefill_totals_from_vllm_and_sglang_names() -> None:

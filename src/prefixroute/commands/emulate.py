@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Any
 
-from prefixroute._serving import run_until_signal, wait_for_signal
+from prefixroute._serving import run_on_uvloop, wait_for_signal
 from prefixroute.emulate import EmulatedCluster, EmulatorConfig
 from prefixroute.sim import CHANGE_HELP, FLEET_HELP, Fleet, ReplicaConfig, fleet_from_flags
 
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     count = args.count if fleet is None else fleet.size
     if fleet is not None:
         log.info("fleet: %s", fleet.describe())
-    run_until_signal(_serve(EmulatedCluster(count, config, fleet)))
+    run_on_uvloop(_serve(EmulatedCluster(count, config, fleet)))
     return 0
 
 

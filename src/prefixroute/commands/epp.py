@@ -19,7 +19,7 @@ import logging
 import os
 from typing import Any
 
-from prefixroute._serving import run_until_signal, wait_for_signal
+from prefixroute._serving import run_on_uvloop, wait_for_signal
 from prefixroute.commands._args import flags
 from prefixroute.commands._settings import add_setting_flags
 from prefixroute.core import ConfigError, ReplicaId
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     pods = None
     if args.k8s_selector:
         pods = (KubernetesPods(args.k8s_namespace, args.k8s_selector), args.k8s_target_port)
-    run_until_signal(_serve(config, pods, args.k8s_resync))  # uvloop when installed
+    run_on_uvloop(_serve(config, pods, args.k8s_resync))  # uvloop when installed
     return 0
 
 

@@ -15,7 +15,7 @@ import logging
 import os
 from typing import Any
 
-from prefixroute._serving import run_until_signal, wait_for_signal
+from prefixroute._serving import run_on_uvloop, wait_for_signal
 from prefixroute.commands._args import parse_pairs, policy_value
 from prefixroute.commands._settings import add_setting_flags, file_only_help, setting_values
 from prefixroute.core import DEFAULT_POLICY, ConfigError
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     level = logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = config_from_args(args)  # errors (ConfigError) surface before anything starts
-    run_until_signal(_serve(config, args.emulate, args.emulate_time_scale))
+    run_on_uvloop(_serve(config, args.emulate, args.emulate_time_scale))
     return 0
 
 

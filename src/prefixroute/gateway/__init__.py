@@ -10,6 +10,7 @@ In-process (tests, ``prefixroute bench``)::
 From the command line: ``prefixroute serve --replica URL [--replica URL ...] [--policy NAME]``.
 """
 
+from prefixroute._serving import run_on_uvloop
 from prefixroute.gateway._admin import admin_listener
 from prefixroute.gateway._app import build_app, gateway_state
 from prefixroute.gateway._auth import generate_api_key, hash_api_key
@@ -89,6 +90,7 @@ __all__ = [
     "load_toml",
     "normalize_url",
     "parse_body",
+    "run_on_uvloop",
     "spec_for",
     "upstream_headers",
     "usage_in_body",

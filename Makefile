@@ -24,15 +24,17 @@ install: $(STAMP)
 # xds-protos (epp) ships its own, older copy of the opentelemetry/proto files; whichever wheel pip
 # unpacks last wins, and the OTLP exporter (serve --otlp-endpoint) needs opentelemetry-proto's.
 # Envoy's protos only use messages both copies have, so opentelemetry-proto's are put back last.
-OTEL_PROTO_LAST = $(BIN)/python -m pip install --quiet --force-reinstall --no-deps \
+OTEL_PROTO_LAST = $(BIN)/python -m pip install --quiet --no-compile --force-reinstall --no-deps \
 	"opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 
 # pip also builds the compiled hot path (setup.py; a failed build leaves pure Python, and the
-# last line says so once, here rather than at every import).
+# last line says so once, here rather than at every import). --no-compile: pip would byte-compile
+# every module of every dependency (xds-protos, kubernetes and matplotlib are thousands), about
+# half of a fresh install's CPU; Python compiles the ones we import on first use instead.
 $(STAMP): pyproject.toml setup.py $(wildcard src/prefixroute/core/_native/*.[ch])
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev]'
 	$(OTEL_PROTO_LAST)
 	$(BIN)/python -m prefixroute.core._native
 	touch $(STAMP)

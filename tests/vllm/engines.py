@@ -54,7 +54,7 @@ class VLLMServer:
     events_endpoint: str  # vLLM's --kv-events-config endpoint ("*" binds, a host connects)
     gateway_spec: str = ""  # the gateway's side of that stream, as --kv-events takes it
     replay_endpoint: str | None = None  # vLLM's replay ROUTER (it binds)
-    cpu: int | None = None  # pin the engine's threads to this core
+    cpu: int | None = None  # pin the engine (all its processes) to this core
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path = field(default_factory=Path)
     started_s: float = 0.0  # time the process took to answer /health, seconds
@@ -93,6 +93,14 @@ class VLLMServer:
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        if self.cpu is not None:
+            # The whole engine on its core, not only the model's threads: its engine-core process
+            # busy-polls the worker for a second after each reply, a core's worth of CPU while
+            # the worker computes. Left free, it ran on the other engine's core, so each
+            # engine prefilled slower whenever the other was busy: one replica's speed set by
+            # its neighbour's traffic, which no router can see (real replicas do not share
+            # cores). Set now, before the server starts its processes: they inherit it.
+            os.sched_setaffinity(self.proc.pid, {self.cpu})
         self._log = log
         self._t0 = time.monotonic()
 

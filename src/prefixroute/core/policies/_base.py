@@ -64,20 +64,35 @@ class RoutingContext:
         at ``prompt_tokens - 1``: a prediction never exceeds the prompt.
         """
         if self._cached is None:
-            req = self.request
-            cap = max(0, req.prompt_units - 1) // req.block_size
-            scale = req.block_size * req.tokens_per_unit
-            most = max(0, req.prompt_tokens - 1)
             matches = self.matches
             # Once per distinct match length, not per candidate: most candidates share a few
             # lengths (0, a common system prompt), and the conversion is the costly part.
-            tokens = {m: min(round(min(m, cap) * scale), most) for m in set(matches.values())}
+            tokens = {m: self._tokens(m) for m in set(matches.values())}
             self._cached = {r: tokens[m] for r, m in matches.items()}
         return self._cached
 
+    def _tokens(self, blocks: int) -> int:
+        """A match of ``blocks`` blocks in prompt tokens, as :attr:`cached` counts them."""
+        req = self.request
+        cap = max(0, req.prompt_units - 1) // req.block_size
+        most = max(0, req.prompt_tokens - 1)
+        return min(round(min(blocks, cap) * (req.block_size * req.tokens_per_unit)), most)
+
     def cached_tokens(self, replica: ReplicaId) -> int:
-        """Prompt tokens ``replica`` should find cached (see :attr:`cached`)."""
-        return self.cached[replica]
+        """Prompt tokens ``replica`` should find cached (see :attr:`cached`).
+
+        A policy that never read the matches (round robin, least loaded, ...) gets the chosen
+        replica's alone: one index lookup instead of one per candidate."""
+        if self._cached is not None:
+            return self._cached[replica]
+        if self._matches is not None:
+            return self._tokens(self._matches[replica])
+        hashes = self.request.block_hashes
+        blocks = self.index.match_each(hashes, (replica,))[replica]
+        if self.speculative is not None:
+            recent = self.speculative.match(hashes, (replica,), self.now).get(replica, 0)
+            blocks = max(blocks, recent)
+        return self._tokens(blocks)
 
     def load(self, replica: ReplicaId) -> ReplicaLoad:
         return self.loads.get(replica)

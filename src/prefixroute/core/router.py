@@ -224,8 +224,9 @@ class Router:
         if not pool:
             raise NoReplicaAvailable("no replica available to route to")
         ctx = RoutingContext(
-            request, pool, self.index, self.loads, rng, now, self.speculative, explain=explain
-        )
+            request, pool, self.index, self.loads, rng, now, self.speculative, explain=explain,
+            candidate_set=self._registered if candidates is None else None,
+        )  # fmt: skip
         if len(pool) == 1:
             return ctx.decide(pool[0], DecisionReason.ONLY_CANDIDATE)
         return policy.decide(ctx)

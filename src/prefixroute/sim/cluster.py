@@ -165,7 +165,8 @@ class ClusterSim:
         self._records: list[RequestRecord] = []
         self._pending: dict[str, _Pending] = {}
         self._done = 0
-        self._accepting_ids: list[ReplicaId] | None = None  # cache of _accepting()
+        self._accepting_ids: list[ReplicaId] | None = None  # cache of _candidates()
+        self._all_accepting = False  # those are the router's replicas, in its order
         self._trace: list[SpeedSample] = []
         self._completed: dict[ReplicaId, int] = {}
         for i in range(self.replicas):
@@ -305,16 +306,19 @@ class ClusterSim:
         self._pending[rec.request_id] = _Pending(rec, view, session, turn)
         self._dispatch(self._pending[rec.request_id])
 
-    def _accepting(self) -> list[ReplicaId]:
-        """Replicas taking new requests, in order of addition; rebuilt only when one changes."""
+    def _candidates(self) -> list[ReplicaId] | None:
+        """Replicas taking new requests, in order of addition; rebuilt only when one changes.
+        None when they are the router's own replicas in its order (its default candidates: it
+        keeps their set, which a shortlist at a thousand replicas would otherwise rebuild)."""
         if self._accepting_ids is None:
             self._accepting_ids = [rid for rid, live in self._live.items() if live.accepting]
-        return self._accepting_ids
+            self._all_accepting = self._accepting_ids == self._router.replicas
+        return None if self._all_accepting else self._accepting_ids
 
     def _dispatch(self, p: _Pending) -> None:
         now = self._kernel.now
         t0 = time.perf_counter_ns()
-        decision = self._router.route(p.view, now, self._accepting())
+        decision = self._router.route(p.view, now, self._candidates())
         p.record.decision_ns += time.perf_counter_ns() - t0
         rid = decision.replica
         p.record.replica = rid

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -36,6 +37,9 @@ class RoutingContext:
     _matches: dict[ReplicaId, int] | None = field(default=None)
     _cached: dict[ReplicaId, int] | None = field(default=None)
     explain: bool = False  # fill Decision.candidates (tracing, /admin/explain)
+    # The candidates as a set, where the caller keeps one (the router's registered replicas,
+    # when every one is a candidate): a shortlist then builds none per decision.
+    candidate_set: AbstractSet[ReplicaId] | None = None
 
     @property
     def matches(self) -> dict[ReplicaId, int]:
@@ -113,7 +117,7 @@ class RoutingContext:
         if len(cands) <= above or not self.index.has_holder_map or self.speculative is not None:
             return self
         hashes = self.request.block_hashes
-        pool = set(cands)
+        pool = self.candidate_set if self.candidate_set is not None else set(cands)
         matches = {
             r: m for r, m in self.index.deepest_holders(hashes, top).items() if r in pool
         }

@@ -87,7 +87,10 @@ def test_prompt_text_is_one_word_per_token_and_turns_extend() -> None:
 
 
 async def test_replay_against_one_replica_directly() -> None:
-    w = make_workload("seed-shared-prompt", overrides={"users": "6"})
+    # Arrivals 50 ms apart in real time (1 s scaled by 0.05), each well after the one before has
+    # prefilled (about 1 ms): at the workload's own 0.5 ms a busy machine let two prefill in one
+    # step, and neither found the other's prompt (CI, 800 cached instead of 1,000).
+    w = make_workload("seed-shared-prompt", overrides={"users": "6", "interval_s": "1.0"})
     cluster = await start_replicas(1, EmulatorConfig(ReplicaConfig(block_size=1), time_scale=0.05))
     try:
         result = await replay(w, ReplayConfig(cluster.urls[0], time_scale=0.05), "direct")

@@ -9,7 +9,7 @@ docstring). Block size 1 (a token is a block).
 
 from __future__ import annotations
 
-from prefixroute.core import ReplicaId, Router
+from prefixroute.core import DecisionReason, ReplicaId, Router
 
 from .helpers import context, prime, router_over, tokens
 
@@ -49,3 +49,16 @@ def test_the_set_changes_nothing_but_who_builds_it() -> None:
     a, b = plain.shortlist(*SHORT), given.shortlist(*SHORT)
     assert a.candidates == b.candidates and a.matches == b.matches
     assert names[40] in a.candidates and len(a.candidates) <= 1 + 16
+
+
+def test_an_explained_decision_over_a_shortlist_lists_what_it_scored() -> None:
+    # /admin/explain and tracing at a thousand replicas: the narrowed context still explains,
+    # with the reason the decision was made for and every shortlisted candidate's numbers.
+    router, names = fleet()
+    decision = router.explain(router.view("why", tokens=PROMPT), 0.0)
+    assert decision.replica == names[40]
+    assert decision.reason is DecisionReason.PREFIX_MATCH
+    scored = {c.replica: c for c in decision.candidates}
+    assert names[40] in scored and 2 <= len(scored) <= 1 + 16
+    assert scored[names[40]].matched_blocks == 200 and scored[names[40]].cached_tokens == 199
+    assert all(c.predicted_ttft_s is not None for c in scored.values())

@@ -49,14 +49,19 @@ class RoutingContext:
         what recent decisions sent it (precise mode: events not arrived yet).
         """
         if self._matches is None:
-            hashes = self.request.block_hashes
-            found = self.index.match_each(hashes, self.candidates)
-            if self.speculative is not None:
-                for r, m in self.speculative.match(hashes, self.candidates, self.now).items():
-                    if m > found[r]:
-                        found[r] = m
-            self._matches = found
+            self._matches = self._match_each(self.candidates)
         return self._matches
+
+    def _match_each(self, replicas: Sequence[ReplicaId]) -> dict[ReplicaId, int]:
+        """Matched blocks of each of ``replicas``, 0 included: the index's, or the recent
+        decisions' where those are longer."""
+        hashes = self.request.block_hashes
+        found = self.index.match_each(hashes, replicas)
+        if self.speculative is not None:
+            for r, m in self.speculative.match(hashes, replicas, self.now).items():
+                if m > found[r]:
+                    found[r] = m
+        return found
 
     @property
     def cached(self) -> dict[ReplicaId, int]:
@@ -91,12 +96,7 @@ class RoutingContext:
             return self._cached[replica]
         if self._matches is not None:
             return self._tokens(self._matches[replica])
-        hashes = self.request.block_hashes
-        blocks = self.index.match_each(hashes, (replica,))[replica]
-        if self.speculative is not None:
-            recent = self.speculative.match(hashes, (replica,), self.now).get(replica, 0)
-            blocks = max(blocks, recent)
-        return self._tokens(blocks)
+        return self._tokens(self._match_each((replica,))[replica])
 
     def load(self, replica: ReplicaId) -> ReplicaLoad:
         return self.loads.get(replica)

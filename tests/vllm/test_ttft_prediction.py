@@ -125,10 +125,10 @@ def watch(monkeypatch: pytest.MonkeyPatch) -> list[Judged]:
     def spy(req: Any, now: float, output_tokens: int | None) -> None:
         speed = req.load.speed
         own = req.uncached_tokens if req.actual_uncached is None else req.actual_uncached
-        work = req.ahead_tokens + own
         measured = req.first_token_s - req.dispatched_s
         if speed.warmed_up and measured > 0:
-            ratio = speed.ttft_s(work, speed.steps(work, req.decoding)) / measured
+            work = speed.queue_work(req.queued_ahead, req.queue_elapsed_s, req.decoding, own)
+            ratio = speed.ttft_s(*work) / measured
             judged.append(Judged(req.ahead_tokens, own, req.decoding, ratio))
         learn(req, now, output_tokens)
 

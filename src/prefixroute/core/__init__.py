@@ -30,7 +30,8 @@ from prefixroute.core.policies import (
 from prefixroute.core.request_key import EMPTY_KEY, Endpoint, RouteKey, key_of
 from prefixroute.core.router import Router
 from prefixroute.core.speculative import SpeculativeEntries
-from prefixroute.core.speed import ReplicaSpeed, SpeedConfig, speed_priors_of
+from prefixroute.core.speed import ReplicaSpeed
+from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
 from prefixroute.core.token_count import CharsPerToken, TokenCountConfig, TokenCounts
 from prefixroute.core.types import (
     CandidateScore,

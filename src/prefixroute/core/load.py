@@ -40,8 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from prefixroute.core._solve import Obs
-from prefixroute.core.speed import REFIT_EVERY, ReplicaSpeed, SpeedConfig
+from prefixroute.core.speed import REFIT_EVERY, QueuedObs, ReplicaSpeed, SpeedConfig
 from prefixroute.core.types import Decision, ReplicaId, RequestView
 
 THROUGHPUT_WINDOW_S = 10.0  # seconds; time constant of the decaying throughput estimate
@@ -132,6 +131,8 @@ class _InFlight:
     blocks: int  # KV blocks reserved in the view, blocks
     dispatched_s: float = 0.0  # when it was sent, seconds
     ahead_tokens: float = 0.0  # queued prefill left ahead of it at dispatch, tokens
+    queued_ahead: float = 0.0  # of which queued in all, progress not credited, tokens
+    queue_elapsed_s: float = 0.0  # how long the replica had been on that queue, seconds
     decoding: bool = False  # the replica was decoding at dispatch
     prefilled: bool = False
     first_token_s: float | None = None  # measured first token, seconds (None: not measured)
@@ -140,7 +141,7 @@ class _InFlight:
     predicted_cached: int = 0  # cached tokens predicted at dispatch, tokens
     key_block_tokens: float = 0.0  # one block of the request's key, in tokens (a prediction's step)
     ttft_learned: bool = False  # its first token taught the speed model already (warm-up)
-    ttft_obs: Obs | None = None  # what it taught, corrected by the reported count at the end
+    ttft_obs: QueuedObs | None = None  # what it taught, corrected by the reported count
 
 
 @dataclass(slots=True)
@@ -244,6 +245,7 @@ class LoadTracker:
         self._requests[request_id] = _InFlight(
             replica, load, uncached, output_tokens, blocks,
             dispatched_s=now, ahead_tokens=load.queued_left(now), decoding=load.decoding > 0,
+            queued_ahead=load.queued_prefill_tokens, queue_elapsed_s=now - load.busy_since,
             predicted_cached=prompt_tokens - uncached,
             key_block_tokens=self.block_size if key_block_tokens is None else key_block_tokens,
         )  # fmt: skip
@@ -325,16 +327,19 @@ class LoadTracker:
     @staticmethod
     def _ttft_work(req: _InFlight, own: int) -> tuple[float, float]:
         """(tokens, decode steps) the request's first token waited for, with ``own`` uncached
-        tokens of its own: the arguments of ``ReplicaSpeed.ttft_s`` and ``observe_prefill``."""
-        work = req.ahead_tokens + own
-        return work, req.load.speed.steps(work, req.decoding)
+        tokens of its own, at the replica's current estimates: the arguments of
+        ``ReplicaSpeed.ttft_s``."""
+        speed = req.load.speed
+        return speed.queue_work(req.queued_ahead, req.queue_elapsed_s, req.decoding, own)
 
     @staticmethod
-    def _learn_ttft(req: _InFlight) -> Obs | None:
+    def _learn_ttft(req: _InFlight) -> QueuedObs | None:
         assert req.first_token_s is not None
         own = req.uncached_tokens if req.actual_uncached is None else req.actual_uncached
-        work, steps = LoadTracker._ttft_work(req, own)
-        return req.load.speed.observe_prefill(work, steps, req.first_token_s - req.dispatched_s)
+        return req.load.speed.observe_first_token(
+            req.queued_ahead, req.queue_elapsed_s, req.decoding, own,
+            req.first_token_s - req.dispatched_s,
+        )  # fmt: skip
 
     @staticmethod
     def _learn(req: _InFlight, now: float, output_tokens: int | None) -> None:
@@ -345,7 +350,7 @@ class LoadTracker:
         elif req.ttft_obs is not None and req.actual_uncached is not None:
             # Taught at its first token with the predicted uncached tokens: the replica's own
             # count corrects that observation (a wrong cache prediction is not a wrong speed).
-            speed.correct_prefill(req.ttft_obs, *LoadTracker._ttft_work(req, req.actual_uncached))
+            speed.correct_prefill(req.ttft_obs, req.actual_uncached)
         if output_tokens is not None and output_tokens > 1:
             prefilled = req.load.prefilled_tokens - req.prefilled_mark
             speed.observe_decode(now - req.first_token_s, output_tokens - 1, prefilled)

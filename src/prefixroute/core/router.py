@@ -54,7 +54,7 @@ from prefixroute.core.index_capacity import IndexCapacity, IndexCapacityConfig, 
 from prefixroute.core.load import LoadTracker, ReplicaLoad
 from prefixroute.core.policies import Policy, RoutingContext
 from prefixroute.core.speculative import SpeculativeEntries
-from prefixroute.core.speed import SpeedConfig, speed_priors_of
+from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
 from prefixroute.core.token_count import CharsPerToken, TokenCountConfig, TokenCounts
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 

@@ -26,16 +26,12 @@ the decode step, which in turn lowers the rate (the simulator's hot-prefix workl
 one that saw a lot pins the rate.
 
 **A fixed overhead per first token.** A first token measured at the gateway also carries what no
-token count explains: the HTTP exchange, tokenizing and templating the prompt, scheduling, the
-sampling and detokenizing of that token. On two real vLLM engines serving a tiny model on the
-CPU (``tests/vllm``) it was learned at 18-90 ms, where 100 uncached tokens take 8-14 ms at the
-learned 7,300-13,300 tokens/s. Without the term the fit can only stretch the rate (learned rates
-sat at the 500 tokens/s bound), and predicted the first tokens of prompts under 200 uncached
-tokens at 0.14x their measured time, of those over 1,000 at 2.1x (medians). So a time to first
-token is ``first_token_overhead_s + tokens / rate + steps * step``, the overhead another unknown
-of the same fit, per replica, with ``learn_overhead`` (prior 0, so a fresh router predicts as
-before). It is off by default: a simulated replica has no such cost, so there the term would
-only soak up noise (and move the recorded simulations).
+token count explains: the HTTP exchange, templating, scheduling, sampling. On two real vLLM
+engines on the CPU (``tests/vllm``) it was 17-90 ms, where 100 uncached tokens take 8-14 ms.
+Without the term the fit can only stretch the rate, and predicted short prompts' first tokens
+at 0.14x their measured time, long ones' at 2.1x (medians). So a time to first token is
+``first_token_overhead_s + tokens / rate + steps * step``, the overhead another unknown of the
+same fit, per replica, with ``learn_overhead`` (prior 0: a fresh router predicts as before).
 
 **Scraped engine metrics** (:meth:`ReplicaSpeed.observe_engine_prefill`). An engine that
 exports its own prefill times (vLLM's ``vllm:request_prefill_time_seconds`` beside
@@ -53,6 +49,12 @@ longer than it is, and a rate fitted on it comes out too high on lightly loaded 
 replica started on its current queue (the first dispatch to an idle replica, or the last first
 token while work remained), and credits the replica with ``rate x (elapsed - one decode step per
 step started)`` tokens of progress, never more than is queued (:meth:`ReplicaSpeed.progress`).
+That credit is taken at the estimates of the moment, so a first token's observation keeps the
+queue it waited behind (:class:`QueuedObs`) and each refit takes it again at the estimates it
+starts from. Taken once at dispatch, a replica misjudged while cold kept the misjudgement: a
+slow one started at a fast rate was credited with progress it had not made, its first tokens
+looked late for the little work left, and the fit read that as a fixed overhead (353 ms on a
+simulated replica that has none), high enough that it was hardly sent anything again.
 
 **Noise and outliers.** Each refit compares every observation with its prediction; those more
 than ``outlier_factor`` (3x) off the typical misprediction, the median over the newer half of
@@ -69,14 +71,9 @@ replica the same size: rate and decode step trade off), and every estimate stays
 
 **A fresh replica in a running fleet** (``fleet_prior``) predicts with its fleet's learned
 estimates (:meth:`ReplicaSpeed.start_from`; the load view picks them: its median replica's)
-instead of the configured constants, until its own observations take over. The
-constants are a guess about hardware nobody measured; the fleet's estimates were measured on
-the same model and, usually, similar hardware. With the constants, a replica joining a fleet
-that learned 3x the configured rate looks 3x slower than its peers, and is sent nothing until
-their queues make up the difference; one joining a fleet 3x slower looks 3x faster and is
-flooded until it has warmed up. On two real vLLM engines with the first-token overhead learned,
-the engine that warmed up second stayed at the constants, which made it look too slow to try:
-every request went to the other.
+until its own observations take over. The constants are a guess about hardware nobody measured:
+a replica joining a fleet that learned 3x the configured rate looked 3x slower than its peers and
+was sent nothing; one joining a fleet 3x slower looked 3x faster and was flooded.
 
 **How good the predictions are.** Before a first token teaches the model, the model predicts it
 from the estimates of the moment (which have not seen it): ``predicted / measured`` goes into a
@@ -99,46 +96,25 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from prefixroute.core._solve import Obs, add_observations, solve_feasible
-from prefixroute.core.errors import ConfigError
+from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
+
+__all__ = ["QueuedObs", "ReplicaSpeed", "SpeedConfig", "speed_priors_of"]
 
 REFIT_EVERY = 8  # observations between refits once a window is full (a refit is O(window))
+REDERIVE_TOLERANCE = 0.01  # estimates moved this much (relative): a queue's work is taken again
 CORRECTION_REFITS = 8  # at most this many refits settle a corrected observation (warm-up only)
 
 
-@dataclass(frozen=True, slots=True)
-class SpeedConfig:
-    """Priors, bounds and memory of the per-replica speed estimates."""
+@dataclass(slots=True)
+class QueuedObs(Obs):
+    """A first token's observation that knows the queue it waited behind: its work (``x``) is
+    the part of that queue left at dispatch plus its own tokens, at the estimates ``basis``."""
 
-    prefill_tokens_per_s: float = 10_000.0  # prior prefill rate, tokens/s (the article's figure)
-    decode_step_s: float = 0.015  # prior time a batch step spends on decodes, seconds
-    step_tokens: int = 2048  # engine token budget per step, tokens (counts a prefill's steps)
-    window: int = 64  # observations kept per estimate: changes are followed within ~window/2
-    min_observations: int = 8  # below this many, the estimate is the prior, observations
-    bound: float = 20.0  # estimates stay within prior / bound .. prior * bound
-    outlier_factor: float = 3.0  # TTFTs this many times off the typical misprediction: outliers
-    learn: bool = True  # False: the estimates stay at the priors (fixed constants)
-    first_token_overhead_s: float = 0.0  # prior fixed time of every first token, seconds
-    learn_overhead: bool = False  # learn that overhead too (a gateway; a simulator has none)
-    fleet_prior: bool = True  # a replica not warmed up predicts with its fleet's (load.py)
-
-    def __post_init__(self) -> None:
-        if self.prefill_tokens_per_s <= 0 or self.decode_step_s < 0 or self.step_tokens < 1:
-            raise ConfigError(
-                "speed priors: prefill rate and step budget must be positive, decode step >= 0"
-            )
-        if self.window < 2 or self.min_observations < 0 or self.bound < 1:
-            raise ConfigError("speed model: window >= 2, min_observations >= 0, bound >= 1")
-        if self.outlier_factor <= 1:
-            raise ConfigError("speed model: outlier_factor must be above 1")
-        if self.first_token_overhead_s < 0:
-            raise ConfigError("speed priors: first_token_overhead_s must be >= 0")
-
-    @property
-    def overhead_scale_s(self) -> float:
-        """What an overhead is judged against: one full batch step at the priors, seconds. An
-        overhead's prior counts as one observation of that size, and it stays under ``bound``
-        times it."""
-        return self.step_tokens / self.prefill_tokens_per_s + self.decode_step_s
+    queued: float = 0.0  # prefill tokens queued ahead at dispatch, no progress credited
+    elapsed_s: float = 0.0  # how long the replica had been on that queue, seconds
+    decoding: bool = False  # the replica was decoding at dispatch
+    own: float = 0.0  # the request's own uncached tokens
+    basis: tuple[float, float] = (0.0, 0.0)  # (rate, decode step) ``x`` was derived with
 
 
 @dataclass(slots=True)
@@ -202,6 +178,14 @@ class ReplicaSpeed:
             work_s -= math.ceil(elapsed_s / step_s) * self.decode_step_s
         return min(queued, max(0.0, work_s) * rate)
 
+    def queue_work(
+        self, queued: float, elapsed_s: float, decoding: bool, own: float
+    ) -> tuple[float, float]:
+        """(tokens, decode steps) a first token waits for: what is left of ``queued`` after
+        ``elapsed_s`` on it, at the estimates of the moment, plus ``own`` uncached tokens."""
+        work = queued - self.progress(queued, elapsed_s, decoding) + own
+        return work, self.steps(work, decoding)
+
     @property
     def warmed_up(self) -> bool:
         """Past the priors: the estimates are learned (``min_observations`` observations)."""
@@ -243,24 +227,42 @@ class ReplicaSpeed:
         its first token ``ttft_s`` after dispatch, sharing ``steps`` decode steps. Judged first:
         what the model predicted for it, past the warm-up. Returns the observation, for
         :meth:`correct_prefill` (None: not taken)."""
+        return self._take_prefill(Obs((tokens, steps, 0.0, 1.0), ttft_s))
+
+    def observe_first_token(
+        self, queued: float, elapsed_s: float, decoding: bool, own: float, ttft_s: float
+    ) -> QueuedObs | None:
+        """:meth:`observe_prefill` of a request sent behind ``queued`` tokens that the replica
+        had been on for ``elapsed_s`` (:meth:`queue_work`), with ``own`` uncached tokens: its
+        work is taken again at each refit (module docstring)."""
+        tokens, steps = self.queue_work(queued, elapsed_s, decoding, own)
+        basis = (self.prefill_tokens_per_s, self.decode_step_s)
+        obs = QueuedObs((tokens, steps, 0.0, 1.0), ttft_s, queued, elapsed_s, decoding, own, basis)
+        return obs if self._take_prefill(obs) is not None else None
+
+    def _take_prefill(self, obs: Obs) -> Obs | None:
+        tokens, steps = obs.x[0], obs.x[1]
+        ttft_s = obs.seconds
         if not self.config.learn or tokens < 0 or not math.isfinite(ttft_s) or ttft_s < 0:
             return None
         if self.warmed_up and ttft_s > 0:
             self._ratios.append(self.ttft_s(tokens, steps) / ttft_s)
             self.ttft_predictions += 1
-        obs = Obs((tokens, steps, 0.0, 1.0), ttft_s)
         self._prefill.append(obs)
         self.prefill_observations += 1
         self._observed()
         return obs
 
-    def correct_prefill(self, obs: Obs, tokens: float, steps: float) -> None:
-        """``obs`` (from :meth:`observe_prefill`) covered ``tokens`` of work over ``steps``
-        steps, not what it said: the replica reported its own uncached count after the first
-        token taught the model. Past the warm-up, refits until the rate settles: each refit
-        weighs observations by the predictions of the estimates it starts from, and those were
-        fitted on the wrong count (one refit from them stays near where they were)."""
-        obs.x = (max(0.0, tokens), steps, 0.0, 1.0)
+    def correct_prefill(self, obs: QueuedObs, own: float) -> None:
+        """``obs`` (from :meth:`observe_first_token`) had ``own`` uncached tokens of its own,
+        not what it said: the replica reported its own count after the first token taught the
+        model. Past the warm-up, refits until the rate settles: each refit weighs observations
+        by the predictions of the estimates it starts from, and those were fitted on the wrong
+        count (one refit from them stays near where they were)."""
+        obs.own = max(0.0, own)
+        tokens, steps = self.queue_work(obs.queued, obs.elapsed_s, obs.decoding, obs.own)
+        obs.x = (tokens, steps, 0.0, 1.0)
+        obs.basis = (self.prefill_tokens_per_s, self.decode_step_s)
         if not self.warmed_up or not any(o is obs for o in self._prefill):
             return
         for _ in range(CORRECTION_REFITS):
@@ -336,6 +338,7 @@ class ReplicaSpeed:
         observations for the engine's, ``learn_overhead`` for the first tokens'."""
         cfg = self.config
         self.from_fleet = False
+        self._rederive()
         a, c = self._normal_equations()
         free = [0, 1]
         if self._engine:
@@ -344,6 +347,20 @@ class ReplicaSpeed:
             free.append(3)
         theta = solve_feasible(a, c, self._theta(), free)
         self._set_within_bounds(1.0 / theta[0], theta[1], theta[2], theta[3])
+
+    def _rederive(self) -> None:
+        """Take each first token's queue again at the current estimates (module docstring),
+        where they moved by more than ``REDERIVE_TOLERANCE`` since it was last taken."""
+        rate, step = self.prefill_tokens_per_s, self.decode_step_s
+        for o in self._prefill:
+            if type(o) is not QueuedObs or not o.queued or o.elapsed_s <= 0:
+                continue  # nothing credited: its work does not depend on the estimates
+            r0, d0 = o.basis
+            tol = REDERIVE_TOLERANCE
+            if abs(rate - r0) <= tol * r0 and abs(step - d0) <= tol * d0:
+                continue
+            o.x = (*self.queue_work(o.queued, o.elapsed_s, o.decoding, o.own), 0.0, 1.0)
+            o.basis = (rate, step)
 
     def _set_within_bounds(self, rate: float, step: float, engine: float, first: float) -> None:
         """Take these estimates, each within its bounds: the rate and the decode step within
@@ -381,15 +398,3 @@ class ReplicaSpeed:
             "prior_prefill_tokens_per_s": self.config.prefill_tokens_per_s,
             "prior_decode_step_s": self.config.decode_step_s,
         }
-
-
-def speed_priors_of(policy: object) -> SpeedConfig:
-    """Speed priors from a policy's config fields of the same names, where it has them (a fresh
-    router then predicts with exactly the numbers its policy was configured with)."""
-    config = getattr(policy, "config", None)
-    d = SpeedConfig()
-    return SpeedConfig(
-        prefill_tokens_per_s=getattr(config, "prefill_tokens_per_s", d.prefill_tokens_per_s),
-        decode_step_s=getattr(config, "decode_step_s", d.decode_step_s),
-        step_tokens=getattr(config, "step_tokens", d.step_tokens),
-    )

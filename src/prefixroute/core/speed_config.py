@@ -1,0 +1,56 @@
+"""The priors, bounds and memory of the per-replica speed model (:mod:`prefixroute.core.speed`),
+and the priors a policy's own config implies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefixroute.core.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedConfig:
+    """Priors, bounds and memory of the per-replica speed estimates."""
+
+    prefill_tokens_per_s: float = 10_000.0  # prior prefill rate, tokens/s (the article's figure)
+    decode_step_s: float = 0.015  # prior time a batch step spends on decodes, seconds
+    step_tokens: int = 2048  # engine token budget per step, tokens (counts a prefill's steps)
+    window: int = 64  # observations kept per estimate: changes are followed within ~window/2
+    min_observations: int = 8  # below this many, the estimate is the prior, observations
+    bound: float = 20.0  # estimates stay within prior / bound .. prior * bound
+    outlier_factor: float = 3.0  # TTFTs this many times off the typical misprediction: outliers
+    learn: bool = True  # False: the estimates stay at the priors (fixed constants)
+    first_token_overhead_s: float = 0.0  # prior fixed time of every first token, seconds
+    learn_overhead: bool = False  # learn that overhead too (a gateway; a simulator has none)
+    fleet_prior: bool = True  # a replica not warmed up predicts with its fleet's (load.py)
+
+    def __post_init__(self) -> None:
+        if self.prefill_tokens_per_s <= 0 or self.decode_step_s < 0 or self.step_tokens < 1:
+            raise ConfigError(
+                "speed priors: prefill rate and step budget must be positive, decode step >= 0"
+            )
+        if self.window < 2 or self.min_observations < 0 or self.bound < 1:
+            raise ConfigError("speed model: window >= 2, min_observations >= 0, bound >= 1")
+        if self.outlier_factor <= 1:
+            raise ConfigError("speed model: outlier_factor must be above 1")
+        if self.first_token_overhead_s < 0:
+            raise ConfigError("speed priors: first_token_overhead_s must be >= 0")
+
+    @property
+    def overhead_scale_s(self) -> float:
+        """What an overhead is judged against: one full batch step at the priors, seconds. An
+        overhead's prior counts as one observation of that size, and it stays under ``bound``
+        times it."""
+        return self.step_tokens / self.prefill_tokens_per_s + self.decode_step_s
+
+
+def speed_priors_of(policy: object) -> SpeedConfig:
+    """Speed priors from a policy's config fields of the same names, where it has them (a fresh
+    router then predicts with exactly the numbers its policy was configured with)."""
+    config = getattr(policy, "config", None)
+    d = SpeedConfig()
+    return SpeedConfig(
+        prefill_tokens_per_s=getattr(config, "prefill_tokens_per_s", d.prefill_tokens_per_s),
+        decode_step_s=getattr(config, "decode_step_s", d.decode_step_s),
+        step_tokens=getattr(config, "step_tokens", d.step_tokens),
+    )

@@ -1,0 +1,79 @@
+"""A first token's queue is taken again at each refit's estimates (``core/speed.py``, *How
+queued work turns into waiting*).
+
+The load view credits a busy replica with the progress its estimated rate would have made on its
+queue. While a replica is cold its estimate is a prior: a replica four times slower than the
+prior is credited with four times the progress it made, so the work left ahead of each request
+sent into its backlog is understated. Kept as it was at dispatch, that turned into a first-token
+overhead the replica does not have (353 ms on a simulated replica with none), and the replica
+was hardly sent anything again. Taken again at the estimates each refit starts from, the same
+first tokens teach the replica's true rate and no overhead.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixroute.core.load import LoadTracker
+from prefixroute.core.speed import QueuedObs, ReplicaSpeed, SpeedConfig
+
+TRUE_RATE = 2_500.0  # tokens/s: four times slower than the prior
+PRIOR = 10_000.0
+
+
+def serve_fifo(tracker: LoadTracker, arrivals: list[tuple[float, int]]) -> None:
+    """One replica prefilling ``(arrival time, tokens)`` requests one after another at
+    ``TRUE_RATE`` with no decoding and no fixed cost; each ends at its first token."""
+    free_at = 0.0
+    events: list[tuple[float, int, str]] = []  # (time, kind: 0 dispatch / 1 first token, id)
+    for i, (t, tokens) in enumerate(arrivals):
+        free_at = max(free_at, t) + tokens / TRUE_RATE
+        events += [(t, 0, f"q{i}"), (free_at, 1, f"q{i}")]
+    sizes = {f"q{i}": tokens for i, (_, tokens) in enumerate(arrivals)}
+    for now, kind, rid in sorted(events):
+        if kind == 0:
+            tracker.count_dispatch(
+                rid, "r0", prompt_tokens=sizes[rid], output_tokens=1,
+                predicted_cached_tokens=0, now=now,
+            )  # fmt: skip
+        else:
+            tracker.first_token(rid, now)
+            tracker.complete(rid, now, output_tokens=1)
+
+
+def backlog_then_idle() -> list[tuple[float, int]]:
+    """A cold replica sent a burst of 12 (each request behind the others), then 4 requests, 5 s
+    apart, that find it idle."""
+    burst = [(0.04 * i, 1_000 + 50 * (i % 7)) for i in range(12)]
+    return burst + [(10.0 + 5.0 * i, 256) for i in range(4)]
+
+
+def test_a_backlog_met_while_cold_does_not_make_the_replica_look_slow() -> None:
+    tracker = LoadTracker(speed=SpeedConfig(prefill_tokens_per_s=PRIOR, learn_overhead=True))
+    serve_fifo(tracker, backlog_then_idle())
+    speed = tracker["r0"].speed
+    assert speed.warmed_up
+    # The four idle first tokens were taught, not thrown out as outliers of a fit that took
+    # the backlog's queue at the prior's rate (there: a 172 ms overhead, 4 left out).
+    assert speed.outliers == 0
+    # So an idle request is predicted near its true first token (0.102 s; before: 0.246 s).
+    assert speed.ttft_s(256, 0.0) == pytest.approx(256 / TRUE_RATE, rel=0.15)
+    assert speed.first_token_overhead_s < 0.1
+
+
+def test_an_observation_keeps_its_queue_and_follows_the_estimates() -> None:
+    speed = ReplicaSpeed(SpeedConfig(prefill_tokens_per_s=PRIOR, min_observations=100))
+    # 4,000 tokens queued, the replica on them for 0.2 s, 500 of its own.
+    obs = speed.observe_first_token(4_000.0, 0.2, False, 500.0, 1.9)
+    assert isinstance(obs, QueuedObs)
+    # At 10,000 tokens/s the replica is credited 2,000 tokens: 2,000 left + 500 own.
+    assert obs.x[0] == pytest.approx(2_500.0)
+    assert speed.queue_work(4_000.0, 0.2, False, 500.0)[0] == pytest.approx(2_500.0)
+    speed.prefill_tokens_per_s = 2_500.0  # as a refit would set it
+    speed._refit()  # takes the queue again at the estimates it starts from
+    # Credited at the rate the refit started from (2,500 tokens/s: 500 done), then refitted.
+    assert obs.x[0] == pytest.approx(4_000.0 - 500.0 + 500.0)
+    # The replica's own count corrects the request's own tokens, the queue stays.
+    speed.correct_prefill(obs, 100.0)
+    assert obs.own == 100.0
+    assert obs.x[0] == pytest.approx(4_000.0 - 0.2 * speed.prefill_tokens_per_s + 100.0)

@@ -35,12 +35,11 @@ same fit, per replica, with ``learn_overhead`` (prior 0: a fresh router predicts
 
 **Scraped engine metrics** (:meth:`ReplicaSpeed.observe_engine_prefill`). An engine that
 exports its own prefill times (vLLM's ``vllm:request_prefill_time_seconds`` beside
-``vllm:request_prefill_kv_computed_tokens``) says, per scrape interval, how many seconds its
-finished requests spent from being scheduled to their first token, and how many uncached
-tokens they computed. That is ``tokens / rate + requests * engine_overhead_s`` (the engine's own
-per-request fixed time, a part of the first-token overhead: it has no HTTP in it), free of the
-queue ahead and of traffic this router never saw. It is a third window in the same fit: the
-rate is shared, each overhead is its own unknown.
+``vllm:request_prefill_kv_computed_tokens``) says, per scrape interval, how long its finished
+requests took from being scheduled to their first token, and how many uncached tokens they
+computed: ``tokens / rate + requests * engine_overhead_s`` (the engine's own fixed time per
+request, no HTTP in it), free of the queue ahead and of traffic this router never saw. A third
+window in the same fit: the rate is shared, each overhead its own unknown.
 
 **How queued work turns into waiting.** The queued tokens counted at dispatch include the part
 of the head request the replica has already prefilled. Counting it in full makes the wait look
@@ -64,10 +63,12 @@ is followed within a few dozen of its requests (``window`` = 64: the simulator's
 within 35-160), while outliers stay out as long as they are under half of the recent requests.
 
 **Priors and bounds.** Until a replica has ``min_observations`` observations its estimates are
-the priors exactly, so a fresh router routes as the fixed constants did. Afterwards each prior
-still counts as one observation, which settles what the data leave open (every request of a
-replica the same size: rate and decode step trade off), and every estimate stays within
-``prior / bound .. prior * bound``.
+the priors exactly. Afterwards each prior still counts as one observation, which settles what
+the data leave open (every request the same size: rate and decode step trade off). Weighed so
+that a replica 4x slower than the prior and one 4x faster are pulled alike (divided by its own
+prediction, a prior weighed 16 observations against the slow one and a sixteenth against the
+fast one: learned at 1.35x and 0.99x after 16 exact first tokens; now 1.09x and 0.91x). Every
+estimate stays within ``prior / bound .. prior * bound``.
 
 **A fresh replica in a running fleet** (``fleet_prior``) predicts with its fleet's learned
 estimates (:meth:`ReplicaSpeed.start_from`; the load view picks them: its median replica's)
@@ -76,16 +77,13 @@ a replica joining a fleet that learned 3x the configured rate looked 3x slower t
 was sent nothing; one joining a fleet 3x slower looked 3x faster and was flooded.
 
 **How good the predictions are.** Before a first token teaches the model, the model predicts it
-from the estimates of the moment (which have not seen it): ``predicted / measured`` goes into a
-window per replica, once the replica is past its priors (the first ``min_observations``
-observations: the warm-up), and its median error is reported (:meth:`ReplicaSpeed.snapshot`).
-The work it predicts from is the request's real uncached tokens when the replica reported them,
-so this is the speed model's error alone; the cached-token prediction is judged apart.
+from the estimates of the moment: past the warm-up, ``predicted / measured`` goes into a window
+per replica, whose median error is reported (:meth:`ReplicaSpeed.snapshot`), from the request's
+real uncached tokens when reported: the speed model's error alone.
 
-The estimator is pure and clock-free, like the rest of the core: times come in as arguments.
-A refit is one pass over the windows, a sort of each and a solve of two to four unknowns; it
-runs at every observation while the windows fill and every ``REFIT_EVERY`` observations after
-that.
+Pure and clock-free (times come in as arguments). A refit (a pass over the windows, a sort of
+each, a solve of two to four unknowns) runs per observation until the windows fill, then every
+``REFIT_EVERY``.
 """
 
 from __future__ import annotations
@@ -254,11 +252,9 @@ class ReplicaSpeed:
         return obs
 
     def correct_prefill(self, obs: QueuedObs, own: float) -> None:
-        """``obs`` (from :meth:`observe_first_token`) had ``own`` uncached tokens of its own,
-        not what it said: the replica reported its own count after the first token taught the
-        model. Past the warm-up, refits until the rate settles: each refit weighs observations
-        by the predictions of the estimates it starts from, and those were fitted on the wrong
-        count (one refit from them stays near where they were)."""
+        """``obs`` (from :meth:`observe_first_token`) had ``own`` uncached tokens, as the
+        replica reported after its first token taught the model. Past the warm-up, refits until
+        the rate settles (one refit from estimates fitted on the wrong count stays near them)."""
         obs.own = max(0.0, own)
         tokens, steps = self.queue_work(obs.queued, obs.elapsed_s, obs.decoding, obs.own)
         obs.x = (tokens, steps, 0.0, 1.0)
@@ -313,11 +309,17 @@ class ReplicaSpeed:
         cfg = self.config
         a = [[0.0] * 4 for _ in range(4)]
         b0, d0, scale = 1.0 / cfg.prefill_tokens_per_s, cfg.decode_step_s, cfg.overhead_scale_s
-        c = [1.0 / b0, 0.0, 0.0, cfg.first_token_overhead_s / (scale * scale)]
-        a[0][0] = 1.0 / (b0 * b0)
+        # A prior's error weighs 1 / (b * sqrt(b * b0)) at the current estimate b: a replica
+        # as far above its prior as another is below it is pulled alike (module docstring).
+        b = 1.0 / self.prefill_tokens_per_s
+        w = 1.0 / (b * math.sqrt(b * b0))
+        c = [w * b0, 0.0, 0.0, cfg.first_token_overhead_s / (scale * scale)]
+        a[0][0] = w
         if d0 > 0:
-            a[1][1] += 1.0 / (d0 * d0)
-            c[1] += 1.0 / d0
+            d = self.decode_step_s if self.decode_step_s > 0 else d0
+            w = 1.0 / (d * math.sqrt(d * d0))
+            a[1][1] += w
+            c[1] += w * d0
         a[2][2] = a[3][3] = 1.0 / (scale * scale)  # each overhead: "as the prior", once
         windows = (self._prefill, self._decode, self._engine)
         self.outliers = add_observations(a, c, windows, self._theta(), cfg.outlier_factor)
@@ -375,11 +377,9 @@ class ReplicaSpeed:
         self.first_token_overhead_s = min(max(first, 0.0), most)
 
     def snapshot(self) -> dict[str, float | int | str | None]:
-        """The estimates and their evidence, for reports and the admin API.
-
-        ``ttft_error_p50`` is the median of ``|predicted / measured - 1|`` over the last
-        ``window`` TTFTs predicted past the warm-up, ``ttft_ratio_p50`` the median ratio
-        itself (above 1: predictions too long); both None before any."""
+        """The estimates and their evidence, for reports and the admin API: ``ttft_error_p50``
+        is the median ``|predicted / measured - 1|`` of the last ``window`` TTFTs predicted past
+        the warm-up, ``ttft_ratio_p50`` the median ratio (above 1: too long); None before any."""
         ratios = self._ratios
         return {
             "prefill_tokens_per_s": self.prefill_tokens_per_s,

@@ -21,7 +21,7 @@ class SpeedConfig:
     outlier_factor: float = 3.0  # TTFTs this many times off the typical misprediction: outliers
     learn: bool = True  # False: the estimates stay at the priors (fixed constants)
     first_token_overhead_s: float = 0.0  # prior fixed time of every first token, seconds
-    learn_overhead: bool = False  # learn that overhead too (a gateway; a simulator has none)
+    learn_overhead: bool = False  # learn that overhead too (the gateway does by default)
     fleet_prior: bool = True  # a replica not warmed up predicts with its fleet's (load.py)
 
     def __post_init__(self) -> None:

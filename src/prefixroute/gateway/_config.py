@@ -142,11 +142,11 @@ class GatewayConfig:
     scrape_metrics: bool = setting(
         True, "read the replicas' own load from their /metrics each probe round"
     )
-    # Off by default: a replica nobody has sent to yet keeps the configured prior, and rates
-    # learned with the overhead come out 2-3x above it on real engines, so at low load a fresh
-    # replica looked too slow ever to be tried (docs/results.md, real vLLM).
+    # On by default: a first token measured over HTTP always carries a fixed cost (HTTP,
+    # templating, scheduling), tens of ms on real engines; without the term the fit stretches
+    # the rate to cover it (docs/results.md, real vLLM). false: the overhead stays at 0.
     learn_ttft_overhead: bool = setting(
-        False, "learn each replica's fixed first-token cost (HTTP, templating) beside its speed"
+        True, "learn each replica's fixed first-token cost (HTTP, templating) beside its speed"
     )
     failure_threshold: int = setting(3, "consecutive failures that take a replica out")
     eject_s: float = setting(5.0, "shortest time out after failures, seconds")

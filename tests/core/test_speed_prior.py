@@ -6,7 +6,8 @@ Each prior's error was once divided by its own prediction, where the data's are 
 current estimate's: the prior then weighed ``(estimate / prior)**2`` observations, 16 for a
 replica 4x slower (learned at 1.35x its rate after 16 first tokens) and a sixteenth for one 4x
 faster (0.99x). Divided by the current estimate's, as the data are, it is the other way round
-(1.05x and 0.85x).
+(1.05x and 0.85x). Weighed alike both ways as a whole observation: 1.09x and 0.91x; as a quarter
+(``PRIOR_WEIGHT``): 1.02x and 0.98x.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ def test_a_prior_pulls_a_slow_and_a_fast_replica_alike(observations: int) -> Non
     assert math.log(slow) == pytest.approx(-math.log(fast), rel=0.15)  # was 25x apart
 
 
-def test_one_prior_among_many_observations_pulls_little() -> None:
-    # One observation's worth: within 10% after 16 exact ones, 3% after 64.
-    assert learned_rate(PRIOR / 4, 16) == pytest.approx(PRIOR / 4, rel=0.10)
-    assert learned_rate(PRIOR * 4, 16) == pytest.approx(PRIOR * 4, rel=0.10)
-    assert learned_rate(PRIOR / 4, 64) == pytest.approx(PRIOR / 4, rel=0.03)
-    assert learned_rate(PRIOR * 4, 64) == pytest.approx(PRIOR * 4, rel=0.03)
+def test_a_prior_among_many_observations_pulls_little() -> None:
+    # A quarter of an observation's worth: within 5% after 16 exact ones, 1% after 64.
+    assert learned_rate(PRIOR / 4, 16) == pytest.approx(PRIOR / 4, rel=0.05)
+    assert learned_rate(PRIOR * 4, 16) == pytest.approx(PRIOR * 4, rel=0.05)
+    assert learned_rate(PRIOR / 4, 64) == pytest.approx(PRIOR / 4, rel=0.01)
+    assert learned_rate(PRIOR * 4, 64) == pytest.approx(PRIOR * 4, rel=0.01)
 
 
 def test_a_replica_at_its_prior_stays_there() -> None:

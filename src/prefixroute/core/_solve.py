@@ -21,6 +21,18 @@ class Obs:
     seconds: float  # the time measured, seconds
 
 
+@dataclass(slots=True)
+class QueuedObs(Obs):
+    """A first token's observation that knows the queue it waited behind: its work (``x``) is
+    the part of that queue left at dispatch plus its own tokens, at the estimates ``basis``."""
+
+    queued: float = 0.0  # prefill tokens queued ahead at dispatch, no progress credited
+    elapsed_s: float = 0.0  # how long the replica had been on that queue, seconds
+    decoding: bool = False  # the replica was decoding at dispatch
+    own: float = 0.0  # the request's own uncached tokens
+    basis: tuple[float, float] = (0.0, 0.0)  # (rate, decode step) ``x`` was derived with
+
+
 def add_observations(
     a: list[list[float]],
     c: list[float],

@@ -63,12 +63,14 @@ is followed within a few dozen of its requests (``window`` = 64: the simulator's
 within 35-160), while outliers stay out as long as they are under half of the recent requests.
 
 **Priors and bounds.** Until a replica has ``min_observations`` observations its estimates are
-the priors exactly. Afterwards each prior still counts as one observation, which settles what
-the data leave open (every request the same size: rate and decode step trade off). Weighed so
-that a replica 4x slower than the prior and one 4x faster are pulled alike (divided by its own
-prediction, a prior weighed 16 observations against the slow one and a sixteenth against the
-fast one: learned at 1.35x and 0.99x after 16 exact first tokens; now 1.09x and 0.91x). Every
-estimate stays within ``prior / bound .. prior * bound``.
+the priors exactly. Afterwards each prior counts as ``PRIOR_WEIGHT`` (a quarter) of an
+observation, weighed so that a replica 4x slower than it and one 4x faster are pulled alike: it
+only settles what the data leave open (every request the same size: rate and decode step trade
+off). Divided by its own prediction, it weighed 16 observations against the slow one and a
+sixteenth against the fast one (after 16 exact first tokens: 1.35x and 0.99x their rates; now
+1.02x and 0.98x). As a whole observation it held multi-turn's fast replicas 17% under their rate,
+where first tokens are mostly decode steps and say little of the rate. Every estimate stays
+within ``prior / bound .. prior * bound``.
 
 **A fresh replica in a running fleet** (``fleet_prior``) predicts with its fleet's learned
 estimates (:meth:`ReplicaSpeed.start_from`; the load view picks them: its median replica's)
@@ -93,26 +95,15 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from prefixroute.core._solve import Obs, add_observations, solve_feasible
+from prefixroute.core._solve import Obs, QueuedObs, add_observations, solve_feasible
 from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
 
 __all__ = ["QueuedObs", "ReplicaSpeed", "SpeedConfig", "speed_priors_of"]
 
 REFIT_EVERY = 8  # observations between refits once a window is full (a refit is O(window))
+PRIOR_WEIGHT = 0.25  # observations a prior counts as (module docstring)
 REDERIVE_TOLERANCE = 0.01  # estimates moved this much (relative): a queue's work is taken again
 CORRECTION_REFITS = 8  # at most this many refits settle a corrected observation (warm-up only)
-
-
-@dataclass(slots=True)
-class QueuedObs(Obs):
-    """A first token's observation that knows the queue it waited behind: its work (``x``) is
-    the part of that queue left at dispatch plus its own tokens, at the estimates ``basis``."""
-
-    queued: float = 0.0  # prefill tokens queued ahead at dispatch, no progress credited
-    elapsed_s: float = 0.0  # how long the replica had been on that queue, seconds
-    decoding: bool = False  # the replica was decoding at dispatch
-    own: float = 0.0  # the request's own uncached tokens
-    basis: tuple[float, float] = (0.0, 0.0)  # (rate, decode step) ``x`` was derived with
 
 
 @dataclass(slots=True)
@@ -309,15 +300,15 @@ class ReplicaSpeed:
         cfg = self.config
         a = [[0.0] * 4 for _ in range(4)]
         b0, d0, scale = 1.0 / cfg.prefill_tokens_per_s, cfg.decode_step_s, cfg.overhead_scale_s
-        # A prior's error weighs 1 / (b * sqrt(b * b0)) at the current estimate b: a replica
+        # A prior's error weighs w / (b * sqrt(b * b0)) at the current estimate b: a replica
         # as far above its prior as another is below it is pulled alike (module docstring).
         b = 1.0 / self.prefill_tokens_per_s
-        w = 1.0 / (b * math.sqrt(b * b0))
+        w = PRIOR_WEIGHT / (b * math.sqrt(b * b0))
         c = [w * b0, 0.0, 0.0, cfg.first_token_overhead_s / (scale * scale)]
         a[0][0] = w
         if d0 > 0:
             d = self.decode_step_s if self.decode_step_s > 0 else d0
-            w = 1.0 / (d * math.sqrt(d * d0))
+            w = PRIOR_WEIGHT / (d * math.sqrt(d * d0))
             a[1][1] += w
             c[1] += w * d0
         a[2][2] = a[3][3] = 1.0 / (scale * scale)  # each overhead: "as the prior", once

@@ -77,3 +77,37 @@ def test_an_observation_keeps_its_queue_and_follows_the_estimates() -> None:
     speed.correct_prefill(obs, 100.0)
     assert obs.own == 100.0
     assert obs.x[0] == pytest.approx(4_000.0 - 0.2 * speed.prefill_tokens_per_s + 100.0)
+
+
+def test_the_load_view_hands_over_the_queue_as_it_was_at_dispatch() -> None:
+    """What the speed model is handed for a first token, worked by hand: the queue in full,
+    how long the replica had been on it, whether it was decoding, and the replica's own
+    uncached count once reported."""
+    tracker = LoadTracker(speed=SpeedConfig(prefill_tokens_per_s=PRIOR, min_observations=100))
+
+    def send(rid: str, tokens: int, now: float, output_tokens: int = 1) -> None:
+        tracker.count_dispatch(
+            rid, "r0", prompt_tokens=tokens, output_tokens=output_tokens,
+            predicted_cached_tokens=0, now=now,
+        )  # fmt: skip
+
+    send("c", 100, 0.0, output_tokens=50)
+    tracker.first_token("c", 0.05)  # c decodes from here on
+    send("a", 4_000, 1.0)  # an idle queue: the replica starts on it at 1.0
+    send("b", 500, 1.2)  # behind a's 4,000 tokens, 0.2 s into them, while c decodes
+    tracker.first_token("a", 1.5)
+    tracker.first_token("b", 1.7)
+    tracker.observe_usage("b", prompt_tokens=500, cached_tokens=100)  # 400 computed, not 500
+    tracker.complete("b", 1.8, output_tokens=1)
+    speed = tracker["r0"].speed
+    obs = list(speed._prefill)[-1]
+    assert isinstance(obs, QueuedObs)
+    assert (obs.queued, obs.elapsed_s, obs.decoding, obs.own) == (
+        4_000.0, pytest.approx(0.2), True, 400.0
+    )
+    # At the prior: one step is 2,048 / 10,000 + 0.015 s; 0.2 s is one step started, so
+    # (0.2 - 0.015) x 10,000 = 1,850 tokens done; 2,150 left + 400 own = 2,550 tokens, over
+    # ceil(2,550 / 2,048) + 0.5 = 2.5 decode-carrying steps.
+    assert obs.x[0] == pytest.approx(2_550.0)
+    assert obs.x[1] == pytest.approx(2.5)
+    assert obs.seconds == pytest.approx(0.5)

@@ -148,7 +148,7 @@ def watch(monkeypatch: pytest.MonkeyPatch) -> list[Judged]:
         if speed.warmed_up and measured > 0:
             work = speed.queue_work(req.queued_ahead, req.queue_elapsed_s, req.decoding, own)
             ratio = speed.ttft_s(*work) / measured
-            judged.append(Judged(req.ahead_tokens, own, req.decoding, ratio))
+            judged.append(Judged(work[0] - own, own, req.decoding, ratio))
         learn(req, now, output_tokens)
 
     monkeypatch.setattr(LoadTracker, "_learn", staticmethod(spy))

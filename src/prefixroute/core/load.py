@@ -130,8 +130,9 @@ class _InFlight:
     output_tokens: int  # expected output, tokens
     blocks: int  # KV blocks reserved in the view, blocks
     dispatched_s: float = 0.0  # when it was sent, seconds
-    ahead_tokens: float = 0.0  # queued prefill left ahead of it at dispatch, tokens
-    queued_ahead: float = 0.0  # of which queued in all, progress not credited, tokens
+    # The queue ahead of it at dispatch: what is left of it is taken at the speed model's
+    # estimates each time it is needed (``ReplicaSpeed.queue_work``), not once.
+    queued_ahead: float = 0.0  # prefill tokens queued ahead, progress not credited, tokens
     queue_elapsed_s: float = 0.0  # how long the replica had been on that queue, seconds
     decoding: bool = False  # the replica was decoding at dispatch
     prefilled: bool = False
@@ -244,7 +245,7 @@ class LoadTracker:
             load.busy_since = now  # an idle queue: the replica starts on this request now
         self._requests[request_id] = _InFlight(
             replica, load, uncached, output_tokens, blocks,
-            dispatched_s=now, ahead_tokens=load.queued_left(now), decoding=load.decoding > 0,
+            dispatched_s=now, decoding=load.decoding > 0,
             queued_ahead=load.queued_prefill_tokens, queue_elapsed_s=now - load.busy_since,
             predicted_cached=prompt_tokens - uncached,
             key_block_tokens=self.block_size if key_block_tokens is None else key_block_tokens,

@@ -224,10 +224,14 @@ class ReplicaSpeed:
         """:meth:`observe_prefill` of a request sent behind ``queued`` tokens that the replica
         had been on for ``elapsed_s`` (:meth:`queue_work`), with ``own`` uncached tokens: its
         work is taken again at each refit (module docstring)."""
-        tokens, steps = self.queue_work(queued, elapsed_s, decoding, own)
-        basis = (self.prefill_tokens_per_s, self.decode_step_s)
-        obs = QueuedObs((tokens, steps, 0.0, 1.0), ttft_s, queued, elapsed_s, decoding, own, basis)
+        obs = QueuedObs((0.0, 0.0, 0.0, 1.0), ttft_s, queued, elapsed_s, decoding, own)
+        self._derive(obs)
         return obs if self._take_prefill(obs) is not None else None
+
+    def _derive(self, obs: QueuedObs) -> None:
+        """``obs``'s work from its queue, at the estimates of the moment (:meth:`queue_work`)."""
+        obs.x = (*self.queue_work(obs.queued, obs.elapsed_s, obs.decoding, obs.own), 0.0, 1.0)
+        obs.basis = (self.prefill_tokens_per_s, self.decode_step_s)
 
     def _take_prefill(self, obs: Obs) -> Obs | None:
         tokens, steps = obs.x[0], obs.x[1]
@@ -247,9 +251,7 @@ class ReplicaSpeed:
         replica reported after its first token taught the model. Past the warm-up, refits until
         the rate settles (one refit from estimates fitted on the wrong count stays near them)."""
         obs.own = max(0.0, own)
-        tokens, steps = self.queue_work(obs.queued, obs.elapsed_s, obs.decoding, obs.own)
-        obs.x = (tokens, steps, 0.0, 1.0)
-        obs.basis = (self.prefill_tokens_per_s, self.decode_step_s)
+        self._derive(obs)
         if not self.warmed_up or not any(o is obs for o in self._prefill):
             return
         for _ in range(CORRECTION_REFITS):
@@ -352,8 +354,7 @@ class ReplicaSpeed:
             tol = REDERIVE_TOLERANCE
             if abs(rate - r0) <= tol * r0 and abs(step - d0) <= tol * d0:
                 continue
-            o.x = (*self.queue_work(o.queued, o.elapsed_s, o.decoding, o.own), 0.0, 1.0)
-            o.basis = (rate, step)
+            self._derive(o)
 
     def _set_within_bounds(self, rate: float, step: float, engine: float, first: float) -> None:
         """Take these estimates, each within its bounds: the rate and the decode step within

@@ -78,3 +78,29 @@ def test_the_documented_example_loads(tmp_path: Path) -> None:
     cfg = build_config(load_toml(path))
     assert cfg.policy_params == {"prefill_tokens_per_s": 12000.0}
     assert len(cfg.replicas) == 2
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('learn_ttft_overhead = "false"', "learn_ttft_overhead must be true or false, got 'false'"),
+        ('scrape_metrics = "no"', "scrape_metrics must be true or false"),
+        ('health_timeout_s = "1"', "health_timeout_s must be a number"),
+        ("eject_s = true", "eject_s must be a number, got True"),
+        ("failure_threshold = 2.5", "failure_threshold must be an integer"),
+    ],
+)
+def test_a_scalar_setting_of_another_toml_type_is_refused(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(line + "\n")
+    with pytest.raises(ConfigError, match=message):
+        load_toml(path)
+
+
+def test_a_whole_number_is_a_number_setting(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text("eject_s = 3\nlearn_ttft_overhead = false\n")
+    cfg = build_config(load_toml(path))
+    assert (cfg.eject_s, cfg.learn_ttft_overhead) == (3, False)

@@ -8,6 +8,8 @@ The keys are :class:`GatewayConfig`'s field names, plus ``<secret>_file`` for ea
 from __future__ import annotations
 
 import tomllib
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,8 @@ admin API can listen on its own address: admin_host, admin_port):
 
 
 _FIELDS = {f.name for f in config_fields()}
+_KINDS = {f.name: f.kind for f in config_fields()}
+_SCALARS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 # TOML keys naming a file that holds a secret field's value (a mounted Kubernetes Secret, say).
 SECRET_FILES = {key: f.name for f in config_fields() if (key := f.secret_file_key) is not None}
 
@@ -113,10 +117,30 @@ def load_toml(path: str | Path) -> dict[str, Any]:
                 raise ConfigError(f"config file {path}: {key} must be a file path")
             out[SECRET_FILES[key]] = read_secret(value, SECRET_FILES[key].replace("_", " "))
         elif key in _FIELDS:
+            _check_scalar(path, key, value)
             out[key] = value
         else:
             raise ConfigError(f"config file {path}: unknown setting {key!r}")
     return out
+
+
+def _check_scalar(path: str | Path, key: str, value: object) -> None:
+    """A scalar setting of another TOML type is an error: ``"false"`` for a boolean would
+    otherwise be taken as true. Other settings are checked where they are built."""
+    kind = _KINDS[key]
+    union = typing.get_origin(kind) in (typing.Union, types.UnionType)
+    allowed = [k for k in typing.get_args(kind) if k is not type(None)] if union else [kind]
+    if not all(k in _SCALARS for k in allowed):
+        return
+    for k in allowed:
+        if k is bool and isinstance(value, bool):
+            return
+        if k in (int, float) and isinstance(value, int) and not isinstance(value, bool):
+            return
+        if k in (float, str) and isinstance(value, k):
+            return
+    names = " or ".join(_SCALARS[k] for k in allowed)
+    raise ConfigError(f"config file {path}: {key} must be {names}, got {value!r}")
 
 
 def _replica_url(path: str | Path, item: object) -> str:

@@ -136,7 +136,7 @@ class Envoy:
         out = []
         if self.access_log.exists():
             for line in self.access_log.read_text().splitlines():
-                named, served, status, attempts = line.split()
+                named, served, status, attempts, _flags = line.split()
                 out.append((named.split(","), served, int(status), int(attempts)))
         return out
 

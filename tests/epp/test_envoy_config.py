@@ -86,6 +86,8 @@ def test_a_listed_pool_is_override_host_with_retries_down_the_list() -> None:
     assert addresses(by_name["epp"]) == [PICKER, "127.0.0.1:9003"]
     route = hcm(doc)["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
     assert route["retry_policy"] == {"retry_on": "connect-failure,reset", "num_retries": 3}
+    # Envoy's default allows 3 retries at once: a crash under load needs one per request it held.
+    assert pool["circuit_breakers"] == {"thresholds": [{"max_retries": 1024}]}
 
 
 def test_without_a_picker_it_is_envoy_s_own_round_robin() -> None:

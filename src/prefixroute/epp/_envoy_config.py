@@ -35,12 +35,21 @@ HCM = _FILTERS + "network.http_connection_manager.v3.HttpConnectionManager"
 EXT_PROC = _FILTERS + "http.ext_proc.v3.ExternalProcessor"
 ROUTER = _FILTERS + "http.router.v3.Router"
 BODY_MODES = ("FULL_DUPLEX_STREAMED", "BUFFERED")
-# One line a request: what the picker named, the host that served it, the status, attempts.
+# One line a request: what the picker named, the host that served it, the status, attempts,
+# and Envoy's response flags (why it answered itself: UF, URX, UO, ...; "-" when it did not).
 ACCESS_FORMAT = (
     f"%REQ({DESTINATION_HEADER})% %UPSTREAM_HOST% %RESPONSE_CODE% %UPSTREAM_REQUEST_ATTEMPT_COUNT%"
+    " %RESPONSE_FLAGS%"
 )
 # Go down the picker's list on a refused connection or a reset before the answer.
 RETRY = ", retry_policy: {retry_on: 'connect-failure,reset', num_retries: 3}"
+# Retries in flight at once, per priority. Envoy's default is 3: a replica that crashes under
+# load fails every request it held, and every one picked for it until the picker's probes see it
+# gone, all at once, and beyond the third Envoy answers 503 itself (flags UO,UF) instead of
+# going down the list. These retries only follow a refused or reset connection, each to the
+# picker's next endpoint, so they are bounded by the requests themselves: allow as many as
+# Envoy's default max_requests (1024).
+MAX_RETRIES = 1024
 
 _BOOTSTRAP = """\
 admin:
@@ -120,6 +129,7 @@ _OVERRIDE_HOST = f"""\
   - name: pool
     type: STATIC
     connect_timeout: 1s
+    circuit_breakers: {{{{thresholds: [{{{{max_retries: {MAX_RETRIES}}}}}]}}}}
     load_balancing_policy:
       policies:
       - typed_extension_config:

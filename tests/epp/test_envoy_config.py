@@ -86,8 +86,6 @@ def test_a_listed_pool_is_override_host_with_retries_down_the_list() -> None:
     assert addresses(by_name["epp"]) == [PICKER, "127.0.0.1:9003"]
     route = hcm(doc)["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
     assert route["retry_policy"] == {"retry_on": "connect-failure,reset", "num_retries": 3}
-    # Envoy's default allows 3 retries at once: a crash under load needs one per request it held.
-    assert pool["circuit_breakers"] == {"thresholds": [{"max_retries": 1024}]}
 
 
 def test_without_a_picker_it_is_envoy_s_own_round_robin() -> None:
@@ -113,10 +111,45 @@ def test_trace_sends_the_served_endpoint_and_logs_each_request(tmp_path: Path) -
     assert line.startswith(f"%REQ({DESTINATION_HEADER})% %UPSTREAM_HOST%") and line.endswith("\n")
 
 
+def limits(cluster: dict[str, Any]) -> dict[str, Any]:
+    thresholds: list[dict[str, Any]] = cluster["circuit_breakers"]["thresholds"]
+    assert len(thresholds) == 1 and "priority" not in thresholds[0]  # the default priority
+    return thresholds[0]
+
+
+@pytest.mark.parametrize("max_requests", [None, 300])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"pickers": [PICKER]},
+        {"pickers": [PICKER], "endpoints": POOL},
+        {"pickers": (), "endpoints": POOL},
+    ],
+    ids=["original-dst", "override-host", "round-robin"],
+)
+def test_every_cluster_takes_max_requests_in_flight(
+    variant: dict[str, Any], max_requests: int | None
+) -> None:
+    """Envoy's circuit breakers default to 1,024 connections, pending and parallel requests and
+    3 retries per cluster, which is fewer than a fleet has generations in flight (each holds a
+    picker stream and a pool connection) or a crash has requests to rescue. The docstring's
+    figure is 65,536 for all four, on the picker's cluster and the pool alike."""
+    given = {} if max_requests is None else {"max_requests": max_requests}
+    config = EnvoyConfig(**variant, **given)
+    n = 65_536 if max_requests is None else max_requests
+    by_name = clusters(load(config))
+    assert set(by_name) == ({"pool", "epp"} if variant["pickers"] else {"pool"})
+    for cluster in by_name.values():
+        assert limits(cluster) == {
+            "max_connections": n, "max_pending_requests": n, "max_requests": n, "max_retries": n,
+        }  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
         {"pickers": ()},  # nothing to send requests to
+        {"pickers": [PICKER], "max_requests": 0},
         {"pickers": [PICKER], "body_mode": "STREAMED"},
         {"pickers": ["127.0.0.1"]},
         {"pickers": [PICKER], "endpoints": ["10.0.0.7:99999"]},
@@ -144,6 +177,12 @@ def test_the_command_prints_it_for_the_picker_s_own_settings(
     assert addresses(clusters(doc)["pool"]) == list(POOL)
     ext = hcm(doc)["http_filters"][0]["typed_config"]
     assert ext["processing_mode"]["response_body_mode"] == "BUFFERED"
+    # --envoy-max-requests: every cluster's circuit breakers; below 1, one line and exit 2.
+    assert main([*argv, "--print-envoy-config", "--envoy-max-requests", "5000"]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    assert {limits(c)["max_requests"] for c in clusters(doc).values()} == {5000}
+    assert main([*argv, "--print-envoy-config", "--envoy-max-requests", "0"]) == 2
+    assert "--envoy-max-requests" in capsys.readouterr().err
     # A listener address that is not HOST:PORT: one line, exit 2.
     assert main([*argv, "--print-envoy-config", "--envoy-listen", "nowhere"]) == 2
     assert capsys.readouterr().err.startswith("prefixroute: error: address 'nowhere'")

@@ -24,6 +24,7 @@ from prefixroute.commands._args import flags
 from prefixroute.commands._settings import add_setting_flags
 from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.epp import (
+    MAX_REQUESTS,
     EndpointPicker,
     EnvoyConfig,
     EppConfig,
@@ -88,6 +89,18 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="assume BUFFERED request bodies when Envoy does not say (default full duplex)",
     )
+    _add_envoy_args(p)
+    k = p.add_argument_group("Kubernetes discovery (needs the kubernetes extra)")
+    k.add_argument("--k8s-selector", metavar="LABELS", help="pod label selector, e.g. app=vllm")
+    k.add_argument("--k8s-namespace", default="default", help="the pods' namespace")
+    k.add_argument("--k8s-target-port", type=int, help="the model servers' port on each pod")
+    k.add_argument("--k8s-resync", type=int, default=60, help="full relist period, s (60)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(run=run)
+
+
+def _add_envoy_args(p: argparse.ArgumentParser) -> None:
+    """``--print-envoy-config`` and what it prints."""
     e = p.add_argument_group("an Envoy to run it behind")
     e.add_argument(
         "--print-envoy-config",
@@ -102,13 +115,14 @@ def add_parser(subparsers: Any) -> None:
         metavar="HOST:PORT",
         help="with --print-envoy-config: where Envoy takes requests (0.0.0.0:8081)",
     )
-    k = p.add_argument_group("Kubernetes discovery (needs the kubernetes extra)")
-    k.add_argument("--k8s-selector", metavar="LABELS", help="pod label selector, e.g. app=vllm")
-    k.add_argument("--k8s-namespace", default="default", help="the pods' namespace")
-    k.add_argument("--k8s-target-port", type=int, help="the model servers' port on each pod")
-    k.add_argument("--k8s-resync", type=int, default=60, help="full relist period, s (60)")
-    p.add_argument("-v", "--verbose", action="store_true")
-    p.set_defaults(run=run)
+    e.add_argument(
+        "--envoy-max-requests",
+        type=int,
+        default=MAX_REQUESTS,
+        metavar="N",
+        help="with --print-envoy-config: requests in flight through Envoy at once, every "
+        "cluster's circuit breakers (65536; Envoy's own default, 1024, answers the next one 500)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> EppConfig:
@@ -133,7 +147,9 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
     )
 
 
-def envoy_config_of(config: EppConfig, listen: str) -> EnvoyConfig:
+def envoy_config_of(
+    config: EppConfig, listen: str, max_requests: int = MAX_REQUESTS
+) -> EnvoyConfig:
     """The Envoy in front of ``config``'s picker: its pool listed only when the picker names
     fallbacks (``override_host``; else ``ORIGINAL_DST`` follows the picker's one endpoint)."""
     host = config.grpc_host if config.grpc_host not in ("0.0.0.0", "::") else "127.0.0.1"
@@ -143,6 +159,7 @@ def envoy_config_of(config: EppConfig, listen: str) -> EnvoyConfig:
         endpoints=[endpoint_of(ReplicaId(r)) for r in listed],
         listen=listen,
         body_mode="FULL_DUPLEX_STREAMED" if config.full_duplex else "BUFFERED",
+        max_requests=max_requests,
     )
 
 
@@ -151,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = config_from_args(args)
     if args.print_envoy_config:
-        print(envoy_bootstrap(envoy_config_of(config, args.envoy_listen)), end="")
+        envoy = envoy_config_of(config, args.envoy_listen, args.envoy_max_requests)
+        print(envoy_bootstrap(envoy), end="")
         return 0
     pods = None
     if args.k8s_selector:

@@ -23,7 +23,7 @@ or ``--k8s-selector`` with the ``kubernetes`` extra). An Envoy to run it behind:
 
 from prefixroute.epp._candidates import endpoint_of, fallbacks, replica_of
 from prefixroute.epp._endpoints import EndpointSet, FileEndpoints, read_endpoints_file
-from prefixroute.epp._envoy_config import EnvoyConfig, envoy_bootstrap
+from prefixroute.epp._envoy_config import MAX_REQUESTS, EnvoyConfig, envoy_bootstrap
 from prefixroute.epp._kube import KubernetesPods, PodEndpoints, PodInfo, pod_info
 from prefixroute.epp._protocol import (
     DESTINATION_HEADER,
@@ -38,6 +38,7 @@ from prefixroute.epp._stream import PickShared, PickStream
 __all__ = [
     "DESTINATION_HEADER",
     "DESTINATION_NAMESPACE",
+    "MAX_REQUESTS",
     "PROTOCOL_VERSION",
     "SUBSET_KEY",
     "SUBSET_NAMESPACE",

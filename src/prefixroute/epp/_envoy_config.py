@@ -14,6 +14,9 @@ What it sets, and why (docs/kubernetes.md, "The Envoy side"):
   address); with them, a static cluster whose load balancer is ``override_host`` reading the
   header as the protocol's list, with a route retry policy to go down it
   (``prefixroute epp --fallbacks N``);
+- every cluster's circuit breakers at ``max_requests`` (65,536) requests, connections and
+  retries: Envoy's defaults (1,024, and 3 retries) answer the next concurrent request 500, and
+  a crash's rescues beyond the third 503 (``_LIMITS``);
 - with ``trace``: the served endpoint sent to the picker with the response (ext_proc's
   ``upstream.address`` attribute) and an access log line per request.
 
@@ -43,13 +46,20 @@ ACCESS_FORMAT = (
 )
 # Go down the picker's list on a refused connection or a reset before the answer.
 RETRY = ", retry_policy: {retry_on: 'connect-failure,reset', num_retries: 3}"
-# Retries in flight at once, per priority. Envoy's default is 3: a replica that crashes under
-# load fails every request it held, and every one picked for it until the picker's probes see it
-# gone, all at once, and beyond the third Envoy answers 503 itself (flags UO,UF) instead of
-# going down the list. These retries only follow a refused or reset connection, each to the
-# picker's next endpoint, so they are bounded by the requests themselves: allow as many as
-# Envoy's default max_requests (1024).
-MAX_RETRIES = 1024
+# Every cluster's circuit breakers (per priority), all at ``EnvoyConfig.max_requests``. Envoy's
+# defaults are 1,024 connections, pending and parallel requests, and 3 retries at once:
+# - each request in flight holds a stream to the picker for its whole length (the picker reads
+#   the answer), so the 1,025th concurrent generation was answered 500 with an empty body, and
+#   one connection to the pool each (HTTP/1), so the pool's limits cap the fleet the same way;
+# - a replica that crashes under load fails every request it held, and every one picked for it
+#   until the picker's probes see it gone, at once: from the 4th retry on Envoy answered 503
+#   (flags UO,UF) instead of going down the picker's list. These retries follow only a refused
+#   or reset connection, each to the picker's next endpoint: as many as the requests.
+MAX_REQUESTS = 65_536  # EnvoyConfig.max_requests' default
+_LIMITS = (
+    "    circuit_breakers: {{thresholds: [{{max_connections: {n}, max_pending_requests: {n},"
+    " max_requests: {n}, max_retries: {n}}}]}}\n"
+)
 
 _BOOTSTRAP = """\
 admin:
@@ -111,7 +121,7 @@ _EPP_CLUSTER = """\
   - name: epp
     type: STATIC
     connect_timeout: 1s
-    typed_extension_protocol_options:
+{limits}    typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
         explicit_http_config: {{http2_protocol_options: {{}}}}
@@ -121,7 +131,7 @@ _ORIGINAL_DST = f"""\
     type: ORIGINAL_DST
     lb_policy: CLUSTER_PROVIDED
     connect_timeout: 1s
-    original_dst_lb_config:
+{{limits}}    original_dst_lb_config:
       use_http_header: true
       http_header_name: {DESTINATION_HEADER}
 """
@@ -129,8 +139,7 @@ _OVERRIDE_HOST = f"""\
   - name: pool
     type: STATIC
     connect_timeout: 1s
-    circuit_breakers: {{{{thresholds: [{{{{max_retries: {MAX_RETRIES}}}}}]}}}}
-    load_balancing_policy:
+{{limits}}    load_balancing_policy:
       policies:
       - typed_extension_config:
           name: envoy.load_balancing_policies.override_host
@@ -150,7 +159,7 @@ _ROUND_ROBIN = """\
     type: STATIC
     lb_policy: ROUND_ROBIN
     connect_timeout: 1s
-{assignment}"""
+{limits}{assignment}"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +174,14 @@ class EnvoyConfig:
     timeout_s: int = 120  # a request's route timeout, seconds (a long generation takes minutes)
     access_log: str | None = None  # a file for one line a request (what was named, what served)
     trace: bool = False  # send the picker the endpoint that served (upstream.address)
+    # Requests in flight through this Envoy at once: every cluster's circuit breakers (_LIMITS).
+    max_requests: int = MAX_REQUESTS
 
     def __post_init__(self) -> None:
+        if self.max_requests < 1:
+            raise ConfigError(
+                f"max_requests (--envoy-max-requests) must be at least 1, got {self.max_requests}"
+            )
         if self.body_mode not in BODY_MODES:
             raise ConfigError(f"body mode {self.body_mode!r}: one of {', '.join(BODY_MODES)}")
         if not self.pickers and not self.endpoints:
@@ -179,15 +194,18 @@ def envoy_bootstrap(config: EnvoyConfig) -> str:
     """The Envoy bootstrap (YAML) for ``config``: ``envoy -c FILE`` runs it."""
     host, port = _split(config.listen)
     listed = _assignment("pool", config.endpoints) if config.endpoints else ""
+    limits = _LIMITS.format(n=config.max_requests)
     if not config.pickers:
-        clusters = _ROUND_ROBIN.format(assignment=listed)
+        clusters = _ROUND_ROBIN.format(assignment=listed, limits=limits)
     elif config.endpoints:
-        clusters = _OVERRIDE_HOST.format(assignment=listed)
+        clusters = _OVERRIDE_HOST.format(assignment=listed, limits=limits)
     else:
-        clusters = _ORIGINAL_DST
+        clusters = _ORIGINAL_DST.format(limits=limits)
     ext_proc = ""
     if config.pickers:
-        clusters += _EPP_CLUSTER.format(assignment=_assignment("epp", config.pickers))
+        clusters += _EPP_CLUSTER.format(
+            assignment=_assignment("epp", config.pickers), limits=limits
+        )
         ext_proc = _EXT_PROC.format(
             ext_proc=EXT_PROC,
             body_mode=config.body_mode,

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import asyncio
+import socket
+
 import aiohttp
 import pytest
 
@@ -34,6 +37,37 @@ async def test_kill_resets_open_connections() -> None:
         finally:
             resp.close()
         assert not replica.running
+
+
+REQUEST = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+    b'Content-Length: 29\r\n\r\n{"prompt":"a","max_tokens":1}'
+)
+
+
+async def test_a_request_arriving_as_the_replica_is_killed_gets_no_answer() -> None:
+    """kill() is a crash: nothing is answered from then on. A connection made just before it,
+    whose request is read while the kill runs, was answered 503 (the stopped engine's error,
+    which a proxy passes on instead of retrying elsewhere), at 3 loop iterations between the
+    connection and the kill on 2026-12-01; at 2, the connection was left open, never answered
+    (a client waited for its timeout). Every gap from 0 to 7 iterations is tried: the client
+    must see its connection reset or ended, never an HTTP answer, and never wait."""
+    answers = []
+    for gap in range(8):
+        replica = EmulatedReplica(EmulatorConfig(time_scale=0.01))
+        await replica.start()
+        port = int(replica.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(REQUEST)
+            for _ in range(gap):
+                await asyncio.sleep(0)
+            await replica.kill()
+            sock.settimeout(5)  # a crashed replica's connections end; they do not hang
+            try:
+                answers.append((gap, sock.recv(64)))
+            except ConnectionResetError:
+                answers.append((gap, b""))
+    assert answers == [(gap, b"") for gap in range(8)]
 
 
 def test_bad_settings() -> None:

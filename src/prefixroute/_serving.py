@@ -297,6 +297,29 @@ class _Runner(web.AppRunner):
         base = await super()._make_server()  # startup signals, then the app's handler args
         return _Server(base, self._closing, TracebackLimiter(log))
 
+    async def cleanup(self) -> None:
+        await stop_accepting(self)
+        await super().cleanup()
+
+
+async def stop_accepting(runner: web.BaseRunner) -> None:
+    """Stop taking connections, and let those already accepted be set up, before the listening
+    socket closes (every runner of :func:`listen` does this first in ``cleanup()``).
+
+    asyncio accepts a connection in one loop iteration and sets it up (transport, then
+    ``connection_made``) over the next two. One accepted just before the socket closed was
+    missed by the server's shutdown: aiohttp neither answered nor closed it, and on Python 3.11
+    its transport failed to attach and left the socket open. Its client waited for its own
+    timeout (the emulator's kill and the gateway's stop, 2026-12-01).
+    """
+    loop = asyncio.get_running_loop()
+    for site in runner.sites:
+        server = getattr(site, "_server", None)  # aiohttp's asyncio.Server of the site
+        for sock in getattr(server, "sockets", ()):
+            loop.remove_reader(sock.fileno())
+    for _ in range(3):  # the accepting task, then the transport's connection_made
+        await asyncio.sleep(0)
+
 
 async def listen(
     app: web.Application,

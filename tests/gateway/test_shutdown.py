@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import json
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -188,3 +189,32 @@ async def test_serve_exits_by_the_bound_after_sigterm(tmp_path: Path) -> None:
     events, done = parse_stream(rest)
     assert done and any("error" in e for e in events), rest[-500:]
     assert f"waiting up to {BOUND_S:g} s" in log and "cut 1 requests" in log, log
+
+
+async def test_a_connection_made_as_the_gateway_stops_is_answered_or_ended(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory
+) -> None:
+    """A graceful stop leaves no client waiting. asyncio sets an accepted connection up over
+    the loop iterations after the accept; a connection made 2 iterations before an idle
+    gateway's stop was left open and never answered on 2026-12-01 (the client waited for its own
+    timeout). At every gap from 0 to 7 iterations, the client must get an answer (the drain's
+    503) or see its connection reset or ended, within seconds."""
+    cluster = await make_cluster(1, SLOW)
+    outcomes = []
+    for gap in range(8):
+        gw = await make_gateway(cluster.urls, shutdown_timeout_s=BOUND_S, **STEADY)
+        port = int(gw.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: gateway\r\n\r\n")
+            for _ in range(gap):
+                await asyncio.sleep(0)
+            await asyncio.wait_for(gw.stop(), BOUND_S + SLACK_S)
+            sock.settimeout(SLACK_S)
+            try:
+                head = sock.recv(9)
+            except ConnectionResetError:
+                head = b""
+            except TimeoutError:
+                head = b"no answer"
+            outcomes.append((gap, head))
+    assert [o for _, o in outcomes if o not in (b"", b"HTTP/1.1 ")] == [], outcomes

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from prefixroute._serving import Served, StartStop, listen
+from prefixroute._serving import Served, StartStop, listen, stop_accepting
 from prefixroute.core import ConfigError
 from prefixroute.emulate._app import ENGINE, EVENTS, build_app
 from prefixroute.emulate._config import EmulatorConfig
@@ -70,7 +70,7 @@ class EmulatedReplica(Served):
         runner, self._runner = self._runner, None
         if runner is None:
             return
-        await _stop_accepting(runner)
+        await stop_accepting(runner)
         for site in list(runner.sites):
             await site.stop()
         server = runner.server
@@ -81,20 +81,6 @@ class EmulatedReplica(Served):
         await self.app[ENGINE].stop()
         await asyncio.sleep(0)
         await runner.cleanup()
-
-
-async def _stop_accepting(runner: web.AppRunner) -> None:
-    """Stop taking connections, and let those already accepted be set up, before the listening
-    socket closes. asyncio accepts a connection in one loop iteration and builds its transport in
-    a task on the next; on Python 3.11 a transport built after its server closed fails to attach
-    and leaves the socket open, unanswered and never reset (a client waits for its timeout)."""
-    loop = asyncio.get_running_loop()
-    for site in runner.sites:
-        server = getattr(site, "_server", None)  # aiohttp's asyncio.Server of the site
-        for sock in getattr(server, "sockets", ()):
-            loop.remove_reader(sock.fileno())
-    for _ in range(3):  # the accepting task, then the transport's connection_made
-        await asyncio.sleep(0)
 
 
 class EmulatedCluster(StartStop):

@@ -45,9 +45,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from prefixroute._serving import stop_accepting
 from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.epp import _protocol as proto
 from prefixroute.epp._endpoints import EndpointSet, FileEndpoints
+from prefixroute.epp._envoy_config import MAX_REQUESTS
 from prefixroute.epp._stream import PickShared, PickStream
 from prefixroute.events import EventSubscriber
 from prefixroute.gateway import (
@@ -61,6 +63,17 @@ from prefixroute.gateway import (
 )
 
 log = logging.getLogger(__name__)
+
+# gRPC's core sheds new calls that wait for the server to take them: past 1,000 waiting, each
+# is cancelled at random, more likely as the queue nears 3,000 (random early detection). Every
+# request Envoy admits opens one stream at once, so a burst of a thousand requests (a few
+# seconds of a busy fleet's arrivals after a picker restart) left some of them CANCELLED, which
+# Envoy answers 500 (2 to 4 of 1,100 on a 2-vCPU VM, 2026-12-01). The queue may grow as far as
+# Envoy lets requests in: its circuit breakers in the bootstrap we ship (``MAX_REQUESTS``).
+_GRPC_SERVER_OPTIONS = [
+    ("grpc.server.max_pending_requests", MAX_REQUESTS),
+    ("grpc.server.max_pending_requests_hard_limit", MAX_REQUESTS),
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +171,7 @@ class EndpointPicker:
             await self.state.precise.start()
         if self.sync is not None:
             await self.sync.start()  # never fails: an unreachable Redis is retried in background
-        server = self._grpc = grpc.aio.server()
+        server = self._grpc = grpc.aio.server(options=_GRPC_SERVER_OPTIONS)
         pb_grpc.add_ExternalProcessorServicer_to_server(_Processor(self.shared), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.grpc_port = server.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
@@ -192,6 +205,7 @@ class EndpointPicker:
             await self.sync.stop()
         await self._stop_state()
         if self._runner is not None:
+            await stop_accepting(self._runner)  # a connection made as it stops gets an answer
             await self._runner.cleanup()
             self._runner = None
         if self._session is not None:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import socket
 
+import aiohttp
 import pytest
+from gateway.fakes import ClosingReplica
 
+from prefixroute._pool import upstream_connector
 from prefixroute.bench import ReplayConfig, prompt_text, replay
+from prefixroute.bench._client import stream_completion
 from prefixroute.cli import main
 from prefixroute.core import DEFAULT_POLICY
 from prefixroute.emulate import EmulatorConfig, start_replicas
@@ -128,3 +132,22 @@ def test_unreachable_url_is_one_line_not_a_table(capsys: pytest.CaptureFixture[s
 def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--time-scale", "0"]) == 2
     assert "time-scale" in capsys.readouterr().err
+
+
+async def test_a_connection_the_server_closed_is_no_error_of_the_server_s() -> None:
+    """A server closes a keep-alive connection idle past its timeout (vLLM's: 5 s); a request
+    the load generator wrote on it just then was never read. ``ClosingReplica`` closes every
+    connection, unanswered, at its second POST: each request after the first met such a
+    connection, and was reported as the server's error (ServerDisconnectedError) before it was
+    resent."""
+    replica = ClosingReplica()
+    await replica.start()
+    try:
+        async with aiohttp.ClientSession(connector=upstream_connector()) as session:
+            outcomes = [await stream_completion(session, replica.url + "/v1/completions",
+                                                {"prompt": "a", "stream": True})
+                        for _ in range(4)]  # fmt: skip
+    finally:
+        await replica.stop()
+    assert [(o.status, o.error) for o in outcomes] == [(200, None)] * 4
+    assert replica.posts == 4 + 3

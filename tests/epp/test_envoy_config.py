@@ -65,12 +65,14 @@ def test_the_picker_s_filter_fails_closed_and_streams_both_bodies() -> None:
     by_name = clusters(doc)
     assert addresses(by_name["epp"]) == [PICKER]
     assert "http2_protocol_options" in str(by_name["epp"]["typed_extension_protocol_options"])
-    # No pool listed: ORIGINAL_DST follows the picker's one endpoint, and nothing retries.
+    # No pool listed: ORIGINAL_DST follows the picker's one endpoint; a request reset before
+    # its answer (a pooled connection the replica closed) goes there once more.
     pool = by_name["pool"]
     assert pool["type"] == "ORIGINAL_DST" and pool["lb_policy"] == "CLUSTER_PROVIDED"
     assert pool["original_dst_lb_config"]["http_header_name"] == DESTINATION_HEADER
     route = hcm(doc)["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
-    assert route == {"cluster": "pool", "timeout": "120s"}
+    assert route == {"cluster": "pool", "timeout": "120s",
+                     "retry_policy": {"retry_on": "reset", "num_retries": 1}}  # fmt: skip
     assert "access_log" not in hcm(doc)
 
 
@@ -95,7 +97,8 @@ def test_without_a_picker_it_is_envoy_s_own_round_robin() -> None:
     assert set(by_name) == {"pool"}
     assert by_name["pool"]["lb_policy"] == "ROUND_ROBIN"
     assert addresses(by_name["pool"]) == list(POOL)
-    assert "retry_policy" not in hcm(doc)["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    route = hcm(doc)["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    assert route["retry_policy"] == {"retry_on": "reset", "num_retries": 1}
 
 
 def test_trace_sends_the_served_endpoint_and_logs_each_request(tmp_path: Path) -> None:
@@ -145,10 +148,43 @@ def test_every_cluster_takes_max_requests_in_flight(
         }  # fmt: skip
 
 
+def pool_http(cluster: dict[str, Any]) -> dict[str, Any]:
+    options = cluster["typed_extension_protocol_options"]
+    http: dict[str, Any] = options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    return http
+
+
+@pytest.mark.parametrize("idle", [None, 0.5])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"pickers": [PICKER]},
+        {"pickers": [PICKER], "endpoints": POOL},
+        {"pickers": (), "endpoints": POOL},
+    ],
+    ids=["original-dst", "override-host", "round-robin"],
+)
+def test_the_pool_closes_idle_connections_before_the_engines_do(
+    variant: dict[str, Any], idle: float | None
+) -> None:
+    """vLLM's and SGLang's servers close a connection idle for 5 s; Envoy's default keeps one
+    for an hour. The pool's default is 4 s (docstring), over HTTP/1.1; the picker's cluster
+    stays HTTP/2 with Envoy's own idle timeout."""
+    given = {} if idle is None else {"upstream_idle_timeout_s": idle}
+    by_name = clusters(load(EnvoyConfig(**variant, **given)))
+    http = pool_http(by_name["pool"])
+    assert http["common_http_protocol_options"] == {"idle_timeout": "4s" if idle is None
+                                                    else "0.5s"}  # fmt: skip
+    assert http["explicit_http_config"] == {"http_protocol_options": {}}
+    if "epp" in by_name:
+        assert "common_http_protocol_options" not in pool_http(by_name["epp"])
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
         {"pickers": ()},  # nothing to send requests to
+        {"pickers": [PICKER], "upstream_idle_timeout_s": 0},
         {"pickers": [PICKER], "max_requests": 0},
         {"pickers": [PICKER], "body_mode": "STREAMED"},
         {"pickers": ["127.0.0.1"]},
@@ -162,7 +198,7 @@ def test_bad_settings_are_config_errors(kwargs: dict[str, Any]) -> None:
 
 
 def test_the_command_prints_it_for_the_picker_s_own_settings(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     argv = ["epp", "--endpoint", POOL[0], "--endpoint", POOL[1], "--grpc-port", "9100"]
     assert main([*argv, "--print-envoy-config", "--envoy-listen", "127.0.0.1:8090"]) == 0
@@ -183,6 +219,13 @@ def test_the_command_prints_it_for_the_picker_s_own_settings(
     assert {limits(c)["max_requests"] for c in clusters(doc).values()} == {5000}
     assert main([*argv, "--print-envoy-config", "--envoy-max-requests", "0"]) == 2
     assert "--envoy-max-requests" in capsys.readouterr().err
+    # The pool's idle timeout is the routing setting serve's pool takes (--config).
+    config = tmp_path / "gateway.toml"
+    config.write_text("upstream_idle_timeout_s = 2.5\n")
+    assert main([*argv, "--print-envoy-config", "--config", str(config)]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    pool = pool_http(clusters(doc)["pool"])
+    assert pool["common_http_protocol_options"]["idle_timeout"] == "2.5s"
     # A listener address that is not HOST:PORT: one line, exit 2.
     assert main([*argv, "--print-envoy-config", "--envoy-listen", "nowhere"]) == 2
     assert capsys.readouterr().err.startswith("prefixroute: error: address 'nowhere'")

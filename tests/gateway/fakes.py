@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,6 +142,75 @@ class SilentReplica:
     async def stop(self) -> None:
         for w in self._writers:
             w.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+class ClosingReplica:
+    """A replica whose keep-alive timeout fires just as a request is sent on an idle connection.
+
+    Every GET is answered (health probes, ``/v1/models``). A POST is answered with a plain
+    completion, keeping the connection open, unless a POST was answered on that connection
+    already: then the connection is closed unanswered, with a FIN, or with a RST when ``reset``.
+    ``posts``: POSTs received; ``connections``: connections accepted.
+    """
+
+    def __init__(self, reset: bool = False, every_post: bool = False) -> None:
+        self.reset = reset
+        self.every_post = every_post  # close on every POST, a new connection's first included
+        self.url = ""
+        self.posts = 0
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.append(writer)
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        answered_post = False
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                if head.startswith(b"GET "):
+                    body = json.dumps({"object": "list", "data": [{"id": MODEL}]}).encode()
+                else:
+                    self.posts += 1
+                    if answered_post or self.every_post:
+                        self._close(writer)
+                        return
+                    answered_post = True
+                    body = completion_body()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+                await writer.drain()
+
+    def _close(self, writer: asyncio.StreamWriter) -> None:
+        if self.reset:  # linger 0: the close sends a RST, not a FIN
+            linger = struct.pack("ii", 1, 0)
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+        writer.close()
+
+    async def stop(self) -> None:
+        for w in self._writers:
+            w.close()
+        await asyncio.gather(*self._handlers, return_exceptions=True)  # each sees its end
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

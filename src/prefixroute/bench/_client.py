@@ -9,6 +9,10 @@ from typing import Any
 
 import aiohttp
 
+from prefixroute._pool import send
+
+_JSON = {"Content-Type": "application/json"}
+
 
 @dataclass(slots=True)
 class Outcome:
@@ -38,7 +42,8 @@ async def stream_completion(
     t0 = time.perf_counter()
     last = t0
     try:
-        async with session.post(url, json=body) as resp:
+        data = json.dumps(body).encode()
+        async with await send(session, "POST", url, lambda: data, _nothing, headers=_JSON) as resp:
             out.status = resp.status
             out.replica = resp.headers.get("x-prefixroute-replica", "")
             out.reason = resp.headers.get("x-prefixroute-reason", "")
@@ -73,6 +78,10 @@ async def stream_completion(
         out.error = f"{type(exc).__name__}: {exc}"
     out.e2e_s = time.perf_counter() - t0
     return out
+
+
+def _nothing() -> None:
+    """No count of resends here: the load generator reports the server's errors only."""
 
 
 def _has_content(chunk: dict[str, Any]) -> bool:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import aiohttp
 import numpy as np
 
+from prefixroute._pool import upstream_connector
 from prefixroute.bench._client import Outcome, stream_completion
 from prefixroute.sim import ReplicaRecord, RequestRecord, RunResult, Session, Turn, Workload
 
@@ -53,7 +54,9 @@ async def replay(
     """Every session of ``workload`` sent to ``cfg.url``, as the simulator schedules them;
     ``on_done(n)`` after each answer (a progress bar). The run is named ``label``."""
     run = _Replay(cfg, on_done)
-    connector = aiohttp.TCPConnector(limit=cfg.max_connections, force_close=False)
+    # Idle connections closed before the server closes them, and a request on one it closed
+    # meanwhile resent (_pool): the server never read it, so it is no error of the server's.
+    connector = upstream_connector(limit=cfg.max_connections)
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s, sock_connect=10)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         await asyncio.gather(*(run.session(s, http) for s in workload.sessions))

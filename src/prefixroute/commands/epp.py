@@ -160,6 +160,7 @@ def envoy_config_of(
         listen=listen,
         body_mode="FULL_DUPLEX_STREAMED" if config.full_duplex else "BUFFERED",
         max_requests=max_requests,
+        upstream_idle_timeout_s=config.routing.upstream_idle_timeout_s,  # as serve's pool
     )
 
 

@@ -17,6 +17,10 @@ What it sets, and why (docs/kubernetes.md, "The Envoy side"):
 - every cluster's circuit breakers at ``max_requests`` (65,536) requests, connections and
   retries: Envoy's defaults (1,024, and 3 retries) answer the next concurrent request 500, and
   a crash's rescues beyond the third 503 (``_LIMITS``);
+- the pool's idle connections closed after ``upstream_idle_timeout_s`` (4 s), before the
+  engines' own keep-alive timeout closes them, and a request reset before its answer sent once
+  more (``STALE_RETRY``; with fallbacks, down the picker's list): a request written on a pooled
+  connection as the replica closed it was answered 503;
 - with ``trace``: the served endpoint sent to the picker with the response (ext_proc's
   ``upstream.address`` attribute) and an access log line per request.
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from prefixroute._pool import IDLE_TIMEOUT_S
 from prefixroute.core import ConfigError
 from prefixroute.epp._protocol import DESTINATION_HEADER
 
@@ -46,6 +51,21 @@ ACCESS_FORMAT = (
 )
 # Go down the picker's list on a refused connection or a reset before the answer.
 RETRY = ", retry_policy: {retry_on: 'connect-failure,reset', num_retries: 3}"
+# With one endpoint named (ORIGINAL_DST) or none (round robin): once more on a reset before the
+# answer, the race of a pooled connection that the replica closed as the request went out on it
+# (its keep-alive timeout: a request it never read; Envoy answered 503, "connection
+# termination"). ORIGINAL_DST sends it to the same replica again, on another connection.
+STALE_RETRY = ", retry_policy: {retry_on: reset, num_retries: 1}"
+# Idle pooled connections closed by Envoy before the replica closes them: below the engines'
+# own keep-alive timeout (vLLM's and SGLang's uvicorn: 5 s), as serve's pool. Envoy's is 1 h.
+UPSTREAM_IDLE_TIMEOUT_S = IDLE_TIMEOUT_S
+_POOL_HTTP = """\
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        common_http_protocol_options: {{idle_timeout: {idle}}}
+        explicit_http_config: {{http_protocol_options: {{}}}}
+"""
 # Every cluster's circuit breakers (per priority), all at ``EnvoyConfig.max_requests``. Envoy's
 # defaults are 1,024 connections, pending and parallel requests, and 3 retries at once:
 # - each request in flight holds a stream to the picker for its whole length (the picker reads
@@ -131,7 +151,7 @@ _ORIGINAL_DST = f"""\
     type: ORIGINAL_DST
     lb_policy: CLUSTER_PROVIDED
     connect_timeout: 1s
-{{limits}}    original_dst_lb_config:
+{{limits}}{{http}}    original_dst_lb_config:
       use_http_header: true
       http_header_name: {DESTINATION_HEADER}
 """
@@ -139,7 +159,7 @@ _OVERRIDE_HOST = f"""\
   - name: pool
     type: STATIC
     connect_timeout: 1s
-{{limits}}    load_balancing_policy:
+{{limits}}{{http}}    load_balancing_policy:
       policies:
       - typed_extension_config:
           name: envoy.load_balancing_policies.override_host
@@ -159,7 +179,7 @@ _ROUND_ROBIN = """\
     type: STATIC
     lb_policy: ROUND_ROBIN
     connect_timeout: 1s
-{limits}{assignment}"""
+{limits}{http}{assignment}"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +196,14 @@ class EnvoyConfig:
     trace: bool = False  # send the picker the endpoint that served (upstream.address)
     # Requests in flight through this Envoy at once: every cluster's circuit breakers (_LIMITS).
     max_requests: int = MAX_REQUESTS
+    # Idle pooled connections to the replicas closed after this, seconds (STALE_RETRY's note).
+    upstream_idle_timeout_s: float = UPSTREAM_IDLE_TIMEOUT_S
 
     def __post_init__(self) -> None:
+        if not self.upstream_idle_timeout_s > 0:
+            raise ConfigError(
+                f"upstream_idle_timeout_s must be positive, got {self.upstream_idle_timeout_s}"
+            )
         if self.max_requests < 1:
             raise ConfigError(
                 f"max_requests (--envoy-max-requests) must be at least 1, got {self.max_requests}"
@@ -195,12 +221,13 @@ def envoy_bootstrap(config: EnvoyConfig) -> str:
     host, port = _split(config.listen)
     listed = _assignment("pool", config.endpoints) if config.endpoints else ""
     limits = _LIMITS.format(n=config.max_requests)
+    http = _POOL_HTTP.format(idle=f"{config.upstream_idle_timeout_s:g}s")
     if not config.pickers:
-        clusters = _ROUND_ROBIN.format(assignment=listed, limits=limits)
+        clusters = _ROUND_ROBIN.format(assignment=listed, limits=limits, http=http)
     elif config.endpoints:
-        clusters = _OVERRIDE_HOST.format(assignment=listed, limits=limits)
+        clusters = _OVERRIDE_HOST.format(assignment=listed, limits=limits, http=http)
     else:
-        clusters = _ORIGINAL_DST.format(limits=limits)
+        clusters = _ORIGINAL_DST.format(limits=limits, http=http)
     ext_proc = ""
     if config.pickers:
         clusters += _EPP_CLUSTER.format(
@@ -219,7 +246,7 @@ def envoy_bootstrap(config: EnvoyConfig) -> str:
         hcm=HCM,
         access_log=_ACCESS_LOG.format(path=log, format=ACCESS_FORMAT) if log else "",
         timeout_s=config.timeout_s,
-        retry=RETRY if config.pickers and config.endpoints else "",
+        retry=RETRY if config.pickers and config.endpoints else STALE_RETRY,
         ext_proc=ext_proc,
         router=ROUTER,
         clusters=clusters.rstrip("\n"),

@@ -38,6 +38,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from prefixroute._pool import upstream_connector
 from prefixroute.core import (
     BlockHasher,
     ConfigError,
@@ -247,7 +248,7 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
         sock_read=cfg.read_timeout_s,
     )
     session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+        connector=upstream_connector(cfg.upstream_idle_timeout_s),
         timeout=timeout,
         auto_decompress=False,  # relay bytes as the replica sent them
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),  # forward the client's

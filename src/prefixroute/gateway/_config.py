@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from prefixroute._pool import IDLE_TIMEOUT_S
 from prefixroute.core import DEFAULT_POLICY, ConfigError, make_policy, policy_names
 from prefixroute.events import EventEndpoint
 from prefixroute.gateway._tenant_config import TenancyConfig
@@ -135,6 +136,12 @@ class GatewayConfig:
         300.0, "longest silence from an upstream, seconds (504 if before the first byte)",
         "--read-timeout",
     )  # fmt: skip
+    upstream_idle_timeout_s: float = setting(
+        IDLE_TIMEOUT_S,
+        "a pooled connection to a replica idle this long is closed, seconds: keep it below "
+        "the replicas' keep-alive timeout (vLLM's and SGLang's: 5 s)",
+        "--upstream-idle-timeout",
+    )  # fmt: skip
     health_interval_s: float = setting(
         2.0, "active /health probe period, seconds", "--health-interval"
     )
@@ -246,6 +253,7 @@ class GatewayConfig:
             "max_in_flight_per_replica": self.max_in_flight_per_replica,
             "connect_timeout_s": self.connect_timeout_s,
             "read_timeout_s": self.read_timeout_s,
+            "upstream_idle_timeout_s": self.upstream_idle_timeout_s,
             "health_interval_s": self.health_interval_s,
             "health_timeout_s": self.health_timeout_s,
             "failure_threshold": self.failure_threshold,

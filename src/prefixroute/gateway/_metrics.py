@@ -16,7 +16,8 @@ Per request (updated as requests end):
 * ``prefixroute_decision_seconds``: time to hash the prompt and decide, seconds.
 * ``prefixroute_tokenize_seconds`` and ``prefixroute_tokenize_failures_total`` (with a
   tokenizer): the cost of one prompt's tokenization in its worker thread, seconds.
-* ``prefixroute_retries_total{reason}``, ``prefixroute_upstream_failures_total{replica, kind}``
+* ``prefixroute_retries_total{reason}``, ``prefixroute_upstream_resends_total``,
+  ``prefixroute_upstream_failures_total{replica, kind}``
   (every failure seen, whoever's fault), ``prefixroute_request_faults_total{kind}`` (failures a
   request repeated on a second replica, or that a second replica refused as a bad request:
   counted against no replica) and ``prefixroute_cut_streams_total{reason}`` (``slow_client``:
@@ -129,6 +130,11 @@ class GatewayMetrics:
             "prefixroute_retries",
             "Requests retried on another replica after a failure before the first byte.",
             "reason",
+        )
+        self.resends = counter(
+            "prefixroute_upstream_resends",
+            "Requests sent again to the same replica: the pooled connection they went out on "
+            "had been closed by the replica (its keep-alive timeout), before any answer.",
         )
         self.upstream_failures = counter(
             "prefixroute_upstream_failures",

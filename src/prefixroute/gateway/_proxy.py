@@ -6,7 +6,9 @@ holds the last three. Accounting goes through the router's one bookkeeping path:
 runs in ``finally``, so a disconnect, a cancellation or an error releases it the same way.
 
 Retry rule: if the upstream fails before any byte reached the client (refused, reset, timed out,
-or answered 5xx), the request is routed again among the remaining candidates, once.
+or answered 5xx), the request is routed again among the remaining candidates, once. Before that,
+a request whose pooled connection the replica had closed is sent to it again (``_pool.send``):
+the replica never read it, so that is no failure of anyone's.
 
 Whose fault (as Envoy's outlier detection tells local from upstream failures): a refused
 connection is the replica's, at once (the request never reached it). Any other failure is
@@ -50,6 +52,7 @@ import aiohttp
 from aiohttp import web
 from opentelemetry.trace import Span
 
+from prefixroute._pool import send
 from prefixroute.core import (
     Decision,
     NoReplicaAvailable,
@@ -298,10 +301,12 @@ class Proxy:
 
                 try:
                     with self._traced(call, name) as headers:
-                        async with self.session.request(
-                            request.method, url, data=_payload(admitted.body), headers=headers,
+                        async with await send(
+                            self.session, request.method, url,
+                            lambda: _payload(admitted.body), self.metrics.resends.inc,
+                            headers=headers,
                             allow_redirects=False,  # a replica's 3xx is the client's to follow
-                        ) as resp:
+                        ) as resp:  # fmt: skip
                             if resp.status >= 500 and can_retry:
                                 msg = f"replica {name} answered {resp.status}"
                                 raise _Status5xx(msg, resp.status)

@@ -13,14 +13,15 @@ server's):
 
 * the pool closes its own idle connections first (``idle_timeout_s``, 4 s by default: below the
   engines' 5 s);
-* a request whose *reused* connection is found closed or reset before any response byte is
-  sent again to the same replica, on another connection (at most twice). That is not a failure
-  of the replica, and it is counted apart (``on_resend``). A failure on a new connection is the
-  replica's, as before.
+* a request whose *reused* connection is found closed or reset before any response byte, within
+  ``STALE_WITHIN_S`` of the send, is sent again to the same replica, on another connection (at
+  most twice). That is not a failure of the replica, and it is counted apart (``on_resend``).
+  A failure on a new connection, or a later one, is the replica's, as before.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -34,6 +35,11 @@ _CLOSED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 # Resends on stale pooled connections before a failure counts: each stale connection is dropped
 # as it fails, and two closing at the same instant are already rare.
 RESENDS = 2
+# A stale connection fails as soon as the request is written (the close was already on its
+# way). One that fails later was read and worked on: a replica that crashed, or one that drops
+# this request; that is a failure to judge, and sending it there again could repeat a long
+# prefill, so only failures this soon after the send are resent.
+STALE_WITHIN_S = 1.0
 # Whether the connection of the request being sent in this task came from the pool: set by
 # _Pool.connect, which runs in the sending task (a request's connect is awaited, not spawned).
 _reused: ContextVar[bool] = ContextVar("prefixroute_pooled_connection", default=False)
@@ -82,10 +88,13 @@ async def send(
     called before each resend. Use the response in ``async with``."""
     for _ in range(RESENDS):
         _reused.set(False)
+        sent = time.monotonic()
         try:
             return await session.request(method, url, data=body(), **kwargs)
         except _CLOSED as exc:
             if not _reused.get() or isinstance(exc, aiohttp.ClientConnectorError):
+                raise
+            if time.monotonic() - sent > STALE_WITHIN_S:
                 raise
         on_resend()  # a stale pooled connection, now dropped: the next is another or a new one
     return await session.request(method, url, data=body(), **kwargs)

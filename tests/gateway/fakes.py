@@ -156,8 +156,9 @@ class ClosingReplica:
     ``posts``: POSTs received; ``connections``: connections accepted.
     """
 
-    def __init__(self, reset: bool = False, every_post: bool = False) -> None:
+    def __init__(self, reset: bool = False, every_post: bool = False, delay_s: float = 0.0) -> None:
         self.reset = reset
+        self.delay_s = delay_s  # how long the request seems worked on before the close
         self.every_post = every_post  # close on every POST, a new connection's first included
         self.url = ""
         self.posts = 0
@@ -193,6 +194,7 @@ class ClosingReplica:
                 else:
                     self.posts += 1
                     if answered_post or self.every_post:
+                        await asyncio.sleep(self.delay_s)
                         self._close(writer)
                         return
                     answered_post = True

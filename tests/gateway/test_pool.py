@@ -78,6 +78,24 @@ async def test_a_new_connection_closed_unanswered_is_the_replica_s_failure(
     assert _sample(gw, "prefixroute_upstream_resends_total") == 1
 
 
+async def test_a_late_close_is_the_replica_s_failure_not_resent(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A pooled connection closed after the replica seemed to work on the request for longer
+    than ``STALE_WITHIN_S`` (1 s) is no stale connection: a replica that crashed or dropped the
+    request, which must not be made to repeat it."""
+    replica = await _started(delay_s=1.5)
+    try:
+        gw = await make_gateway([replica.url], **QUIET)
+        first = await send(session, gw.url, "/v1/completions", BODY)
+        second = await send(session, gw.url, "/v1/completions", BODY)  # the same connection
+    finally:
+        await replica.stop()
+    assert (first.status, second.status) == (200, 502)
+    assert replica.posts == 2
+    assert _sample(gw, "prefixroute_upstream_resends_total") == 0
+
+
 async def test_idle_pooled_connections_are_closed_by_the_gateway_first(
     make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:

@@ -10,9 +10,11 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import pytest
+from polling import until
 
 from prefixroute.emulate import EmulatedCluster, EmulatorConfig, start_replicas
 from prefixroute.gateway import Gateway
+from prefixroute.gateway._state import STATE
 
 from . import helpers as h
 from .fakes import FakeReplica
@@ -90,6 +92,12 @@ def gateway_of(make_cluster: h.ClusterFactory, make_gateway: h.GatewayFactory) -
 
     async def make(n: int, **settings: Any) -> Gateway:
         cluster = await make_cluster(n)
-        return await make_gateway(cluster.urls, **settings)
+        gw = await make_gateway(cluster.urls, **settings)
+        # A first probe slower than FAST_GATEWAY's 0.2 s (a busy CI machine: 4 of 5 fresh
+        # replicas once) takes a replica out until its next probe; every test here expects
+        # all n in rotation from the start.
+        registry = gw.app[STATE].registry
+        await until(lambda: len(registry.candidates(None)) == n)
+        return gw
 
     return make

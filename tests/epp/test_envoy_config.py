@@ -114,6 +114,15 @@ def test_trace_sends_the_served_endpoint_and_logs_each_request(tmp_path: Path) -
     assert line.startswith(f"%REQ({DESTINATION_HEADER})% %UPSTREAM_HOST%") and line.endswith("\n")
 
 
+# The pool's three forms: ORIGINAL_DST after a picker, override_host after one, no picker.
+VARIANTS: list[dict[str, Any]] = [
+    {"pickers": [PICKER]},
+    {"pickers": [PICKER], "endpoints": POOL},
+    {"pickers": (), "endpoints": POOL},
+]
+VARIANT_IDS = ["original-dst", "override-host", "round-robin"]
+
+
 def limits(cluster: dict[str, Any]) -> dict[str, Any]:
     thresholds: list[dict[str, Any]] = cluster["circuit_breakers"]["thresholds"]
     assert len(thresholds) == 1 and "priority" not in thresholds[0]  # the default priority
@@ -121,15 +130,7 @@ def limits(cluster: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("max_requests", [None, 300])
-@pytest.mark.parametrize(
-    "variant",
-    [
-        {"pickers": [PICKER]},
-        {"pickers": [PICKER], "endpoints": POOL},
-        {"pickers": (), "endpoints": POOL},
-    ],
-    ids=["original-dst", "override-host", "round-robin"],
-)
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_every_cluster_takes_max_requests_in_flight(
     variant: dict[str, Any], max_requests: int | None
 ) -> None:
@@ -155,15 +156,7 @@ def pool_http(cluster: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("idle", [None, 0.5])
-@pytest.mark.parametrize(
-    "variant",
-    [
-        {"pickers": [PICKER]},
-        {"pickers": [PICKER], "endpoints": POOL},
-        {"pickers": (), "endpoints": POOL},
-    ],
-    ids=["original-dst", "override-host", "round-robin"],
-)
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_the_pool_closes_idle_connections_before_the_engines_do(
     variant: dict[str, Any], idle: float | None
 ) -> None:

@@ -1,7 +1,8 @@
 """Fake replicas for gateway tests: a handler function behind a real socket (no patching).
 
 ``FakeReplica`` serves whatever its handler returns and records the requests it saw.
-``SilentReplica`` accepts TCP connections, reads, and never answers.
+``SilentReplica`` accepts TCP connections, reads, and never answers. ``ClosingReplica`` closes
+a connection, unanswered, when a second POST arrives on it (a keep-alive timeout's race).
 """
 
 from __future__ import annotations
@@ -113,22 +114,45 @@ class FakeReplica:
         return web.Response(body=completion_body(), content_type="application/json")
 
 
-class SilentReplica:
-    """Answers ``GET /health``; accepts every other request and never sends a byte of it."""
+class _RawReplica:
+    """A replica written on raw sockets (``_handle``, per connection), for answers aiohttp's
+    server would not give: ``stop`` closes every connection and waits for their handlers."""
 
     def __init__(self) -> None:
         self.url = ""
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
+        self._handlers: set[asyncio.Task[None]] = set()
 
     async def start(self) -> str:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
         port = self._server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         return self.url
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        await self._handle(reader, writer)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        for w in self._writers:
+            w.close()
+        await asyncio.gather(*self._handlers, return_exceptions=True)  # each sees its end
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+class SilentReplica(_RawReplica):
+    """Answers ``GET /health``; accepts every other request and never sends a byte of it."""
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -139,15 +163,8 @@ class SilentReplica:
             while await reader.read(65536):
                 pass
 
-    async def stop(self) -> None:
-        for w in self._writers:
-            w.close()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
 
-
-class ClosingReplica:
+class ClosingReplica(_RawReplica):
     """A replica whose keep-alive timeout fires just as a request is sent on an idle connection.
 
     Every GET is answered (health probes, ``/v1/models``). A POST is answered with a plain
@@ -160,25 +177,12 @@ class ClosingReplica:
         self.reset = reset
         self.delay_s = delay_s  # how long the request seems worked on before the close
         self.every_post = every_post  # close on every POST, a new connection's first included
-        self.url = ""
         self.posts = 0
         self.connections = 0
-        self._server: asyncio.Server | None = None
-        self._writers: list[asyncio.StreamWriter] = []
-        self._handlers: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> str:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        return self.url
+        super().__init__()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        self._writers.append(writer)
-        task = asyncio.current_task()
-        if task is not None:
-            self._handlers.add(task)
         answered_post = False
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             while True:
@@ -208,11 +212,3 @@ class ClosingReplica:
             linger = struct.pack("ii", 1, 0)
             writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
         writer.close()
-
-    async def stop(self) -> None:
-        for w in self._writers:
-            w.close()
-        await asyncio.gather(*self._handlers, return_exceptions=True)  # each sees its end
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()

@@ -56,9 +56,6 @@ RETRY = ", retry_policy: {retry_on: 'connect-failure,reset', num_retries: 3}"
 # (its keep-alive timeout: a request it never read; Envoy answered 503, "connection
 # termination"). ORIGINAL_DST sends it to the same replica again, on another connection.
 STALE_RETRY = ", retry_policy: {retry_on: reset, num_retries: 1}"
-# Idle pooled connections closed by Envoy before the replica closes them: below the engines'
-# own keep-alive timeout (vLLM's and SGLang's uvicorn: 5 s), as serve's pool. Envoy's is 1 h.
-UPSTREAM_IDLE_TIMEOUT_S = IDLE_TIMEOUT_S
 _POOL_HTTP = """\
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
@@ -196,8 +193,9 @@ class EnvoyConfig:
     trace: bool = False  # send the picker the endpoint that served (upstream.address)
     # Requests in flight through this Envoy at once: every cluster's circuit breakers (_LIMITS).
     max_requests: int = MAX_REQUESTS
-    # Idle pooled connections to the replicas closed after this, seconds (STALE_RETRY's note).
-    upstream_idle_timeout_s: float = UPSTREAM_IDLE_TIMEOUT_S
+    # Idle pooled connections to the replicas closed after this, seconds, before the engines'
+    # own keep-alive timeout closes them (STALE_RETRY's note), as serve's pool; Envoy's is 1 h.
+    upstream_idle_timeout_s: float = IDLE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.upstream_idle_timeout_s > 0:

@@ -84,15 +84,24 @@ def test_demo_help_states_its_own_replica_count(capsys: pytest.CaptureFixture[st
     assert "replicas (default 4)" in " ".join(capsys.readouterr().out.split())
 
 
-@pytest.mark.parametrize("command", ["serve", "emulate"])
+_PORT_ARGS = {
+    "serve": ["--emulate", "1", "--port", "{port}"],
+    "emulate": ["--port", "{port}"],
+    # the picker's two listeners, each taken in turn (the other on any free port)
+    "epp grpc": ["--endpoint", "127.0.0.1:9", "--http-port", "0", "--grpc-port", "{port}"],
+    "epp http": ["--endpoint", "127.0.0.1:9", "--grpc-port", "0", "--http-port", "{port}"],
+}
+
+
+@pytest.mark.parametrize("command", list(_PORT_ARGS))
 def test_a_port_in_use_is_one_line_and_a_non_zero_exit(command: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        args = [a.format(port=port) for a in _PORT_ARGS[command]]
         done = subprocess.run(
-            [str(EXE), command, "--port", str(port), *(["--emulate", "1"] if command == "serve"
-                                                       else [])],
+            [str(EXE), command.split()[0], *args],
             capture_output=True, text=True, timeout=60, env=dict(os.environ, NO_COLOR="1"),
         )  # fmt: skip
     assert done.returncode == 2

@@ -32,7 +32,10 @@ with the picker down Envoy answers 500 rather than sending requests nowhere in p
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +48,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from prefixroute._serving import stop_accepting
+from prefixroute._serving import listen
 from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.epp import _protocol as proto
 from prefixroute.epp._endpoints import EndpointSet, FileEndpoints
@@ -70,10 +73,16 @@ log = logging.getLogger(__name__)
 # seconds of a busy fleet's arrivals after a picker restart) left some of them CANCELLED, which
 # Envoy answers 500 (2 to 4 of 1,100 on a 2-vCPU VM, 2026-12-01). The queue may grow as far as
 # Envoy lets requests in: its circuit breakers in the bootstrap we ship (``MAX_REQUESTS``).
+# gRPC binds with SO_REUSEPORT unless told not to: a second picker started on a taken port came
+# up without a word and took half of the first one's streams, each with its own index and load.
 _GRPC_SERVER_OPTIONS = [
     ("grpc.server.max_pending_requests", MAX_REQUESTS),
     ("grpc.server.max_pending_requests_hard_limit", MAX_REQUESTS),
+    ("grpc.so_reuseport", 0),
 ]
+# The HTTP side answers probes, scrapes and the fleet page: at stop, what is still open after this
+# is cut (the gateway's admin listener does the same).
+HTTP_CLOSE_TIMEOUT_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,16 +183,16 @@ class EndpointPicker:
         server = self._grpc = grpc.aio.server(options=_GRPC_SERVER_OPTIONS)
         pb_grpc.add_ExternalProcessorServicer_to_server(_Processor(self.shared), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self.grpc_port = server.add_insecure_port(f"{cfg.grpc_host}:{cfg.grpc_port}")
+        self.grpc_port = _bind_grpc(server, cfg.grpc_host, cfg.grpc_port)
         await server.start()
         for service in proto.HEALTH_SERVICES:
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if cfg.http_port is not None:
-            self._runner = web.AppRunner(self._http_app(), handle_signals=False)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, cfg.http_host, cfg.http_port)
-            await site.start()
-            self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self._runner, url = await listen(
+                self._http_app(), cfg.http_host, cfg.http_port,
+                shutdown_timeout_s=HTTP_CLOSE_TIMEOUT_S,
+            )  # fmt: skip
+            self.http_port = int(url.rsplit(":", 1)[1])
         log.info(
             "endpoint picker (protocol %s) on %s, %d endpoints",
             proto.PROTOCOL_VERSION, self.address, len(self.registry),
@@ -205,8 +214,7 @@ class EndpointPicker:
             await self.sync.stop()
         await self._stop_state()
         if self._runner is not None:
-            await stop_accepting(self._runner)  # a connection made as it stops gets an answer
-            await self._runner.cleanup()
+            await self._runner.cleanup()  # listen()'s: stops accepting first
             self._runner = None
         if self._session is not None:
             await self._session.close()
@@ -282,3 +290,33 @@ class EndpointPicker:
         healthy = sum(1 for r in self.registry if r.healthy and not r.draining)
         status = 200 if healthy else 503
         return web.json_response({"healthy_endpoints": healthy}, status=status)
+
+
+def _bind_grpc(server: grpc.aio.Server, host: str, port: int) -> int:
+    """Bind ``server`` on ``host:port`` and return the port (0 picks one). A port that cannot be
+    bound is a :class:`ConfigError` naming it and why, as :func:`prefixroute._serving.listen`
+    says it for HTTP. gRPC itself only says that binding failed (and logs its own line on
+    stderr), so the kernel is asked first, with a plain socket bound as gRPC binds."""
+    why = _bind_failure(host, port)
+    if why is None:
+        try:
+            return server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:  # taken between the two binds
+            why = "the address could not be bound"
+    raise ConfigError(f"cannot listen on {host}:{port}: {why}")
+
+
+def _bind_failure(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound, in ``os.strerror``'s words; None if it can."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return str(exc.strerror or exc).lower()
+    family, kind, _, _, address = infos[0]
+    with socket.socket(family, kind) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return os.strerror(exc.errno or errno.EINVAL).lower()
+    return None

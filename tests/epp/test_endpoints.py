@@ -59,3 +59,11 @@ def test_the_file_is_applied_again_when_it_changes(tmp_path: Path) -> None:
     path.unlink()
     assert watcher.poll() is False  # a file replaced atomically may vanish for a moment
     assert s.router.replicas == ["http://10.0.0.2:8000"]
+
+
+def test_a_file_missing_at_start_is_a_config_error(tmp_path: Path) -> None:
+    # It used to start a picker with no endpoints and say nothing: every request then failed.
+    s = shared(endpoints=())
+    watcher = FileEndpoints(str(tmp_path / "endpoints"), EndpointSet(s.registry))
+    with pytest.raises(ConfigError, match="^cannot read the endpoints file .*: No such file"):
+        watcher.start()

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from prefixroute.core import ConfigError
 from prefixroute.epp import PodEndpoints, pod_info
 from prefixroute.epp._kube import KubernetesPods, WatchExpired
 
@@ -168,3 +169,23 @@ def test_the_real_client_watch_over_a_fake_api_server() -> None:
     assert listed == {"namespace": "inference", "label_selector": "app=vllm"}
     assert watched["resource_version"] == "5" and watched["timeout_seconds"] == 30
     assert watched["label_selector"] == "app=vllm"
+
+
+@pytest.mark.parametrize(
+    "kubeconfig",
+    [None, "garbage: [\n", "foo: 1\n"],
+    ids=["none", "not YAML", "no current context"],
+)
+def test_no_usable_cluster_config_is_a_config_error(
+    kubeconfig: str | None, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Outside a pod and without a kubeconfig the client raised its own exception, which the
+    # command line printed as a traceback; it is a one-line configuration error.
+    path = tmp_path / "kubeconfig"
+    if kubeconfig is not None:
+        path.write_text(kubeconfig)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError, match="^--k8s-selector: not in a pod") as refused:
+        KubernetesPods("default", "app=vllm")
+    assert "\n" not in str(refused.value)

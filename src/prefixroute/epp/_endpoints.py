@@ -93,6 +93,14 @@ class FileEndpoints:
         return True
 
     def start(self) -> None:
+        """Apply the file and keep watching it. A file missing at start is a :class:`ConfigError`
+        (a mounted ConfigMap is there before the container starts: a wrong path, most likely);
+        one missing later is a replace in progress, and the endpoints stay as they were."""
+        try:
+            os.stat(self.path)
+        except OSError as exc:
+            why = exc.strerror
+            raise ConfigError(f"cannot read the endpoints file {self.path}: {why}") from exc
         self.poll()
         self._task = every(self.interval_s, self._tick, self._failed, "epp-file", (ConfigError,))
 

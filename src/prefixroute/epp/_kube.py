@@ -115,12 +115,20 @@ class KubernetesPods:
 
 def _default_api() -> Any:
     """In a pod: the service account; elsewhere: ~/.kube/config."""
+    import yaml  # type: ignore[import-untyped]  # the client's own dependency (kubeconfig)
     from kubernetes import client, config
 
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        try:
+            config.load_kube_config()
+        except (config.ConfigException, OSError, yaml.YAMLError) as exc:  # none, or unreadable
+            why = " ".join(str(exc).split())  # YAML's errors span lines
+            raise ConfigError(
+                "--k8s-selector: not in a pod (no service account) and no usable kubeconfig "
+                f"($KUBECONFIG or ~/.kube/config): {why}"
+            ) from exc
     return client.CoreV1Api()
 
 

@@ -85,6 +85,31 @@ async def test_completion_stream(replica: EmulatedReplica, session: aiohttp.Clie
     assert events[-1]["usage"]["prompt_tokens"] == 3
 
 
+async def test_without_force_usage_a_stream_gets_usage_only_when_it_asks(
+    session: aiohttp.ClientSession,
+) -> None:
+    # vLLM's default (no --enable-force-include-usage): the usage chunk is the client's choice.
+    body: dict[str, Any] = {"prompt": [5, 6, 7], "max_tokens": 2, "stream": True}
+    async with EmulatedReplica(dataclasses.replace(FAST, force_usage=False)) as r:
+        url = r.url + "/v1/completions"
+        events = _events((await _post(session, url, body))[1])
+        assert len(events) == 2 and all(e["choices"] for e in events)
+        asked = {**body, "stream_options": {"include_usage": True}}
+        events = _events((await _post(session, url, asked))[1])
+        assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 2
+        not_asked = {**body, "stream_options": {"include_usage": False}}
+        assert len(_events((await _post(session, url, not_asked))[1])) == 2
+
+
+@pytest.mark.parametrize("options", [{"include_usage": True}, "yes"])
+async def test_stream_options_without_a_stream_or_not_an_object_are_refused(
+    replica: EmulatedReplica, session: aiohttp.ClientSession, options: object
+) -> None:
+    body = {"prompt": "a", "max_tokens": 1, "stream_options": options}
+    status, raw = await _post(session, replica.url + "/v1/completions", body)
+    assert status == 400 and json.loads(raw)["error"]["param"] == "stream_options"
+
+
 async def test_chat_plain_and_stream(
     replica: EmulatedReplica, session: aiohttp.ClientSession
 ) -> None:

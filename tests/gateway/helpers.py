@@ -82,6 +82,10 @@ def parse_stream(raw: str) -> tuple[list[Any], bool]:
 async def send(
     session: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any], **kw: Any
 ) -> Reply:
+    """POST ``body``; a stream asks for its usage, as a client that counts tokens does (the
+    gateway keeps usage it asked for itself from the client: test_stream_usage.py)."""
+    if body.get("stream") is True and "stream_options" not in body:
+        body = {**body, "stream_options": {"include_usage": True}}
     async with session.post(url + path, json=body, **kw) as resp:
         raw = await resp.text()
         headers = dict(resp.headers)

@@ -6,7 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixroute.gateway._sse import SSEScanner
-from prefixroute.gateway._usage import cached_tokens_in_body, cached_tokens_of
+from prefixroute.gateway._usage import (
+    ask_for_stream_usage,
+    cached_tokens_in_body,
+    cached_tokens_of,
+)
 
 USAGE = {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 7}}
 STREAM = (
@@ -56,3 +60,76 @@ def test_usage_extraction() -> None:
     assert cached_tokens_in_body(json.dumps({"usage": USAGE}).encode()) == 7
     assert cached_tokens_in_body(b'{"usage": oops') is None
     assert cached_tokens_in_body(b"{}") is None
+
+
+# -- usage the gateway asked for (stream_usage): read, and kept from the client ------------------
+
+USAGE_EVENT = b"data: " + json.dumps({"choices": [], "usage": USAGE}).encode() + b"\n\n"
+TOKENS = b'data: {"choices":[{"text":" a"}]}\n\ndata: {"choices":[{"text":" b"}]}\n\n'
+
+
+def test_a_hidden_usage_event_is_read_and_not_relayed() -> None:
+    s = SSEScanner(hide_usage=True)
+    assert s.feed(STREAM) == TOKENS + b"data: [DONE]\n\n"
+    assert s.cached_tokens == 7 and s.usage is not None and s.usage.prompt_tokens == 9
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(STREAM) - 1), max_size=8, unique=True))
+def test_any_split_hides_the_usage_event_alone(cuts: list[int]) -> None:
+    s = SSEScanner(hide_usage=True)
+    bounds = [0, *sorted(cuts), len(STREAM)]
+    out = b"".join(s.feed(STREAM[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
+    assert out + s.flush() == TOKENS + b"data: [DONE]\n\n"
+    assert s.cached_tokens == 7
+
+
+def test_events_that_only_mention_usage_are_relayed() -> None:
+    # SGLang writes "usage": null in every chunk; a chunk with choices and usage (continuous
+    # usage stats) is the client's too. Only choices == [] with a usage object is ours.
+    sglang = b'data: {"choices":[{"delta":{"content":"x"}}],"usage":null}\n\n'
+    continuous = b'data: {"choices":[{"text":"y"}],"usage":' + json.dumps(USAGE).encode() + b"}\n\n"
+    empty = b'data: {"choices":[],"usage":null}\n\n'
+    s = SSEScanner(hide_usage=True)
+    assert s.feed(sglang + continuous + empty) == sglang + continuous + empty
+    assert s.usage is None
+
+
+def test_crlf_and_multi_line_usage_events_are_hidden() -> None:
+    body = json.dumps({"choices": [], "usage": USAGE}, indent=1).encode().splitlines()
+    multi = b"".join(b"data: " + line + b"\r\n" for line in body) + b"\r\n"  # one event
+    s = SSEScanner(hide_usage=True)
+    assert s.feed(b"data: x\r\n\r\n" + multi + b"data: [DONE]\r\n\r\n") == (
+        b"data: x\r\n\r\ndata: [DONE]\r\n\r\n"
+    )
+    assert s.cached_tokens == 7
+
+
+def test_a_usage_event_left_unterminated_at_the_end_is_hidden() -> None:
+    s = SSEScanner(hide_usage=True)
+    assert s.feed(TOKENS + USAGE_EVENT[:-2]) == TOKENS
+    assert s.flush() == b""
+    assert s.cached_tokens == 7
+
+
+def test_the_gateway_asks_for_usage_only_where_it_is_missing_and_allowed() -> None:
+    asked: list[tuple[object, object]] = [
+        ({"stream": True}, {"include_usage": True}),
+        ({"stream": True, "stream_options": None}, {"include_usage": True}),
+        ({"stream": True, "stream_options": {"include_usage": False}}, {"include_usage": True}),
+    ]
+    for body, options in asked:
+        assert ask_for_stream_usage(body) is True
+        assert body["stream_options"] == options  # type: ignore[index]
+    left = [
+        {"stream": False},
+        {"prompt": "x"},  # no stream: a replica refuses stream_options there (vLLM)
+        {"stream": "yes"},
+        {"stream": True, "stream_options": {"include_usage": True}},  # asked: the client's
+        {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+        {"stream": True, "stream_options": "x"},  # the replica's to refuse
+        [1, 2],
+    ]
+    for body in left:
+        before = json.dumps(body)
+        assert ask_for_stream_usage(body) is False
+        assert json.dumps(body) == before

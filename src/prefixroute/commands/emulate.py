@@ -21,7 +21,8 @@ def add_parser(subparsers: Any) -> None:
         description="Serve emulated replicas: the simulator's replica model in real time behind "
         "an OpenAI-compatible API, with usage.prompt_tokens_details.cached_tokens in every "
         "response and vLLM-named Prometheus metrics on /metrics. Streams always end with a "
-        "usage chunk, as vLLM does with --enable-force-include-usage.",
+        "usage chunk, as vLLM does with --enable-force-include-usage (--usage-when-asked: "
+        "only when asked, vLLM's default).",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     p.add_argument(
@@ -60,7 +61,19 @@ def add_parser(subparsers: Any) -> None:
         default=1.0,
         help="multiply every duration (0.1 = ten times faster than real time)",
     )
+    _add_protocol_args(p)
+    p.set_defaults(run=run)
+
+
+def _add_protocol_args(p: argparse.ArgumentParser) -> None:
+    """What the replica says and publishes: block hashes, stream usage, KV events."""
     p.add_argument("--seed", type=int, default=0, help="block-hash seed")
+    p.add_argument(
+        "--usage-when-asked",
+        action="store_true",
+        help="a stream ends with a usage chunk only with stream_options.include_usage (vLLM's "
+        "default); else always, as vLLM with --enable-force-include-usage",
+    )
     p.add_argument(
         "--kv-events-endpoint",
         metavar="SPEC",
@@ -68,7 +81,6 @@ def add_parser(subparsers: Any) -> None:
         "(tcp://*:5557 binds, tcp://host:5557 connects), optionally ,replay=ADDR; with --count, "
         "replica i uses port + i",
     )
-    p.set_defaults(run=run)
 
 
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
@@ -89,6 +101,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         port=args.port,
         hash_seed=args.seed,
         kv_events=args.kv_events_endpoint,
+        force_usage=not args.usage_when_asked,
     )
 
 

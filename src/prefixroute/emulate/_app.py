@@ -117,7 +117,8 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     gen = engine.submit(parsed.tokens, parsed.max_tokens, parsed.cache_salt, parsed.adapter)
     try:
         if parsed.stream:
-            return await _stream(request, writer, gen)
+            usage = config.force_usage or parsed.include_usage
+            return await _stream(request, writer, gen, usage)
         return await _whole(writer, gen)
     finally:
         engine.release(gen)
@@ -134,8 +135,10 @@ async def _whole(writer: ResponseWriter, gen: Generation) -> web.Response:
 
 
 async def _stream(
-    request: web.Request, writer: ResponseWriter, gen: Generation
+    request: web.Request, writer: ResponseWriter, gen: Generation, usage: bool
 ) -> web.StreamResponse:
+    """Token events as the engine makes them, then the usage chunk (when ``usage``) and
+    ``[DONE]``."""
     resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)
     sent = 0
@@ -150,7 +153,7 @@ async def _stream(
         out = writer.token_events(sent, generated) if generated > sent else b""
         sent = max(sent, generated)
         if end == FINISHED:
-            out += writer.usage_event(sent, gen.cached_tokens)
+            out += writer.usage_event(sent, gen.cached_tokens) if usage else writer.done_event()
         elif end == ABORTED:
             out += error_event("the engine stopped", "ServiceUnavailableError", 503)
         await resp.write(out)

@@ -29,6 +29,9 @@ class EmulatorConfig:
     # The engine's speed changes at these model times after it starts (their ``replica`` names
     # are not checked here: an :class:`EmulatedCluster` hands each replica its own).
     speed_changes: tuple[SpeedChange, ...] = ()
+    # Every stream ends with a usage chunk, asked for or not (vLLM's --enable-force-include-usage);
+    # False: only streams with stream_options.include_usage get one (vLLM's default).
+    force_usage: bool = True
 
     @property
     def kv_events_endpoint(self) -> EventEndpoint | None:

@@ -4,7 +4,8 @@ Shapes follow vLLM's ``CompletionResponse`` / ``ChatCompletionResponse`` and the
 chunks: compact JSON, ``usage`` with ``prompt_tokens_details.cached_tokens`` (what vLLM sends with
 ``--enable-prompt-tokens-details``). A stream always ends with a usage chunk (``choices: []``)
 and ``data: [DONE]``, whatever ``stream_options.include_usage`` says, as vLLM does with
-``--enable-force-include-usage``: a router in front needs the cache hit of every request.
+``--enable-force-include-usage`` (``EmulatorConfig.force_usage``, on by default). Without it, as
+vLLM by default, only a stream that asks for its usage gets the usage chunk.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class ParsedRequest:
     stream: bool
     cache_salt: str | None = None  # vLLM's: salts the prompt's block hashes (tenant isolation)
     adapter: str | None = None  # the LoRA adapter asked for by name (None: the base model)
+    include_usage: bool = False  # stream_options.include_usage: the stream asked for its usage
 
 
 def _dumps(obj: object) -> str:
@@ -71,7 +73,15 @@ def parse_request(
             "Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt"
         )
     adapter = model if model is not None and model != served_model else None
-    return ParsedRequest(endpoint, tokens, max_tokens, stream, salt, adapter)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise InvalidRequest("'stream_options' must be an object", param="stream_options")
+    if options and not stream:  # vLLM's own check and message
+        raise InvalidRequest(
+            "Stream options can only be defined when `stream=True`.", param="stream_options"
+        )
+    include_usage = bool(options.get("include_usage")) if options else False
+    return ParsedRequest(endpoint, tokens, max_tokens, stream, salt, adapter, include_usage)
 
 
 def _messages(raw: object) -> list[tuple[str, str]]:
@@ -185,7 +195,11 @@ class ResponseWriter:
         out = self._head(stream=True)
         out["choices"] = []
         out["usage"] = self.usage(completion_tokens, cached_tokens)
-        return f"data: {_dumps(out)}\n\ndata: [DONE]\n\n".encode()
+        return f"data: {_dumps(out)}\n\n".encode() + self.done_event()
+
+    @staticmethod
+    def done_event() -> bytes:
+        return b"data: [DONE]\n\n"
 
 
 def error_event(message: str, err_type: str, code: int) -> bytes:

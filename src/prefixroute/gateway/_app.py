@@ -87,6 +87,7 @@ from prefixroute.gateway._tenants import (
 )
 from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
 from prefixroute.gateway._tracing import RequestTracing
+from prefixroute.gateway._usage import ask_for_stream_usage
 from prefixroute.sync import RouteSync
 
 # Tokenizer threads: all cores but one, which stays with the event loop (on 2 cores one thread
@@ -322,10 +323,13 @@ async def _admit(request: web.Request, state: GatewayState, endpoint: Endpoint) 
         obj = parse_body(body)
         key = key_of(endpoint, obj)
     key = await state.route_key(endpoint, key, obj, scope)  # edits obj's cache_salt
+    asked = False
     if obj is not None:  # what the replica reads is what we parsed (see _requests)
+        if endpoint is not Endpoint.OTHER and state.config.stream_usage:
+            asked = ask_for_stream_usage(obj)  # the usage every stream's calibration needs
         body = encode_body(obj)
         headers["Content-Type"] = "application/json"
-    return Admitted(rid, endpoint, key, body, headers, scope)
+    return Admitted(rid, endpoint, key, body, headers, scope, asked)
 
 
 def _other_json(request: web.Request, body: bytes) -> object | None:

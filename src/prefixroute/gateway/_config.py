@@ -155,6 +155,13 @@ class GatewayConfig:
     learn_ttft_overhead: bool = setting(
         True, "learn each replica's fixed first-token cost (HTTP, templating) beside its speed"
     )
+    # Streams report usage only when asked, and most clients do not ask: the gateway asks for
+    # them and keeps that usage-only event from the client (gateway._usage). false: streams
+    # go as sent (set it when the replicas force usage on every stream and clients expect it).
+    stream_usage: bool = setting(
+        True, "ask replicas for the usage of streams whose client did not, and keep it from "
+        "the client (calibration and cached-token checks need it)",
+    )  # fmt: skip
     failure_threshold: int = setting(3, "consecutive failures that take a replica out")
     eject_s: float = setting(5.0, "shortest time out after failures, seconds")
     shutdown_timeout_s: float = setting(

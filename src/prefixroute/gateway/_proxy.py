@@ -314,6 +314,7 @@ class Proxy:
                                 ctl = StreamControl(
                                     name, started, first_token, release, self.is_cutting,
                                     cfg.client_buffer_bytes, cfg.client_write_timeout_s,
+                                    admitted.usage_asked,
                                 )  # fmt: skip
                                 return await relay_stream(request, resp, extra, ctl)
                             return await relay_plain(request, resp, extra, cfg.client_buffer_bytes)

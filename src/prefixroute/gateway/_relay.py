@@ -84,6 +84,7 @@ class StreamControl:
     is_cutting: Callable[[], bool]  # the shutdown drain bound has passed
     buffer_bytes: int  # bytes the transport may hold for a slow client
     write_timeout_s: float  # longest wait for a client to make room, seconds
+    hide_usage: bool = False  # the gateway asked for the usage: keep its event from the client
 
 
 class _SlowClient(Exception):
@@ -190,7 +191,8 @@ class _StreamRelay:
     ) -> None:
         self.request, self.resp, self.extra, self.ctl = request, resp, extra, ctl
         # A compressed stream cannot be cut at event boundaries: relay it raw, unobserved.
-        self.scanner = SSEScanner() if "Content-Encoding" not in resp.headers else None
+        compressed = "Content-Encoding" in resp.headers
+        self.scanner = None if compressed else SSEScanner(hide_usage=ctl.hide_usage)
         self.out: web.StreamResponse | None = None  # the client's response, once started
         self._waiting_first = True  # no data event relayed yet
 

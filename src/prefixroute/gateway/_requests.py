@@ -70,6 +70,9 @@ class Admitted:
     body: bytes  # what a replica gets: the parsed JSON re-encoded, or the body as sent
     headers: CIMultiDict[str]  # what a replica gets (``_tenants.upstream_headers``)
     scope: TenantScope | None  # the tenant's limits: the prompt budget is charged once hashed
+    # The gateway asked for the stream's usage the client did not (``_usage``): the relay
+    # keeps the usage-only event from the client.
+    usage_asked: bool = False
 
 
 def _no_constant(name: str) -> object:

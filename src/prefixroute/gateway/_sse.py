@@ -9,20 +9,26 @@ in practice; an event split across chunks waits only for its own end.
 While relaying it notes the first ``data:`` event (the first token, for the load view) and the
 ``cached_tokens`` of any event carrying ``usage`` (the final chunk, with vLLM). Events are
 parsed as JSON only when they mention ``"usage"``; the rest is a byte search.
+
+With ``hide_usage`` (the gateway asked for the usage the client did not,
+:func:`~prefixroute.gateway._usage.ask_for_stream_usage`) a usage-only event is read and not
+relayed; every other event goes out as it came.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
-from prefixroute.gateway._usage import Usage, usage_of
+from prefixroute.gateway._usage import Usage, is_usage_only, usage_of
 
 
 class SSEScanner:
-    def __init__(self) -> None:
+    def __init__(self, hide_usage: bool = False) -> None:
         self._tail = b""  # bytes after the last complete event, bytes
         self.saw_data = False  # a data event went by (the first token)
         self.usage: Usage | None = None  # the last usage-bearing event's
+        self.hide_usage = hide_usage  # keep usage-only events from the client (module doc)
 
     @property
     def cached_tokens(self) -> int | None:
@@ -37,15 +43,21 @@ class SSEScanner:
             self._tail = data
             return b""
         ready, self._tail = data[:end], data[end:]
+        if b'"usage"' in ready:
+            if self.hide_usage:
+                ready = self._take_usage(ready)
+            else:
+                self._read_usage(ready)
         if not self.saw_data and b"data:" in ready:
             self.saw_data = True
-        if b'"usage"' in ready:
-            self._read_usage(ready)
         return ready
 
     def flush(self) -> bytes:
-        """What is left when the upstream ends cleanly (relayed as is)."""
+        """What is left when the upstream ends cleanly (relayed as is, less a usage-only
+        event with ``hide_usage``)."""
         tail, self._tail = self._tail, b""
+        if self.hide_usage and b'"usage"' in tail:
+            tail = self._take_usage(tail)
         if tail and not self.saw_data and b"data:" in tail:
             self.saw_data = True
         return tail
@@ -74,6 +86,31 @@ class SSEScanner:
         if usage is not None:
             self.usage = usage
 
+    def _take_usage(self, events: bytes) -> bytes:
+        """``events`` less its usage-only events, whose usage is noted."""
+        parts = _BOUNDARY.split(events)  # event, boundary, event, ..., what follows the last
+        kept: list[bytes] = []
+        for i in range(0, len(parts), 2):
+            event, boundary = parts[i], parts[i + 1] if i + 1 < len(parts) else b""
+            if b'"usage"' in event and is_usage_only(obj := _data_of(event)):
+                self.usage = usage_of(obj)
+                continue
+            kept.append(event + boundary)
+        return b"".join(kept)
+
+
+def _data_of(event: bytes) -> object | None:
+    """The JSON of an event's ``data:`` lines (joined as the SSE spec joins them), or None."""
+    lines = [line for line in re.split(rb"\r\n|\r|\n", event) if line.startswith(b"data:")]
+    if not lines:
+        return None
+    payload = b"\n".join(line[6:] if line.startswith(b"data: ") else line[5:] for line in lines)
+    try:
+        obj: object = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return obj
+
 
 def _last_boundary_end(data: bytes) -> int:
     """Index just past the last event boundary in ``data`` (0 when there is none)."""
@@ -82,3 +119,4 @@ def _last_boundary_end(data: bytes) -> int:
 
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+_BOUNDARY = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")

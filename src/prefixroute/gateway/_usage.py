@@ -5,6 +5,14 @@ vLLM reports the engine's real prefix-cache hit in ``usage.prompt_tokens_details
 learns each replica's speed from them (``Router.observe_usage`` and ``complete``). The gateway
 only reads: the bytes it relays are never re-encoded, so parsing happens on a copy the client
 never sees.
+
+**Streams report usage only when asked** (``stream_options.include_usage``), and most streaming
+clients do not ask, so without help the router would learn nothing from them: no cached tokens
+to check its predictions against, no completion tokens for the decode phase, no characters per
+token. :func:`ask_for_stream_usage` asks on the client's behalf (``stream_usage``, on by default)
+and the relay then keeps the usage-only event it asked for (``choices: []``) from the client
+(:class:`~prefixroute.gateway._sse.SSEScanner`), which sees the stream it asked for. Many
+clients index ``choices[0]`` of every chunk and fail on that event.
 """
 
 from __future__ import annotations
@@ -40,6 +48,35 @@ def usage_of(obj: object) -> Usage | None:
     cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else None
     return Usage(
         _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), cached
+    )
+
+
+def ask_for_stream_usage(obj: object) -> bool:
+    """Ask the replica for a stream's usage when the client did not: sets
+    ``stream_options.include_usage`` in the parsed body ``obj`` (in place) and returns True, and
+    the usage-only event is then the gateway's to keep from the client. Left alone (False): not
+    a stream, a client that asked already, one that turned ``continuous_usage_stats`` on (its
+    own usage protocol), or ``stream_options`` that is not an object (the replica's to refuse)."""
+    if not isinstance(obj, dict) or obj.get("stream") is not True:
+        return False
+    options = obj.get("stream_options")
+    if options is None:
+        obj["stream_options"] = {"include_usage": True}
+        return True
+    if not isinstance(options, dict) or options.get("include_usage") is True:
+        return False
+    if options.get("continuous_usage_stats"):
+        return False
+    options["include_usage"] = True
+    return True
+
+
+def is_usage_only(obj: object) -> bool:
+    """A stream's usage event (OpenAI's, vLLM's and SGLang's): no choices, a usage object."""
+    return (
+        isinstance(obj, Mapping)
+        and obj.get("choices") == []
+        and isinstance(obj.get("usage"), Mapping)
     )
 
 

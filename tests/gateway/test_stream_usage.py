@@ -1,0 +1,101 @@
+"""Streams report usage only when asked (``stream_options.include_usage``), and most streaming
+clients do not ask. The gateway asks on their behalf and keeps that usage event from them
+(``gateway._usage``, ``stream_usage``): the router learns from every stream, and the client
+gets the stream it asked for. Replicas here send usage only when asked, as vLLM by default."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import aiohttp
+import pytest
+
+from prefixroute.gateway import Gateway
+from prefixroute.gateway._state import STATE
+
+from .helpers import FAST_REPLICA, ClusterFactory, GatewayFactory, parse_stream
+
+WHEN_ASKED = dataclasses.replace(FAST_REPLICA, force_usage=False)  # vLLM's default
+PROMPT = " ".join(f"w{i}" for i in range(300))
+
+
+def _total(gw: Gateway, name: str) -> float:
+    """A counter's value summed over its replicas."""
+    registry = gw.app[STATE].metrics.registry
+    return sum(
+        s.value for m in registry.collect() for s in m.samples if s.name == name
+    )  # fmt: skip
+
+
+async def _stream(
+    session: aiohttp.ClientSession, gw: Gateway, **fields: Any
+) -> tuple[list[Any], bool, str]:
+    body = {"prompt": PROMPT, "max_tokens": 5, "stream": True, **fields}
+    async with session.post(gw.url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200
+        raw = await resp.text()
+    events, done = parse_stream(raw)
+    return events, done, raw
+
+
+async def _gateway(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, **settings: Any
+) -> Gateway:
+    cluster = await make_cluster(1, WHEN_ASKED)
+    return await make_gateway(cluster.urls, **settings)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [None, {"include_usage": False}, {}],
+    ids=["no stream_options", "include_usage false", "empty stream_options"],
+)
+async def test_the_gateway_learns_a_streams_usage_the_client_did_not_ask_for(
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    options: dict[str, Any] | None,
+) -> None:
+    gw = await _gateway(make_cluster, make_gateway)
+    fields = {} if options is None else {"stream_options": options}
+    for _ in range(2):  # the second is served from the first one's cache
+        events, done, _ = await _stream(session, gw, **fields)
+        assert done
+        assert all(e.get("choices") for e in events), "a usage event reached the client"
+        assert "".join(e["choices"][0]["text"] for e in events)  # the tokens all came
+    assert _total(gw, "prefixroute_usage_missing_total") == 0
+    assert _total(gw, "prefixroute_prompt_tokens_total") > 0
+    assert _total(gw, "prefixroute_actual_cached_tokens_total") > 0
+
+
+async def test_a_client_that_asks_gets_its_usage(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    gw = await _gateway(make_cluster, make_gateway)
+    events, done, _ = await _stream(session, gw, stream_options={"include_usage": True})
+    assert done and events[-1]["choices"] == []
+    assert events[-1]["usage"]["prompt_tokens"] > 0
+    assert _total(gw, "prefixroute_usage_missing_total") == 0
+
+
+async def test_with_stream_usage_off_streams_go_as_sent(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    gw = await _gateway(make_cluster, make_gateway, stream_usage=False)
+    events, done, _ = await _stream(session, gw)
+    assert done and all(e.get("choices") for e in events)
+    assert _total(gw, "prefixroute_usage_missing_total") == 1  # nothing to learn from
+    assert _total(gw, "prefixroute_prompt_tokens_total") == 0
+
+
+async def test_plain_answers_and_other_calls_are_not_touched(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    # A replica refuses stream_options on a request that does not stream (vLLM's rule, which
+    # the emulator keeps): the gateway must not add it there.
+    gw = await _gateway(make_cluster, make_gateway)
+    body = {"prompt": PROMPT, "max_tokens": 3}
+    async with session.post(gw.url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["usage"]["prompt_tokens"] > 0

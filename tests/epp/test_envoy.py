@@ -11,11 +11,12 @@ first turn's replica and find 400 tokens cached: 4,800, not 5,200); the rest on 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import aiohttp
 import pytest
-from gateway.helpers import TURNS, send, words
+from gateway.helpers import FAST_REPLICA, TURNS, parse_stream, send, words
 from gateway.test_article import _chat, _completions
 
 from prefixroute.core import DEFAULT_POLICY
@@ -130,3 +131,27 @@ async def test_without_the_picker_envoy_fails_closed(
         assert "x-prefixroute-replica" not in resp.headers
         text = await resp.text()
     assert "choices" not in text
+
+
+async def test_a_streams_usage_is_asked_for_and_kept_from_the_client(
+    make_stack: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    """Replicas that send a stream's usage only when asked (vLLM's default): the picker asks
+    for it in the body it hands Envoy, learns from it, and keeps that event from the client."""
+    when_asked = dataclasses.replace(FAST_REPLICA, force_usage=False)
+    stack = await make_stack(DEFAULT_POLICY, n=2, replica=when_asked)
+    body = {"model": "emulated", "prompt": words(200), "max_tokens": 5, "stream": True}
+    for _ in range(2):
+        async with session.post(stack.url + "/v1/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            raw = await resp.text()
+        events, done = parse_stream(raw)
+        assert done and events and all(e["choices"] for e in events), raw
+    registry = stack.epp.metrics.registry
+    totals = {
+        name: sum(s.value for m in registry.collect() for s in m.samples if s.name == name)
+        for name in ("prefixroute_prompt_tokens_total", "prefixroute_usage_missing_total")
+    }
+    assert stack.epp.router.usage_reports == 2
+    assert totals["prefixroute_prompt_tokens_total"] == 2 * 200
+    assert totals["prefixroute_usage_missing_total"] == 0

@@ -272,3 +272,79 @@ async def test_an_answer_served_by_a_fallback_counts_against_the_primary(served_
 def test_fallbacks_is_a_count() -> None:
     with pytest.raises(Exception, match="fallbacks"):
         EppConfig(GatewayConfig(), fallbacks=-1)
+
+
+# -- a stream's usage the client did not ask for (the gateway's stream_usage) -------------------
+
+USAGE = {"prompt_tokens": 9, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}
+TOKEN = b'data: {"choices":[{"text":"a"}]}\n\n'
+USAGE_EVENT = f"data: {json.dumps({'choices': [], 'usage': USAGE})}\n\n".encode()
+
+
+def _sent_body(out: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The body the replica gets (full duplex) and the request headers set with it."""
+    body = out[1].request_body.response.body_mutation.streamed_response.body
+    return json.loads(body), set_headers(out[0].request_headers.response.header_mutation)
+
+
+async def _answer(stream: PickStream) -> bytes:
+    """A streamed answer with a usage event; what goes on to the client."""
+    await stream.handle(response_headers(content_type="text/event-stream"))
+    back = await stream.handle(response_body(TOKEN + USAGE_EVENT[:30]))
+    back += await stream.handle(response_body(USAGE_EVENT[30:] + b"data: [DONE]\n\n", True))
+    return b"".join(r.response_body.response.body_mutation.streamed_response.body for r in back)
+
+
+async def test_the_picker_asks_for_the_usage_and_keeps_it_from_the_client() -> None:
+    s = shared()
+    stream = PickStream(s)
+    body, headers = _sent_body(await pick(stream, completion(100, stream=True)))
+    assert body["stream_options"] == {"include_usage": True}
+    sent = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    assert headers["content-length"] == str(len(sent))
+    assert await _answer(stream) == TOKEN + b"data: [DONE]\n\n"
+    assert s.router.usage_reports == 1
+
+
+async def test_a_client_that_asked_gets_its_usage_and_its_body_unchanged() -> None:
+    s = shared()
+    stream = PickStream(s)
+    asked = json.dumps({"prompt": "a b c", "stream": True,
+                        "stream_options": {"include_usage": True}}).encode()  # fmt: skip
+    out = await pick(stream, asked)
+    assert out[1].request_body.response.body_mutation.streamed_response.body == asked
+    assert await _answer(stream) == TOKEN + USAGE_EVENT + b"data: [DONE]\n\n"
+    assert s.router.usage_reports == 1
+
+
+async def test_no_usage_is_asked_for_where_the_answer_cannot_be_edited_or_when_off() -> None:
+    # Buffered mode: the answer's chunks go on untouched, so the usage event would reach the
+    # client. stream_usage = false: the gateway's setting, the same here.
+    stream = PickStream(shared())
+    await stream.handle(request_headers(mode=BUFFERED))
+    out = await stream.handle(request_body(completion(50, stream=True)))
+    assert not out[0].request_body.response.body_mutation.body
+    stream = PickStream(shared(stream_usage=False))
+    body = completion(50, stream=True)
+    out = await pick(stream, body)
+    assert out[1].request_body.response.body_mutation.streamed_response.body == body
+
+
+async def test_usage_is_counted_in_metrics_as_the_gateway_counts_it() -> None:
+    # The picker's /metrics has the gateway's families: prompt tokens reported (the hit rate's
+    # denominator) and answers without usage, which it used to leave at 0.
+    s = shared()
+    metric = s.metrics.registry.get_sample_value
+    for reported in (True, False):
+        stream = PickStream(s)
+        await pick(stream, completion(100))
+        await stream.handle(response_headers())
+        body = {"choices": [{"text": "x"}], **({"usage": USAGE} if reported else {})}
+        await stream.handle(response_body(json.dumps(body).encode(), end_of_stream=True))
+        labels = {"replica": stream.decision.replica}  # type: ignore[union-attr]
+        prompt = metric("prefixroute_prompt_tokens_total", labels)
+        missing = metric("prefixroute_usage_missing_total", labels)
+        if reported:
+            assert prompt == USAGE["prompt_tokens"]
+        else:
+            assert missing == 1

@@ -34,6 +34,7 @@ from prefixroute.gateway import (
     GatewayState,
     Tenants,
     TenantScope,
+    ask_for_stream_usage,
     encode_body,
     key_of,
     parse_body,
@@ -89,15 +90,24 @@ def _credentials(headers: CIMultiDict[str], scope: TenantScope) -> tuple[dict[st
 
 
 async def request_key(
-    state: GatewayState, endpoint: Endpoint, body: bytes, scope: TenantScope | None
-) -> tuple[RouteKey, bytes | None]:
-    """The router's key of ``body`` sent to ``endpoint``, and the body to send in its place
-    (None: the body as the client sent it); raises the gateway's 400s."""
+    state: GatewayState,
+    endpoint: Endpoint,
+    body: bytes,
+    scope: TenantScope | None,
+    ask_usage: bool = False,
+) -> tuple[RouteKey, bytes | None, bool]:
+    """The router's key of ``body`` sent to ``endpoint``, the body to send in its place (None:
+    the body as the client sent it), and whether that body asks for a stream's usage the client
+    did not (``ask_usage``: the gateway's ``stream_usage``, where the answer can be edited);
+    raises the gateway's 400s."""
     if not body:  # routed on load alone, in the tenant's name
-        return await state.route_key(Endpoint.OTHER, EMPTY_KEY, None, scope), None
+        return await state.route_key(Endpoint.OTHER, EMPTY_KEY, None, scope), None, False
     obj = parse_body(body)
     key = await state.route_key(endpoint, key_of(endpoint, obj), obj, scope)  # edits obj
+    if endpoint is Endpoint.OTHER:
+        return key, None, False
+    asked = ask_usage and state.config.stream_usage and ask_for_stream_usage(obj)
     isolated = scope is not None and scope.tenants.config.isolation
-    if isolated and endpoint is not Endpoint.OTHER:
-        return key, encode_body(obj)  # cache_salt set (or removed): the replica reads it
-    return key, None
+    if isolated or asked:
+        return key, encode_body(obj), asked  # cache_salt or stream_options: the replica reads it
+    return key, None, False

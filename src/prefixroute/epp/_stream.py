@@ -138,6 +138,7 @@ class PickStream:
         self._plain: list[bytes] = []
         self._plain_bytes = 0
         self._first_token = False
+        self._usage_asked = False  # we asked for the usage: its event is kept from the client
         self._done = False  # accounting ended (complete was called), or nothing to account
 
     # --- the messages -----------------------------------------------------------------------
@@ -196,7 +197,10 @@ class PickStream:
         body = b"".join(self._body)
         self._body = []
         try:
-            key, replaced = await request_key(self.s.state, self._endpoint(), body, self._scope)
+            key, replaced, self._usage_asked = await request_key(
+                self.s.state, self._endpoint(), body, self._scope,
+                ask_usage=self.full_duplex_response,  # where the answer can be edited
+            )  # fmt: skip
             view = key.view(self.s.router, self.rid)
             if self.admission is not None:  # the tenant's prompt-token budget
                 self.admission.scope.charge_prompt(view.prompt_tokens)
@@ -275,7 +279,8 @@ class PickStream:
             return [proto.response_headers_response({})]
         self._note_served(proto.served_of(req), decision)
         if headers.get("content-type", "").startswith("text/event-stream"):
-            self._scanner = SSEScanner()
+            compressed = "content-encoding" in headers  # not cut at events (the gateway's rule)
+            self._scanner = SSEScanner(hide_usage=self._usage_asked and not compressed)
         extra = {
             REPLICA_HEADER: self.s.registry.public_name(self.served or decision.replica),
             REASON_HEADER: decision.reason.value,
@@ -308,7 +313,11 @@ class PickStream:
         if self.decision is not None and not self._done:
             scanner = self._scanner
             if scanner is not None:
-                scanner.feed(chunk)
+                ready = scanner.feed(chunk)
+                if body.end_of_stream:
+                    ready += scanner.flush()
+                if scanner.hide_usage:  # the usage event we asked for stays here
+                    chunk = ready
                 if scanner.saw_data and not self._first_token:
                     self._first_token = True
                     self.s.router.first_token(self.rid, self.s.clock())
@@ -345,8 +354,9 @@ class PickStream:
                     decision.predicted_cached_tokens, path,
                 )
             )  # fmt: skip
-        if status == 200 and usage is not None:
-            s.metrics.observe_usage(replica, decision.predicted_cached_tokens, usage.cached_tokens)
+        if status == 200 and self._endpoint() is not Endpoint.OTHER:  # as the gateway counts
+            cached, prompt = (usage.cached_tokens, usage.prompt_tokens) if usage else (None, None)
+            s.metrics.observe_usage(replica, decision.predicted_cached_tokens, cached, prompt)
         if s.registry.router.has_replica(replica):
             if status in _GATEWAY_STATUSES:  # Envoy could not reach it, or it broke
                 s.registry.record_failure(replica, s.clock(), f"status {status}")

@@ -41,7 +41,7 @@ from prefixroute.gateway._state import GatewayState
 from prefixroute.gateway._tenant_config import TenancyConfig, TenantLimits, TenantSpec
 from prefixroute.gateway._tenants import Tenants, TenantScope, upstream_headers
 from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
-from prefixroute.gateway._usage import Usage, usage_in_body
+from prefixroute.gateway._usage import Usage, ask_for_stream_usage, usage_in_body
 
 # The request-side and response-side pieces below are also what ``prefixroute.epp`` (the Envoy
 # endpoint picker) routes and accounts with, so that both front ends parse and learn alike:
@@ -93,5 +93,6 @@ __all__ = [
     "run_on_uvloop",
     "spec_for",
     "upstream_headers",
+    "ask_for_stream_usage",
     "usage_in_body",
 ]

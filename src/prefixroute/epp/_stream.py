@@ -345,7 +345,8 @@ class PickStream:
             usage = usage_in_body(b"".join(self._plain)) if self._plain else None
         replica, s = self.served or decision.replica, self.s
         status = self.status
-        s.metrics.count_request(s.registry.public_name(replica), status, decision.reason.value)
+        # labelled by replica id, as the gateway's requests and every other family here are
+        s.metrics.count_request(replica, status, decision.reason.value)
         if s.fleet is not None:
             path = self.headers.get(":path", "").partition("?")[0]
             s.fleet.decisions.record(

@@ -86,6 +86,8 @@ class FakeReplica:
     handler: Handler | None = None  # None: answer a fixed completion
     failing: bool = False  # when set: /health and everything else answer 500
     models: tuple[str, ...] = (MODEL,)
+    health: bool = True  # False: no /health endpoint (404), as some OpenAI-compatible servers
+    models_endpoint: bool = True  # False: no /v1/models either (404)
     seen: list[Seen] = field(default_factory=list)
     url: str = ""
     _runner: web.AppRunner | None = None
@@ -103,7 +105,9 @@ class FakeReplica:
         if self.failing:
             return web.json_response({"error": {"message": "boom"}}, status=500)
         if request.path == "/health":
-            return web.Response()
+            return web.Response(status=200 if self.health else 404)
+        if request.path == "/v1/models" and not self.models_endpoint:
+            return web.json_response({"error": {"message": "not found"}}, status=404)
         if request.path == "/v1/models":
             cards = [{"id": m, "object": "model"} for m in self.models]
             return web.json_response({"object": "list", "data": cards})

@@ -146,6 +146,12 @@ class GatewayConfig:
         2.0, "active /health probe period, seconds", "--health-interval"
     )
     health_timeout_s: float = setting(1.0, "one probe's timeout, seconds")
+    # vLLM, SGLang, TGI and llama.cpp answer /health; a server without one (404) is probed on
+    # /v1/models instead (gateway._health), or name its own path here.
+    health_path: str = setting(
+        "/health", "the path a health probe GETs (200: healthy; 404: /v1/models is probed)",
+        "--health-path",
+    )  # fmt: skip
     scrape_metrics: bool = setting(
         True, "read the replicas' own load from their /metrics each probe round"
     )
@@ -281,6 +287,9 @@ class GatewayConfig:
             raise ConfigError(f"port out of range: {self.port}")
         if self.admin_token is not None and len(self.admin_token) < 8:
             raise ConfigError("the admin token must be at least 8 characters")
+        path = self.health_path
+        if not path.startswith("/") or path.startswith("//") or any(c.isspace() for c in path):
+            raise ConfigError(f"health_path must be a path that starts with /, got {path!r}")
         if not self.speculative_ttl_s > 0:
             raise ConfigError("speculative_ttl_s must be positive")
         self.kv_event_endpoints()  # malformed specs fail here, at start

@@ -1,6 +1,10 @@
 """Active health checks: probe every replica's ``/health`` each interval, learn its models.
 
-A probe is one GET with a short total timeout; any answer but 200 is a failure. A replica whose
+A probe is one GET of ``health_path`` (``/health``) with a short total timeout; any answer but 200
+is a failure, except that a replica that answers that path 404 has no such endpoint (an
+OpenAI-compatible server written without one): it is probed on ``/v1/models`` from then on, and
+the change is logged once. Without this, such a fleet was never healthy and every request was
+refused. A replica whose
 models are not known yet, or that is coming back, also gets ``GET /v1/models``, so requests that
 name a model reach only replicas that serve it. Results go to the registry, which decides.
 A healthy replica's ``/metrics`` is scraped in the same round for the engine's own load
@@ -27,6 +31,8 @@ from prefixroute.gateway._scrape import PrefillDeltas, parse_engine_load
 
 log = logging.getLogger(__name__)
 
+MODELS_PATH = "/v1/models"  # every OpenAI-compatible server has it: the fallback probe
+
 
 class HealthChecker:
     def __init__(
@@ -38,6 +44,7 @@ class HealthChecker:
         self._timeout = aiohttp.ClientTimeout(total=config.health_timeout_s)
         self._task: asyncio.Task[None] | None = None
         self._no_metrics: set[str] = set()  # replicas whose /metrics answered 404
+        self._no_health: set[str] = set()  # replicas whose health path answered 404
         self._prefill = PrefillDeltas()  # each replica's last prefill totals
 
     def start(self) -> None:
@@ -98,16 +105,24 @@ class HealthChecker:
             )
 
     async def _probe(self, record: ReplicaRecord) -> bool:
+        no_health = record.url in self._no_health
+        path = MODELS_PATH if no_health else self.config.health_path
         try:
-            async with self.session.get(record.url + "/health", timeout=self._timeout) as resp:
+            async with self.session.get(record.url + path, timeout=self._timeout) as resp:
                 await resp.read()
-                return resp.status == 200
+                status = resp.status
         except (aiohttp.ClientError, TimeoutError):
             return False
+        if status == 404 and not no_health and path != MODELS_PATH:
+            self._no_health.add(record.url)
+            log.warning("replica %s has no %s (404): probed on %s instead",
+                        record.url, path, MODELS_PATH)  # fmt: skip
+            return await self._probe(record)
+        return status == 200
 
     async def refresh_models(self, record: ReplicaRecord) -> None:
         try:
-            async with self.session.get(record.url + "/v1/models", timeout=self._timeout) as resp:
+            async with self.session.get(record.url + MODELS_PATH, timeout=self._timeout) as resp:
                 if resp.status != 200:
                     return
                 body = json.loads(await resp.read())

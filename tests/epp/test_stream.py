@@ -348,3 +348,79 @@ async def test_usage_is_counted_in_metrics_as_the_gateway_counts_it() -> None:
             assert prompt == USAGE["prompt_tokens"]
         else:
             assert missing == 1
+
+
+# -- the answer's accounting, as the gateway's (gateway._proxy, gateway._verdict) ---------------
+
+
+async def test_usage_without_cached_tokens_still_teaches_characters_per_token() -> None:
+    # vLLM without --enable-prompt-tokens-details, SGLang without --enable-cache-report: the
+    # gateway learns characters per token from prompt_tokens alone; the picker skipped them.
+    s = shared()
+    stream = PickStream(s)
+    await pick(stream, completion(100))
+    await stream.handle(response_headers())
+    usage = {"prompt_tokens": 150, "completion_tokens": 4}
+    await stream.handle(response_body(json.dumps({"usage": usage}).encode(), end_of_stream=True))
+    learned = s.router.chars_per_token()
+    assert sum(c.observations for c in learned.values()) == 1
+
+
+@pytest.mark.parametrize("status", [500, 503])
+async def test_a_5xx_answer_is_judged_as_the_gateway_judges_it(status: int) -> None:
+    # 502/503/504 (Envoy could not reach it, or it broke) is a failure; another 5xx may be the
+    # request's own and only counts in the error rate (an outlier is taken out). Before, a 500
+    # counted nowhere, and no upstream failure was counted in /metrics.
+    s = shared()
+    stream = PickStream(s)
+    await pick(stream, completion(10))
+    replica = stream.decision.replica  # type: ignore[union-attr]
+    await stream.handle(response_headers(status, "application/json", end_of_stream=True))
+    record = s.registry.get(replica)
+    assert record is not None
+    assert record.failures == (1 if status == 503 else 0)
+    assert [ok for _, ok in record.outcomes] == [False]
+    failures = s.metrics.registry.get_sample_value(
+        "prefixroute_upstream_failures_total", {"replica": replica, "kind": "status"}
+    )
+    assert failures == 1
+
+
+async def test_one_request_marks_one_replica_even_through_a_fallback() -> None:
+    s = shared("round_robin", FOUR, fallbacks=1)
+    stream = PickStream(s)
+    primary, fallback = destinations(await pick(stream, completion(10)))
+    served = response_headers(503, "text/plain", end_of_stream=True)  # the fallback failed too
+    meta = served.metadata_context.filter_metadata["envoy.lb"]
+    meta.update({"x-gateway-destination-endpoint-served": fallback})
+    await stream.handle(served)
+    assert s.registry.get(f"http://{primary}").failures == 1  # type: ignore[union-attr]
+    assert s.registry.get(f"http://{fallback}").failures == 0  # type: ignore[union-attr]
+
+
+async def test_calls_other_than_v1_are_not_counted_as_requests() -> None:
+    s = shared()
+    for path in ("/v1/models", "/health", "/v1/completions"):
+        stream = PickStream(s)
+        await pick(stream, b"", path=path)
+        await stream.handle(response_headers(200, "application/json", end_of_stream=True))
+    counted = sum(
+        sample.value
+        for metric in s.metrics.registry.collect()
+        for sample in metric.samples
+        if sample.name == "prefixroute_requests_total"
+    )
+    assert counted == 1
+
+
+async def test_a_compressed_stream_has_its_first_token_at_its_first_chunk() -> None:
+    s = shared()
+    stream = PickStream(s)
+    await pick(stream, completion(100, stream=True))
+    load = s.router.loads.get(stream.decision.replica)  # type: ignore[union-attr]
+    headers = response_headers(content_type="text/event-stream")
+    headers.response_headers.headers.headers.add(key="content-encoding", raw_value=b"gzip")
+    await stream.handle(headers)
+    assert load.prefilling == 1
+    await stream.handle(response_body(b"\x1f\x8b\x08\x00 compressed bytes"))
+    assert load.prefilling == 0  # the first token came back

@@ -33,7 +33,8 @@ from prefixroute.epp._protocol import (
     SUBSET_NAMESPACE,
 )
 from prefixroute.epp._server import EndpointPicker, EppConfig
-from prefixroute.epp._stream import PickShared, PickStream
+from prefixroute.epp._shared import PickShared
+from prefixroute.epp._stream import PickStream
 
 __all__ = [
     "DESTINATION_HEADER",

@@ -53,7 +53,8 @@ from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.epp import _protocol as proto
 from prefixroute.epp._endpoints import EndpointSet, FileEndpoints
 from prefixroute.epp._envoy_config import MAX_REQUESTS
-from prefixroute.epp._stream import PickShared, PickStream
+from prefixroute.epp._shared import PickShared
+from prefixroute.epp._stream import PickStream
 from prefixroute.events import EventSubscriber
 from prefixroute.gateway import (
     GatewayConfig,

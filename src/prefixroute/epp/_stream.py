@@ -43,11 +43,8 @@ several pickers, and gateways, on one channel share one index and one load view.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from prefixroute.core import (
     ConfigError,
@@ -56,67 +53,29 @@ from prefixroute.core import (
     PrefixrouteError,
     ReplicaId,
     RequestView,
-    Router,
 )
 from prefixroute.epp import _protocol as proto
 from prefixroute.epp._admit import Admission, admit, request_key
 from prefixroute.epp._candidates import endpoint_of, fallbacks, narrow, replica_of
+from prefixroute.epp._shared import PickShared
 from prefixroute.gateway import (
     PREDICTED_HEADER,
     REASON_HEADER,
     REPLICA_HEADER,
     DecisionEntry,
-    FleetView,
-    GatewayMetrics,
-    GatewayState,
-    ReplicaRegistry,
     SSEScanner,
-    Tenants,
     TenantScope,
     Usage,
     error_response,
     spec_for,
     usage_in_body,
 )
-from prefixroute.sync import RouteSync
 
 log = logging.getLogger(__name__)
 
 MAX_PLAIN_BODY = 1024 * 1024  # bytes of a plain answer kept to read its usage (the rest passes)
 _GATEWAY_STATUSES = frozenset({502, 503, 504})  # Envoy's own answers when the replica failed
 _PATHS = {"/v1/completions": Endpoint.COMPLETIONS, "/v1/chat/completions": Endpoint.CHAT}
-
-
-@dataclass(slots=True)
-class PickShared:
-    """What every stream of one picker shares: the gateway's state (router, registry,
-    metrics, sync, tokenizer), its tenants, and the picker's own settings."""
-
-    state: GatewayState
-    tenants: Tenants
-    default_full_duplex: bool = True  # body mode when Envoy does not say (older Envoys)
-    fallbacks: int = 0  # endpoints named after the primary, for the proxy to retry on
-    clock: Callable[[], float] = time.monotonic  # seconds
-    ids: itertools.count[int] = field(default_factory=itertools.count)
-    fleet: FleetView | None = None  # the fleet page's recent decisions, when it is mounted
-
-    @property
-    def router(self) -> Router:
-        return self.state.router
-
-    @property
-    def registry(self) -> ReplicaRegistry:
-        return self.state.registry
-
-    @property
-    def metrics(self) -> GatewayMetrics:
-        return self.state.metrics
-
-    @property
-    def sync(self) -> RouteSync | None:
-        """sync_redis: each decision, first token and end is also told to the other pickers
-        and gateways, as the gateway's proxy tells them (its methods return at once)."""
-        return self.state.sync
 
 
 class PickStream:
@@ -139,6 +98,8 @@ class PickStream:
         self._plain_bytes = 0
         self._first_token = False
         self._usage_asked = False  # we asked for the usage: its event is kept from the client
+        self._raw_stream = False  # an event stream we cannot read (compressed): first chunk
+        self._marked = False  # a replica was marked failed for this request (one at most)
         self._done = False  # accounting ended (complete was called), or nothing to account
 
     # --- the messages -----------------------------------------------------------------------
@@ -201,13 +162,21 @@ class PickStream:
                 self.s.state, self._endpoint(), body, self._scope,
                 ask_usage=self.full_duplex_response,  # where the answer can be edited
             )  # fmt: skip
+            started = time.perf_counter()  # the decision's time includes hashing, as serve's
             view = key.view(self.s.router, self.rid)
             if self.admission is not None:  # the tenant's prompt-token budget
                 self.admission.scope.charge_prompt(view.prompt_tokens)
-            self.destinations = self._route(view)
+            self.destinations = self._route(view, started)
         except PrefixrouteError as exc:
             return [self._error(exc)]
         return self._answer(body, replaced, end_of_body, headers_only)
+
+    @property
+    def _counted(self) -> bool:
+        """A call the requests counter and the decision log count: /v1/* but /v1/models, as
+        the gateway counts them (not probes or model listings that pass through Envoy)."""
+        path = self.headers.get(":path", "").partition("?")[0]
+        return path.startswith("/v1/") and path != "/v1/models"
 
     @property
     def _scope(self) -> TenantScope | None:
@@ -239,10 +208,10 @@ class PickStream:
             ]
         return [proto.request_body_response(headers, value, remove=remove, replaced=replaced)]
 
-    def _route(self, view: RequestView) -> list[str]:
-        """Route ``view``: the primary's endpoint, then the fallbacks'."""
+    def _route(self, view: RequestView, started: float) -> list[str]:
+        """Route ``view``: the primary's endpoint, then the fallbacks' (``started``: when its
+        hashing began, ``perf_counter``)."""
         s = self.s
-        started = time.perf_counter()
         candidates = narrow(s.registry.candidates(view.model), self.subset)
         now = s.clock()
         decision = s.router.route(view, now, candidates)
@@ -259,7 +228,8 @@ class PickStream:
         self.refused = True
         self._done = True  # nothing was routed: nothing to account
         answer = error_response(exc, self.s.state.config.retry_after_s)
-        self.s.metrics.count_request("none", answer.status, "none")
+        if self._counted:
+            self.s.metrics.count_request("none", answer.status, "none")
         headers = {k.lower(): v for k, v in answer.headers.items() if k.lower() != "content-length"}
         body = answer.body if isinstance(answer.body, bytes) else b""
         spec = spec_for(exc)  # every row names a code; the type stands in for one that did not
@@ -279,8 +249,10 @@ class PickStream:
             return [proto.response_headers_response({})]
         self._note_served(proto.served_of(req), decision)
         if headers.get("content-type", "").startswith("text/event-stream"):
-            compressed = "content-encoding" in headers  # not cut at events (the gateway's rule)
-            self._scanner = SSEScanner(hide_usage=self._usage_asked and not compressed)
+            if "content-encoding" in headers:  # unreadable: its first chunk is the first token
+                self._raw_stream = True
+            else:
+                self._scanner = SSEScanner(hide_usage=self._usage_asked)
         extra = {
             REPLICA_HEADER: self.s.registry.public_name(self.served or decision.replica),
             REASON_HEADER: decision.reason.value,
@@ -307,6 +279,7 @@ class PickStream:
             self.served = rid
             if router.has_replica(decision.replica):
                 registry.record_failure(decision.replica, self.s.clock(), f"fell back to {served}")
+                self._marked = True
 
     def _response_body(self, body: proto.Body) -> list[proto.Response]:
         chunk = body.body
@@ -318,11 +291,11 @@ class PickStream:
                     ready += scanner.flush()
                 if scanner.hide_usage:  # the usage event we asked for stays here
                     chunk = ready
-                if scanner.saw_data and not self._first_token:
-                    self._first_token = True
-                    self.s.router.first_token(self.rid, self.s.clock())
-                    if self.s.sync is not None:
-                        self.s.sync.first_token(self.rid)
+                if scanner.saw_data:
+                    self._first()
+            elif self._raw_stream:
+                if chunk:
+                    self._first()
             elif self._plain_bytes < MAX_PLAIN_BODY:
                 self._plain.append(chunk)
                 self._plain_bytes += len(chunk)
@@ -331,6 +304,14 @@ class PickStream:
         if self.full_duplex_response:
             return [proto.response_body_response(chunk, body.end_of_stream)]
         return [proto.response_body_response()]
+
+    def _first(self) -> None:
+        """The first token came back (once)."""
+        if not self._first_token:
+            self._first_token = True
+            self.s.router.first_token(self.rid, self.s.clock())
+            if self.s.sync is not None:
+                self.s.sync.first_token(self.rid)
 
     def _finish(self) -> None:
         """The answer ended cleanly: learn from its usage, count it, release the request."""
@@ -345,6 +326,18 @@ class PickStream:
             usage = usage_in_body(b"".join(self._plain)) if self._plain else None
         replica, s = self.served or decision.replica, self.s
         status = self.status
+        if self._counted:
+            self._count(replica, status, decision)
+        if status == 200 and self._endpoint() is not Endpoint.OTHER:  # as the gateway counts
+            cached, prompt = (usage.cached_tokens, usage.prompt_tokens) if usage else (None, None)
+            s.metrics.observe_usage(replica, decision.predicted_cached_tokens, cached, prompt)
+        if s.registry.router.has_replica(replica):
+            self._judge(replica, status)
+        self._release(usage if status == 200 else None)
+
+    def _count(self, replica: ReplicaId, status: int, decision: Decision) -> None:
+        """The requests counter and the fleet page's decision log, as the gateway's."""
+        s = self.s
         # labelled by replica id, as the gateway's requests and every other family here are
         s.metrics.count_request(replica, status, decision.reason.value)
         if s.fleet is not None:
@@ -355,15 +348,21 @@ class PickStream:
                     decision.predicted_cached_tokens, path,
                 )
             )  # fmt: skip
-        if status == 200 and self._endpoint() is not Endpoint.OTHER:  # as the gateway counts
-            cached, prompt = (usage.cached_tokens, usage.prompt_tokens) if usage else (None, None)
-            s.metrics.observe_usage(replica, decision.predicted_cached_tokens, cached, prompt)
-        if s.registry.router.has_replica(replica):
-            if status in _GATEWAY_STATUSES:  # Envoy could not reach it, or it broke
-                s.registry.record_failure(replica, s.clock(), f"status {status}")
-            elif 200 <= status < 500:
-                s.registry.record_success(replica, s.clock())
-        self._release(usage if status == 200 else None)
+
+    def _judge(self, replica: ReplicaId, status: int) -> None:
+        """The answer's verdict on ``replica``, by the gateway's rules (``gateway._verdict``):
+        a gateway status (Envoy could not reach it, or it broke) is a failure, at most one per
+        request (a fallback already marked the primary); another 5xx counts in its error rate,
+        which takes it out only as an outlier; any other answer is a success."""
+        s, now = self.s, self.s.clock()
+        if status >= 500:
+            s.metrics.upstream_failures.labels(replica, "status").inc()
+            if status not in _GATEWAY_STATUSES:
+                s.registry.record_error(replica, now)
+            elif not self._marked:
+                s.registry.record_failure(replica, now, f"status {status}")
+        elif status >= 200:
+            s.registry.record_success(replica, now)
 
     def _release(self, usage: Usage | None) -> None:
         if self._done or self.decision is None:
@@ -372,7 +371,7 @@ class PickStream:
         router = self.s.router
         output = None
         if usage is not None:
-            if usage.prompt_tokens is not None and usage.cached_tokens is not None:
+            if usage.prompt_tokens is not None:  # chars per token, even without cached tokens
                 router.observe_usage(self.rid, usage.prompt_tokens, usage.cached_tokens)
             output = usage.completion_tokens
         router.complete(self.rid, self.s.clock(), output)

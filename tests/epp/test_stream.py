@@ -424,3 +424,18 @@ async def test_a_compressed_stream_has_its_first_token_at_its_first_chunk() -> N
     assert load.prefilling == 1
     await stream.handle(response_body(b"\x1f\x8b\x08\x00 compressed bytes"))
     assert load.prefilling == 0  # the first token came back
+
+
+async def test_a_stream_cut_after_its_answer_started_is_counted_as_a_request() -> None:
+    s = shared()
+    stream = PickStream(s)
+    await pick(stream, completion(100, stream=True))
+    await stream.handle(response_headers(content_type="text/event-stream"))
+    await stream.handle(response_body(b'data: {"choices":[{"text":"a"}]}\n\n'))
+    stream.close()  # Envoy ended the ext_proc stream: the client or the replica went away
+    replica = stream.decision.replica  # type: ignore[union-attr]
+    labels = {"replica": replica, "status": "200", "reason": stream.decision.reason.value}  # type: ignore[union-attr]
+    assert s.metrics.registry.get_sample_value("prefixroute_requests_total", labels) == 1
+    assert s.router.loads.get(replica).in_flight == 0
+    stream.close()  # once
+    assert s.metrics.registry.get_sample_value("prefixroute_requests_total", labels) == 1

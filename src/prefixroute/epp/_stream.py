@@ -129,7 +129,12 @@ class PickStream:
 
     def close(self) -> None:
         """The gRPC stream ended: a request still counted in flight ends here (once), and
-        its tenant's slot is freed."""
+        its tenant's slot is freed. One whose answer had started (the client has its status)
+        is counted as a request, as the gateway counts a stream cut short; whose fault the cut
+        was (client or replica) the picker cannot tell, so no replica is judged."""
+        decision = self.decision
+        if decision is not None and not self._done and self.status and self._counted:
+            self._count(self.served or decision.replica, self.status, decision)
         self._release(None)
         if self.admission is not None:
             self.admission.release()

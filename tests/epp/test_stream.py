@@ -439,3 +439,29 @@ async def test_a_stream_cut_after_its_answer_started_is_counted_as_a_request() -
     assert s.router.loads.get(replica).in_flight == 0
     stream.close()  # once
     assert s.metrics.registry.get_sample_value("prefixroute_requests_total", labels) == 1
+
+
+async def test_a_request_a_fallback_served_is_accounted_to_the_fallback() -> None:
+    # As the gateway's retry routes again: the primary's load is released and it learns nothing
+    # of an answer it did not give; the fallback holds the request and its prefix, and its
+    # usage is judged against its own prediction. Before, all of it went to the primary.
+    s = shared("round_robin", FOUR, fallbacks=1)
+    stream = PickStream(s)
+    primary, fallback = (f"http://{e}" for e in destinations(await pick(stream, completion(64))))
+    served = response_headers(content_type="text/event-stream")
+    meta = served.metadata_context.filter_metadata["envoy.lb"]
+    meta.update({"x-gateway-destination-endpoint-served": fallback.removeprefix("http://")})
+    await stream.handle(served)
+    loads = s.router.loads
+    assert (loads.get(primary).in_flight, loads.get(fallback).in_flight) == (0, 1)  # type: ignore[arg-type]
+    assert s.router.indexed_blocks(fallback) > 0  # type: ignore[arg-type]
+    s.clock.now += 0.5  # type: ignore[attr-defined]
+    await stream.handle(response_body(TOKEN))
+    await stream.handle(response_body(USAGE_EVENT + b"data: [DONE]\n\n", end_of_stream=True))
+    assert loads.get(fallback).in_flight == 0  # type: ignore[arg-type]
+    assert loads.get(primary).speed.prefill_observations == 0  # type: ignore[arg-type]
+    assert loads.get(fallback).speed.prefill_observations == 0  # type: ignore[arg-type]
+    actual = s.metrics.registry.get_sample_value(
+        "prefixroute_actual_cached_tokens_total", {"replica": fallback}
+    )
+    assert actual == 0 and s.router.usage_reports == 1

@@ -1,48 +1,31 @@
 """One ext_proc stream (one HTTP request through Envoy): pick on the request, learn from the answer.
 
-Envoy opens one gRPC stream per HTTP request and sends, in order, the request headers, the
-request body (in chunks), maybe trailers, then the response headers and body. :class:`PickStream`
-turns each message into the responses Envoy waits for (``handle``), so the gRPC servicer only
-loops; this module does no I/O and takes the time from a clock it is given.
+Envoy sends, on one gRPC stream, the request headers, the request body (in chunks), maybe
+trailers, then the response headers and body. :class:`PickStream` turns each message into the
+responses Envoy waits for (``handle``); it does no I/O and takes the time from a given clock.
 
-Request side. The body is needed to pick (the prompt is the routing key), so it is held until
-its end. Two body modes are served, told apart by the ``protocol_config`` Envoy sends first:
+Request side. The body is the routing key, so it is held until its end. ``FULL_DUPLEX_STREAMED``
+(the protocol's mode): nothing is answered until the body ends, then the headers answer (the
+destination header, the ``envoy.lb`` metadata) and the whole body back as one streamed chunk.
+``BUFFERED``: an empty headers answer, then the destination in the body answer. Picking is the
+gateway's (``_admit``: tenant, key space, adapter, tokens; ``Router.route`` among the registry's
+candidates, narrowed to the proxy's subset hint). With ``fallbacks`` (N > 0) up to N more
+endpoints follow the primary, each the policy's next choice (``Router.explain``, which records
+nothing). Errors are an ``ImmediateResponse`` with the gateway's status, headers and JSON body.
 
-* ``FULL_DUPLEX_STREAMED`` (the protocol's streaming mode): Envoy does not wait for our headers
-  answer before sending body chunks. We answer nothing until the body ends, then send the headers
-  answer (the destination header, the ``envoy.lb`` metadata) and the whole body back as one
-  streamed chunk.
-* ``BUFFERED``: Envoy sends the whole body in one message after our (empty) headers answer; the
-  destination goes in the body answer, whose header mutation still applies (nothing was sent).
-
-Picking is the gateway's: the tenant is admitted on the request headers and the body keyed as
-the gateway keys it (``_admit``: tenant, key space, adapter, tokens), the key's ``view`` is what
-the router routes on, and the decision is ``Router.route`` among the registry's candidates
-(healthy, serving the model, under their in-flight cap), narrowed to the proxy's subset hint
-when there is one. With ``fallbacks`` (N > 0) the answer also names up to N more endpoints, the
-primary first: each the policy's own choice among the candidates not yet named
-(``Router.explain``, which records nothing), so the proxy can go down the list when one fails.
-Errors become an ``ImmediateResponse`` with the status, headers and JSON body the gateway
-answers with (``gateway.error_response``: 400 for a body we cannot route, 401 for a bad key,
-429 over a tenant's limit, 503 when nothing is eligible).
-
-Response side, the same accounting as the gateway's relay (``gateway._proxy``): the first SSE
-data event is the request's first token (``Router.first_token``); at the end, the ``usage`` of the
-last usage-bearing event (or of the whole JSON body) goes to ``Router.observe_usage`` and
-``Router.complete`` with the completion tokens. ``close`` (the stream ended, however) completes a
-request that did not end cleanly, once, and frees the tenant's slot. When the proxy says a
+Response side, the gateway relay's accounting (``gateway._proxy``, ``gateway._verdict``): the
+first SSE data event is the first token; at the end the usage goes to ``Router.observe_usage``
+and ``Router.complete``, the metrics count the answer and judge the replica; ``close`` ends,
+once, a request that did not end cleanly, and frees the tenant's slot. When the proxy says a
 fallback served the answer (``x-gateway-destination-endpoint-served``), the primary failed it:
-that counts as the primary's failure, and the answer's status as the served endpoint's.
-Response chunks go back at once: full duplex hands them
-back as streamed chunks, other modes just continue, so streaming is not held up.
-
-With ``sync_redis``, the decision, the first token and the end are also handed to the Redis
-sync (``prefixroute.sync.RouteSync``) at the same three points as in the gateway's proxy, so
-several pickers, and gateways, on one channel share one index and one load view.
+its failure counts, its accounting ends, and the request is routed again to the fallback, as the
+gateway's retry is. Response chunks go back at once, so streaming is not held up. With
+``sync_redis`` the decisions, first tokens and ends also go to the Redis sync, as the gateway's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -100,6 +83,9 @@ class PickStream:
         self._usage_asked = False  # we asked for the usage: its event is kept from the client
         self._raw_stream = False  # an event stream we cannot read (compressed): first chunk
         self._marked = False  # a replica was marked failed for this request (one at most)
+        self._view: RequestView | None = None  # what was routed
+        self._reason = ""  # the pick's reason (metrics, decision log)
+        self._untimed = False  # routed again once answered (a fallback): no TTFT to learn
         self._done = False  # accounting ended (complete was called), or nothing to account
 
     # --- the messages -----------------------------------------------------------------------
@@ -168,7 +154,7 @@ class PickStream:
                 ask_usage=self.full_duplex_response,  # where the answer can be edited
             )  # fmt: skip
             started = time.perf_counter()  # the decision's time includes hashing, as serve's
-            view = key.view(self.s.router, self.rid)
+            view = self._view = key.view(self.s.router, self.rid)
             if self.admission is not None:  # the tenant's prompt-token budget
                 self.admission.scope.charge_prompt(view.prompt_tokens)
             self.destinations = self._route(view, started)
@@ -223,7 +209,7 @@ class PickStream:
         chosen = [decision.replica]
         chosen += fallbacks(s.router, view, now, candidates, decision.replica, s.fallbacks)
         s.metrics.decision_seconds.observe(time.perf_counter() - started)
-        self.decision = decision
+        self.decision, self._reason = decision, decision.reason.value
         if s.sync is not None:
             s.sync.routed(view, decision)
         return [endpoint_of(rid) for rid in chosen]
@@ -285,6 +271,26 @@ class PickStream:
             if router.has_replica(decision.replica):
                 registry.record_failure(decision.replica, self.s.clock(), f"fell back to {served}")
                 self._marked = True
+            self._move_to(rid)
+
+    def _move_to(self, replica: ReplicaId) -> None:
+        """A fallback served the request: the primary's accounting ends, learning nothing, and
+        the request is routed again, to the fallback (its load, its index, its prediction), as
+        the gateway's retry routes again. Its first token is not timed: it was sent earlier."""
+        s, now, view = self.s, self.s.clock(), self._view
+        s.router.first_token(self.rid, now, measured=False)
+        s.router.complete(self.rid, now)
+        if s.sync is not None:
+            s.sync.completed(self.rid)
+        if view is None:
+            self._done = True
+            return
+        self.rid = f"{self.rid}-fallback"
+        self._view = view = dataclasses.replace(view, request_id=self.rid)
+        self.decision = s.router.route(view, now, [replica])
+        self._untimed = True
+        if s.sync is not None:
+            s.sync.routed(view, self.decision)
 
     def _response_body(self, body: proto.Body) -> list[proto.Response]:
         chunk = body.body
@@ -314,7 +320,7 @@ class PickStream:
         """The first token came back (once)."""
         if not self._first_token:
             self._first_token = True
-            self.s.router.first_token(self.rid, self.s.clock())
+            self.s.router.first_token(self.rid, self.s.clock(), measured=not self._untimed)
             if self.s.sync is not None:
                 self.s.sync.first_token(self.rid)
 
@@ -343,13 +349,14 @@ class PickStream:
     def _count(self, replica: ReplicaId, status: int, decision: Decision) -> None:
         """The requests counter and the fleet page's decision log, as the gateway's."""
         s = self.s
-        # labelled by replica id, as the gateway's requests and every other family here are
-        s.metrics.count_request(replica, status, decision.reason.value)
+        # labelled by replica id, as the gateway's requests and every other family here are;
+        # the reason is the pick's (a fallback that served is routed again only to account)
+        s.metrics.count_request(replica, status, self._reason)
         if s.fleet is not None:
             path = self.headers.get(":path", "").partition("?")[0]
             s.fleet.decisions.record(
                 DecisionEntry(
-                    time.time(), replica, decision.reason.value, status,
+                    time.time(), replica, self._reason, status,
                     decision.predicted_cached_tokens, path,
                 )
             )  # fmt: skip

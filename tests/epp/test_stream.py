@@ -9,10 +9,13 @@ import json
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from prefixroute.core import DEFAULT_POLICY
 from prefixroute.epp import EppConfig, PickStream
-from prefixroute.gateway import GatewayConfig
+from prefixroute.gateway import GatewayConfig, RequestTracing
 
 from .support import (
     BUFFERED,
@@ -465,3 +468,33 @@ async def test_a_request_a_fallback_served_is_accounted_to_the_fallback() -> Non
         "prefixroute_actual_cached_tokens_total", {"replica": fallback}
     )
     assert actual == 0 and s.router.usage_reports == 1
+
+
+# -- tracing (otlp_endpoint), as serve traces ----------------------------------------------
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+async def test_a_traced_request_has_its_span_with_the_decision_and_passes_it_on() -> None:
+    # The picker built the tracer from otlp_endpoint and never used it: no spans, no warning.
+    s = shared()
+    exporter = InMemorySpanExporter()
+    s.state.tracing = RequestTracing(SimpleSpanProcessor(exporter), "picker-under-test")
+    stream = PickStream(s)
+    out = await pick(stream, completion(50), headers={"traceparent": TRACEPARENT})
+    sent = set_headers(out[0].request_headers.response.header_mutation)
+    trace_id = TRACEPARENT.split("-")[1]
+    assert sent["traceparent"].split("-")[1] == trace_id  # the replica continues the trace
+    await stream.handle(response_headers(200, end_of_stream=True))
+    (span,) = exporter.get_finished_spans()
+    assert format(span.context.trace_id, "032x") == trace_id
+    assert span.attributes["prefixroute.reason"] == stream.decision.reason.value  # type: ignore[index,union-attr]
+    assert span.attributes["http.response.status_code"] == 200  # type: ignore[index]
+    assert len([e for e in span.events if e.name == "prefixroute.candidate"]) == len(ENDPOINTS)
+    refused = PickStream(s)
+    await pick(refused, b"not json")  # a 400 from the picker itself
+    assert exporter.get_finished_spans()[-1].attributes["http.response.status_code"] == 400  # type: ignore[index]
+    cut = PickStream(s)
+    await pick(cut, completion(50))
+    cut.close()  # no answer came
+    assert exporter.get_finished_spans()[-1].status.status_code == StatusCode.ERROR

@@ -7,9 +7,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from prefixroute.core import Router
-from prefixroute.gateway import FleetView, GatewayMetrics, GatewayState, ReplicaRegistry, Tenants
+from prefixroute.core import ReplicaId, Router
+from prefixroute.gateway import (
+    DecisionEntry,
+    FleetView,
+    GatewayMetrics,
+    GatewayState,
+    ReplicaRegistry,
+    Tenants,
+)
 from prefixroute.sync import RouteSync
+
+_GATEWAY_STATUSES = frozenset({502, 503, 504})  # Envoy's own answers when the replica failed
 
 
 @dataclass(slots=True)
@@ -42,3 +51,31 @@ class PickShared:
         """sync_redis: each decision, first token and end is also told to the other pickers
         and gateways, as the gateway's proxy tells them (its methods return at once)."""
         return self.state.sync
+
+
+def judge_answer(shared: PickShared, replica: ReplicaId, status: int, *, marked: bool) -> None:
+    """The answer's verdict on ``replica``, by the gateway's rules (``gateway._verdict``): a
+    gateway status (Envoy could not reach it, or it broke) is a failure, at most one per request
+    (``marked``: a fallback already marked the primary); another 5xx counts in its error rate,
+    which takes it out only as an outlier; any other answer is a success."""
+    registry, now = shared.registry, shared.clock()
+    if status >= 500:
+        shared.metrics.upstream_failures.labels(replica, "status").inc()
+        if status not in _GATEWAY_STATUSES:
+            registry.record_error(replica, now)
+        elif not marked:
+            registry.record_failure(replica, now, f"status {status}")
+    elif status >= 200:
+        registry.record_success(replica, now)
+
+
+def count_answer(
+    shared: PickShared, replica: ReplicaId, status: int, reason: str, predicted: int, path: str
+) -> None:
+    """The requests counter and the fleet page's decision log, as the gateway's: labelled by
+    replica id, as the gateway's requests and every other family are, with the pick's reason
+    (a fallback that served is routed again only to account for it)."""
+    shared.metrics.count_request(replica, status, reason)
+    if shared.fleet is not None:
+        entry = DecisionEntry(time.time(), replica, reason, status, predicted, path)
+        shared.fleet.decisions.record(entry)

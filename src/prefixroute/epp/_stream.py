@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from prefixroute.core import (
     ConfigError,
@@ -40,12 +41,12 @@ from prefixroute.core import (
 from prefixroute.epp import _protocol as proto
 from prefixroute.epp._admit import Admission, admit, request_key
 from prefixroute.epp._candidates import endpoint_of, fallbacks, narrow, replica_of
-from prefixroute.epp._shared import PickShared
+from prefixroute.epp._shared import PickShared, count_answer, judge_answer
 from prefixroute.gateway import (
     PREDICTED_HEADER,
     REASON_HEADER,
     REPLICA_HEADER,
-    DecisionEntry,
+    RequestTracing,
     SSEScanner,
     TenantScope,
     Usage,
@@ -54,10 +55,12 @@ from prefixroute.gateway import (
     usage_in_body,
 )
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
 log = logging.getLogger(__name__)
 
 MAX_PLAIN_BODY = 1024 * 1024  # bytes of a plain answer kept to read its usage (the rest passes)
-_GATEWAY_STATUSES = frozenset({502, 503, 504})  # Envoy's own answers when the replica failed
 _PATHS = {"/v1/completions": Endpoint.COMPLETIONS, "/v1/chat/completions": Endpoint.CHAT}
 
 
@@ -86,6 +89,7 @@ class PickStream:
         self._view: RequestView | None = None  # what was routed
         self._reason = ""  # the pick's reason (metrics, decision log)
         self._untimed = False  # routed again once answered (a fallback): no TTFT to learn
+        self._span: Span | None = None  # the request's trace span (otlp_endpoint)
         self._done = False  # accounting ended (complete was called), or nothing to account
 
     # --- the messages -----------------------------------------------------------------------
@@ -121,6 +125,7 @@ class PickStream:
         decision = self.decision
         if decision is not None and not self._done and self.status and self._counted:
             self._count(self.served or decision.replica, self.status, decision)
+        self._end_span(self.status)
         self._release(None)
         if self.admission is not None:
             self.admission.release()
@@ -128,6 +133,10 @@ class PickStream:
     async def _request_headers(self, req: proto.Request) -> list[proto.Response]:
         self.headers = proto.headers_of(req.request_headers)
         self.subset = proto.subset_of(req)
+        tracing = self.s.state.tracing
+        if tracing is not None:  # otlp_endpoint: a span per request, as serve's (_tracing)
+            path = self.headers.get(":path", "").partition("?")[0]
+            self._span = tracing.start_request(self.headers.get(":method", ""), path, self.headers)
         try:
             self.admission = admit(self.s.tenants, self.headers, self.s.clock())
         except PrefixrouteError as exc:
@@ -162,6 +171,10 @@ class PickStream:
             return [self._error(exc)]
         return self._answer(body, replaced, end_of_body, headers_only)
 
+    def _count(self, replica: ReplicaId, status: int, decision: Decision) -> None:
+        path = self.headers.get(":path", "").partition("?")[0]
+        count_answer(self.s, replica, status, self._reason, decision.predicted_cached_tokens, path)
+
     @property
     def _counted(self) -> bool:
         """A call the requests counter and the decision log count: /v1/* but /v1/models, as
@@ -189,6 +202,8 @@ class PickStream:
             remove = self.admission.remove_headers
         if replaced is not None:  # the body changed length: say so, as the protocol's EPP does
             headers["content-length"] = str(len(replaced))
+        if self._span is not None:  # the replica continues our trace (vLLM's --otlp-traces-...)
+            headers.update(RequestTracing.traceparent(self._span))
         if headers_only:
             return [proto.request_headers_response(headers, value, remove)]
         if self.full_duplex_request:
@@ -205,7 +220,10 @@ class PickStream:
         s = self.s
         candidates = narrow(s.registry.candidates(view.model), self.subset)
         now = s.clock()
-        decision = s.router.route(view, now, candidates)
+        span, tracing = self._span, s.state.tracing
+        decision = s.router.route(view, now, candidates, explain=span is not None)
+        if span is not None and tracing is not None:
+            tracing.record_decision(span, decision, s.registry.public_name, s.router.policy.name)
         chosen = [decision.replica]
         chosen += fallbacks(s.router, view, now, candidates, decision.replica, s.fallbacks)
         s.metrics.decision_seconds.observe(time.perf_counter() - started)
@@ -219,6 +237,7 @@ class PickStream:
         self.refused = True
         self._done = True  # nothing was routed: nothing to account
         answer = error_response(exc, self.s.state.config.retry_after_s)
+        self._end_span(answer.status)
         if self._counted:
             self.s.metrics.count_request("none", answer.status, "none")
         headers = {k.lower(): v for k, v in answer.headers.items() if k.lower() != "content-length"}
@@ -343,38 +362,18 @@ class PickStream:
             cached, prompt = (usage.cached_tokens, usage.prompt_tokens) if usage else (None, None)
             s.metrics.observe_usage(replica, decision.predicted_cached_tokens, cached, prompt)
         if s.registry.router.has_replica(replica):
-            self._judge(replica, status)
+            judge_answer(s, replica, status, marked=self._marked)
+        self._end_span(status)
         self._release(usage if status == 200 else None)
 
-    def _count(self, replica: ReplicaId, status: int, decision: Decision) -> None:
-        """The requests counter and the fleet page's decision log, as the gateway's."""
-        s = self.s
-        # labelled by replica id, as the gateway's requests and every other family here are;
-        # the reason is the pick's (a fallback that served is routed again only to account)
-        s.metrics.count_request(replica, status, self._reason)
-        if s.fleet is not None:
-            path = self.headers.get(":path", "").partition("?")[0]
-            s.fleet.decisions.record(
-                DecisionEntry(
-                    time.time(), replica, self._reason, status,
-                    decision.predicted_cached_tokens, path,
-                )
-            )  # fmt: skip
-
-    def _judge(self, replica: ReplicaId, status: int) -> None:
-        """The answer's verdict on ``replica``, by the gateway's rules (``gateway._verdict``):
-        a gateway status (Envoy could not reach it, or it broke) is a failure, at most one per
-        request (a fallback already marked the primary); another 5xx counts in its error rate,
-        which takes it out only as an outlier; any other answer is a success."""
-        s, now = self.s, self.s.clock()
-        if status >= 500:
-            s.metrics.upstream_failures.labels(replica, "status").inc()
-            if status not in _GATEWAY_STATUSES:
-                s.registry.record_error(replica, now)
-            elif not self._marked:
-                s.registry.record_failure(replica, now, f"status {status}")
-        elif status >= 200:
-            s.registry.record_success(replica, now)
+    def _end_span(self, status: int) -> None:
+        """End the request's span (once) with the answer's status; 0: none came."""
+        span, self._span = self._span, None
+        if span is not None:
+            if status:
+                RequestTracing.finish(span, status)
+            else:
+                RequestTracing.abandon(span)
 
     def _release(self, usage: Usage | None) -> None:
         if self._done or self.decision is None:

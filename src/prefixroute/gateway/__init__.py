@@ -41,6 +41,7 @@ from prefixroute.gateway._state import GatewayState
 from prefixroute.gateway._tenant_config import TenancyConfig, TenantLimits, TenantSpec
 from prefixroute.gateway._tenants import Tenants, TenantScope, upstream_headers
 from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
+from prefixroute.gateway._tracing import RequestTracing
 from prefixroute.gateway._usage import Usage, ask_for_stream_usage, usage_in_body
 
 # The request-side and response-side pieces below are also what ``prefixroute.epp`` (the Envoy
@@ -66,6 +67,7 @@ __all__ = [
     "PromptTokenizer",
     "ReplicaRecord",
     "ReplicaRegistry",
+    "RequestTracing",
     "ReplicaStatus",
     "Setting",
     "SSEScanner",

@@ -129,6 +129,20 @@ class RequestTracing:
             span.end()
 
     @staticmethod
+    def traceparent(span: Span) -> dict[str, str]:
+        """The W3C headers that make ``span`` the parent of what the replica traces (the
+        endpoint picker's answer carries them to the replica through the proxy)."""
+        out: dict[str, str] = {}
+        _PROPAGATOR.inject(out, context=trace.set_span_in_context(span))
+        return out
+
+    @staticmethod
+    def abandon(span: Span) -> None:
+        """End the request span of a request that ended before any answer (an error)."""
+        span.set_status(Status(StatusCode.ERROR, "ended before an answer"))
+        span.end()
+
+    @staticmethod
     def finish(span: Span, status: int) -> None:
         """End the request span with its HTTP status (5xx marks it an error)."""
         span.set_attribute("http.response.status_code", status)

@@ -498,3 +498,18 @@ async def test_a_traced_request_has_its_span_with_the_decision_and_passes_it_on(
     await pick(cut, completion(50))
     cut.close()  # no answer came
     assert exporter.get_finished_spans()[-1].status.status_code == StatusCode.ERROR
+
+
+async def test_a_replica_that_refuses_stream_options_stops_the_asking() -> None:
+    # Behind Envoy the picker cannot send the request again as serve does: that client gets
+    # the 400, and later streams are not asked for their usage.
+    s = shared()
+    stream = PickStream(s)
+    await pick(stream, completion(10, stream=True))
+    refusal = b'{"error":{"message":"stream_options: Extra inputs are not permitted"}}'
+    await stream.handle(response_headers(400))
+    await stream.handle(response_body(refusal, end_of_stream=True))
+    assert not s.state.asks_stream_usage
+    body = completion(10, stream=True)
+    out = await pick(PickStream(s), body)
+    assert out[1].request_body.response.body_mutation.streamed_response.body == body

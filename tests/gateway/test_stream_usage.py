@@ -6,15 +6,18 @@ gets the stream it asked for. Replicas here send usage only when asked, as vLLM 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from prefixroute.gateway import Gateway
 from prefixroute.gateway._state import STATE
 
-from .helpers import FAST_REPLICA, ClusterFactory, GatewayFactory, parse_stream
+from .fakes import one_event_stream
+from .helpers import FAST_REPLICA, ClusterFactory, FakeFactory, GatewayFactory, parse_stream
 
 WHEN_ASKED = dataclasses.replace(FAST_REPLICA, force_usage=False)  # vLLM's default
 PROMPT = " ".join(f"w{i}" for i in range(300))
@@ -99,3 +102,45 @@ async def test_plain_answers_and_other_calls_are_not_touched(
     async with session.post(gw.url + "/v1/completions", json=body) as resp:
         assert resp.status == 200, await resp.text()
         assert (await resp.json())["usage"]["prompt_tokens"] > 0
+
+
+async def _strict(request: web.Request) -> web.StreamResponse:
+    """A server that rejects fields it does not know, stream_options among them (pydantic's
+    ``extra="forbid"``), and otherwise streams one event; the prompt "bad" is refused first."""
+    body = await request.json()
+    if body.get("prompt") == "bad":
+        return web.json_response({"error": {"message": "bad prompt", "code": 400}}, status=400)
+    if "stream_options" in body:
+        error = {"message": "stream_options: Extra inputs are not permitted", "code": 400}
+        return web.json_response({"error": error}, status=400)
+    return await one_event_stream(request)
+
+
+async def test_a_replica_that_refuses_stream_options_gets_the_request_as_sent(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    # The client must never get a 400 for a field the gateway added: the request goes again
+    # as the client sent it, and the gateway stops asking (one refusal, not one per request).
+    fake = await make_fake(handler=_strict)
+    gw = await make_gateway([fake.url])
+    for _ in range(3):
+        body = {"prompt": "hello", "max_tokens": 1, "stream": True}
+        async with session.post(gw.url + "/v1/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            events, done = parse_stream(await resp.text())
+        assert done and events[0]["choices"][0]["text"] == "ok"
+    sent = [json.loads(s.body) for s in fake.seen if s.path == "/v1/completions"]
+    assert ["stream_options" in b for b in sent] == [True, False, False, False]
+
+
+async def test_any_other_400_is_the_clients_and_is_not_sent_again(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    fake = await make_fake(handler=_strict)
+    gw = await make_gateway([fake.url])
+    body = {"prompt": "bad", "max_tokens": 1, "stream": True}  # usage asked, prompt refused
+    async with session.post(gw.url + "/v1/completions", json=body) as resp:
+        assert resp.status == 400
+        assert (await resp.json())["error"]["message"] == "bad prompt"
+    assert len([s for s in fake.seen if s.path == "/v1/completions"]) == 1
+    assert gw.app[STATE].asks_stream_usage  # nothing the gateway added was refused

@@ -106,7 +106,7 @@ async def request_key(
     key = await state.route_key(endpoint, key_of(endpoint, obj), obj, scope)  # edits obj
     if endpoint is Endpoint.OTHER:
         return key, None, False
-    asked = ask_usage and state.config.stream_usage and ask_for_stream_usage(obj)
+    asked = ask_usage and state.asks_stream_usage and ask_for_stream_usage(obj)
     isolated = scope is not None and scope.tenants.config.isolation
     if isolated or asked:
         return key, encode_body(obj), asked  # cache_salt or stream_options: the replica reads it

@@ -51,6 +51,7 @@ from prefixroute.gateway import (
     TenantScope,
     Usage,
     error_response,
+    refuses_stream_options,
     spec_for,
     usage_in_body,
 )
@@ -354,6 +355,8 @@ class PickStream:
             usage = self._scanner.usage
         else:
             usage = usage_in_body(b"".join(self._plain)) if self._plain else None
+            if self._usage_asked and self.status == 400 and self._plain:
+                self._refused_usage(b"".join(self._plain))
         replica, s = self.served or decision.replica, self.s
         status = self.status
         if self._counted:
@@ -365,6 +368,13 @@ class PickStream:
             judge_answer(s, replica, status, marked=self._marked)
         self._end_span(status)
         self._release(usage if status == 200 else None)
+
+    def _refused_usage(self, body: bytes) -> None:
+        """A 400 refusing the ``stream_options`` we added: this client got it (the proxy cannot
+        resend, as ``serve`` does), and the picker stops asking (``asks_stream_usage``)."""
+        if refuses_stream_options(body) and self.s.state.asks_stream_usage:
+            log.warning("%s refused stream_options: no more usage asked of streams", self.rid)
+            self.s.state.asks_stream_usage = False
 
     def _end_span(self, status: int) -> None:
         """End the request's span (once) with the answer's status; 0: none came."""

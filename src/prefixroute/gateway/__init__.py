@@ -42,7 +42,12 @@ from prefixroute.gateway._tenant_config import TenancyConfig, TenantLimits, Tena
 from prefixroute.gateway._tenants import Tenants, TenantScope, upstream_headers
 from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
 from prefixroute.gateway._tracing import RequestTracing
-from prefixroute.gateway._usage import Usage, ask_for_stream_usage, usage_in_body
+from prefixroute.gateway._usage import (
+    Usage,
+    ask_for_stream_usage,
+    refuses_stream_options,
+    usage_in_body,
+)
 
 # The request-side and response-side pieces below are also what ``prefixroute.epp`` (the Envoy
 # endpoint picker) routes and accounts with, so that both front ends parse and learn alike:
@@ -96,5 +101,6 @@ __all__ = [
     "spec_for",
     "upstream_headers",
     "ask_for_stream_usage",
+    "refuses_stream_options",
     "usage_in_body",
 ]

@@ -153,6 +153,7 @@ def gateway_state(config: GatewayConfig, tokenizer: PromptTokenizer | None) -> G
     state = GatewayState(
         config, router, registry, metrics,
         Limits(config.max_in_flight, config.max_body_bytes, config.client_body_timeout_s),
+        asks_stream_usage=config.stream_usage,
     )  # fmt: skip
     if tokenizer is not None:
         state.tokenizer = TokenizerPool(
@@ -262,6 +263,7 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     state.proxy = Proxy(
         session, state.router, state.registry, state.metrics, state.sync,
         is_cutting=lambda: limits.cutting, tracing=state.tracing,
+        on_usage_refused=lambda: setattr(state, "asks_stream_usage", False),
     )  # fmt: skip
     state.health = HealthChecker(state.registry, session, cfg)
     try:
@@ -325,7 +327,7 @@ async def _admit(request: web.Request, state: GatewayState, endpoint: Endpoint) 
     key = await state.route_key(endpoint, key, obj, scope)  # edits obj's cache_salt
     asked = False
     if obj is not None:  # what the replica reads is what we parsed (see _requests)
-        if endpoint is not Endpoint.OTHER and state.config.stream_usage:
+        if endpoint is not Endpoint.OTHER and state.asks_stream_usage:
             asked = ask_for_stream_usage(obj)  # the usage every stream's calibration needs
         body = encode_body(obj)
         headers["Content-Type"] = "application/json"

@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
+import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -75,9 +75,9 @@ from prefixroute.gateway._relay import (
     relay_stream,
     upstream_error,
 )
-from prefixroute.gateway._requests import Admitted, Endpoint
-from prefixroute.gateway._tracing import RequestTracing
-from prefixroute.gateway._usage import Usage
+from prefixroute.gateway._requests import Admitted, Endpoint, payload_of
+from prefixroute.gateway._tracing import RequestTracing, under_span
+from prefixroute.gateway._usage import Usage, refuses_stream_options, without_stream_usage
 from prefixroute.gateway._verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,6 @@ REPLICA_HEADER = "x-prefixroute-replica"
 REASON_HEADER = "x-prefixroute-reason"
 PREDICTED_HEADER = "x-prefixroute-predicted-cached-tokens"  # the decision's prediction, tokens
 MAX_ATTEMPTS = 2  # the first try and one retry
-LARGE_BODY = 1024 * 1024  # bytes; aiohttp's threshold for sending bytes in one write
 CLIENT_GONE = 499  # a traced request cancelled before its answer (nginx's "client closed")
 # First-byte deadline: this many times the predicted TTFT (then clamped to the configured floor
 # and cap), leaving room for an estimate that is still learning.
@@ -99,6 +98,10 @@ class _Status5xx(UpstreamError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class _UsageRefused(Exception):
+    """The replica refused the ``stream_options`` the gateway added (``Proxy._attempt``)."""
 
 
 @dataclass(slots=True)
@@ -142,6 +145,7 @@ class Proxy:
         listener: RouteListener | None = None,
         is_cutting: Callable[[], bool] = lambda: False,
         tracing: RequestTracing | None = None,
+        on_usage_refused: Callable[[], None] = lambda: None,
     ) -> None:
         self.session = session
         self.listener = listener
@@ -151,6 +155,7 @@ class Proxy:
         self.config: GatewayConfig = registry.config
         self.is_cutting = is_cutting  # the shutdown drain bound has passed
         self.tracing = tracing  # otlp_endpoint: a span per request (_tracing)
+        self.on_usage_refused = on_usage_refused  # a replica refused stream_options: stop asking
         self._ids = itertools.count()
 
     async def forward(self, request: web.Request, admitted: Admitted) -> web.StreamResponse:
@@ -270,6 +275,26 @@ class Proxy:
         can_retry: bool,
         release: Callable[[Usage | None], None],
     ) -> RelayResult:
+        """One attempt on ``decision.replica``; a replica that refuses the ``stream_options`` we
+        added gets it again as sent, and the gateway stops asking (a 400 is worse than no usage)."""
+        try:
+            return await self._send(call, decision, can_retry, release)
+        except _UsageRefused:
+            name = self.registry.public_name(decision.replica)
+            log.warning("%s refused stream_options: no more usage asked of streams", name)
+            self.on_usage_refused()
+            plain = without_stream_usage(call.admitted.body)
+            admitted = dataclasses.replace(call.admitted, body=plain, usage_asked=False)
+            return await self._send(dataclasses.replace(call, admitted=admitted), decision,
+                                    can_retry, release)  # fmt: skip
+
+    async def _send(
+        self,
+        call: _Call,
+        decision: Decision,
+        can_retry: bool,
+        release: Callable[[Usage | None], None],
+    ) -> RelayResult:
         request, rid, admitted = call.request, call.rid, call.admitted
         stream = admitted.key.stream
         replica = decision.replica
@@ -303,13 +328,11 @@ class Proxy:
                     with self._traced(call, name) as headers:
                         async with await send(
                             self.session, request.method, url,
-                            lambda: _payload(admitted.body), self.metrics.resends.inc,
+                            lambda: payload_of(admitted.body), self.metrics.resends.inc,
                             headers=headers,
                             allow_redirects=False,  # a replica's 3xx is the client's to follow
                         ) as resp:  # fmt: skip
-                            if resp.status >= 500 and can_retry:
-                                msg = f"replica {name} answered {resp.status}"
-                                raise _Status5xx(msg, resp.status)
+                            await _not_for_the_client(resp, admitted.usage_asked, can_retry, name)
                             if is_event_stream(resp):
                                 ctl = StreamControl(
                                     name, started, first_token, release, self.is_cutting,
@@ -329,7 +352,7 @@ class Proxy:
         as they are, in a context that costs nothing to enter (no generator per attempt)."""
         if call.span is None or self.tracing is None:
             return contextlib.nullcontext(call.admitted.headers)
-        return _under_span(self.tracing, call.span, name, dict(call.admitted.headers))
+        return under_span(self.tracing, call.span, name, dict(call.admitted.headers))
 
     def _account(
         self,
@@ -359,22 +382,15 @@ class Proxy:
         )
 
 
-@contextlib.contextmanager
-def _under_span(
-    tracing: RequestTracing, span: Span, name: str, headers: dict[str, str]
-) -> Iterator[Mapping[str, str]]:
-    """``headers``, with the ``traceparent`` of an upstream CLIENT span open meanwhile."""
-    with tracing.upstream(span, name, headers):
-        yield headers
-
-
-def _payload(body: bytes) -> bytes | io.BytesIO | None:
-    """The body as aiohttp should send it: bytes are written in one go, which aiohttp warns
-    about past 1 MiB (it would hold the loop), so larger ones go as a stream, a fresh one per
-    attempt so that a retry sends it again from the start."""
-    if len(body) > LARGE_BODY:
-        return io.BytesIO(body)
-    return body or None
+async def _not_for_the_client(
+    resp: aiohttp.ClientResponse, usage_asked: bool, can_retry: bool, name: str
+) -> None:
+    """Raise for an answer the client must not get: a 400 refusing the ``stream_options`` we
+    added (read here; any other 400 is relayed as is), or a 5xx another replica may answer."""
+    if usage_asked and resp.status == 400 and refuses_stream_options(await resp.read()):
+        raise _UsageRefused
+    if resp.status >= 500 and can_retry:
+        raise _Status5xx(f"replica {name} answered {resp.status}", resp.status)
 
 
 def _kind(exc: BaseException) -> str:

@@ -28,6 +28,7 @@ as invalid JSON.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ __all__ = [  # Endpoint, RouteKey and EMPTY_KEY are the core's, named here for t
 ]
 
 MAX_DEPTH = 64  # nesting levels of arrays and objects a request body may have
+LARGE_BODY = 1024 * 1024  # bytes; aiohttp's threshold for sending bytes in one write
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,3 +145,12 @@ def other_key(obj: object | None) -> RouteKey:
     model = obj.get("model") if isinstance(obj, dict) else None
     return RouteKey("", None, model) if isinstance(model, str) else EMPTY_KEY
 
+
+
+def payload_of(body: bytes) -> bytes | io.BytesIO | None:
+    """The body as aiohttp should send it: bytes are written in one go, which aiohttp warns
+    about past 1 MiB (it would hold the loop), so larger ones go as a stream, a fresh one per
+    attempt so that a retry sends it again from the start."""
+    if len(body) > LARGE_BODY:
+        return io.BytesIO(body)
+    return body or None

@@ -39,6 +39,8 @@ class GatewayState:
     precise: PreciseMode | None = None  # precise mode: the KV-event subscribers
     sync: RouteSync | None = None  # sync_redis: decisions shared with other instances
     tracing: RequestTracing | None = None  # otlp_endpoint: a span per routed request
+    # stream_usage, until a replica refuses stream_options (Proxy._attempt): then False
+    asks_stream_usage: bool = True
 
     async def route_key(
         self, endpoint: Endpoint, key: RouteKey, obj: object | None, scope: TenantScope | None

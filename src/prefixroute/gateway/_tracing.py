@@ -153,3 +153,12 @@ class RequestTracing:
     def shutdown(self) -> None:
         """Flush what is batched and stop exporting (on gateway stop)."""
         self._provider.shutdown()
+
+
+@contextmanager
+def under_span(
+    tracing: RequestTracing, span: Span, name: str, headers: dict[str, str]
+) -> Iterator[Mapping[str, str]]:
+    """``headers``, with the ``traceparent`` of an upstream CLIENT span open meanwhile."""
+    with tracing.upstream(span, name, headers):
+        yield headers

@@ -71,6 +71,24 @@ def ask_for_stream_usage(obj: object) -> bool:
     return True
 
 
+def refuses_stream_options(body: bytes) -> bool:
+    """A replica's 400 that refuses the ``stream_options`` the gateway added: it names them
+    (a server that rejects fields it does not know)."""
+    return b"stream_options" in body
+
+
+def without_stream_usage(body: bytes) -> bytes:
+    """``body`` (as the gateway encoded it, having asked for usage) without that ask: the
+    ``include_usage`` set, and ``stream_options`` itself when nothing else is left in it."""
+    obj = json.loads(body)
+    options = obj.get("stream_options") if isinstance(obj, dict) else None
+    if isinstance(options, dict):
+        options.pop("include_usage", None)
+        if not options:
+            del obj["stream_options"]
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
 def is_usage_only(obj: object) -> bool:
     """A stream's usage event (OpenAI's, vLLM's and SGLang's): no choices, a usage object."""
     return (

@@ -52,9 +52,10 @@ def test_every_flag_sets_its_field(monkeypatch: pytest.MonkeyPatch) -> None:
         else:
             value = SAMPLE[scalar_type(kind)]
             # Settings whose values are URLs of a given kind (checked at start).
-            value = {"sync_redis": "redis://h:1/0", "otlp_endpoint": "http://h:4317"}.get(
-                f.name, value
-            )
+            value = {
+                "sync_redis": "redis://h:1/0", "otlp_endpoint": "http://h:4317",
+                "health_path": "/ping",  # a path (checked at start)
+            }.get(f.name, value)  # fmt: skip
             cfg = serve(flag, value, *NEEDS.get(f.name, []))
             assert getattr(cfg, f.name) == scalar_type(kind)(value), f.name
 

@@ -34,7 +34,6 @@ from prefixroute.gateway import (
     GatewayState,
     Tenants,
     TenantScope,
-    ask_for_stream_usage,
     encode_body,
     key_of,
     parse_body,
@@ -106,7 +105,7 @@ async def request_key(
     key = await state.route_key(endpoint, key_of(endpoint, obj), obj, scope)  # edits obj
     if endpoint is Endpoint.OTHER:
         return key, None, False
-    asked = ask_usage and state.asks_stream_usage and ask_for_stream_usage(obj)
+    asked = ask_usage and state.ask_stream_usage(endpoint, obj)
     isolated = scope is not None and scope.tenants.config.isolation
     if isolated or asked:
         return key, encode_body(obj), asked  # cache_salt or stream_options: the replica reads it

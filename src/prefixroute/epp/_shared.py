@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from prefixroute.core import ReplicaId, Router
 from prefixroute.gateway import (
+    GATEWAY_STATUSES,
     DecisionEntry,
     FleetView,
     GatewayMetrics,
@@ -17,8 +18,6 @@ from prefixroute.gateway import (
     Tenants,
 )
 from prefixroute.sync import RouteSync
-
-_GATEWAY_STATUSES = frozenset({502, 503, 504})  # Envoy's own answers when the replica failed
 
 
 @dataclass(slots=True)
@@ -61,7 +60,7 @@ def judge_answer(shared: PickShared, replica: ReplicaId, status: int, *, marked:
     registry, now = shared.registry, shared.clock()
     if status >= 500:
         shared.metrics.upstream_failures.labels(replica, "status").inc()
-        if status not in _GATEWAY_STATUSES:
+        if status not in GATEWAY_STATUSES:  # 502-504: Envoy's answers when the replica failed
             registry.record_error(replica, now)
         elif not marked:
             registry.record_failure(replica, now, f"status {status}")

@@ -136,8 +136,8 @@ class PickStream:
         self.subset = proto.subset_of(req)
         tracing = self.s.state.tracing
         if tracing is not None:  # otlp_endpoint: a span per request, as serve's (_tracing)
-            path = self.headers.get(":path", "").partition("?")[0]
-            self._span = tracing.start_request(self.headers.get(":method", ""), path, self.headers)
+            method = self.headers.get(":method", "")
+            self._span = tracing.start_request(method, self._path, self.headers)
         try:
             self.admission = admit(self.s.tenants, self.headers, self.s.clock())
         except PrefixrouteError as exc:
@@ -173,23 +173,26 @@ class PickStream:
         return self._answer(body, replaced, end_of_body, headers_only)
 
     def _count(self, replica: ReplicaId, status: int, decision: Decision) -> None:
-        path = self.headers.get(":path", "").partition("?")[0]
-        count_answer(self.s, replica, status, self._reason, decision.predicted_cached_tokens, path)
+        predicted = decision.predicted_cached_tokens
+        count_answer(self.s, replica, status, self._reason, predicted, self._path)
+
+    @property
+    def _path(self) -> str:
+        """The request's path, without its query."""
+        return self.headers.get(":path", "").partition("?")[0]
 
     @property
     def _counted(self) -> bool:
         """A call the requests counter and the decision log count: /v1/* but /v1/models, as
         the gateway counts them (not probes or model listings that pass through Envoy)."""
-        path = self.headers.get(":path", "").partition("?")[0]
-        return path.startswith("/v1/") and path != "/v1/models"
+        return self._path.startswith("/v1/") and self._path != "/v1/models"
 
     @property
     def _scope(self) -> TenantScope | None:
         return self.admission.scope if self.admission is not None else None
 
     def _endpoint(self) -> Endpoint:
-        path = self.headers.get(":path", "").split("?", 1)[0]
-        return _PATHS.get(path, Endpoint.OTHER)
+        return _PATHS.get(self._path, Endpoint.OTHER)
 
     def _answer(
         self, body: bytes, replaced: bytes | None, end_of_body: bool, headers_only: bool
@@ -355,10 +358,11 @@ class PickStream:
             usage = self._scanner.usage
         else:
             usage = usage_in_body(b"".join(self._plain)) if self._plain else None
-            if self._usage_asked and self.status == 400 and self._plain:
-                self._refused_usage(b"".join(self._plain))
         replica, s = self.served or decision.replica, self.s
         status = self.status
+        if self._usage_asked and status == 400 and refuses_stream_options(b"".join(self._plain)):
+            # the proxy cannot resend as serve does: this client got the 400; no more asking
+            s.state.stop_asking_stream_usage(s.registry.public_name(replica))
         if self._counted:
             self._count(replica, status, decision)
         if status == 200 and self._endpoint() is not Endpoint.OTHER:  # as the gateway counts
@@ -368,13 +372,6 @@ class PickStream:
             judge_answer(s, replica, status, marked=self._marked)
         self._end_span(status)
         self._release(usage if status == 200 else None)
-
-    def _refused_usage(self, body: bytes) -> None:
-        """A 400 refusing the ``stream_options`` we added: this client got it (the proxy cannot
-        resend, as ``serve`` does), and the picker stops asking (``asks_stream_usage``)."""
-        if refuses_stream_options(body) and self.s.state.asks_stream_usage:
-            log.warning("%s refused stream_options: no more usage asked of streams", self.rid)
-            self.s.state.asks_stream_usage = False
 
     def _end_span(self, status: int) -> None:
         """End the request's span (once) with the answer's status; 0: none came."""

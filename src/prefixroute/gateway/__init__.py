@@ -44,10 +44,10 @@ from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, Tokenize
 from prefixroute.gateway._tracing import RequestTracing
 from prefixroute.gateway._usage import (
     Usage,
-    ask_for_stream_usage,
     refuses_stream_options,
     usage_in_body,
 )
+from prefixroute.gateway._verdict import GATEWAY_STATUSES
 
 # The request-side and response-side pieces below are also what ``prefixroute.epp`` (the Envoy
 # endpoint picker) routes and accounts with, so that both front ends parse and learn alike:
@@ -56,6 +56,7 @@ from prefixroute.gateway._usage import (
 __all__ = [
     "ADMIN_TOKEN_ENV",
     "CONFIG_HELP",
+    "GATEWAY_STATUSES",
     "PREDICTED_HEADER",
     "REASON_HEADER",
     "REPLICA_HEADER",
@@ -72,8 +73,8 @@ __all__ = [
     "PromptTokenizer",
     "ReplicaRecord",
     "ReplicaRegistry",
-    "RequestTracing",
     "ReplicaStatus",
+    "RequestTracing",
     "Setting",
     "SSEScanner",
     "TenancyConfig",
@@ -99,8 +100,7 @@ __all__ = [
     "parse_body",
     "run_on_uvloop",
     "spec_for",
-    "upstream_headers",
-    "ask_for_stream_usage",
     "refuses_stream_options",
+    "upstream_headers",
     "usage_in_body",
 ]

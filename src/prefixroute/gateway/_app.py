@@ -87,7 +87,6 @@ from prefixroute.gateway._tenants import (
 )
 from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
 from prefixroute.gateway._tracing import RequestTracing
-from prefixroute.gateway._usage import ask_for_stream_usage
 from prefixroute.sync import RouteSync
 
 # Tokenizer threads: all cores but one, which stays with the event loop (on 2 cores one thread
@@ -263,7 +262,7 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     state.proxy = Proxy(
         session, state.router, state.registry, state.metrics, state.sync,
         is_cutting=lambda: limits.cutting, tracing=state.tracing,
-        on_usage_refused=lambda: setattr(state, "asks_stream_usage", False),
+        on_usage_refused=state.stop_asking_stream_usage,
     )  # fmt: skip
     state.health = HealthChecker(state.registry, session, cfg)
     try:
@@ -327,8 +326,7 @@ async def _admit(request: web.Request, state: GatewayState, endpoint: Endpoint) 
     key = await state.route_key(endpoint, key, obj, scope)  # edits obj's cache_salt
     asked = False
     if obj is not None:  # what the replica reads is what we parsed (see _requests)
-        if endpoint is not Endpoint.OTHER and state.asks_stream_usage:
-            asked = ask_for_stream_usage(obj)  # the usage every stream's calibration needs
+        asked = state.ask_stream_usage(endpoint, obj)  # the usage every stream's learning needs
         body = encode_body(obj)
         headers["Content-Type"] = "application/json"
     return Admitted(rid, endpoint, key, body, headers, scope, asked)

@@ -145,7 +145,7 @@ class Proxy:
         listener: RouteListener | None = None,
         is_cutting: Callable[[], bool] = lambda: False,
         tracing: RequestTracing | None = None,
-        on_usage_refused: Callable[[], None] = lambda: None,
+        on_usage_refused: Callable[[str], None] = lambda replica: None,
     ) -> None:
         self.session = session
         self.listener = listener
@@ -155,7 +155,7 @@ class Proxy:
         self.config: GatewayConfig = registry.config
         self.is_cutting = is_cutting  # the shutdown drain bound has passed
         self.tracing = tracing  # otlp_endpoint: a span per request (_tracing)
-        self.on_usage_refused = on_usage_refused  # a replica refused stream_options: stop asking
+        self.on_usage_refused = on_usage_refused  # (its name) refused stream_options: stop asking
         self._ids = itertools.count()
 
     async def forward(self, request: web.Request, admitted: Admitted) -> web.StreamResponse:
@@ -280,9 +280,7 @@ class Proxy:
         try:
             return await self._send(call, decision, can_retry, release)
         except _UsageRefused:
-            name = self.registry.public_name(decision.replica)
-            log.warning("%s refused stream_options: no more usage asked of streams", name)
-            self.on_usage_refused()
+            self.on_usage_refused(self.registry.public_name(decision.replica))
             plain = without_stream_usage(call.admitted.body)
             admitted = dataclasses.replace(call.admitted, body=plain, usage_asked=False)
             return await self._send(dataclasses.replace(call, admitted=admitted), decision,

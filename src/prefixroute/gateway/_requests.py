@@ -146,7 +146,6 @@ def other_key(obj: object | None) -> RouteKey:
     return RouteKey("", None, model) if isinstance(model, str) else EMPTY_KEY
 
 
-
 def payload_of(body: bytes) -> bytes | io.BytesIO | None:
     """The body as aiohttp should send it: bytes are written in one go, which aiohttp warns
     about past 1 MiB (it would hold the loop), so larger ones go as a stream, a fresh one per

@@ -8,6 +8,7 @@ only between startup and cleanup, so they are filled in by the session's ``clean
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -23,7 +24,10 @@ from prefixroute.gateway._registry import ReplicaRegistry
 from prefixroute.gateway._tenants import TenantScope
 from prefixroute.gateway._tokenize import TokenizerPool
 from prefixroute.gateway._tracing import RequestTracing
+from prefixroute.gateway._usage import ask_for_stream_usage
 from prefixroute.sync import RouteSync
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -39,8 +43,22 @@ class GatewayState:
     precise: PreciseMode | None = None  # precise mode: the KV-event subscribers
     sync: RouteSync | None = None  # sync_redis: decisions shared with other instances
     tracing: RequestTracing | None = None  # otlp_endpoint: a span per routed request
-    # stream_usage, until a replica refuses stream_options (Proxy._attempt): then False
+    # stream_usage, until a replica refuses stream_options (stop_asking_stream_usage)
     asks_stream_usage: bool = True
+
+    def ask_stream_usage(self, endpoint: Endpoint, obj: object) -> bool:
+        """Ask for the usage of a stream whose client did not (``_usage``), in the parsed body
+        ``obj``, while the gateway asks; returns whether it did. Both front ends call this."""
+        if endpoint is Endpoint.OTHER or not self.asks_stream_usage:
+            return False
+        return ask_for_stream_usage(obj)
+
+    def stop_asking_stream_usage(self, replica: str) -> None:
+        """``replica`` refused the ``stream_options`` we added (a server that rejects fields
+        it does not know): no stream is asked for its usage from now on (logged once)."""
+        if self.asks_stream_usage:
+            log.warning("%s refused stream_options: no more usage asked of streams", replica)
+            self.asks_stream_usage = False
 
     async def route_key(
         self, endpoint: Endpoint, key: RouteKey, obj: object | None, scope: TenantScope | None

@@ -21,6 +21,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from prefixroute.gateway._requests import encode_body
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:
@@ -86,7 +88,7 @@ def without_stream_usage(body: bytes) -> bytes:
         options.pop("include_usage", None)
         if not options:
             del obj["stream_options"]
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return encode_body(obj)
 
 
 def is_usage_only(obj: object) -> bool:

@@ -305,6 +305,8 @@ async def test_the_picker_asks_for_the_usage_and_keeps_it_from_the_client() -> N
     assert body["stream_options"] == {"include_usage": True}
     sent = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     assert headers["content-length"] == str(len(sent))
+    # A compressed stream could not be read event by event to keep the usage back.
+    assert headers["accept-encoding"] == "identity"
     assert await _answer(stream) == TOKEN + b"data: [DONE]\n\n"
     assert s.router.usage_reports == 1
 
@@ -316,6 +318,7 @@ async def test_a_client_that_asked_gets_its_usage_and_its_body_unchanged() -> No
                         "stream_options": {"include_usage": True}}).encode()  # fmt: skip
     out = await pick(stream, asked)
     assert out[1].request_body.response.body_mutation.streamed_response.body == asked
+    assert "accept-encoding" not in _sent_body(out)[1]  # the client's own choice stands
     assert await _answer(stream) == TOKEN + USAGE_EVENT + b"data: [DONE]\n\n"
     assert s.router.usage_reports == 1
 

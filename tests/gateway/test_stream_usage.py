@@ -144,3 +144,57 @@ async def test_any_other_400_is_the_clients_and_is_not_sent_again(
         assert (await resp.json())["error"]["message"] == "bad prompt"
     assert len([s for s in fake.seen if s.path == "/v1/completions"]) == 1
     assert gw.app[STATE].asks_stream_usage  # nothing the gateway added was refused
+
+
+async def _compressing(request: web.Request) -> web.StreamResponse:
+    """A server that compresses its event stream whenever the client accepts gzip (as one
+    behind a compressing middleware does), and sends the usage event only when asked."""
+    if request.method != "POST":  # health probes
+        return web.Response()
+    body = await request.json()
+    out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    out.enable_compression()  # honours the request's Accept-Encoding
+    await out.prepare(request)
+    await out.write(b'data: {"choices":[{"text":"ok"}]}\n\n')
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8,
+                 "prompt_tokens_details": {"cached_tokens": 0}}
+        await out.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+    await out.write(b"data: [DONE]\n\n")
+    await out.write_eof()
+    return out
+
+
+async def test_a_compressing_replica_cannot_hand_the_client_the_usage_it_did_not_ask_for(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    # A compressed stream cannot be read event by event, so the gateway could not keep the
+    # usage event it asked for from the client: it asks such streams for no compression.
+    fake = await make_fake(handler=_compressing)
+    gw = await make_gateway([fake.url])
+    body = {"prompt": "hello", "max_tokens": 1, "stream": True}
+    headers = {"Accept-Encoding": "gzip, deflate"}
+    async with session.post(gw.url + "/v1/completions", json=body, headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+        events, done = parse_stream(await resp.text())
+    assert done
+    assert all(e.get("choices") for e in events), "a usage event reached the client"
+    assert _total(gw, "prefixroute_prompt_tokens_total") == 7  # and the gateway read it
+    sent = [s for s in fake.seen if s.path == "/v1/completions"]
+    assert sent[0].headers.get("Accept-Encoding") == "identity"
+
+
+async def test_a_client_that_asked_for_usage_keeps_its_accept_encoding(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    fake = await make_fake(handler=_compressing)
+    gw = await make_gateway([fake.url])
+    body = {"prompt": "hello", "max_tokens": 1, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    headers = {"Accept-Encoding": "gzip"}
+    async with session.post(gw.url + "/v1/completions", json=body, headers=headers) as resp:
+        assert resp.status == 200
+        events, done = parse_stream(await resp.text())
+    assert done and events[-1]["usage"]["prompt_tokens"] == 7
+    sent = [s for s in fake.seen if s.path == "/v1/completions"]
+    assert sent[0].headers["Accept-Encoding"] == "gzip"

@@ -206,6 +206,8 @@ class PickStream:
             remove = self.admission.remove_headers
         if replaced is not None:  # the body changed length: say so, as the protocol's EPP does
             headers["content-length"] = str(len(replaced))
+        if self._usage_asked:  # a compressed stream could not be read to keep that usage back
+            headers["accept-encoding"] = "identity"
         if self._span is not None:  # the replica continues our trace (vLLM's --otlp-traces-...)
             headers.update(RequestTracing.traceparent(self._span))
         if headers_only:

@@ -327,6 +327,8 @@ async def _admit(request: web.Request, state: GatewayState, endpoint: Endpoint) 
     asked = False
     if obj is not None:  # what the replica reads is what we parsed (see _requests)
         asked = state.ask_stream_usage(endpoint, obj)  # the usage every stream's learning needs
+        if asked:  # a compressed stream cannot be read event by event to hide that usage
+            headers["Accept-Encoding"] = "identity"
         body = encode_body(obj)
         headers["Content-Type"] = "application/json"
     return Admitted(rid, endpoint, key, body, headers, scope, asked)

@@ -7,14 +7,17 @@ import socket
 
 import aiohttp
 import pytest
-from gateway.fakes import ClosingReplica
+from aiohttp import web
+from gateway.fakes import ClosingReplica, FakeReplica
 
 from prefixroute._pool import upstream_connector
 from prefixroute.bench import ReplayConfig, prompt_text, replay
 from prefixroute.bench._client import stream_completion
 from prefixroute.cli import main
+from prefixroute.commands.bench import _metrics
 from prefixroute.core import DEFAULT_POLICY
 from prefixroute.emulate import EmulatorConfig, start_replicas
+from prefixroute.sim import oracle_floor
 from prefixroute.sim.replica import ReplicaConfig
 from prefixroute.sim.workloads import make_workload
 
@@ -151,3 +154,35 @@ async def test_a_connection_the_server_closed_is_no_error_of_the_server_s() -> N
         await replica.stop()
     assert [(o.status, o.error) for o in outcomes] == [(200, None)] * 4
     assert replica.posts == 4 + 3
+
+
+async def _two_tokens_a_word(request: web.Request) -> web.StreamResponse:
+    """A replica whose tokenizer splits each of the workload's words in two, caching nothing."""
+    words = len((await request.json())["prompt"].split())
+    usage = {"prompt_tokens": 2 * words, "completion_tokens": 1,
+             "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+    out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await out.prepare(request)
+    await out.write(b'data: {"choices":[{"text":"x"}]}\n\n')
+    await out.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+    await out.write(b"data: [DONE]\n\n")
+    return out
+
+
+async def test_the_floor_is_put_in_the_replicas_tokens() -> None:
+    """Prefill is counted in the replica's tokens (its usage), the floor in the workload's: a
+    real tokenizer (or a replica written by others) splits the workload's words otherwise, and
+    against the unscaled floor every policy looked twice as wasteful as it was."""
+    w = make_workload("seed-conversation")
+    fake = FakeReplica(handler=_two_tokens_a_word)
+    await fake.start()
+    try:
+        result = await replay(w, ReplayConfig(fake.url, time_scale=0.01), "two")
+    finally:
+        await fake.stop()
+    assert result.errors == [] and result.token_scale == 2.0
+    floor = oracle_floor(w, w.block_size)
+    m = _metrics(result, floor, 1.0)
+    assert m.oracle_floor == 2 * floor
+    prompt = sum(len(t.tokens) for s in w.sessions for t in s.turns)
+    assert m.floor_ratio == pytest.approx(2 * prompt / (2 * floor))  # nothing cached

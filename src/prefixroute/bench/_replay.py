@@ -43,6 +43,10 @@ class ReplayResult:
     run: RunResult
     itl_s: list[float]  # every inter-token gap, workload seconds
     errors: list[str]
+    # The replicas' prompt tokens per workload token, over the answers that reported usage
+    # (None: none did). A real tokenizer splits the workload's words otherwise than the
+    # workload counts them, so its floor is in other units (``token_scale``).
+    token_scale: float | None = None
 
 
 async def replay(
@@ -75,7 +79,8 @@ async def replay(
         events=0,
         wall_s=time.perf_counter() - run.t_start,
     )
-    return ReplayResult(result, run.itl, run.errors)
+    scale = run.reported_tokens / run.counted_tokens if run.counted_tokens else None
+    return ReplayResult(result, run.itl, run.errors, scale)
 
 
 class _Replay:
@@ -88,6 +93,8 @@ class _Replay:
         self.itl: list[float] = []  # every inter-token gap, workload seconds
         self.errors: list[str] = []
         self.done = 0  # requests answered (or failed)
+        self.counted_tokens = 0  # the workload's prompt tokens of answers that reported usage
+        self.reported_tokens = 0  # what the replicas counted for those prompts
         self.t_start = time.perf_counter()
 
     def clock(self) -> float:
@@ -121,6 +128,9 @@ class _Replay:
         self.records.append(rec)
         url = self.cfg.url.rstrip("/") + "/v1/completions"
         out = await stream_completion(http, url, body)
+        if out.prompt_tokens is not None:
+            self.counted_tokens += len(turn.tokens)
+            self.reported_tokens += out.prompt_tokens
         _fill(rec, out, self.cfg.time_scale)
         self.itl.extend(g / self.cfg.time_scale for g in out.itl_s)
         self.done += 1

@@ -48,6 +48,7 @@ from prefixroute.sim import (
 )
 
 PROBE_TIMEOUT_S = 10.0  # a --url that does not answer within this is reported dead, seconds
+SCALE_NOTED = 0.01  # replicas' tokens per workload token this far from 1 are said under the table
 
 
 def add_parser(sub: Any) -> None:
@@ -98,6 +99,10 @@ def add_parser(sub: Any) -> None:
 
 
 def _metrics(result: ReplayResult, floor: int | None, slo_s: float) -> PolicyMetrics:
+    """The run's scores; the workload's floor is put in the replicas' tokens first, since
+    prefill is counted from what they report (``ReplayResult.token_scale``)."""
+    if floor is not None and result.token_scale is not None:
+        floor = round(floor * result.token_scale)
     m = summarize(result.run, floor, slo_s)
     m.itl_ms = itl_percentiles(result.itl_s)
     m.errors = len(result.errors)
@@ -227,7 +232,9 @@ def run(args: argparse.Namespace) -> int:
     target = args.url or _emulated_target(args.emulate, fleet)
     title = f"bench {workload.name}: {workload.num_requests:,} requests -> {target}"
     if args.json:
-        write_json(metrics, sys.stdout, {"workload": workload.name, "target": target})
+        scales = {r.run.policy: r.token_scale for r in results}
+        meta = {"workload": workload.name, "target": target, "tokens_per_workload_token": scales}
+        write_json(metrics, sys.stdout, meta)
     else:
         _print(metrics, results, title)
     if args.plot:
@@ -252,6 +259,13 @@ def _print(metrics: list[PolicyMetrics], results: list[ReplayResult], title: str
         itl = m.itl_ms
         extra = f", ITL p50 {itl['p50']:.1f} ms p99 {itl['p99']:.1f} ms" if itl else ""
         console.print(f"{m.policy}: {m.errors} errors{extra}")
+    scales = [r.token_scale for r in results if r.token_scale is not None]
+    if scales and any(abs(x - 1.0) > SCALE_NOTED for x in scales):
+        console.print(
+            f"the replicas count {min(scales):.2f}-{max(scales):.2f} tokens per workload "
+            "token: the oracle floor is scaled to their tokens (approximately: their "
+            "blocks do not fall where the workload's do)"
+        )
     for r in results:
         for err in r.errors[:3]:
             console.print(f"  {r.run.policy}: {err}")

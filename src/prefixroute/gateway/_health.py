@@ -11,6 +11,13 @@ A healthy replica's ``/metrics`` is scraped in the same round for the engine's o
 (``_scrape``); a replica without one (404) is not asked again. Where the engine exports its
 prefill times, each round's increase teaches the router that replica's prefill rate
 (``Router.observe_engine_prefill``).
+
+A replica whose engine lost its KV cache leaves the prefix index stale: requests sent there for
+prefixes it no longer holds, predicted as cheap. In approximate mode (precise mode's KV events
+say so themselves) two signs clear what the index holds for it: a probe whose connection is
+refused (nothing listens: the process is gone, and its cache), and a scrape whose prefill
+counters went down (the engine began again, perhaps between two probes). A replica that
+refuses probe after probe is cleared, and logged, once.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ class HealthChecker:
         self._no_metrics: set[str] = set()  # replicas whose /metrics answered 404
         self._no_health: set[str] = set()  # replicas whose health path answered 404
         self._prefill = PrefillDeltas()  # each replica's last prefill totals
+        self._down: set[str] = set()  # refused connections: cleared, not answering yet
 
     def start(self) -> None:
         if self._task is None:
@@ -92,6 +100,8 @@ class HealthChecker:
         if not router.has_replica(record.id):
             self._prefill.forget(record.url)
             return
+        if self._prefill.restarted(record.url, load.prefill):
+            self._cache_lost(record, "restarted (its prefill counters began again)")
         router.observe_replica(
             record.id,
             kv_usage=load.kv_usage,
@@ -111,14 +121,29 @@ class HealthChecker:
             async with self.session.get(record.url + path, timeout=self._timeout) as resp:
                 await resp.read()
                 status = resp.status
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, ConnectionRefusedError) and record.url not in self._down:
+                self._down.add(record.url)
+                self._cache_lost(record, "refused connections")
+            return False
         except (aiohttp.ClientError, TimeoutError):
             return False
+        self._down.discard(record.url)  # it answers again
         if status == 404 and not no_health and path != MODELS_PATH:
             self._no_health.add(record.url)
             log.warning("replica %s has no %s (404): probed on %s instead",
                         record.url, path, MODELS_PATH)  # fmt: skip
             return await self._probe(record)
         return status == 200
+
+    def _cache_lost(self, record: ReplicaRecord, why: str) -> None:
+        """``record``'s engine lost its KV cache (module docstring): the index forgets what it
+        held. Precise mode leaves it to the engine's events."""
+        router = self.registry.router
+        if self.config.precise or not router.has_replica(record.id):
+            return
+        router.engine_cleared(record.id)
+        log.warning("replica %s %s: the prefixes it cached are taken as lost", record.url, why)
 
     async def refresh_models(self, record: ReplicaRecord) -> None:
         try:

@@ -131,19 +131,27 @@ class PrefillDeltas:
     def forget(self, replica: str) -> None:
         self._last.pop(replica, None)
 
-    def update(self, replica: str, totals: PrefillTotals | None) -> PrefillDelta | None:
-        if totals is None:
-            self._last.pop(replica, None)  # gone from the page: start again when it is back
-            return None
+    def restarted(self, replica: str, totals: PrefillTotals | None) -> bool:
+        """Whether ``totals`` are below the last seen: the engine's counters began again, so
+        its process did, and its KV cache with it. Call before :meth:`update`."""
         last = self._last.get(replica)
-        self._last[replica] = totals
-        if last is None:
-            return None
-        reset = (
+        if last is None or totals is None:
+            return False
+        return (
             totals.seconds < last.seconds
             or totals.requests < last.requests
             or totals.tokens < last.tokens
         )
+
+    def update(self, replica: str, totals: PrefillTotals | None) -> PrefillDelta | None:
+        if totals is None:
+            self._last.pop(replica, None)  # gone from the page: start again when it is back
+            return None
+        reset = self.restarted(replica, totals)
+        last = self._last.get(replica)
+        self._last[replica] = totals
+        if last is None:
+            return None
         base = PrefillTotals(0.0, 0.0, 0.0) if reset else last
         requests = round(totals.requests - base.requests)
         if requests < 1:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
+from typing import Any
 
 import aiohttp
 import pytest
@@ -14,7 +16,7 @@ from prefixroute._pool import upstream_connector
 from prefixroute.bench import ReplayConfig, prompt_text, replay
 from prefixroute.bench._client import stream_completion
 from prefixroute.cli import main
-from prefixroute.commands.bench import _metrics
+from prefixroute.commands.bench import _metrics, _print
 from prefixroute.core import DEFAULT_POLICY
 from prefixroute.emulate import EmulatorConfig, start_replicas
 from prefixroute.sim import oracle_floor
@@ -157,10 +159,12 @@ async def test_a_connection_the_server_closed_is_no_error_of_the_server_s() -> N
 
 
 async def _two_tokens_a_word(request: web.Request) -> web.StreamResponse:
-    """A replica whose tokenizer splits each of the workload's words in two, caching nothing."""
-    words = len((await request.json())["prompt"].split())
-    usage = {"prompt_tokens": 2 * words, "completion_tokens": 1,
-             "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+    """A replica whose tokenizer splits each of the workload's words in two, caching nothing;
+    the prompt "silent" gets no cached-token count (SGLang without --enable-cache-report)."""
+    prompt = (await request.json())["prompt"]
+    usage: dict[str, Any] = {"prompt_tokens": 2 * len(prompt.split()), "completion_tokens": 1}
+    if prompt != "silent":
+        usage["prompt_tokens_details"] = {"cached_tokens": 0}
     out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await out.prepare(request)
     await out.write(b'data: {"choices":[{"text":"x"}]}\n\n')
@@ -186,3 +190,23 @@ async def test_the_floor_is_put_in_the_replicas_tokens() -> None:
     assert m.oracle_floor == 2 * floor
     prompt = sum(len(t.tokens) for s in w.sessions for t in s.turns)
     assert m.floor_ratio == pytest.approx(2 * prompt / (2 * floor))  # nothing cached
+
+
+async def test_hits_are_said_unmeasured_when_no_answer_reports_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    w = make_workload("seed-conversation")
+    silenced = [  # every prompt "silent": usage without cached tokens
+        dataclasses.replace(s, turns=[dataclasses.replace(t, text="silent") for t in s.turns])
+        for s in w.sessions
+    ]
+    w = dataclasses.replace(w, sessions=silenced)
+    fake = FakeReplica(handler=_two_tokens_a_word)
+    await fake.start()
+    try:
+        silent = await replay(w, ReplayConfig(fake.url, time_scale=0.01), "silent")
+    finally:
+        await fake.stop()
+    assert silent.errors == [] and silent.cached_reported == 0
+    _print([_metrics(silent, 1000, 1.0)], [silent], "t")
+    assert "silent: no answer reported its cached tokens" in capsys.readouterr().out

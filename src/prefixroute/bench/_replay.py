@@ -47,6 +47,7 @@ class ReplayResult:
     # (None: none did). A real tokenizer splits the workload's words otherwise than the
     # workload counts them, so its floor is in other units (``token_scale``).
     token_scale: float | None = None
+    cached_reported: int = 0  # answers whose usage gave cached tokens (0: hits not measured)
 
 
 async def replay(
@@ -80,7 +81,7 @@ async def replay(
         wall_s=time.perf_counter() - run.t_start,
     )
     scale = run.reported_tokens / run.counted_tokens if run.counted_tokens else None
-    return ReplayResult(result, run.itl, run.errors, scale)
+    return ReplayResult(result, run.itl, run.errors, scale, run.cached_reported)
 
 
 class _Replay:
@@ -95,6 +96,7 @@ class _Replay:
         self.done = 0  # requests answered (or failed)
         self.counted_tokens = 0  # the workload's prompt tokens of answers that reported usage
         self.reported_tokens = 0  # what the replicas counted for those prompts
+        self.cached_reported = 0  # answers that said how many of their tokens were cached
         self.t_start = time.perf_counter()
 
     def clock(self) -> float:
@@ -131,6 +133,7 @@ class _Replay:
         if out.prompt_tokens is not None:
             self.counted_tokens += len(turn.tokens)
             self.reported_tokens += out.prompt_tokens
+        self.cached_reported += out.cached_tokens is not None
         _fill(rec, out, self.cfg.time_scale)
         self.itl.extend(g / self.cfg.time_scale for g in out.itl_s)
         self.done += 1

@@ -259,6 +259,13 @@ def _print(metrics: list[PolicyMetrics], results: list[ReplayResult], title: str
         itl = m.itl_ms
         extra = f", ITL p50 {itl['p50']:.1f} ms p99 {itl['p99']:.1f} ms" if itl else ""
         console.print(f"{m.policy}: {m.errors} errors{extra}")
+    for r in results:
+        if r.run.records and not r.cached_reported:
+            console.print(
+                f"{r.run.policy}: no answer reported its cached tokens "
+                "(usage.prompt_tokens_details): prefill, cached, x floor and hit % are not "
+                "measured (vLLM: --enable-prompt-tokens-details; SGLang: --enable-cache-report)"
+            )
     scales = [r.token_scale for r in results if r.token_scale is not None]
     if scales and any(abs(x - 1.0) > SCALE_NOTED for x in scales):
         console.print(

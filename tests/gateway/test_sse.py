@@ -133,3 +133,36 @@ def test_the_gateway_asks_for_usage_only_where_it_is_missing_and_allowed() -> No
         before = json.dumps(body)
         assert ask_for_stream_usage(body) is False
         assert json.dumps(body) == before
+
+
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+
+
+def test_an_opening_chunk_with_only_the_role_is_not_the_first_token() -> None:
+    # Servers that send it when the stream opens, before prefill, made every first token
+    # they served read as instant.
+    s = SSEScanner()
+    assert s.feed(ROLE) == ROLE and not s.saw_data
+    s.feed(b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n')
+    assert s.saw_data
+    s = SSEScanner()  # the role and the first token in one event, as vLLM sends them
+    s.feed(b'data: {"choices":[{"delta":{"role":"assistant","content":"Hi"}}]}\n\n')
+    assert s.saw_data
+
+
+def test_what_counts_as_output() -> None:
+    def first(events: bytes) -> bool:
+        s = SSEScanner()
+        s.feed(events)
+        return s.saw_data
+
+    assert not first(b'data: {"choices":[{"text":""}]}\n\n')  # nothing generated yet
+    assert not first(b'data: {"choices":[]}\n\ndata: [DONE]\n\n')
+    assert first(b'data: {"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}\n\n')
+    assert first(b'data: {"choices":[{"delta":{"reasoning_content":"hm"}}]}\n\n')
+    assert first(b'data: {"error":{"message":"boom"}}\n\n')  # not a chunk: counts, as before
+    assert first(b"data: not json\n\n")
+    s = SSEScanner()  # at the end of the stream too
+    s.feed(ROLE)
+    s.feed(b'data: {"choices":[{"text":"x"}]}')
+    assert not s.saw_data and s.flush() and s.saw_data

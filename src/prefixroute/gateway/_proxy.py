@@ -2,8 +2,9 @@
 
 The four steps of a handler (parse, ask the core, proxy, account) are split so that this module
 holds the last three. Accounting goes through the router's one bookkeeping path:
-``route`` counts the request in flight, the first SSE event is ``first_token``, and ``complete``
-runs in ``finally``, so a disconnect, a cancellation or an error releases it the same way.
+``route`` counts the request in flight, the first SSE event with output is ``first_token``,
+and ``complete`` runs in ``finally``, so a disconnect, a cancellation or an error releases it
+the same way.
 
 Retry rule: if the upstream fails before any byte reached the client (refused, reset, timed out,
 or answered 5xx), the request is routed again among the remaining candidates, once. Before that,

@@ -78,7 +78,7 @@ class StreamControl:
 
     replica: str  # the replica as clients may see it (error messages)
     on_started: Callable[[], None]  # the client's response started: no retry from here on
-    on_first_data: Callable[[], None]  # the first data event went out (the first token)
+    on_first_data: Callable[[], None]  # the first event with output went out (first token)
     # The replica is done with it: release its slot, with the usage it reported (or None).
     on_upstream_end: Callable[[Usage | None], None]
     is_cutting: Callable[[], bool]  # the shutdown drain bound has passed

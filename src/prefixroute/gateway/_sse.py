@@ -6,9 +6,13 @@ when the upstream dies, so the gateway can always end the stream with a clean er
 Upstreams (vLLM, SGLang, the emulator) write whole events per chunk, so the cut delays nothing
 in practice; an event split across chunks waits only for its own end.
 
-While relaying it notes the first ``data:`` event (the first token, for the load view) and the
-``cached_tokens`` of any event carrying ``usage`` (the final chunk, with vLLM). Events are
-parsed as JSON only when they mention ``"usage"``; the rest is a byte search.
+While relaying it notes the first event that carries output (the first token, for the load view
+and the speed model) and the ``cached_tokens`` of any event carrying ``usage`` (the final chunk,
+with vLLM). A chat stream's opening chunk with only the assistant's role is not the first
+token: vLLM and SGLang send it with the first token, but servers written otherwise send it
+when the stream opens, before any prefill, and every first token they served read as instant.
+Events are parsed as JSON until the first token and when they mention ``"usage"``; the rest is
+a byte search.
 
 With ``hide_usage`` (the gateway asked for the usage the client did not,
 :func:`~prefixroute.gateway._usage.ask_for_stream_usage`) a usage-only event is read and not
@@ -49,7 +53,7 @@ class SSEScanner:
             else:
                 self._read_usage(ready)
         if not self.saw_data and b"data:" in ready:
-            self.saw_data = True
+            self.saw_data = _carries_output(ready)
         return ready
 
     def flush(self) -> bytes:
@@ -59,7 +63,7 @@ class SSEScanner:
         if self.hide_usage and b'"usage"' in tail:
             tail = self._take_usage(tail)
         if tail and not self.saw_data and b"data:" in tail:
-            self.saw_data = True
+            self.saw_data = _carries_output(tail)
         return tail
 
     @property
@@ -110,6 +114,37 @@ def _data_of(event: bytes) -> object | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return obj
+
+
+def _carries_output(events: bytes) -> bool:
+    """Whether a data event in ``events`` is more than an opening chunk with nothing generated
+    (a role, empty content) or ``[DONE]``. An event that is not such a JSON chunk (an error, a
+    format we do not know) counts, as any data event did before."""
+    for event in _BOUNDARY.split(events)[::2]:
+        if b"data:" not in event:
+            continue
+        obj = _data_of(event)
+        if obj is None:
+            if event.strip().endswith(b"[DONE]"):
+                continue
+            return True
+        if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
+            return True
+        if any(_generated(choice) for choice in obj["choices"]):
+            return True
+    return False
+
+
+def _generated(choice: object) -> bool:
+    """A choice with output in it: text, or a delta with anything but its role."""
+    if not isinstance(choice, dict):
+        return True
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return any(v for k, v in delta.items() if k != "role")
+    return "text" not in choice  # a shape we do not know counts; an empty text does not
 
 
 def _last_boundary_end(data: bytes) -> int:

@@ -34,11 +34,11 @@ from prefixroute.core import Decision, ReplicaId, RequestView
 from prefixroute.gateway import Gateway, GatewayConfig
 from prefixroute.gateway._errors import UpstreamError
 from prefixroute.gateway._metrics import GatewayMetrics
-from prefixroute.gateway._proxy import _kind
 from prefixroute.gateway._registry import ReplicaRecord, ReplicaRegistry
 from prefixroute.gateway._relay import RelayResult
 from prefixroute.gateway._state import STATE
 from prefixroute.gateway._tracing import RequestTracing
+from prefixroute.gateway._upstream_answers import kind_of as _kind
 from prefixroute.gateway._verdict import Verdict
 
 from .fakes import held_until, one_event_stream

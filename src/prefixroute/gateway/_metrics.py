@@ -128,7 +128,7 @@ class GatewayMetrics:
         """Retries, failures and streams cut short."""
         self.retries = counter(
             "prefixroute_retries",
-            "Requests retried on another replica after a failure before the first byte.",
+            "Requests sent to another replica after a failure (or a 429) before the first byte.",
             "reason",
         )
         self.resends = counter(

@@ -7,7 +7,9 @@ and ``complete`` runs in ``finally``, so a disconnect, a cancellation or an erro
 the same way.
 
 Retry rule: if the upstream fails before any byte reached the client (refused, reset, timed out,
-or answered 5xx), the request is routed again among the remaining candidates, once. Before that,
+or answered 5xx), the request is routed again among the remaining candidates, once. A replica
+that answers 429 is full, not failing: the request goes to another, as long as there is one,
+without counting as the retry and without blame (``_upstream_answers``). Before that,
 a request whose pooled connection the replica had closed is sent to it again (``_pool.send``):
 the replica never read it, so that is no failure of anyone's.
 
@@ -70,7 +72,6 @@ from prefixroute.gateway._registry import ReplicaRegistry
 from prefixroute.gateway._relay import (
     RelayResult,
     StreamControl,
-    failure_kind,
     is_event_stream,
     relay_plain,
     relay_stream,
@@ -78,7 +79,13 @@ from prefixroute.gateway._relay import (
 )
 from prefixroute.gateway._requests import Admitted, Endpoint, payload_of
 from prefixroute.gateway._tracing import RequestTracing, under_span
-from prefixroute.gateway._usage import Usage, refuses_stream_options, without_stream_usage
+from prefixroute.gateway._upstream_answers import (
+    ReplicaBusy,
+    UsageRefused,
+    kind_of,
+    not_for_the_client,
+)
+from prefixroute.gateway._usage import Usage, without_stream_usage
 from prefixroute.gateway._verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -91,18 +98,6 @@ CLIENT_GONE = 499  # a traced request cancelled before its answer (nginx's "clie
 # First-byte deadline: this many times the predicted TTFT (then clamped to the configured floor
 # and cap), leaving room for an estimate that is still learning.
 FIRST_BYTE_FACTOR = 4.0
-
-
-class _Status5xx(UpstreamError):
-    """The replica answered 5xx before anything was relayed (retryable)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class _UsageRefused(Exception):
-    """The replica refused the ``stream_options`` the gateway added (``Proxy._attempt``)."""
 
 
 @dataclass(slots=True)
@@ -125,6 +120,7 @@ class _Call:
     rid: str  # the router's id of the request
     view: RequestView  # what the router routes on
     span: Span | None = None  # its trace span, when tracing is on
+    can_move: bool = True  # the attempt under way has another replica to go to (a 429)
 
 
 class RouteListener(Protocol):
@@ -192,7 +188,8 @@ class Proxy:
         verdict = Verdict(self.registry, self.metrics)
         failed: list[ReplicaId] = []
         last: UpstreamError | None = None
-        for attempt in range(MAX_ATTEMPTS):
+        attempt = 0  # failed attempts so far (a busy replica's 429 is not one)
+        while True:
             try:
                 candidates = self.registry.candidates(call.admitted.key.model, failed)
             except (NoReplicaAvailable, Overloaded):
@@ -201,13 +198,21 @@ class Proxy:
                 raise
             decision = self._route(call, candidates, hash_s)
             hash_s = 0.0
-            can_retry = attempt + 1 < MAX_ATTEMPTS and len(candidates) > 1
+            if call.can_move != (len(candidates) > 1):  # (rarely: a copy only then)
+                call = dataclasses.replace(call, can_move=len(candidates) > 1)
+            can_retry = attempt + 1 < MAX_ATTEMPTS and call.can_move
             release = self._releaser(call.rid)
             try:
                 result = await self._attempt(call, decision, can_retry, release)
                 release(result.usage)  # a plain answer's end (a stream released at its end)
+            except ReplicaBusy:  # full, not failing: elsewhere, unblamed (_upstream_answers)
+                failed.append(decision.replica)
+                self.metrics.upstream_failures.labels(decision.replica, "busy").inc()
+                self.metrics.retries.labels("busy").inc()
+                continue
             except UpstreamError as exc:
-                kind = _kind(exc)
+                kind = kind_of(exc)
+                attempt += 1
                 if verdict.failed(decision.replica, kind, can_retry):
                     raise  # the request's own fault: no replica would serve it
                 if not can_retry:
@@ -221,7 +226,6 @@ class Proxy:
                 release(None)
             self._account(call.rid, call.admitted.endpoint, decision, result, verdict)
             return result.response
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _route(self, call: _Call, candidates: list[ReplicaId], hash_s: float) -> Decision:
         """Ask the router where ``call`` goes among ``candidates``; the request's outcome labels
@@ -280,7 +284,7 @@ class Proxy:
         added gets it again as sent, and the gateway stops asking (a 400 is worse than no usage)."""
         try:
             return await self._send(call, decision, can_retry, release)
-        except _UsageRefused:
+        except UsageRefused:
             self.on_usage_refused(self.registry.public_name(decision.replica))
             plain = without_stream_usage(call.admitted.body)
             admitted = dataclasses.replace(call.admitted, body=plain, usage_asked=False)
@@ -331,7 +335,9 @@ class Proxy:
                             headers=headers,
                             allow_redirects=False,  # a replica's 3xx is the client's to follow
                         ) as resp:  # fmt: skip
-                            await _not_for_the_client(resp, admitted.usage_asked, can_retry, name)
+                            await not_for_the_client(
+                                resp, admitted.usage_asked, can_retry, call.can_move, name
+                            )
                             if is_event_stream(resp):
                                 ctl = StreamControl(
                                     name, started, first_token, release, self.is_cutting,
@@ -380,20 +386,3 @@ class Proxy:
             result.cached_tokens,
         )
 
-
-async def _not_for_the_client(
-    resp: aiohttp.ClientResponse, usage_asked: bool, can_retry: bool, name: str
-) -> None:
-    """Raise for an answer the client must not get: a 400 refusing the ``stream_options`` we
-    added (read here; any other 400 is relayed as is), or a 5xx another replica may answer."""
-    if usage_asked and resp.status == 400 and refuses_stream_options(await resp.read()):
-        raise _UsageRefused
-    if resp.status >= 500 and can_retry:
-        raise _Status5xx(f"replica {name} answered {resp.status}", resp.status)
-
-
-def _kind(exc: BaseException) -> str:
-    if isinstance(exc, _Status5xx):
-        return "status"
-    cause = exc.__cause__
-    return failure_kind(cause) if cause is not None else "error"

@@ -1,0 +1,65 @@
+"""What a replica's answer means before any byte of it reaches the client.
+
+Most answers go to the client as they came. Three do not, when another replica may take the
+request instead:
+
+* a 5xx (:class:`Status5xx`): retried once elsewhere, and judged (``_verdict``);
+* a 429 (:class:`ReplicaBusy`): the replica is full, not broken. SGLang answers its
+  ``--max-queued-requests`` overflow with 429 and ``Retry-After: 0``, meaning "route
+  elsewhere"; TGI answers 429 when it is overloaded. The request goes to another replica, as
+  often as there are others to try, and the replica is not blamed: a busy replica is a
+  healthy one. With nowhere else to go the 429 is relayed as it came, its ``Retry-After``
+  with it;
+* a 400 that refuses the ``stream_options`` the gateway added (:class:`UsageRefused`): sent
+  again as the client sent it (``Proxy._attempt``).
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+from prefixroute.gateway._errors import UpstreamError
+from prefixroute.gateway._relay import failure_kind
+from prefixroute.gateway._usage import refuses_stream_options
+
+BUSY = 429  # Too Many Requests: the replica's queue is full
+
+
+class Status5xx(UpstreamError):
+    """The replica answered 5xx before anything was relayed (retryable)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ReplicaBusy(UpstreamError):
+    """The replica answered 429 before anything was relayed: another replica may take it."""
+
+
+class UsageRefused(Exception):
+    """The replica refused the ``stream_options`` the gateway added (``Proxy._attempt``)."""
+
+
+async def not_for_the_client(
+    resp: aiohttp.ClientResponse, usage_asked: bool, can_retry: bool, can_move: bool, name: str
+) -> None:
+    """Raise for an answer the client must not get (module docstring). ``can_retry``: a
+    failure may be retried elsewhere; ``can_move``: there is another replica to try at all."""
+    if usage_asked and resp.status == 400 and refuses_stream_options(await resp.read()):
+        raise UsageRefused
+    if resp.status == BUSY and can_move:
+        await resp.read()  # the connection goes back to the pool for the next request
+        raise ReplicaBusy(f"replica {name} is busy (429)")
+    if resp.status >= 500 and can_retry:
+        raise Status5xx(f"replica {name} answered {resp.status}", resp.status)
+
+
+def kind_of(exc: BaseException) -> str:
+    """The failure kind of an attempt's error (a metrics label value)."""
+    if isinstance(exc, Status5xx):
+        return "status"
+    if isinstance(exc, ReplicaBusy):
+        return "busy"
+    cause = exc.__cause__
+    return failure_kind(cause) if cause is not None else "error"

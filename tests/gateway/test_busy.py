@@ -1,0 +1,69 @@
+"""A replica that answers 429 is full, not failing (``gateway._upstream_answers``): SGLang
+answers its ``--max-queued-requests`` overflow so, with ``Retry-After: 0`` ("route
+elsewhere"). The request goes to another replica, the busy one is not blamed, and with nowhere
+else to go the 429 reaches the client as it came."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from prefixroute.gateway import Gateway
+from prefixroute.gateway._state import STATE
+
+from .fakes import FakeReplica, one_event_stream
+from .helpers import FakeFactory, GatewayFactory
+
+
+async def _busy(request: web.Request) -> web.StreamResponse:
+    """SGLang's answer to a request over its queue bound."""
+    if request.method != "POST":
+        return web.json_response({"data": [{"id": "m"}]})
+    body = {"object": "error", "message": "The request queue is full.",
+            "type": "rate_limit_error", "param": None, "code": 429}  # fmt: skip
+    return web.json_response(body, status=429, headers={"Retry-After": "0"})
+
+
+def _posts(fake: FakeReplica) -> int:
+    return len([s for s in fake.seen if s.method == "POST"])
+
+
+def _counter(gw: Gateway, name: str, **labels: str) -> float:
+    registry = gw.app[STATE].metrics.registry
+    return sum(
+        s.value for m in registry.collect() for s in m.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )  # fmt: skip
+
+
+async def _complete(session: aiohttp.ClientSession, gw: Gateway, i: int) -> aiohttp.ClientResponse:
+    body = {"prompt": f"question {i} " + "word " * 50, "max_tokens": 1, "stream": True}
+    async with session.post(gw.url + "/v1/completions", json=body) as resp:
+        await resp.read()
+        return resp
+
+
+async def test_a_busy_replicas_requests_go_to_another_and_it_is_not_blamed(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    busy = await make_fake(handler=_busy)
+    free = await make_fake(handler=one_event_stream)
+    gw = await make_gateway([busy.url, free.url])
+    statuses = [(await _complete(session, gw, i)).status for i in range(12)]
+    assert statuses == [200] * 12
+    assert _posts(busy) >= 1  # it was tried, and each such request moved on
+    assert _posts(free) == 12
+    assert _counter(gw, "prefixroute_retries_total", reason="busy") == _posts(busy)
+    record = gw.registry.find(busy.url)
+    assert record.healthy and record.total_failures == 0  # a full replica is a healthy one
+
+
+async def test_with_every_replica_busy_the_client_gets_the_429_once_each_was_asked(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    fakes = [await make_fake(handler=_busy) for _ in range(3)]
+    gw = await make_gateway([f.url for f in fakes])
+    resp = await _complete(session, gw, 0)
+    assert resp.status == 429 and resp.headers["Retry-After"] == "0"
+    assert [_posts(f) for f in fakes] == [1, 1, 1]  # each asked once, none twice
+    assert all(gw.registry.find(f.url).healthy for f in fakes)

@@ -54,6 +54,8 @@ async def test_a_busy_replicas_requests_go_to_another_and_it_is_not_blamed(
     assert _posts(busy) >= 1  # it was tried, and each such request moved on
     assert _posts(free) == 12
     assert _counter(gw, "prefixroute_retries_total", reason="busy") == _posts(busy)
+    failures = _counter(gw, "prefixroute_upstream_failures_total", replica=busy.url, kind="busy")
+    assert failures == _posts(busy)
     record = gw.registry.find(busy.url)
     assert record.healthy and record.total_failures == 0  # a full replica is a healthy one
 

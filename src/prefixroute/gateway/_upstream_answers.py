@@ -56,10 +56,9 @@ async def not_for_the_client(
 
 
 def kind_of(exc: BaseException) -> str:
-    """The failure kind of an attempt's error (a metrics label value)."""
+    """The failure kind of a failed attempt (a metrics label value); a busy replica's is
+    ``busy``, counted where it is caught (``Proxy._attempts``)."""
     if isinstance(exc, Status5xx):
         return "status"
-    if isinstance(exc, ReplicaBusy):
-        return "busy"
     cause = exc.__cause__
     return failure_kind(cause) if cause is not None else "error"

@@ -1,0 +1,151 @@
+"""The router on replicas written by others: policies compared on ``foreign_replica.py``.
+
+Issue 11 was measured from outside, on replicas written independently of this project. Our own
+emulator shares the router's assumptions (its tokenizer counts the workload's words, its
+blocks line up, its stream opens with the first token), so results on it can flatter the
+router. ``foreign_replica.py`` was written on 2026-12-02 by a helper that had not read this
+repository, from a description of how vLLM and SGLang behave from the outside. It has its own
+tokenizer (most of the workload's words make 2 tokens), a 16-token page cache that also keeps
+generated tokens, preemption and chunked continuous batching, and it opens a chat stream with
+a role-only chunk before prefill. It is kept as its author wrote it.
+
+For each policy this starts fresh replicas at the ``--fleet`` speeds, one ``prefixroute serve``
+with default settings, and ``prefixroute bench --url`` on the workload. It prints each policy's
+prefill against the floor (in the replicas' tokens), TTFT, and the default's p99 as a ratio to
+the best other policy's, measured in the same run. Then it prints the prefill rate the gateway
+learned for each replica, beside the true one.
+
+Run: ``.venv/bin/python benchmarks/foreign_fleet.py [-w multi-turn] [--set sessions=100]
+[--fleet 10000,10000,2500,2500] [-p round_robin,least_loaded,cache_aware,predicted_ttft]
+[--replica-arg=--no-cached-report]``. Each policy takes 1–7 minutes on a 2-vCPU machine, whose
+client, gateway and replicas share the cores: compare policies of one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from _procs import spawn, stop_all, wait_ready
+
+from prefixroute.core import DEFAULT_POLICY
+
+REPLICA = Path(__file__).with_name("foreign_replica.py")
+BASELINES = ("round_robin", "least_loaded", "cache_aware")
+LEARNED = "prefixroute_replica_prefill_tokens_per_second"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _speeds(text: str) -> list[float]:
+    """--fleet: each replica's prefill rate, tokens/s, comma-separated."""
+    try:
+        speeds = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"prefill rates, e.g. 10000,2500: {text!r}") from None
+    if min(speeds) <= 0:
+        raise argparse.ArgumentTypeError("every prefill rate must be positive")
+    return speeds
+
+
+async def _learned(url: str) -> dict[str, float]:
+    """The gateway's learned prefill rate of each replica, by replica URL."""
+    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(LEARNED + "{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels.split('replica="', 1)[1].split('"', 1)[0]] = float(value)
+    return out
+
+
+def run_policy(policy: str, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, float]]:
+    """One policy on fresh replicas: the bench's JSON row, and the learned rates by URL."""
+    ports = [_free_port() for _ in args.fleet]
+    replicas = [
+        subprocess.Popen(
+            [sys.executable, str(REPLICA), "--port", str(port), "--prefill-tps", str(tps),
+             "--seed", str(i), *args.replica_arg],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        for i, (port, tps) in enumerate(zip(ports, args.fleet, strict=True))
+    ]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    gw_port = _free_port()
+    gw_url = f"http://127.0.0.1:{gw_port}"
+    procs = list(replicas)
+    try:
+        asyncio.run(_ready(urls))
+        serve = ["serve", "--port", str(gw_port), "--policy", policy]
+        procs.append(spawn(serve + [x for u in urls for x in ("--replica", u)]))
+        asyncio.run(_ready([gw_url]))
+        time.sleep(3.0)  # a health round: models and metrics known
+        bench = [sys.executable, "-m", "prefixroute.cli", "bench", "--url", gw_url, "--json",
+                 "--label", policy, "-w", args.workload, "--seed", str(args.seed)]  # fmt: skip
+        for kv in args.set:
+            bench += ["--set", kv]
+        out = subprocess.run(bench, check=False, capture_output=True, text=True)
+        if out.returncode not in (0, 1):  # 1: some requests failed, still a row
+            raise SystemExit(f"foreign_fleet: bench failed: {out.stderr.strip()[-400:]}")
+        row = json.loads(out.stdout)["policies"][0]
+        learned = asyncio.run(_learned(gw_url))
+        return row, {u: learned.get(u, float("nan")) for u in urls}
+    finally:
+        stop_all(procs)
+
+
+async def _ready(urls: list[str]) -> None:
+    async with aiohttp.ClientSession() as http:
+        for url in urls:
+            await wait_ready(http, url + "/v1/models")
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("-w", "--workload", default="multi-turn")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fleet", type=_speeds, default=_speeds("10000,10000,2500,2500"),
+                   help="each replica's prefill rate, tokens/s (default 10000,10000,2500,2500)")
+    p.add_argument("-p", "--policies", default=",".join((*BASELINES, DEFAULT_POLICY)))
+    p.add_argument("--replica-arg", action="append", default=[],
+                   help="passed to every replica (e.g. --replica-arg=--no-cached-report)")
+    args = p.parse_args(argv)
+    policies = [x for x in args.policies.split(",") if x]
+    rows, rates = {}, {}
+    for policy in policies:
+        rows[policy], rates[policy] = run_policy(policy, args)
+    print(f"## {args.workload} on foreign replicas at {args.fleet} tokens/s, seed {args.seed}")
+    print("policy            x floor  hit %   p50 ms   p90 ms   p99 ms  errors")
+    for policy, r in rows.items():
+        floor = r["floor_ratio"]
+        ttft = r["ttft_ms"]
+        print(f"{policy:<16} {floor if floor is not None else float('nan'):8.2f} "
+              f"{100 * r['hit_rate']:6.1f} {ttft['p50']:8.0f} {ttft['p90']:8.0f} "
+              f"{ttft['p99']:8.0f}  {r['errors']}")  # fmt: skip
+    others = [rows[b]["ttft_ms"]["p99"] for b in rows if b != DEFAULT_POLICY]
+    if DEFAULT_POLICY in rows and others:
+        ratio = rows[DEFAULT_POLICY]["ttft_ms"]["p99"] / min(others)
+        print(f"{DEFAULT_POLICY} p99 / best other policy's: x{ratio:.2f}")
+    print("learned prefill rate per replica (true rate), tokens/s:")
+    for policy, by_url in rates.items():
+        pairs = zip(by_url.values(), args.fleet, strict=True)
+        cells = "  ".join(f"{v:,.0f} ({t:,.0f})" for v, t in pairs)
+        print(f"  {policy:<16} {cells}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -13,13 +13,13 @@ from aiohttp import web
 from gateway.fakes import ClosingReplica, FakeReplica
 
 from prefixroute._pool import upstream_connector
-from prefixroute.bench import ReplayConfig, prompt_text, replay
+from prefixroute.bench import ReplayConfig, ReplayResult, prompt_text, replay
 from prefixroute.bench._client import stream_completion
 from prefixroute.cli import main
 from prefixroute.commands.bench import _metrics, _print
 from prefixroute.core import DEFAULT_POLICY
 from prefixroute.emulate import EmulatorConfig, start_replicas
-from prefixroute.sim import oracle_floor
+from prefixroute.sim import Workload, oracle_floor
 from prefixroute.sim.replica import ReplicaConfig
 from prefixroute.sim.workloads import make_workload
 
@@ -173,17 +173,22 @@ async def _two_tokens_a_word(request: web.Request) -> web.StreamResponse:
     return out
 
 
+async def _replay_on_two_tokens_a_word(w: Workload, label: str) -> ReplayResult:
+    """``w`` replayed 100x faster against one replica serving ``_two_tokens_a_word``."""
+    fake = FakeReplica(handler=_two_tokens_a_word)
+    await fake.start()
+    try:
+        return await replay(w, ReplayConfig(fake.url, time_scale=0.01), label)
+    finally:
+        await fake.stop()
+
+
 async def test_the_floor_is_put_in_the_replicas_tokens() -> None:
     """Prefill is counted in the replica's tokens (its usage), the floor in the workload's: a
     real tokenizer (or a replica written by others) splits the workload's words otherwise, and
     against the unscaled floor every policy looked twice as wasteful as it was."""
     w = make_workload("seed-conversation")
-    fake = FakeReplica(handler=_two_tokens_a_word)
-    await fake.start()
-    try:
-        result = await replay(w, ReplayConfig(fake.url, time_scale=0.01), "two")
-    finally:
-        await fake.stop()
+    result = await _replay_on_two_tokens_a_word(w, "two")
     assert result.errors == [] and result.token_scale == 2.0
     floor = oracle_floor(w, w.block_size)
     m = _metrics(result, floor, 1.0)
@@ -201,12 +206,7 @@ async def test_hits_are_said_unmeasured_when_no_answer_reports_them(
         for s in w.sessions
     ]
     w = dataclasses.replace(w, sessions=silenced)
-    fake = FakeReplica(handler=_two_tokens_a_word)
-    await fake.start()
-    try:
-        silent = await replay(w, ReplayConfig(fake.url, time_scale=0.01), "silent")
-    finally:
-        await fake.stop()
+    silent = await _replay_on_two_tokens_a_word(w, "silent")
     assert silent.errors == [] and silent.cached_reported == 0
     _print([_metrics(silent, 1000, 1.0)], [silent], "t")
     assert "silent: no answer reported its cached tokens" in capsys.readouterr().out

@@ -90,3 +90,43 @@ def test_the_view_is_the_routers_in_the_keys_own_space() -> None:
     plain = RouteKey(None, [1, 2, 3, 4, 5]).view(router, "k")
     assert plain.block_hashes != expected.block_hashes  # seed and adapter do change the hashes
     assert RouteKey(None, None).view(router, "e").prompt_units == 0  # no text: an empty one
+
+
+# --- SGLang's native /generate ------------------------------------------------------------------
+def test_generate_keys_on_text_or_token_ids_with_its_own_field_names() -> None:
+    body = {"text": "abc", "sampling_params": {"max_new_tokens": 7}, "stream": True,
+            "lora_path": "sql-adapter"}  # fmt: skip
+    key = key_of(Endpoint.GENERATE, body)
+    assert (key.text, key.tokens, key.max_tokens, key.stream) == ("abc", None, 7, True)
+    assert key.adapter == "sql-adapter"  # its blocks are the adapter's, not the base model's
+    ids = key_of(Endpoint.GENERATE, {"input_ids": [5, 6, 7]})
+    assert (ids.text, ids.tokens, ids.max_tokens, ids.adapter) == (None, [5, 6, 7], 0, None)
+    # A batch: the first prompt decides, as for completions, and so do its parameters.
+    batch = {"text": ["first", "second"], "sampling_params": [{"max_new_tokens": 3}, {}],
+             "lora_path": ["a", None]}  # fmt: skip
+    first = key_of(Endpoint.GENERATE, batch)
+    assert (first.text, first.max_tokens, first.adapter) == ("first", 3, "a")
+    assert key_of(Endpoint.GENERATE, {"input_ids": [[1, 2], [3]]}).tokens == [1, 2]
+    assert key_of(Endpoint.GENERATE, {"model": "m", "text": "x"}).model == "m"
+
+
+def test_generate_with_only_embeddings_routes_on_load() -> None:
+    key = key_of(Endpoint.GENERATE, {"input_embeds": [[0.5, 0.25]]})
+    assert (key.text, key.tokens) == ("", None)
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({}, "'text' or 'input_ids' is required"),
+        ({"text": "a", "input_ids": [1]}, "not both"),
+        ({"text": 5}, "'text' must be"),
+        ({"text": [[1, 2]]}, "'text' must be"),
+        ({"input_ids": ["a"]}, "'input_ids' must be"),
+        ({"input_ids": [1, -1]}, "'input_ids' must be"),
+        ({"input_ids": "abc"}, "'input_ids' must be"),
+    ],
+)
+def test_generate_without_a_usable_prompt_is_refused(body: dict[str, object], says: str) -> None:
+    with pytest.raises(InvalidPrompt, match=says):
+        key_of(Endpoint.GENERATE, body)

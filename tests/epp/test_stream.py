@@ -419,6 +419,32 @@ async def test_calls_other_than_v1_are_not_counted_as_requests() -> None:
     assert counted == 1
 
 
+def _generate_body(n: int, stream: bool = False) -> bytes:
+    """SGLang's ``/generate`` body whose text is ``n`` words (as ``completion``'s prompt)."""
+    text = " ".join(f"w{i}" for i in range(n))
+    return json.dumps({"text": text, "stream": stream}).encode()
+
+
+async def test_sglang_generate_is_keyed_on_its_text_and_its_meta_info_learned() -> None:
+    s = shared()
+    first = picked(await pick(PickStream(s), _generate_body(400), path="/generate"))[0]
+    stream = PickStream(s)
+    assert picked(await pick(stream, _generate_body(700, stream=True), path="/generate"))[0] == first
+    await stream.handle(response_headers(content_type="text/event-stream"))
+    meta = {"prompt_tokens": 700, "completion_tokens": 1, "cached_tokens": 400}
+    chunk = f"data: {json.dumps({'text': 'a', 'meta_info': meta})}\n\ndata: [DONE]\n\n"
+    back = await stream.handle(response_body(chunk.encode(), end_of_stream=True))
+    assert back[0].response_body.response.body_mutation.streamed_response.body == chunk.encode()
+    assert s.router.usage_reports == 1  # the meta_info read as the usage report
+    counted = sum(
+        sample.value
+        for metric in s.metrics.registry.collect()
+        for sample in metric.samples
+        if sample.name == "prefixroute_requests_total"
+    )
+    assert counted == 1  # /generate is a model call, counted as the gateway counts it
+
+
 async def test_a_compressed_stream_has_its_first_token_at_its_first_chunk() -> None:
     s = shared()
     stream = PickStream(s)

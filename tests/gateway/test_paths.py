@@ -86,6 +86,9 @@ class Recorder:
             return web.Response()
         if request.path == "/v1/models":
             return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        if request.path == "/generate":  # SGLang's answer
+            meta = {"prompt_tokens": 10, "completion_tokens": 1, "cached_tokens": 0}
+            return web.json_response({"text": " ok", "meta_info": meta})
         return web.Response(body=completion_body(), content_type="application/json")
 
 
@@ -392,12 +395,14 @@ async def test_upstream_target_is_the_route_not_the_request() -> None:
 
 def test_the_allowlist_is_small_and_holds_no_engine_controls() -> None:
     assert set(PASSTHROUGH_PATHS) == {"/v1/embeddings"}
-    assert {"/v1/completions", "/v1/chat/completions", "/v1/embeddings"} == FORWARDED_PATHS
+    assert {"/v1/completions", "/v1/chat/completions", "/generate", "/v1/embeddings"} == (
+        FORWARDED_PATHS
+    )
 
 
 # --- the published description ------------------------------------------------------------------
-DOCUMENTED = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/embeddings",
-              "/health", "/metrics", "/openapi.json"}  # fmt: skip
+DOCUMENTED = {"/v1/completions", "/v1/chat/completions", "/generate", "/v1/models",
+              "/v1/embeddings", "/health", "/metrics", "/openapi.json"}  # fmt: skip
 
 
 def test_openapi_is_served_without_a_key_and_matches_the_routes(servers: Servers) -> None:
@@ -423,11 +428,11 @@ def test_openapi_is_served_without_a_key_and_matches_the_routes(servers: Servers
 
 
 # --- fuzz: hypothesis over paths, methods, bodies, headers ------------------------------------
-PIECES = ["v1", "chat", "completions", "embeddings", "models", "health", "metrics", "admin",
-          "replicas", "tenants", "reset_prefix_cache", "sleep", "tokenize", "load_lora_adapter",
-          "responses", ".", "..", "%2e", "%2E%2e", ".%2e", "%252e%252e", "", "%2f", "%2F", "%5c",
-          "\\", ";", ";x=1", "%00", "%3b", "%23", "%3f", "%ff", "%c3%a9", "%25", "%", "%%32e",
-          "x"]  # fmt: skip
+PIECES = ["v1", "chat", "completions", "generate", "embeddings", "models", "health", "metrics",
+          "admin", "replicas", "tenants", "reset_prefix_cache", "sleep", "tokenize",
+          "load_lora_adapter", "responses", ".", "..", "%2e", "%2E%2e", ".%2e", "%252e%252e", "",
+          "%2f", "%2F", "%5c", "\\", ";", ";x=1", "%00", "%3b", "%23", "%3f", "%ff", "%c3%a9",
+          "%25", "%", "%%32e", "x"]  # fmt: skip
 URL_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+,;=:@%\\/"
 segments = st.sampled_from(PIECES) | st.text(alphabet=URL_CHARS, max_size=10)
 paths = st.tuples(
@@ -511,8 +516,8 @@ def openapi_schema(servers: Servers) -> Any:
 
 
 OPERATIONS = [("post", "/v1/completions"), ("post", "/v1/chat/completions"),
-              ("post", "/v1/embeddings"), ("get", "/v1/models"), ("get", "/health"),
-              ("get", "/metrics"), ("get", "/openapi.json")]  # fmt: skip
+              ("post", "/generate"), ("post", "/v1/embeddings"), ("get", "/v1/models"),
+              ("get", "/health"), ("get", "/metrics"), ("get", "/openapi.json")]  # fmt: skip
 
 
 # Invalid cases need something to make invalid: only the operations that take a body.

@@ -166,3 +166,33 @@ def test_what_counts_as_output() -> None:
     s.feed(ROLE)
     s.feed(b'data: {"choices":[{"text":"x"}]}')
     assert not s.saw_data and s.flush() and s.saw_data
+
+
+# --- SGLang's /generate stream: every chunk carries meta_info, text is all so far ---------------
+def _native(text: str, done: int, cached: int = 40, prompt: int = 50) -> bytes:
+    meta = {"prompt_tokens": prompt, "completion_tokens": done, "cached_tokens": cached}
+    return b"data: " + json.dumps({"text": text, "meta_info": meta}).encode() + b"\n\n"
+
+
+def test_a_generate_streams_counts_are_its_last_chunks() -> None:
+    s = SSEScanner()
+    stream = _native(" a", 1, cached=10) + _native(" a b", 2, cached=30) + b"data: [DONE]\n\n"
+    assert s.feed(stream) == stream  # relayed as sent
+    assert s.usage is not None
+    assert (s.usage.prompt_tokens, s.usage.completion_tokens, s.cached_tokens) == (50, 2, 30)
+    s = SSEScanner()  # one chunk at a time, the last held to the end of the stream
+    s.feed(_native(" a", 1, cached=10))
+    s.feed(_native(" a b", 2, cached=30)[:-2])
+    assert s.flush() and s.cached_tokens == 30
+
+
+def test_a_generate_chunk_is_output_once_a_token_is_made() -> None:
+    def first(events: bytes) -> bool:
+        s = SSEScanner()
+        s.feed(events)
+        return s.saw_data
+
+    assert first(_native(" a", 1))
+    assert first(_native("", 1))  # a token that ends inside a UTF-8 character: made, no text
+    assert not first(_native("", 0))  # nothing made yet
+    assert first(_native("", 0) + _native("x", 1))

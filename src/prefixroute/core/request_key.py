@@ -1,17 +1,18 @@
-"""One OpenAI request as the router keys it: read once, the same way by every front end.
+"""One request as the router keys it: read once, the same way by every front end.
 
 The gateway and the Envoy endpoint picker hold a request as the parsed JSON object of
-``/v1/completions`` or ``/v1/chat/completions``; the Ray Serve router holds Ray LLM's request
-model, with the same fields as attributes. :func:`key_of` reads either (through
-:func:`~prefixroute.core.prompt_key.field_of`) into one :class:`RouteKey`, and
-:meth:`RouteKey.view` turns the key into the router's :class:`RequestView`, so the choice
-between text and token ids is written once.
+``/v1/completions``, ``/v1/chat/completions`` or SGLang's native ``/generate``; the Ray Serve router
+holds Ray LLM's request model, with the same fields as attributes. :func:`key_of` reads either
+(through :func:`~prefixroute.core.prompt_key.field_of`) into one :class:`RouteKey`, and
+:meth:`RouteKey.view` turns the key into the router's :class:`RequestView`, so the choice between
+text and token ids is written once.
 
 What is read: the routing text or token ids (the rules are :mod:`prefixroute.core.prompt_key`'s:
 chat messages in order with their roles, a prompt string, or token ids), ``model``, ``stream``,
 the requested output length (``max_tokens``, else ``max_completion_tokens``: a hint for the
-load view, so an unusable value reads as 0), and vLLM's ``add_special_tokens``. What the front
-end adds later, without reading the request again: the tenant and its hash seed (tenant
+load view, so an unusable value reads as 0), and vLLM's ``add_special_tokens``. ``/generate``
+has its own names for these (:func:`_generate_key`), and names its LoRA adapter itself. What the
+front end adds later, without reading the request again: the tenant and its hash seed (tenant
 isolation) and the LoRA adapter the model names (the replica registry knows which).
 
 A request that cannot be keyed raises :class:`~prefixroute.core.errors.InvalidPrompt`, which
@@ -34,10 +35,12 @@ if TYPE_CHECKING:
 
 
 class Endpoint(StrEnum):
-    """Which OpenAI call a request is (values are stable: metric labels)."""
+    """Which call a request is: OpenAI's, or SGLang's native one (values are stable: metric
+    labels)."""
 
     COMPLETIONS = "completions"
     CHAT = "chat_completions"
+    GENERATE = "generate"  # SGLang's native /generate: text or input_ids, sampling_params
     OTHER = "other"  # any other /v1/* call: routed on load alone
 
 
@@ -92,7 +95,46 @@ def key_of(endpoint: Endpoint, request: object) -> RouteKey:
         _, prompt = field_of(request, "prompt")
         text, tokens = prompt_key(prompt)
         return RouteKey(text, tokens, model, stream is True, max_tokens, None, special)
+    if endpoint is Endpoint.GENERATE:
+        return _generate_key(request, model, stream is True)
     return RouteKey("", None, model, stream is True, max_tokens)
+
+
+def _generate_key(request: object, model: str | None, stream: bool) -> RouteKey:
+    """SGLang's ``/generate``: ``text`` or ``input_ids`` (one of them; of a batch the first
+    decides, as for completions), ``sampling_params.max_new_tokens`` and the ``lora_path``
+    adapter, whose blocks the engine keeps apart from the base model's. A request carrying
+    only ``input_embeds`` has no prefix to key: it routes on load alone. ``model`` is no field
+    of SGLang's; a client may still send it to pick among a fleet's models."""
+    _, text = field_of(request, "text")
+    _, ids = field_of(request, "input_ids")
+    if text is not None and ids is not None:
+        raise InvalidPrompt("give 'text' or 'input_ids', not both")
+    params = _first(field_of(request, "sampling_params")[1])
+    wanted = params.get("max_new_tokens") if isinstance(params, Mapping) else None
+    max_tokens = wanted if isinstance(wanted, int) and not isinstance(wanted, bool) else 0
+    adapter = _first(field_of(request, "lora_path")[1])
+    adapter = adapter if isinstance(adapter, str) and adapter else None
+    if text is None and ids is None:
+        if field_of(request, "input_embeds")[1] is None:
+            raise InvalidPrompt("'text' or 'input_ids' is required")
+        return RouteKey("", None, model, stream, max(0, max_tokens), adapter=adapter)
+    try:
+        key_text, tokens = prompt_key(text if text is not None else ids)
+    except InvalidPrompt:
+        what = "'text' must be a string or a list of strings" if text is not None else (
+            "'input_ids' must be a list of token ids or a list of such lists")
+        raise InvalidPrompt(what) from None
+    if text is not None and key_text is None:  # token ids given as text
+        raise InvalidPrompt("'text' must be a string or a list of strings")
+    if ids is not None and tokens is None:  # strings given as ids
+        raise InvalidPrompt("'input_ids' must be a list of token ids or a list of such lists")
+    return RouteKey(key_text, tokens, model, stream, max(0, max_tokens), adapter=adapter)
+
+
+def _first(value: object) -> object:
+    """A batch field's first element (SGLang takes a list per prompt), else the value."""
+    return value[0] if isinstance(value, list) and value else value
 
 
 def _mappings(messages: object) -> list[Mapping[str, object]] | None:

@@ -1,6 +1,7 @@
 """The emulated replica's aiohttp application: OpenAI endpoints over one engine loop.
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (plain or SSE stream),
+SGLang's ``POST /generate`` (``_sglang``: its own request and answer shapes),
 ``GET /v1/models``, ``GET /health`` (200 while the engine runs, 503 otherwise) and
 ``GET /metrics`` (Prometheus text, vLLM metric names) and ``POST /reset_prefix_cache`` (vLLM's
 dev-mode endpoint: drops every cached prefix unless requests are running).
@@ -36,6 +37,7 @@ from prefixroute.emulate._openai import (
     models_body,
     parse_request,
 )
+from prefixroute.emulate._sglang import GenerateWriter, parse_generate
 from prefixroute.events import EventPublisher
 from prefixroute.sim.replica import ReplicaModel
 
@@ -66,6 +68,7 @@ def build_app(config: EmulatorConfig) -> web.Application:
     app.cleanup_ctx.append(_engine_ctx)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/generate", sglang_generate)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -107,10 +110,20 @@ async def _read_json(request: web.Request) -> object:
         raise InvalidRequest(f"malformed JSON body: {exc}") from exc
 
 
+async def sglang_generate(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, Endpoint.GENERATE)
+
+
 async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     config, engine = request.app[CONFIG], request.app[ENGINE]
-    parsed = parse_request(endpoint, await _read_json(request), config.model, config.adapters)
-    writer = ResponseWriter(parsed, config.model)
+    body = await _read_json(request)
+    writer: ResponseWriter | GenerateWriter
+    if endpoint is Endpoint.GENERATE:
+        parsed = parse_generate(body, config.adapters)
+        writer = GenerateWriter(parsed)
+    else:
+        parsed = parse_request(endpoint, body, config.model, config.adapters)
+        writer = ResponseWriter(parsed, config.model)
     overhead_s = config.engine.first_token_overhead_s * config.time_scale
     if overhead_s > 0:  # what a real server spends before its engine queues the request
         await asyncio.sleep(overhead_s)
@@ -124,7 +137,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         engine.release(gen)
 
 
-async def _whole(writer: ResponseWriter, gen: Generation) -> web.Response:
+async def _whole(writer: ResponseWriter | GenerateWriter, gen: Generation) -> web.Response:
     generated = 0
     while (item := await gen.queue.get()) != FINISHED:
         if item == ABORTED:
@@ -135,7 +148,7 @@ async def _whole(writer: ResponseWriter, gen: Generation) -> web.Response:
 
 
 async def _stream(
-    request: web.Request, writer: ResponseWriter, gen: Generation, usage: bool
+    request: web.Request, writer: ResponseWriter | GenerateWriter, gen: Generation, usage: bool
 ) -> web.StreamResponse:
     """Token events as the engine makes them, then the usage chunk (when ``usage``) and
     ``[DONE]``."""
@@ -150,10 +163,10 @@ async def _stream(
             items.append(gen.queue.get_nowait())
         generated = max(items)
         end = next((i for i in items if i < 0), None)
-        out = writer.token_events(sent, generated) if generated > sent else b""
+        out = writer.events(sent, generated, gen.cached_tokens) if generated > sent else b""
         sent = max(sent, generated)
         if end == FINISHED:
-            out += writer.usage_event(sent, gen.cached_tokens) if usage else writer.done_event()
+            out += writer.end(sent, gen.cached_tokens, usage)
         elif end == ABORTED:
             out += error_event("the engine stopped", "ServiceUnavailableError", 503)
         await resp.write(out)

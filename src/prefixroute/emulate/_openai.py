@@ -201,6 +201,15 @@ class ResponseWriter:
     def done_event() -> bytes:
         return b"data: [DONE]\n\n"
 
+    # --- the stream as the app drives it (the same three calls as ``_sglang``'s writer) ------
+    def events(self, start: int, stop: int, cached_tokens: int) -> bytes:
+        """:meth:`token_events` (OpenAI's chunks carry no counts until the usage chunk)."""
+        return self.token_events(start, stop)
+
+    def end(self, generated: int, cached_tokens: int, usage: bool) -> bytes:
+        """What ends a finished stream: the usage chunk when ``usage``, then ``[DONE]``."""
+        return self.usage_event(generated, cached_tokens) if usage else self.done_event()
+
 
 def error_event(message: str, err_type: str, code: int) -> bytes:
     """The event vLLM sends when a stream fails after it started, then ``[DONE]``."""

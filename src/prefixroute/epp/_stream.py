@@ -44,6 +44,7 @@ from prefixroute.epp._candidates import endpoint_of, fallbacks, narrow, replica_
 from prefixroute.epp._shared import PickShared, count_answer, judge_answer
 from prefixroute.gateway import (
     PREDICTED_HEADER,
+    PROMPT_ENDPOINTS,
     REASON_HEADER,
     REPLICA_HEADER,
     RequestTracing,
@@ -51,6 +52,7 @@ from prefixroute.gateway import (
     TenantScope,
     Usage,
     error_response,
+    is_model_call,
     refuses_stream_options,
     spec_for,
     usage_in_body,
@@ -62,7 +64,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_PLAIN_BODY = 1024 * 1024  # bytes of a plain answer kept to read its usage (the rest passes)
-_PATHS = {"/v1/completions": Endpoint.COMPLETIONS, "/v1/chat/completions": Endpoint.CHAT}
 
 
 class PickStream:
@@ -183,16 +184,16 @@ class PickStream:
 
     @property
     def _counted(self) -> bool:
-        """A call the requests counter and the decision log count: /v1/* but /v1/models, as
-        the gateway counts them (not probes or model listings that pass through Envoy)."""
-        return self._path.startswith("/v1/") and self._path != "/v1/models"
+        """A call the requests counter and the decision log count, as the gateway counts them
+        (not probes or model listings that pass through Envoy)."""
+        return is_model_call(self._path)
 
     @property
     def _scope(self) -> TenantScope | None:
         return self.admission.scope if self.admission is not None else None
 
     def _endpoint(self) -> Endpoint:
-        return _PATHS.get(self._path, Endpoint.OTHER)
+        return PROMPT_ENDPOINTS.get(self._path, Endpoint.OTHER)
 
     def _answer(
         self, body: bytes, replaced: bytes | None, end_of_body: bool, headers_only: bool

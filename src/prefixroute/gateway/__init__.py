@@ -27,6 +27,7 @@ from prefixroute.gateway._errors import error_body, error_response, spec_for
 from prefixroute.gateway._fleetview import DecisionEntry, FleetView
 from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._metrics import GatewayMetrics
+from prefixroute.gateway._paths import PROMPT_ENDPOINTS, is_model_call
 from prefixroute.gateway._proxy import PREDICTED_HEADER, REASON_HEADER, REPLICA_HEADER
 from prefixroute.gateway._registry import (
     ReplicaRecord,
@@ -58,6 +59,7 @@ __all__ = [
     "CONFIG_HELP",
     "GATEWAY_STATUSES",
     "PREDICTED_HEADER",
+    "PROMPT_ENDPOINTS",
     "REASON_HEADER",
     "REPLICA_HEADER",
     "UPSTREAM_API_KEY_ENV",
@@ -94,6 +96,7 @@ __all__ = [
     "gateway_state",
     "generate_api_key",
     "hash_api_key",
+    "is_model_call",
     "key_of",
     "load_toml",
     "normalize_url",

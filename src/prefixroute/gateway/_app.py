@@ -1,12 +1,13 @@
 """The gateway application: OpenAI endpoints in front of replicas, routed by one Router.
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (routed on the prompt or the
-messages), ``GET /v1/models`` (the union of the replicas' models), the allowlisted passthrough
-paths of ``_paths`` (``/v1/embeddings``: passed to a replica chosen on load alone), ``GET
-/health``, ``GET /metrics``, ``GET /openapi.json``, the fleet page ``GET /dashboard``
-(``_dashboard``: behind the admin token, or loopback-only without one) and, with an admin
-token, ``/admin/replicas``. Every other path is a 404 that reaches no replica, and a replica
-only ever gets the route's own path (``_paths.upstream_target``), never the client's raw one.
+messages), ``POST /generate`` (SGLang's native call, routed on its text or token ids), ``GET
+/v1/models`` (the union of the replicas' models), the allowlisted passthrough paths of ``_paths``
+(``/v1/embeddings``: passed to a replica chosen on load alone), ``GET /health``, ``GET /metrics``,
+``GET /openapi.json``, the fleet page ``GET /dashboard`` (``_dashboard``: behind the admin token, or
+loopback-only without one) and, with an admin token, ``/admin/replicas``. Every other path is a 404
+that reaches no replica, and a replica only ever gets the route's own path
+(``_paths.upstream_target``), never the client's raw one.
 
 A handler does four things: parse, once (``_admit``: the body read under ``_requests``' strict
 rules into the core's route key, put in the tenant's key space, re-encoded, and tokenized with
@@ -65,7 +66,7 @@ from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._limits import Limits
 from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._openapi import OPENAPI_PATH, make_openapi_handler
-from prefixroute.gateway._paths import PASSTHROUGH_PATHS, make_path_middleware
+from prefixroute.gateway._paths import PASSTHROUGH_PATHS, is_model_call, make_path_middleware
 from prefixroute.gateway._precise import PreciseMode
 from prefixroute.gateway._proxy import OUTCOME, Proxy
 from prefixroute.gateway._registry import ReplicaRegistry, normalize_url
@@ -177,7 +178,7 @@ def _observer(metrics: GatewayMetrics, fleet: FleetView) -> Observer:
     dashboard's recent decisions, for the proxied /v1 calls."""
 
     def observe(request: web.Request, response: web.StreamResponse) -> None:
-        if request.path.startswith("/v1/") and request.path != "/v1/models":
+        if is_model_call(request.path):
             outcome = request.get(OUTCOME)
             replica, reason = (outcome.replica, outcome.reason) if outcome else ("none", "none")
             metrics.count_request(replica, response.status, reason)
@@ -192,6 +193,7 @@ def _add_routes(app: web.Application, config: GatewayConfig) -> None:
     eh = expect_handler
     app.router.add_post("/v1/completions", completions, expect_handler=eh)
     app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=eh)
+    app.router.add_post("/generate", generate, expect_handler=eh)
     app.router.add_get("/v1/models", models, expect_handler=eh)
     for path in PASSTHROUGH_PATHS:  # an allowlist: any other /v1 path is the catch-all's 404
         app.router.add_post(path, passthrough, expect_handler=eh)
@@ -351,6 +353,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _proxied(request, Endpoint.CHAT)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    return await _proxied(request, Endpoint.GENERATE)
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:

@@ -20,12 +20,12 @@ layers close that, each sufficient on its own:
   re-encoded from the parsed ``request.query``. So even a path that slipped through the first
   layer would reach only the endpoint its route names.
 
-The allowlist itself is the route table: ``/v1/completions`` and ``/v1/chat/completions`` (full
-admission: tenant, salt, limits, routing on the prompt), ``/v1/models`` (answered here), and
-:data:`PASSTHROUGH_PATHS`, routed on load alone. vLLM's OpenAI server also serves engine
-controls (``/reset_prefix_cache``, ``/sleep``, ``/v1/load_lora_adapter``), internals
-(``/metrics``, ``/health``, ``/tokenize``) and stateful APIs (``/v1/responses``); none of them
-is on the list, and every other path under ``/v1/`` is the catch-all's 404.
+The allowlist itself is the route table: ``/v1/completions``, ``/v1/chat/completions`` and SGLang's
+``/generate`` (full admission: tenant, salt, limits, routing on the prompt), ``/v1/models``
+(answered here), and :data:`PASSTHROUGH_PATHS`, routed on load alone. vLLM's OpenAI server also
+serves engine controls (``/reset_prefix_cache``, ``/sleep``, ``/v1/load_lora_adapter``), internals
+(``/metrics``, ``/health``, ``/tokenize``) and stateful APIs (``/v1/responses``); none of them is on
+the list, and every other path under ``/v1/`` is the catch-all's 404.
 
 One exception to the segment rules: the admin API names a replica by its URL-quoted URL in one
 segment (``/admin/replicas/http%3A%2F%2F10.0.0.11%3A8000/drain``), which decodes to slashes and
@@ -44,7 +44,16 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from yarl import URL
 
-PROMPT_PATHS = ("/v1/completions", "/v1/chat/completions")  # routed on their prompt
+from prefixroute.core import Endpoint
+
+# Routed on their prompt, and the call each is: OpenAI's two, and SGLang's native one (its own
+# request and answer shapes: text or input_ids in, meta_info out).
+PROMPT_ENDPOINTS = {
+    "/v1/completions": Endpoint.COMPLETIONS,
+    "/v1/chat/completions": Endpoint.CHAT,
+    "/generate": Endpoint.GENERATE,
+}
+PROMPT_PATHS = tuple(PROMPT_ENDPOINTS)
 # OpenAI endpoints that carry no prefix worth routing on: forwarded on load alone, after tenant
 # authentication and rate limits. vLLM documents /v1/embeddings as its one other OpenAI API
 # (besides audio transcription, which takes multipart uploads we do not parse); keep it short.
@@ -70,6 +79,13 @@ class PathProblem(StrEnum):
     DELIMITER = "delimiter"  # "?" or "#" inside the path (after decoding)
     DOT_SEGMENT = "dot_segment"  # "." or ".."
     EMPTY_SEGMENT = "empty_segment"  # "//", or a trailing "/"
+
+
+def is_model_call(path: str) -> bool:
+    """Whether ``path`` is a call for a model, counted in ``prefixroute_requests_total``: every
+    ``/v1/`` path but the models list (an unknown one too: its 404 is counted), and
+    ``/generate``."""
+    return (path.startswith("/v1/") and path != "/v1/models") or path == "/generate"
 
 
 def path_problem(raw_target: str) -> PathProblem | None:

@@ -6,13 +6,14 @@ when the upstream dies, so the gateway can always end the stream with a clean er
 Upstreams (vLLM, SGLang, the emulator) write whole events per chunk, so the cut delays nothing
 in practice; an event split across chunks waits only for its own end.
 
-While relaying it notes the first event that carries output (the first token, for the load view
-and the speed model) and the ``cached_tokens`` of any event carrying ``usage`` (the final chunk,
-with vLLM). A chat stream's opening chunk with only the assistant's role is not the first
-token: vLLM and SGLang send it with the first token, but servers written otherwise send it
-when the stream opens, before any prefill, and every first token they served read as instant.
-Events are parsed as JSON until the first token and when they mention ``"usage"``; the rest is
-a byte search.
+While relaying it notes the first event that carries output (the first token, for the load view and
+the speed model) and the ``cached_tokens`` of any event carrying ``usage`` (the final chunk, with
+vLLM) or SGLang's ``meta_info`` (every chunk of a ``/generate`` stream: the last one is parsed,
+once, when the usage is read). A chat stream's opening chunk with only the assistant's role is not
+the first token: vLLM and SGLang send it with the first token, but servers written otherwise send it
+when the stream opens, before any prefill, and every first token they served read as instant. Events
+are parsed as JSON until the first token and when they mention ``"usage"``; the rest is a byte
+search.
 
 With ``hide_usage`` (the gateway asked for the usage the client did not,
 :func:`~prefixroute.gateway._usage.ask_for_stream_usage`) a usage-only event is read and not
@@ -31,8 +32,21 @@ class SSEScanner:
     def __init__(self, hide_usage: bool = False) -> None:
         self._tail = b""  # bytes after the last complete event, bytes
         self.saw_data = False  # a data event went by (the first token)
-        self.usage: Usage | None = None  # the last usage-bearing event's
+        self._usage: Usage | None = None  # the last usage-bearing event's
+        # The last event with SGLang's meta_info (every /generate chunk has one): parsed only
+        # when the usage is read, not once per token.
+        self._meta_line: bytes | None = None
         self.hide_usage = hide_usage  # keep usage-only events from the client (module doc)
+
+    @property
+    def usage(self) -> Usage | None:
+        """The usage of the last event that carried one (``usage``, or ``meta_info``)."""
+        if self._meta_line is not None:
+            line, self._meta_line = self._meta_line, None
+            usage = _usage_in_line(line)
+            if usage is not None:
+                self._usage = usage
+        return self._usage
 
     @property
     def cached_tokens(self) -> int | None:
@@ -52,6 +66,8 @@ class SSEScanner:
                 ready = self._take_usage(ready)
             else:
                 self._read_usage(ready)
+        elif b'"meta_info"' in ready:
+            self._meta_line = _last_line(ready, b'"meta_info"')
         if not self.saw_data and b"data:" in ready:
             self.saw_data = _carries_output(ready)
         return ready
@@ -62,6 +78,8 @@ class SSEScanner:
         tail, self._tail = self._tail, b""
         if self.hide_usage and b'"usage"' in tail:
             tail = self._take_usage(tail)
+        elif b'"meta_info"' in tail:
+            self._meta_line = _last_line(tail, b'"meta_info"')
         if tail and not self.saw_data and b"data:" in tail:
             self.saw_data = _carries_output(tail)
         return tail
@@ -73,22 +91,10 @@ class SSEScanner:
 
     def _read_usage(self, events: bytes) -> None:
         """Parse the last line that mentions usage (only the last report counts)."""
-        at = events.rfind(b'"usage"')
-        start = max(events.rfind(b"\n", 0, at), events.rfind(b"\r", 0, at)) + 1
-        end = len(events)
-        for sep in (b"\n", b"\r"):
-            i = events.find(sep, at)
-            if 0 <= i < end:
-                end = i
-        line = events[start:end]
-        if not line.startswith(b"data:"):
-            return
-        try:
-            usage = usage_of(json.loads(line[5:]))
-        except (ValueError, UnicodeDecodeError):
-            return
+        usage = _usage_in_line(_last_line(events, b'"usage"'))
         if usage is not None:
-            self.usage = usage
+            self._usage = usage
+            self._meta_line = None
 
     def _take_usage(self, events: bytes) -> bytes:
         """``events`` less its usage-only events, whose usage is noted."""
@@ -97,10 +103,32 @@ class SSEScanner:
         for i in range(0, len(parts), 2):
             event, boundary = parts[i], parts[i + 1] if i + 1 < len(parts) else b""
             if b'"usage"' in event and is_usage_only(obj := _data_of(event)):
-                self.usage = usage_of(obj)
+                self._usage = usage_of(obj)
                 continue
             kept.append(event + boundary)
         return b"".join(kept)
+
+
+def _last_line(events: bytes, needle: bytes) -> bytes:
+    """The last line of ``events`` that holds ``needle`` (which must be in it)."""
+    at = events.rfind(needle)
+    start = max(events.rfind(b"\n", 0, at), events.rfind(b"\r", 0, at)) + 1
+    end = len(events)
+    for sep in (b"\n", b"\r"):
+        i = events.find(sep, at)
+        if 0 <= i < end:
+            end = i
+    return events[start:end]
+
+
+def _usage_in_line(line: bytes) -> Usage | None:
+    """The usage of one ``data:`` line, or None (another line, not JSON, no usage)."""
+    if not line.startswith(b"data:"):
+        return None
+    try:
+        return usage_of(json.loads(line[5:]))
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def _data_of(event: bytes) -> object | None:
@@ -128,11 +156,27 @@ def _carries_output(events: bytes) -> bool:
             if event.strip().endswith(b"[DONE]"):
                 continue
             return True
-        if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
+        if not isinstance(obj, dict):
+            return True
+        if "choices" not in obj and isinstance(obj.get("meta_info"), dict):
+            if _generated_natively(obj):  # SGLang's /generate
+                return True
+            continue
+        if not isinstance(obj.get("choices"), list):
             return True
         if any(_generated(choice) for choice in obj["choices"]):
             return True
     return False
+
+
+def _generated_natively(chunk: dict[str, object]) -> bool:
+    """A ``/generate`` chunk with output: text, token ids, or a completion token counted (a
+    token that ends inside a UTF-8 character arrives with no text yet, but it was made)."""
+    meta = chunk["meta_info"]
+    assert isinstance(meta, dict)
+    done = meta.get("completion_tokens")
+    made = isinstance(done, int) and not isinstance(done, bool) and done > 0
+    return bool(chunk.get("text") or chunk.get("output_ids") or made)
 
 
 def _generated(choice: object) -> bool:

@@ -49,8 +49,8 @@ class GatewayState:
     def ask_stream_usage(self, endpoint: Endpoint, obj: object) -> bool:
         """Ask for the usage of a stream whose client did not (``_usage``), in the parsed body
         ``obj``, while the gateway asks; returns whether it did. Both front ends call this."""
-        if endpoint is Endpoint.OTHER or not self.asks_stream_usage:
-            return False
+        if endpoint in (Endpoint.OTHER, Endpoint.GENERATE) or not self.asks_stream_usage:
+            return False  # (every /generate chunk carries its meta_info: nothing to ask)
         return ask_for_stream_usage(obj)
 
     def stop_asking_stream_usage(self, replica: str) -> None:
@@ -69,7 +69,8 @@ class GatewayState:
         requests here."""
         if scope is not None:
             key = scope.isolate_key(endpoint, key, obj)
-        adapter = self.registry.adapter_of(key.model)
+        # The adapter a /generate request names itself (lora_path), else the model's.
+        adapter = key.adapter if key.adapter is not None else self.registry.adapter_of(key.model)
         if adapter != key.adapter:  # most keys already have it (None): no copy on their path
             key = dataclasses.replace(key, adapter=adapter)
         if self.tokenizer is not None and endpoint is not Endpoint.OTHER:

@@ -19,8 +19,10 @@ is hashed (the estimate is the router's own). A 429 names the limit.
 asks). Its router seed is the salt hashed into the common seed (:meth:`BlockHasher.salted`, the
 same step the emulated engine takes), so the router's block hashes of one tenant never equal
 another's, and the salt goes to the replica as ``cache_salt`` (vLLM
-mixes it into the first block's hash, so the engine keeps the tenants' blocks apart too). The
-gateway owns that field: a client's own ``cache_salt`` is replaced. A request whose routing text
+mixes it into the first block's hash, so the engine keeps the tenants' blocks apart too), or as
+``extra_key`` on SGLang's ``/generate`` (the field its OpenAI server fills from ``cache_salt``;
+an SGLang older than that field ignores it, and keeps no tenants apart). The gateway owns that
+field: a client's own is replaced. A request whose routing text
 starts with one of ``shareable_prefixes`` is shared instead: hashed with the common seed and
 sent with no salt (vLLM salts a whole prompt or nothing: see docs/security.md for what that
 shares).
@@ -209,10 +211,11 @@ class TenantScope:
             return replace(key, tenant=tenant.name)
         if not isinstance(obj, dict):  # unreachable: routing refused non-objects already
             return replace(key, tenant=tenant.name, seed=tenant.seed)
+        field = salt_field(endpoint)
         if cfg.shareable_prefixes and (key.text or "").startswith(cfg.shareable_prefixes):
-            obj.pop("cache_salt", None)
+            obj.pop(field, None)
             return replace(key, tenant=tenant.name, seed=None)
-        obj["cache_salt"] = tenant.salt
+        obj[field] = tenant.salt
         return replace(key, tenant=tenant.name, seed=tenant.seed)
 
     def charge_prompt(self, tokens: int) -> None:
@@ -221,6 +224,13 @@ class TenantScope:
         except RateLimited as exc:
             self.tenants.rejections.labels(exc.limit).inc()
             raise
+
+
+def salt_field(endpoint: Endpoint) -> str:
+    """The request field that namespaces a request's KV blocks in the engine: vLLM's (and
+    SGLang's OpenAI) ``cache_salt``, and on SGLang's ``/generate`` its ``extra_key``, which its
+    OpenAI server fills from ``cache_salt``."""
+    return "extra_key" if endpoint is Endpoint.GENERATE else "cache_salt"
 
 
 TENANT_SCOPE = web.RequestKey("prefixroute.tenant", TenantScope)

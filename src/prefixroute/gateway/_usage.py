@@ -1,7 +1,8 @@
 """Reading ``usage`` from replica responses: prompt, completion and cached tokens.
 
 vLLM reports the engine's real prefix-cache hit in ``usage.prompt_tokens_details.cached_tokens``
-(with ``--enable-prompt-tokens-details``); SGLang and OpenAI use the same fields. The router
+(with ``--enable-prompt-tokens-details``); SGLang and OpenAI use the same fields, and SGLang's
+native ``/generate`` puts the same counts in ``meta_info``. The router
 learns each replica's speed from them (``Router.observe_usage`` and ``complete``). The gateway
 only reads: the bytes it relays are never re-encoded, so parsing happens on a copy the client
 never sees.
@@ -40,11 +41,20 @@ def _count(value: object) -> int | None:
 
 
 def usage_of(obj: object) -> Usage | None:
-    """The usage in a parsed response or stream chunk, or None when it has none."""
+    """The usage in a parsed response or stream chunk, or None when it has none: OpenAI's
+    ``usage``, or the ``meta_info`` of SGLang's ``/generate`` (``prompt_tokens``,
+    ``completion_tokens`` and ``cached_tokens``, in every chunk of a stream)."""
     if not isinstance(obj, Mapping):
         return None
     usage = obj.get("usage")
     if not isinstance(usage, Mapping):
+        meta = obj.get("meta_info")
+        if isinstance(meta, Mapping) and "prompt_tokens" in meta:
+            return Usage(
+                _count(meta.get("prompt_tokens")),
+                _count(meta.get("completion_tokens")),
+                _count(meta.get("cached_tokens")),
+            )
         return None
     details = usage.get("prompt_tokens_details")
     cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else None
@@ -102,7 +112,7 @@ def is_usage_only(obj: object) -> bool:
 
 def usage_in_body(body: bytes) -> Usage | None:
     """The usage in a whole JSON response body (None when absent or not JSON)."""
-    if b'"usage"' not in body:  # most bodies without usage skip the parse
+    if b'"usage"' not in body and b'"meta_info"' not in body:  # most skip the parse
         return None
     try:
         return usage_of(json.loads(body))

@@ -429,7 +429,8 @@ async def test_sglang_generate_is_keyed_on_its_text_and_its_meta_info_learned() 
     s = shared()
     first = picked(await pick(PickStream(s), _generate_body(400), path="/generate"))[0]
     stream = PickStream(s)
-    assert picked(await pick(stream, _generate_body(700, stream=True), path="/generate"))[0] == first
+    out = await pick(stream, _generate_body(700, stream=True), path="/generate")
+    assert picked(out)[0] == first
     await stream.handle(response_headers(content_type="text/event-stream"))
     meta = {"prompt_tokens": 700, "completion_tokens": 1, "cached_tokens": 400}
     chunk = f"data: {json.dumps({'text': 'a', 'meta_info': meta})}\n\ndata: [DONE]\n\n"

@@ -152,6 +152,26 @@ class PrefixIndex:
                 entries.gapped = True
                 self._gapped.add(replica)
 
+    def mark(self, replica: ReplicaId) -> tuple[LRU, int] | None:
+        """Where ``replica``'s entries stand now, for :meth:`withdraw` to tell whether a chain
+        was inserted there since (None: not registered)."""
+        entries = self._replicas.get(replica)
+        return (entries, entries.tick) if entries is not None else None
+
+    def withdraw(
+        self, replica: ReplicaId, block_hashes: Sequence[BlockHash], since: tuple[LRU, int]
+    ) -> int:
+        """Take back ``block_hashes``, the tail of the chain inserted into ``replica`` just
+        before the ``since`` mark that it added (held before: no), and return how many were
+        still there. Nothing is taken when another chain was inserted there since (it may
+        continue these blocks), the entries were cleared or replaced, or the replica is matched
+        by a linear walk (its blocks after a gap may have been held before). Otherwise no held
+        block continues these, so the set stays closed under prefixes."""
+        entries = self._replicas.get(replica)
+        if entries is None or entries.gapped or since != (entries, entries.tick):
+            return 0
+        return sum(entries.discard(h) for h in reversed(block_hashes))
+
     # --- queries --------------------------------------------------------------------------
     def match(
         self, block_hashes: Sequence[BlockHash], replicas: Iterable[ReplicaId] | None = None

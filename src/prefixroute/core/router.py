@@ -36,8 +36,9 @@ own decisions (:meth:`route` and the calls after it), another router instance's 
 :meth:`engine_removed`, :meth:`engine_cleared`) and the numbers a replica reports about itself
 (:meth:`observe_replica`, :meth:`observe_engine_prefill`). The index, the load view and the
 speculative entries are the router's own: code outside ``core`` reads them through the methods
-at the end of the class (``tests/test_router_ownership.py`` holds it to that), so a newcomer
-finds every change to the routing state in this file.
+of :class:`~prefixroute.core.router_reads.RouterReads`, which the Router is
+(``tests/test_router_ownership.py`` holds it to that), so a newcomer finds every change to the
+routing state in this file.
 """
 
 from __future__ import annotations
@@ -50,16 +51,18 @@ from collections.abc import Iterable, Sequence
 from prefixroute.core.errors import ConfigError, NoReplicaAvailable
 from prefixroute.core.hashing import BlockHash, BlockHasher, TokenIds
 from prefixroute.core.index import PrefixIndex
-from prefixroute.core.index_capacity import IndexCapacity, IndexCapacityConfig, ReplicaCapacity
-from prefixroute.core.load import LoadTracker, ReplicaLoad
+from prefixroute.core.index_capacity import IndexCapacity, IndexCapacityConfig
+from prefixroute.core.load import LoadTracker
 from prefixroute.core.policies import Policy, RoutingContext
+from prefixroute.core.routed_blocks import RoutedBlocks
+from prefixroute.core.router_reads import RouterReads
 from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
-from prefixroute.core.token_count import CharsPerToken, TokenCountConfig, TokenCounts
+from prefixroute.core.token_count import TokenCountConfig, TokenCounts
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 
 
-class Router:
+class Router(RouterReads):
     """Routes request views among registered replicas with one policy."""
 
     def __init__(
@@ -88,6 +91,7 @@ class Router:
         self.capacity = IndexCapacity(capacity if capacity is not None else IndexCapacityConfig())
         self.rng = random.Random(seed)
         self.insert_on_route = insert_on_route  # False: the index is fed by engine events
+        self.routed = RoutedBlocks()  # what each decision added to the index, while in flight
         self.speculative = (
             SpeculativeEntries(speculative_ttl_s) if speculative_ttl_s is not None else None
         )
@@ -187,14 +191,16 @@ class Router:
     ) -> Decision:
         """Choose a replica for ``request`` among ``candidates`` (default: all registered).
 
-        The decision is recorded: the index learns that the replica now holds the prompt (or,
-        in precise mode, a speculative entry says so for a while), and the load view counts the
-        request as in flight until :meth:`complete`. With ``explain`` the decision also carries
+        The decision is recorded: the index learns that the replica now holds the prompt (until
+        :meth:`withdraw`, if the replica turns the request away), or in precise mode a
+        speculative entry says so for a while, and the load view counts the request as in flight
+        until :meth:`complete`. With ``explain`` the decision also carries
         what the policy saw of every candidate (``Decision.candidates``: tracing).
         """
         decision = self._decide(request, now, candidates, self.policy, self.rng, explain)
         if self.insert_on_route:
-            self.index.insert(decision.replica, request.block_hashes)
+            chain = request.block_hashes
+            self.routed.insert(self.index, request.request_id, decision.replica, chain)
         if self.speculative is not None:
             self.speculative.add(decision.replica, request.block_hashes, now)
         self.loads.dispatch(request, decision, now)
@@ -269,6 +275,14 @@ class Router:
         the decode step from it; without it only the prefill rate is learned."""
         self.loads.complete(request_id, now, output_tokens)
         self.tokens.forget(request_id)
+        self.routed.forget(request_id)
+
+    def withdraw(self, request_id: str) -> None:
+        """The replica did not take the request: it was full (a 429), refused it (a 4xx) or
+        could not be reached. The blocks its decision added to the index are taken out again,
+        unless the index changed there since (:mod:`prefixroute.core.routed_blocks`). Call it
+        before :meth:`complete`, which every request still gets."""
+        self.routed.withdraw(self.index, request_id)
 
     # --- what other router instances decided (prefixroute.sync) ----------------------------
     def remote_routed(
@@ -358,42 +372,3 @@ class Router:
         ``tokens`` uncached tokens: its speed model learns from it (ignored if not registered)."""
         if replica in self._registered:
             self.loads.get(replica).speed.observe_engine_prefill(tokens, requests, seconds)
-
-    # --- reads, for metrics, dashboards and reports ---------------------------------------
-    def replica_load(self, replica: ReplicaId) -> ReplicaLoad:
-        """``replica``'s load and learned speed as the router sees them (a replica never seen
-        gets an empty entry). To read: every change goes through the methods above."""
-        return self.loads.get(replica)
-
-    def queued_prefill_s(self, replica: ReplicaId, now: float) -> float:
-        """How long a request sent to ``replica`` at ``now`` waits before its own prefill
-        starts, at the replica's learned speed, seconds."""
-        return self.loads.get(replica).queued_prefill_s(now)
-
-    def indexed_blocks(self, replica: ReplicaId) -> int:
-        """Blocks the index says ``replica`` holds."""
-        return self.index.blocks_of(replica)
-
-    def index_blocks(self) -> int:
-        """Distinct blocks in the index (one held by three replicas counts once); O(entries)."""
-        return len(self.index)
-
-    def index_entries(self) -> int:
-        """(replica, block) entries in the index."""
-        return self.index.entries
-
-    def index_evictions(self) -> int:
-        """Index entries dropped by a replica's capacity since the router was made."""
-        return self.index.evictions
-
-    def speculative_entries(self) -> int | None:
-        """(replica, block) speculative entries not yet dropped; None without them."""
-        return len(self.speculative) if self.speculative is not None else None
-
-    def index_capacity(self, replica: ReplicaId) -> ReplicaCapacity | None:
-        """How much ``replica`` keeps, as learned (None: not learning, or unbounded)."""
-        return self.capacity.get(replica)
-
-    def chars_per_token(self) -> dict[str | None, CharsPerToken]:
-        """Each model's characters per token as learned from usage (None: no model named)."""
-        return self.tokens.models()

@@ -32,7 +32,9 @@ predictions are (``prefixroute_replica_ttft_prediction_error``: the median of
 ``prefixroute_replica_ttft_predictions_total``), ``prefixroute_chars_per_token{model}`` (each
 model's characters per token as the router has learned them from usage; ``model="none"`` for
 requests that named none), ``prefixroute_prefix_index_blocks`` (distinct blocks),
-``prefixroute_prefix_index_entries`` and ``prefixroute_prefix_index_evictions_total``.
+``prefixroute_prefix_index_entries``, ``prefixroute_prefix_index_evictions_total`` and
+``prefixroute_prefix_index_withdrawn_blocks_total`` (blocks a decision added and took back, the
+replica having turned the request away: ``Router.withdraw``).
 In precise mode also ``prefixroute_speculative_entries`` and, per replica, the KV-event streams:
 ``prefixroute_kv_event_batches_total``, ``prefixroute_kv_events_total{type}``,
 ``prefixroute_kv_event_gaps_total``, ``prefixroute_kv_event_replayed_total``,
@@ -216,6 +218,11 @@ class _LiveCollector(Collector):
             "prefixroute_prefix_index_evictions",
             "Prefix-index entries evicted by per-replica capacity.",
             router.index_evictions(),
+        )
+        yield CounterMetricFamily(
+            "prefixroute_prefix_index_withdrawn_blocks",
+            "Prefix-index entries taken back because the replica turned the request away.",
+            router.index_withdrawals(),
         )
 
     def _replicas(self) -> Iterator[Metric]:

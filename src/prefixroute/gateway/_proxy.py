@@ -9,7 +9,9 @@ the same way.
 Retry rule: if the upstream fails before any byte reached the client (refused, reset, timed out,
 or answered 5xx), the request is routed again among the remaining candidates, once. A replica
 that answers 429 is full, not failing: the request goes to another, as long as there is one,
-without counting as the retry and without blame (``_upstream_answers``). Before that,
+without counting as the retry and without blame (``_upstream_answers``). A replica that turned
+a request away (a 429, any 4xx, a refused connection) computed none of it, so the router takes
+back the blocks its decision added to the index (``Router.withdraw``). Before that,
 a request whose pooled connection the replica had closed is sent to it again (``_pool.send``):
 the replica never read it, so that is no failure of anyone's.
 
@@ -95,6 +97,9 @@ REASON_HEADER = "x-prefixroute-reason"
 PREDICTED_HEADER = "x-prefixroute-predicted-cached-tokens"  # the decision's prediction, tokens
 MAX_ATTEMPTS = 2  # the first try and one retry
 CLIENT_GONE = 499  # a traced request cancelled before its answer (nginx's "client closed")
+# Answers of a replica that did not take the request (full, or refusing it): it computed no
+# block of the prompt, so the router takes back what its decision added (Router.withdraw).
+TURNED_AWAY = frozenset(range(400, 500))
 # First-byte deadline: this many times the predicted TTFT (then clamped to the configured floor
 # and cap), leaving room for an estimate that is still learning.
 FIRST_BYTE_FACTOR = 4.0
@@ -204,14 +209,19 @@ class Proxy:
             release = self._releaser(call.rid)
             try:
                 result = await self._attempt(call, decision, can_retry, release)
+                if result.status in TURNED_AWAY:  # (a stream has been released: no-op)
+                    self.router.withdraw(call.rid)
                 release(result.usage)  # a plain answer's end (a stream released at its end)
             except ReplicaBusy:  # full, not failing: elsewhere, unblamed (_upstream_answers)
+                self.router.withdraw(call.rid)
                 failed.append(decision.replica)
                 self.metrics.upstream_failures.labels(decision.replica, "busy").inc()
                 self.metrics.retries.labels("busy").inc()
                 continue
             except UpstreamError as exc:
                 kind = kind_of(exc)
+                if kind == "connect":  # it never reached the replica
+                    self.router.withdraw(call.rid)
                 attempt += 1
                 if verdict.failed(decision.replica, kind, can_retry):
                     raise  # the request's own fault: no replica would serve it

@@ -274,6 +274,12 @@ LRU_get_capacity(LRU *t, void *unused)
 }
 
 static PyObject *
+LRU_get_tick(LRU *t, void *unused)
+{
+    return PyLong_FromUnsignedLongLong(t->tick);
+}
+
+static PyObject *
 LRU_get_gapped(LRU *t, void *unused)
 {
     return PyBool_FromLong(t->gapped);
@@ -303,6 +309,7 @@ static PyMethodDef LRU_methods[] = {
 
 static PyGetSetDef LRU_getset[] = {
     {"capacity", (getter)LRU_get_capacity, NULL, "blocks; None = unbounded", NULL},
+    {"tick", (getter)LRU_get_tick, NULL, "chains inserted so far (the next insert's tick)", NULL},
     {"gapped", (getter)LRU_get_gapped, (setter)LRU_set_gapped,
      "blocks were removed individually: prefix closure not guaranteed", NULL},
     {NULL},

@@ -1,0 +1,113 @@
+"""A replica that turns a request away (full, refusing it, unreachable) computed none of it: the
+router takes back what the decision added to the index (``Router.withdraw``,
+``core/routed_blocks.py``), and only that, and only while nothing could depend on it."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixroute.core import BlockHasher, PrefixIndex, ReplicaId, Router, make_policy
+
+R0, R1 = ReplicaId("r0"), ReplicaId("r1")
+PROMPT = list(range(1000, 1064))  # 64 tokens: 4 blocks of 16
+
+
+def router(policy: str = "round_robin") -> Router:
+    r = Router(make_policy(policy), BlockHasher(16))
+    r.add_replica(R0)
+    r.add_replica(R1)
+    return r
+
+
+def send(r: Router, rid: str, tokens: list[int], to: ReplicaId, now: float = 0.0) -> int:
+    """Route ``tokens`` to ``to`` only; returns the blocks the index predicted cached there."""
+    decision = r.route(r.view(rid, tokens=tokens), now, [to])
+    assert decision.replica == to
+    return decision.predicted_cached_tokens // 16
+
+
+def test_a_turned_away_request_leaves_no_blocks_behind() -> None:
+    r = router()
+    send(r, "a", PROMPT, R0)
+    assert r.indexed_blocks(R0) == 4
+    r.withdraw("a")
+    r.complete("a", 1.0)
+    assert r.indexed_blocks(R0) == 0
+    assert r.index_withdrawals() == 4
+    assert send(r, "b", PROMPT, R0) == 0  # the next one is not told it is cached there
+
+
+def test_blocks_held_before_the_decision_stay() -> None:
+    r = router()
+    send(r, "a", PROMPT, R0)
+    r.complete("a", 1.0)  # served: its blocks are the replica's
+    longer = PROMPT + list(range(5000, 5032))  # 2 blocks more
+    assert send(r, "b", longer, R0, now=2.0) == 4
+    r.withdraw("b")
+    assert r.indexed_blocks(R0) == 4 and r.index_withdrawals() == 2
+    assert send(r, "c", longer, R0, now=3.0) == 4  # the earlier prompt is still there
+
+
+def test_a_served_request_is_never_taken_back() -> None:
+    r = router()
+    send(r, "a", PROMPT, R0)
+    r.complete("a", 1.0)
+    r.withdraw("a")  # too late: it ended, and what it computed stays
+    assert r.indexed_blocks(R0) == 4 and r.index_withdrawals() == 0
+
+
+def test_nothing_is_taken_once_another_chain_went_to_that_replica() -> None:
+    """The later chain continues these blocks: taking them would leave its tail without its
+    head, and the index's binary search would miss what it holds."""
+    r = router()
+    send(r, "a", PROMPT, R0)
+    send(r, "b", PROMPT + list(range(5000, 5016)), R0)
+    r.withdraw("a")
+    assert r.indexed_blocks(R0) == 5 and r.index_withdrawals() == 0
+    send(r, "c", list(range(7000, 7032)), R1)  # another replica's chains change nothing here
+    r.withdraw("b")
+    assert r.indexed_blocks(R0) == 4  # b's own block went; a's stayed under it
+    assert send(r, "d", PROMPT, R0) == 3  # all of it held (less the last token, computed)
+
+
+def test_a_request_that_added_nothing_takes_nothing() -> None:
+    r = router()
+    send(r, "a", PROMPT, R0)
+    r.complete("a", 1.0)
+    send(r, "a", PROMPT, R0)  # the same id again, all of it held already
+    r.withdraw("a")
+    assert r.indexed_blocks(R0) == 4 and r.index_withdrawals() == 0
+
+
+def test_every_policy_routes_and_withdraws_through_the_same_path() -> None:
+    for name in ("predicted_ttft", "cache_aware", "least_loaded"):
+        r = router(name)
+        decision = r.route(r.view("a", tokens=PROMPT), 0.0)
+        r.withdraw("a")
+        r.complete("a", 0.5)
+        assert r.indexed_blocks(decision.replica) == 0, name
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_index_takes_back_only_an_undisturbed_tail(compiled: bool) -> None:
+    index = PrefixIndex(compiled=compiled)
+    chain = [11, 12, 13, 14]
+    index.insert(R0, chain[:2])
+    index.insert(R0, chain)
+    mark = index.mark(R0)
+    assert mark is not None and index.mark(ReplicaId("unknown")) is None
+    assert index.withdraw(R0, chain[2:], mark) == 2
+    assert index.match(chain) == {R0: 2}
+    index.insert(R0, chain)
+    stale = index.mark(R0)
+    assert stale is not None
+    index.insert(R0, [99])  # another chain since the mark
+    assert index.withdraw(R0, chain[2:], stale) == 0
+    assert index.match(chain) == {R0: 4}
+    index.clear_replica(R0)  # new entries: the mark no longer names them
+    index.insert(R0, chain)
+    assert index.withdraw(R0, chain[2:], stale) == 0
+    mark = index.mark(R0)
+    assert mark is not None
+    index.remove_blocks(R0, [14])  # an engine's removal: matched by a walk from now on
+    assert index.withdraw(R0, chain[2:], mark) == 0 and index.match(chain) == {R0: 3}

@@ -46,6 +46,8 @@ def test_blocks_held_before_the_decision_stay() -> None:
     r.withdraw("b")
     assert r.indexed_blocks(R0) == 4 and r.index_withdrawals() == 2
     assert send(r, "c", longer, R0, now=3.0) == 4  # the earlier prompt is still there
+    r.withdraw("c")  # a second one: the count adds up
+    assert r.indexed_blocks(R0) == 4 and r.index_withdrawals() == 4
 
 
 def test_a_served_request_is_never_taken_back() -> None:
@@ -95,12 +97,12 @@ def test_the_index_takes_back_only_an_undisturbed_tail(compiled: bool) -> None:
     index.insert(R0, chain[:2])
     index.insert(R0, chain)
     mark = index.mark(R0)
-    assert mark is not None and index.mark(ReplicaId("unknown")) is None
+    with pytest.raises(KeyError):
+        index.mark(ReplicaId("unknown"))
     assert index.withdraw(R0, chain[2:], mark) == 2
     assert index.match(chain) == {R0: 2}
     index.insert(R0, chain)
     stale = index.mark(R0)
-    assert stale is not None
     index.insert(R0, [99])  # another chain since the mark
     assert index.withdraw(R0, chain[2:], stale) == 0
     assert index.match(chain) == {R0: 4}
@@ -108,6 +110,14 @@ def test_the_index_takes_back_only_an_undisturbed_tail(compiled: bool) -> None:
     index.insert(R0, chain)
     assert index.withdraw(R0, chain[2:], stale) == 0
     mark = index.mark(R0)
-    assert mark is not None
     index.remove_blocks(R0, [14])  # an engine's removal: matched by a walk from now on
     assert index.withdraw(R0, chain[2:], mark) == 0 and index.match(chain) == {R0: 3}
+
+
+def test_a_replica_removed_meanwhile_has_nothing_to_take_back() -> None:
+    r = router()
+    send(r, "a", PROMPT, R0)
+    r.remove_replica(R0)
+    r.withdraw("a")
+    r.add_replica(R0)  # back, with no entries: nothing of the old ones comes back either
+    assert r.indexed_blocks(R0) == 0 and r.index_withdrawals() == 0

@@ -152,11 +152,11 @@ class PrefixIndex:
                 entries.gapped = True
                 self._gapped.add(replica)
 
-    def mark(self, replica: ReplicaId) -> tuple[LRU, int] | None:
-        """Where ``replica``'s entries stand now, for :meth:`withdraw` to tell whether a chain
-        was inserted there since (None: not registered)."""
-        entries = self._replicas.get(replica)
-        return (entries, entries.tick) if entries is not None else None
+    def mark(self, replica: ReplicaId) -> tuple[LRU, int]:
+        """Where ``replica``'s entries (it must be registered) stand now, for :meth:`withdraw`
+        to tell whether a chain was inserted there since."""
+        entries = self._replicas[replica]
+        return entries, entries.tick
 
     def withdraw(
         self, replica: ReplicaId, block_hashes: Sequence[BlockHash], since: tuple[LRU, int]

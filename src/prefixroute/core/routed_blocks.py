@@ -34,25 +34,17 @@ class RoutedBlocks:
         self, index: PrefixIndex, request_id: str, replica: ReplicaId, chain: Sequence[BlockHash]
     ) -> None:
         """Insert ``chain`` (a prompt's, from its first block) for ``replica`` and remember
-        what that added."""
-        held = index.match(chain, (replica,)).get(replica, 0) if chain else 0
+        what that added (those not held before: nothing, when all were)."""
+        held = index.match(chain, (replica,)).get(replica, 0)
         index.insert(replica, chain)
-        mark = index.mark(replica)
-        if held < len(chain) and mark is not None:
-            self._added[request_id] = (replica, chain[held:], mark)
-        else:  # nothing added; and a reused id must not keep an earlier request's blocks
-            self._added.pop(request_id, None)
+        self._added[request_id] = (replica, chain[held:], index.mark(replica))
 
-    def withdraw(self, index: PrefixIndex, request_id: str) -> int:
+    def withdraw(self, index: PrefixIndex, request_id: str) -> None:
         """The replica did not take ``request_id``: take its added blocks back out of the index
-        (see :meth:`PrefixIndex.withdraw` for when nothing is taken); returns how many."""
+        (see :meth:`PrefixIndex.withdraw` for when nothing is taken)."""
         added = self._added.pop(request_id, None)
-        if added is None:
-            return 0
-        replica, blocks, mark = added
-        taken = index.withdraw(replica, blocks, mark)
-        self.withdrawn += taken
-        return taken
+        if added is not None:
+            self.withdrawn += index.withdraw(*added)
 
     def forget(self, request_id: str) -> None:
         """``request_id`` ended: its blocks stay."""

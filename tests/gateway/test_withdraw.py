@@ -85,3 +85,18 @@ async def test_a_replica_that_could_not_be_reached_is_not_indexed_with_the_reque
     assert statuses == [200, 200]  # the one sent to the dead replica was retried on the other
     assert indexed(gw, gone) == 0
     assert indexed(gw, free) > 0
+
+
+async def test_a_replica_that_failed_keeps_what_it_may_have_computed(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A 5xx may come after the prefill (the engine failed later): its blocks stay, for the
+    next answer's usage to judge."""
+
+    async def broken(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "engine failed"}}, status=500)
+
+    failing = await make_fake(handler=broken)
+    gw = await make_gateway([failing.url], **STEADY)  # nowhere to retry: the 500 is relayed
+    assert await _send(session, gw, 0) == 500
+    assert indexed(gw, failing) > 0 and withdrawn(gw) == 0

@@ -52,6 +52,14 @@ def held_until(release: asyncio.Event) -> Handler:
     return held
 
 
+async def queue_full(request: web.Request) -> web.StreamResponse:
+    """SGLang's answer to a request over its ``--max-queued-requests`` bound: 429, and
+    ``Retry-After: 0`` ("route elsewhere")."""
+    body = {"object": "error", "message": "The request queue is full.",
+            "type": "rate_limit_error", "param": None, "code": 429}  # fmt: skip
+    return web.json_response(body, status=429, headers={"Retry-After": "0"})
+
+
 async def one_event_stream(request: web.Request) -> web.StreamResponse:
     """A handler that streams one event, ``ok``, then ``[DONE]``."""
     out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -6,22 +6,12 @@ else to go the 429 reaches the client as it came."""
 from __future__ import annotations
 
 import aiohttp
-from aiohttp import web
 
 from prefixroute.gateway import Gateway
 from prefixroute.gateway._state import STATE
 
-from .fakes import FakeReplica, one_event_stream
+from .fakes import FakeReplica, one_event_stream, queue_full
 from .helpers import FakeFactory, GatewayFactory
-
-
-async def _busy(request: web.Request) -> web.StreamResponse:
-    """SGLang's answer to a request over its queue bound."""
-    if request.method != "POST":
-        return web.json_response({"data": [{"id": "m"}]})
-    body = {"object": "error", "message": "The request queue is full.",
-            "type": "rate_limit_error", "param": None, "code": 429}  # fmt: skip
-    return web.json_response(body, status=429, headers={"Retry-After": "0"})
 
 
 def _posts(fake: FakeReplica) -> int:
@@ -46,7 +36,7 @@ async def _complete(session: aiohttp.ClientSession, gw: Gateway, i: int) -> aioh
 async def test_a_busy_replicas_requests_go_to_another_and_it_is_not_blamed(
     make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
-    busy = await make_fake(handler=_busy)
+    busy = await make_fake(handler=queue_full)
     free = await make_fake(handler=one_event_stream)
     gw = await make_gateway([busy.url, free.url], policy="round_robin")  # each tried in turn
     statuses = [(await _complete(session, gw, i)).status for i in range(12)]
@@ -63,7 +53,7 @@ async def test_a_busy_replicas_requests_go_to_another_and_it_is_not_blamed(
 async def test_with_every_replica_busy_the_client_gets_the_429_once_each_was_asked(
     make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
-    fakes = [await make_fake(handler=_busy) for _ in range(3)]
+    fakes = [await make_fake(handler=queue_full) for _ in range(3)]
     gw = await make_gateway([f.url for f in fakes])
     resp = await _complete(session, gw, 0)
     assert resp.status == 429 and resp.headers["Retry-After"] == "0"

@@ -11,15 +11,8 @@ from aiohttp import web
 from prefixroute.gateway import Gateway
 from prefixroute.gateway._state import STATE
 
-from .fakes import FakeReplica, one_event_stream
+from .fakes import FakeReplica, one_event_stream, queue_full
 from .helpers import STEADY, FakeFactory, GatewayFactory
-
-
-async def _full(request: web.Request) -> web.StreamResponse:
-    """SGLang's answer to a request over its queue bound."""
-    body = {"object": "error", "message": "The request queue is full.",
-            "type": "rate_limit_error", "param": None, "code": 429}  # fmt: skip
-    return web.json_response(body, status=429, headers={"Retry-After": "0"})
 
 
 async def _too_long(request: web.Request) -> web.StreamResponse:
@@ -52,7 +45,7 @@ async def _send(session: aiohttp.ClientSession, gw: Gateway, i: int) -> int:
 async def test_a_full_replica_is_not_indexed_with_what_it_turned_away(
     make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
-    full = await make_fake(handler=_full)
+    full = await make_fake(handler=queue_full)
     free = await make_fake(handler=one_event_stream)
     gw = await make_gateway([full.url, free.url], policy="round_robin")  # each tried in turn
     assert [await _send(session, gw, i) for i in range(8)] == [200] * 8
@@ -65,7 +58,7 @@ async def test_a_full_replica_is_not_indexed_with_what_it_turned_away(
 async def test_a_refusal_the_client_gets_leaves_no_blocks_either(
     make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
-    full = await make_fake(handler=_full)
+    full = await make_fake(handler=queue_full)
     refusing = await make_fake(handler=_too_long)
     gw1 = await make_gateway([full.url], **STEADY)  # nowhere else: the 429 is the client's
     gw2 = await make_gateway([refusing.url], **STEADY)

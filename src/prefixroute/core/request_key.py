@@ -111,25 +111,27 @@ def _generate_key(request: object, model: str | None, stream: bool) -> RouteKey:
     if text is not None and ids is not None:
         raise InvalidPrompt("give 'text' or 'input_ids', not both")
     params = _first(field_of(request, "sampling_params")[1])
-    wanted = params.get("max_new_tokens") if isinstance(params, Mapping) else None
-    max_tokens = wanted if isinstance(wanted, int) and not isinstance(wanted, bool) else 0
+    max_tokens = _max_tokens(params, ("max_new_tokens",))
     adapter = _first(field_of(request, "lora_path")[1])
     adapter = adapter if isinstance(adapter, str) and adapter else None
     if text is None and ids is None:
         if field_of(request, "input_embeds")[1] is None:
             raise InvalidPrompt("'text' or 'input_ids' is required")
-        return RouteKey("", None, model, stream, max(0, max_tokens), adapter=adapter)
+        return RouteKey("", None, model, stream, max_tokens, adapter=adapter)
+    named, prompt = ("text", text) if text is not None else ("input_ids", ids)
     try:
-        key_text, tokens = prompt_key(text if text is not None else ids)
+        key_text, tokens = prompt_key(prompt)
     except InvalidPrompt:
-        what = "'text' must be a string or a list of strings" if text is not None else (
-            "'input_ids' must be a list of token ids or a list of such lists")
-        raise InvalidPrompt(what) from None
-    if text is not None and key_text is None:  # token ids given as text
-        raise InvalidPrompt("'text' must be a string or a list of strings")
-    if ids is not None and tokens is None:  # strings given as ids
-        raise InvalidPrompt("'input_ids' must be a list of token ids or a list of such lists")
-    return RouteKey(key_text, tokens, model, stream, max(0, max_tokens), adapter=adapter)
+        key_text = tokens = None
+    if (key_text if named == "text" else tokens) is None:  # also: ids as text, text as ids
+        raise InvalidPrompt(_GENERATE_PROMPTS[named])
+    return RouteKey(key_text, tokens, model, stream, max_tokens, adapter=adapter)
+
+
+_GENERATE_PROMPTS = {  # what each /generate prompt field must be
+    "text": "'text' must be a string or a list of strings",
+    "input_ids": "'input_ids' must be a list of token ids or a list of such lists",
+}
 
 
 def _first(value: object) -> object:
@@ -145,9 +147,11 @@ def _mappings(messages: object) -> list[Mapping[str, object]] | None:
     return None
 
 
-def _max_tokens(request: object) -> int:
+def _max_tokens(
+    request: object, names: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
+) -> int:
     # A request model may carry both fields with one left None: the first usable one counts.
-    for name in ("max_tokens", "max_completion_tokens"):
+    for name in names:
         _, value = field_of(request, name)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value

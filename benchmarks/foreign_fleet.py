@@ -41,6 +41,7 @@ from prefixroute.core import DEFAULT_POLICY
 REPLICA = Path(__file__).with_name("foreign_replica.py")
 BASELINES = ("round_robin", "least_loaded", "cache_aware")
 LEARNED = "prefixroute_replica_prefill_tokens_per_second"
+OBSERVED = 'prefixroute_replica_speed_observations{phase="prefill",'
 
 
 def _free_port() -> int:
@@ -60,16 +61,24 @@ def _speeds(text: str) -> list[float]:
     return speeds
 
 
-async def _learned(url: str) -> dict[str, float]:
-    """The gateway's learned prefill rate of each replica, by replica URL."""
-    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
-        text = await resp.text()
+def _by_replica(text: str, prefix: str) -> dict[str, float]:
+    """The value of each metric line starting with ``prefix``, by its replica label."""
     out = {}
     for line in text.splitlines():
-        if line.startswith(LEARNED + "{"):
+        if line.startswith(prefix):
             labels, value = line.rsplit(" ", 1)
             out[labels.split('replica="', 1)[1].split('"', 1)[0]] = float(value)
     return out
+
+
+async def _learned(url: str) -> dict[str, float]:
+    """The gateway's learned prefill rate of each replica, by replica URL; NaN for a replica
+    it timed no first token of (the gateway shows its fleet's estimates there, not its own)."""
+    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    seen = _by_replica(text, OBSERVED)
+    rates = _by_replica(text, LEARNED + "{")
+    return {u: r if seen.get(u, 0) > 0 else float("nan") for u, r in rates.items()}
 
 
 def run_policy(policy: str, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, float]]:
@@ -140,10 +149,10 @@ def main(argv: list[str]) -> None:
     if DEFAULT_POLICY in rows and others:
         ratio = rows[DEFAULT_POLICY]["ttft_ms"]["p99"] / min(others)
         print(f"{DEFAULT_POLICY} p99 / best other policy's: x{ratio:.2f}")
-    print("learned prefill rate per replica (true rate), tokens/s:")
+    print("learned prefill rate per replica (true rate), tokens/s; '-': sent nothing timed:")
     for policy, by_url in rates.items():
         pairs = zip(by_url.values(), args.fleet, strict=True)
-        cells = "  ".join(f"{v:,.0f} ({t:,.0f})" for v, t in pairs)
+        cells = "  ".join(f"{v:,.0f} ({t:,.0f})" if v == v else f"- ({t:,.0f})" for v, t in pairs)
         print(f"  {policy:<16} {cells}")
 
 

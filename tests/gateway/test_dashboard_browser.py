@@ -121,6 +121,9 @@ async def test_dashboard_in_chromium_updates_under_traffic_and_needs_the_token(
             await expect(page.locator("#status")).to_have_text("live", timeout=10_000)
             assert await page.locator("#replicas tbody tr").count() == 3
             assert await _number(page, "#requests-total") == 0
+            # No replica has taught the router its speed yet: every rate is marked.
+            rates = page.locator("#replicas tbody td.rate")
+            assert all(t.endswith("*") for t in await rates.all_text_contents())
 
             # One request: the page shows it at its next poll (once a second).
             body = {"messages": [{"role": "user", "content": "hello " * 40}], "max_tokens": 4}
@@ -148,6 +151,8 @@ async def test_dashboard_in_chromium_updates_under_traffic_and_needs_the_token(
             assert len(seen) >= 3, seen  # the count changed at least twice during the run
             assert in_flight_seen > 0  # requests were seen in flight
             await expect(page.locator("#requests-total")).to_have_text("31", timeout=5_000)
+            # 31 requests on 3 replicas: at least one was timed often enough to be learned.
+            assert any(not t.endswith("*") for t in await rates.all_text_contents())
             decisions = page.locator("#decisions tbody tr")
             assert await decisions.count() > 10
             reasons = await page.locator("#decisions td.reason").all_text_contents()

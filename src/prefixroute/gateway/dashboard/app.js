@@ -32,6 +32,17 @@ function cell(row, text, cls) {
   return td;
 }
 
+// A speed the replica has not taught the router yet is marked, as `prefixroute top` marks it:
+// a replica sent nothing shows its fleet's estimates, which look learned but are not its own.
+const UNLEARNED_TITLE = {
+  fleet: "its fleet's learned speed: too few of its own requests timed yet",
+  prior: "the configured prior: too few of its own requests timed yet",
+};
+
+function unlearned(speed) {
+  return (speed.estimates_from || "learned") === "learned" ? "" : "*";
+}
+
 function renderReplicas(replicas) {
   const body = $("replicas").querySelector("tbody");
   body.replaceChildren();
@@ -49,7 +60,8 @@ function renderReplicas(replicas) {
     cell(tr, fmtInt(r.prefilling), "n");
     cell(tr, fmtInt(r.queued_prefill_tokens), "n");
     cell(tr, fmtNum(r.queued_prefill_s, 3), "n");
-    cell(tr, fmtInt(r.speed.prefill_tokens_per_s), "n");
+    const rate = cell(tr, fmtInt(r.speed.prefill_tokens_per_s) + unlearned(r.speed), "n rate");
+    if (unlearned(r.speed)) rate.title = UNLEARNED_TITLE[r.speed.estimates_from];
     cell(tr, fmtNum(1000 * r.speed.decode_step_s, 2), "n");
     cell(tr, `${r.speed.prefill_observations} / ${r.speed.decode_observations}`, "n");
     cell(tr, fmtInt(r.index_blocks), "n");

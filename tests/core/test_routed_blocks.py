@@ -121,3 +121,23 @@ def test_a_replica_removed_meanwhile_has_nothing_to_take_back() -> None:
     r.withdraw("a")
     r.add_replica(R0)  # back, with no entries: nothing of the old ones comes back either
     assert r.indexed_blocks(R0) == 0 and r.index_withdrawals() == 0
+
+
+def test_another_instances_request_is_withdrawn_by_its_id_and_only_while_counted() -> None:
+    # prefixroute.sync passes the remote request's key when it counts it as load (so that
+    # complete ends it): then its blocks can be withdrawn; without a key they are an entry only.
+    r = router()
+    chain = r.view("x", tokens=PROMPT).block_hashes
+    r.remote_routed(R0, chain[:2], 0.0, request_id="other/a")  # served: stays
+    r.remote_dispatch("other/a", R0, prompt_tokens=32, output_tokens=1,
+                      predicted_cached_tokens=0, now=0.0)  # fmt: skip
+    r.complete("other/a", 1.0)
+    r.remote_routed(R0, chain, 1.0, request_id="other/b")
+    assert r.indexed_blocks(R0) == 4
+    r.withdraw("other/b")
+    assert r.indexed_blocks(R0) == 2 and r.index_withdrawals() == 2
+    r.withdraw("other/a")  # ended: its blocks stay
+    assert r.indexed_blocks(R0) == 2
+    r.remote_routed(R1, chain, 2.0)  # no key: nothing kept to withdraw
+    r.withdraw("")
+    assert r.indexed_blocks(R1) == 4 and r.index_withdrawals() == 2

@@ -182,6 +182,37 @@ async def test_an_envoy_503_counts_against_the_replica() -> None:
     assert s.router.loads.get(replica).in_flight == 0
 
 
+@pytest.mark.parametrize(("status", "kept"), [(429, False), (400, False), (200, True), (503, True)])
+async def test_a_request_the_replica_turned_away_leaves_no_blocks_in_its_index(
+    status: int, kept: bool
+) -> None:
+    # As the gateway's relay (tests/gateway/test_withdraw.py): a 4xx (SGLang's queue-full 429,
+    # vLLM's too-long 400) computed none of the prompt; a 200 did, and a 5xx may have.
+    s = shared()
+    stream = PickStream(s)
+    await pick(stream, completion(200))
+    replica = stream.decision.replica  # type: ignore[union-attr]
+    assert s.router.indexed_blocks(replica) > 0  # the decision's own insert
+    await stream.handle(response_headers(status, "application/json", end_of_stream=True))
+    assert (s.router.indexed_blocks(replica) > 0) is kept
+    assert s.router.loads.get(replica).in_flight == 0
+
+
+async def test_a_turned_away_request_keeps_blocks_an_earlier_answer_taught() -> None:
+    s = shared()
+    first = PickStream(s)
+    await pick(first, completion(200))
+    replica = first.decision.replica  # type: ignore[union-attr]
+    await first.handle(response_headers(200, "application/json", end_of_stream=True))
+    held = s.router.indexed_blocks(replica)
+    second = PickStream(s)  # the same prompt and more: only the new tail is its own
+    await pick(second, completion(300))
+    assert second.decision.replica == replica  # type: ignore[union-attr]
+    assert s.router.indexed_blocks(replica) > held
+    await second.handle(response_headers(429, "application/json", end_of_stream=True))
+    assert s.router.indexed_blocks(replica) == held
+
+
 # --- fallback endpoints -----------------------------------------------------------------
 FOUR = (*ENDPOINTS, "10.0.0.4:8000")
 

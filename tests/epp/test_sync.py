@@ -188,6 +188,9 @@ class Recorder:
     def completed(self, request_id: str) -> None:
         self.heard.append(("completed", request_id))
 
+    def withdrawn(self, request_id: str) -> None:
+        self.heard.append(("withdrawn", request_id))
+
 
 async def test_a_stream_tells_the_sync_its_decision_first_token_and_end_once() -> None:
     from .support import pick, response_body, response_headers, shared
@@ -216,3 +219,9 @@ async def test_a_stream_tells_the_sync_its_decision_first_token_and_end_once() -
     await pick(refused, b"{not json")
     refused.close()
     assert len(recorder.heard) == 5
+
+    full = PickStream(s)  # turned away (a 429): withdrawn, then ended, at the others too
+    await pick(full, json.dumps(body).encode())
+    await full.handle(response_headers(429, "application/json", end_of_stream=True))
+    assert recorder.heard[5:] == [("routed", full.rid), ("withdrawn", full.rid),
+                                  ("completed", full.rid)]  # fmt: skip

@@ -309,6 +309,9 @@ class _Heard:
     def completed(self, request_id: str) -> None:
         self.events.append(("completed", request_id, ""))
 
+    def withdrawn(self, request_id: str) -> None:
+        self.events.append(("withdrawn", request_id, ""))
+
 
 async def test_the_listener_hears_each_request_routed_started_and_completed(
     make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession

@@ -18,7 +18,7 @@ from polling import until
 from prefixroute.core import BlockHash, ConfigError, ReplicaId
 from prefixroute.gateway import Gateway, GatewayConfig
 
-from .helpers import STEADY, ClusterFactory, GatewayFactory, Reply, question, send
+from .helpers import STEADY, ClusterFactory, FakeFactory, GatewayFactory, Reply, question, send
 from .redis_server import RedisServer
 from .test_precise import metric, metrics, unset
 
@@ -222,7 +222,15 @@ def test_sync_settings_from_toml_and_flags(tmp_path: Path) -> None:
 
 
 def test_decisions_encode_compactly() -> None:
-    from prefixroute.sync._wire import Progress, Routed, decode, encode, encode_progress
+    from prefixroute.sync._wire import (
+        Progress,
+        Routed,
+        Withdrawn,
+        decode,
+        encode,
+        encode_progress,
+        encode_withdrawn,
+    )
 
     hashes = [BlockHash(h) for h in (0, 1, 2**64 - 1, 12345678901234567890)]
     payload = encode("me", ReplicaId("http://r:1"), hashes)
@@ -237,6 +245,12 @@ def test_decisions_encode_compactly() -> None:
         bad.block_hashes()
     assert decode(encode_progress("me", "req-1", True)) == Progress("me", "req-1", True)
     assert len(encode_progress("me", "req-1", True)) < 16
+    assert decode(encode_withdrawn("me", "req-1")) == Withdrawn("me", "req-1")
+    # An instance that predates withdrawals skips one as undecodable, rather than reading it
+    # as a first token (which would end the request's prefill in its load view).
+    older = msgspec.msgpack.Decoder(Routed | Progress)
+    with pytest.raises(msgspec.DecodeError):
+        older.decode(encode_withdrawn("me", "req-1"))
     with pytest.raises(msgspec.DecodeError):
         decode(b"\x93\x07\xa2me\xc3")  # an unknown tag
     with pytest.raises(msgspec.DecodeError):  # a negative size would corrupt the load view
@@ -244,13 +258,19 @@ def test_decisions_encode_compactly() -> None:
 
 
 def remote_decision(
-    instance: str, request_id: str, replica: str, prompt: int = 400, cached: int = 100
+    instance: str,
+    request_id: str,
+    replica: str,
+    prompt: int = 400,
+    cached: int = 100,
+    hashes: list[BlockHash] | None = None,
 ) -> bytes:
     from prefixroute.core import Decision, DecisionReason, RequestView
     from prefixroute.sync._wire import encode
 
+    chain = [BlockHash(7), BlockHash(8)] if hashes is None else hashes
     view = RequestView(
-        request_id=request_id, block_hashes=[BlockHash(7), BlockHash(8)], block_size=16,
+        request_id=request_id, block_hashes=chain, block_size=16,
         prompt_tokens=prompt, prompt_units=prompt, output_tokens=50,
     )  # fmt: skip
     decision = Decision(ReplicaId(replica), DecisionReason.PREFIX_MATCH, cached)
@@ -316,6 +336,41 @@ def test_the_others_requests_count_in_the_load_view_until_they_end() -> None:
     assert load.in_flight == 1
     sync.remote.expire_due(far + EXPIRE_EVERY_S)
     assert load.in_flight == 0
+
+
+def test_a_request_another_instance_withdrew_leaves_this_index_too() -> None:
+    """The replica turned the other instance's request away (``Router.withdraw`` there): the
+    blocks its decision added here go too, those the replica held before stay, and the
+    request stays in the load view until its end."""
+    from prometheus_client.registry import CollectorRegistry
+
+    from prefixroute.core import Router, make_policy
+    from prefixroute.sync._redis import RouteSync
+    from prefixroute.sync._wire import encode, encode_progress, encode_withdrawn
+
+    router = Router(make_policy("round_robin"))
+    r = ReplicaId("http://r:1")
+    router.add_replica(r)
+    sync = RouteSync("redis://127.0.0.1:9/0", "c", router, CollectorRegistry(), instance_id="me")
+    sync.remote.apply(remote_decision("other", "q1", r))  # blocks 7, 8: served
+    sync.remote.apply(encode_progress("other", "q1", True))
+    chain = [BlockHash(h) for h in (7, 8, 9, 10)]
+    assert sync.remote.apply(remote_decision("other", "q2", r, hashes=chain))
+    assert router.indexed_blocks(r) == 4
+    sync.remote.apply(encode_withdrawn("other", "q2"))
+    assert router.index.match(chain) == {r: 2}  # 9 and 10 taken back, 7 and 8 kept
+    assert router.replica_load(r).in_flight == 1  # until its end
+    sync.remote.apply(encode_progress("other", "q2", True))
+    assert router.replica_load(r).in_flight == 0
+
+    # Not counted as load (no request id): nothing is kept to withdraw, and nothing leaks.
+    view_less = encode("other", r, [BlockHash(11)])
+    assert sync.remote.apply(view_less)
+    sync.remote.apply(encode_withdrawn("other", ""))
+    assert router.indexed_blocks(r) == 3
+    # A withdrawal of a request never heard of (routed before we subscribed) does nothing.
+    sync.remote.apply(encode_withdrawn("other", "q0"))
+    assert router.indexed_blocks(r) == 3
 
 
 def test_in_precise_mode_a_live_remote_decision_is_a_speculative_entry() -> None:
@@ -402,7 +457,7 @@ def test_with_a_lock_every_call_into_the_router_holds_it() -> None:
     from prefixroute.core import Router, make_policy
     from prefixroute.sync._redis import RouteSync
     from prefixroute.sync._remote import REMOTE_TTL_S
-    from prefixroute.sync._wire import encode_progress
+    from prefixroute.sync._wire import encode_progress, encode_withdrawn
 
     class Lock:
         held = False
@@ -419,7 +474,9 @@ def test_with_a_lock_every_call_into_the_router_holds_it() -> None:
     r = ReplicaId("http://r:1")
     router.add_replica(r)
     calls: list[str] = []
-    for name in ("has_replica", "remote_routed", "remote_dispatch", "first_token", "complete"):
+    names = ("has_replica", "remote_routed", "remote_dispatch", "first_token", "withdraw",
+             "complete")  # fmt: skip
+    for name in names:
 
         def guarded(*args: object, _real: object = getattr(router, name), _name: str = name,
                     **kwargs: object) -> object:  # fmt: skip
@@ -433,6 +490,7 @@ def test_with_a_lock_every_call_into_the_router_holds_it() -> None:
     )
     assert sync.remote.apply(remote_decision("other", "q1", r))
     sync.remote.apply(encode_progress("other", "q1", False))
+    sync.remote.apply(encode_withdrawn("other", "q1"))
     sync.remote.apply(encode_progress("other", "q1", True))
     sync.remote.apply(remote_decision("other", "q2", r))
     sync.remote.expire(time.monotonic() + REMOTE_TTL_S + 1)
@@ -440,4 +498,36 @@ def test_with_a_lock_every_call_into_the_router_holds_it() -> None:
     sync.remote.forget()
     assert not lock.held
     assert calls.count("remote_routed") == 3 and calls.count("complete") == 3
-    assert {"has_replica", "remote_dispatch", "first_token"} <= set(calls)
+    assert {"has_replica", "remote_dispatch", "first_token", "withdraw"} <= set(calls)
+
+
+async def test_a_request_a_replica_turned_away_leaves_no_blocks_at_the_other_instances(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    # One instance's request is turned away by a full replica (SGLang's 429) and served by the
+    # other: every instance's index says the full one holds nothing of it. Before, only the
+    # instance that routed it took its blocks back, and the others sent the prefix's next
+    # requests to the full replica, predicted cheap.
+    from .fakes import one_event_stream, queue_full
+
+    full = await make_fake(handler=queue_full)
+    free = await make_fake(handler=one_event_stream)
+    urls = [full.url, free.url]
+    gws = [
+        await make_gateway(urls, seed=i, sync_redis=redis_server.url, policy="round_robin",
+                           **STEADY)
+        for i in (0, 1)
+    ]  # fmt: skip
+    await all_connected(session, gws, up=True)
+    for i in range(4):
+        body = {"prompt": f"question {i} " + "word " * 100, "max_tokens": 1, "stream": True}
+        assert (await send(session, gws[0].url, "/v1/completions", body)).status == 200
+    full_id, free_id = (gws[1].registry.find(u).id for u in urls)  # type: ignore[union-attr]
+    # Heard at the other instance: the served ones are there, the turned-away ones are not.
+    await until(lambda: gws[1].router.indexed_blocks(free_id) > 0)
+    await until(lambda: gws[1].router.replica_load(free_id).in_flight == 0)
+    assert gws[1].router.indexed_blocks(full_id) == 0
+    assert gws[0].router.indexed_blocks(full_id) == 0

@@ -292,17 +292,22 @@ class Router(RouterReads):
         now: float,
         *,
         live: bool = True,
+        request_id: str | None = None,
     ) -> None:
         """Another router instance sent a prompt with these blocks to ``replica``.
 
         Approximate mode records it in the index, as :meth:`route` records a decision of its
-        own. Precise mode, whose index only the engines' events write, records a speculative
-        entry instead, and only for a ``live`` decision: one replayed from the past
-        (``live=False``) has long been reported by the engine, or evicted.
+        own; with ``request_id`` (a request :meth:`remote_dispatch` counts, so that
+        :meth:`complete` ends it) also what it added, for :meth:`withdraw`. Precise mode, whose
+        index only the engines' events write, records a speculative entry instead, and only for
+        a ``live`` decision: one replayed from the past (``live=False``) has long been reported
+        by the engine, or evicted.
         """
         if not block_hashes:
             return
-        if self.insert_on_route:
+        if self.insert_on_route and request_id is not None:
+            self.routed.insert(self.index, request_id, replica, block_hashes)
+        elif self.insert_on_route:
             self.index.insert(replica, block_hashes)
         elif live and self.speculative is not None:
             self.speculative.add(replica, block_hashes, now)

@@ -15,12 +15,13 @@ nothing). Errors are an ``ImmediateResponse`` with the gateway's status, headers
 
 Response side, the gateway relay's accounting (``gateway._proxy``, ``gateway._verdict``): the
 first SSE data event is the first token; at the end the usage goes to ``Router.observe_usage``
-and ``Router.complete``, the metrics count the answer and judge the replica; ``close`` ends,
-once, a request that did not end cleanly, and frees the tenant's slot. When the proxy says a
-fallback served the answer (``x-gateway-destination-endpoint-served``), the primary failed it:
-its failure counts, its accounting ends, and the request is routed again to the fallback, as the
-gateway's retry is. Response chunks go back at once, so streaming is not held up. With
-``sync_redis`` the decisions, first tokens and ends also go to the Redis sync, as the gateway's.
+and ``Router.complete`` (a 4xx, a request turned away, first to ``Router.withdraw``), the
+metrics count the answer and judge the replica; ``close`` ends, once, a request that did not end
+cleanly, and frees the tenant's slot. When the proxy says a fallback served the answer
+(``x-gateway-destination-endpoint-served``), the primary failed it: its failure counts, its
+accounting ends, and the request is routed again to the fallback, as the gateway's retry is.
+Response chunks go back at once, so streaming is not held up. With ``sync_redis`` decisions,
+first tokens, withdrawals and ends go to the Redis sync too, as the gateway's.
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ from prefixroute.gateway import (
     PROMPT_ENDPOINTS,
     REASON_HEADER,
     REPLICA_HEADER,
+    TURNED_AWAY,
     RequestTracing,
     SSEScanner,
-    TenantScope,
     Usage,
     error_response,
     is_model_call,
@@ -160,8 +161,9 @@ class PickStream:
         body = b"".join(self._body)
         self._body = []
         try:
+            scope = self.admission.scope if self.admission is not None else None
             key, replaced, self._usage_asked = await request_key(
-                self.s.state, self._endpoint(), body, self._scope,
+                self.s.state, self._endpoint(), body, scope,
                 ask_usage=self.full_duplex_response,  # where the answer can be edited
             )  # fmt: skip
             started = time.perf_counter()  # the decision's time includes hashing, as serve's
@@ -184,13 +186,8 @@ class PickStream:
 
     @property
     def _counted(self) -> bool:
-        """A call the requests counter and the decision log count, as the gateway counts them
-        (not probes or model listings that pass through Envoy)."""
+        """A call counted as the gateway counts them (not a probe or a model listing)."""
         return is_model_call(self._path)
-
-    @property
-    def _scope(self) -> TenantScope | None:
-        return self.admission.scope if self.admission is not None else None
 
     def _endpoint(self) -> Endpoint:
         return PROMPT_ENDPOINTS.get(self._path, Endpoint.OTHER)
@@ -373,17 +370,20 @@ class PickStream:
             s.metrics.observe_usage(replica, decision.predicted_cached_tokens, cached, prompt)
         if s.registry.router.has_replica(replica):
             judge_answer(s, replica, status, marked=self._marked)
+        if status in TURNED_AWAY:  # the replica computed none of the prompt (gateway._proxy)
+            s.router.withdraw(self.rid)
+            if s.sync is not None:
+                s.sync.withdrawn(self.rid)
         self._end_span(status)
         self._release(usage if status == 200 else None)
 
     def _end_span(self, status: int) -> None:
         """End the request's span (once) with the answer's status; 0: none came."""
         span, self._span = self._span, None
-        if span is not None:
-            if status:
-                RequestTracing.finish(span, status)
-            else:
-                RequestTracing.abandon(span)
+        if span is not None and status:
+            RequestTracing.finish(span, status)
+        elif span is not None:
+            RequestTracing.abandon(span)
 
     def _release(self, usage: Usage | None) -> None:
         if self._done or self.decision is None:

@@ -28,7 +28,12 @@ from prefixroute.gateway._fleetview import DecisionEntry, FleetView
 from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._paths import PROMPT_ENDPOINTS, is_model_call
-from prefixroute.gateway._proxy import PREDICTED_HEADER, REASON_HEADER, REPLICA_HEADER
+from prefixroute.gateway._proxy import (
+    PREDICTED_HEADER,
+    REASON_HEADER,
+    REPLICA_HEADER,
+    TURNED_AWAY,
+)
 from prefixroute.gateway._registry import (
     ReplicaRecord,
     ReplicaRegistry,
@@ -62,6 +67,7 @@ __all__ = [
     "PROMPT_ENDPOINTS",
     "REASON_HEADER",
     "REPLICA_HEADER",
+    "TURNED_AWAY",
     "UPSTREAM_API_KEY_ENV",
     "ConfigField",
     "DecisionEntry",

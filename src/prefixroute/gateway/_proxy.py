@@ -51,7 +51,6 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
 
 import aiohttp
 from aiohttp import web
@@ -68,6 +67,7 @@ from prefixroute.core import (
 from prefixroute.gateway._admission import REQUEST_ID_HEADER
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import Overloaded, UpstreamError, spec_for
+from prefixroute.gateway._listener import RouteListener
 from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._paths import upstream_target
 from prefixroute.gateway._registry import ReplicaRegistry
@@ -126,15 +126,6 @@ class _Call:
     view: RequestView  # what the router routes on
     span: Span | None = None  # its trace span, when tracing is on
     can_move: bool = True  # the attempt under way has another replica to go to (a 429)
-
-
-class RouteListener(Protocol):
-    """Hears what the router hears about each request (``_sync`` shares it with the other
-    instances). Called on the request path: each method must return at once and never raise."""
-
-    def routed(self, view: RequestView, decision: Decision) -> None: ...
-    def first_token(self, request_id: str) -> None: ...
-    def completed(self, request_id: str) -> None: ...
 
 
 class Proxy:
@@ -210,10 +201,10 @@ class Proxy:
             try:
                 result = await self._attempt(call, decision, can_retry, release)
                 if result.status in TURNED_AWAY:  # (a stream has been released: no-op)
-                    self.router.withdraw(call.rid)
+                    self._withdraw(call.rid)
                 release(result.usage)  # a plain answer's end (a stream released at its end)
             except ReplicaBusy:  # full, not failing: elsewhere, unblamed (_upstream_answers)
-                self.router.withdraw(call.rid)
+                self._withdraw(call.rid)
                 failed.append(decision.replica)
                 self.metrics.upstream_failures.labels(decision.replica, "busy").inc()
                 self.metrics.retries.labels("busy").inc()
@@ -221,7 +212,7 @@ class Proxy:
             except UpstreamError as exc:
                 kind = kind_of(exc)
                 if kind == "connect":  # it never reached the replica
-                    self.router.withdraw(call.rid)
+                    self._withdraw(call.rid)
                 attempt += 1
                 if verdict.failed(decision.replica, kind, can_retry):
                     raise  # the request's own fault: no replica would serve it
@@ -252,6 +243,12 @@ class Proxy:
         outcome = call.request[OUTCOME]
         outcome.replica, outcome.reason = decision.replica, decision.reason.value
         return decision
+
+    def _withdraw(self, rid: str) -> None:
+        """The replica turned ``rid`` away: its blocks leave the index, here and elsewhere."""
+        self.router.withdraw(rid)
+        if self.listener is not None:
+            self.listener.withdrawn(rid)
 
     def _releaser(self, rid: str) -> Callable[[Usage | None], None]:
         """The call that ends ``rid``'s accounting: at the upstream's end, or in ``finally``,

@@ -49,7 +49,7 @@ from redis.exceptions import RedisError
 from prefixroute.core import Decision, RequestView, Router
 from prefixroute.sync._metrics import SyncMetrics
 from prefixroute.sync._remote import RemoteRequests
-from prefixroute.sync._wire import encode, encode_progress
+from prefixroute.sync._wire import encode, encode_progress, encode_withdrawn
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,12 @@ class RouteSync:
 
     def completed(self, request_id: str) -> None:
         self._put(encode_progress(self.instance_id, request_id, True), keep=False)
+
+    def withdrawn(self, request_id: str) -> None:
+        """The replica turned the request away: the others take back the blocks its decision
+        added to their indexes too. (The history keeps the decision: a new instance replays
+        it, to be corrected by usage, as before withdrawals were shared.)"""
+        self._put(encode_withdrawn(self.instance_id, request_id), keep=False)
 
     def _put(self, payload: bytes, keep: bool = True) -> None:
         if not self._tasks:

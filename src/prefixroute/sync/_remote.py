@@ -5,8 +5,10 @@ mode, a speculative entry in precise mode (whose index follows the engines' KV e
 every instance hears). A live decision that names its request also counts that request in the
 load view (:meth:`Router.remote_dispatch`) until its progress messages say its first token came
 and it ended: without that, each instance sees only a third of the load behind a three-way
-balancer, and all of them pile a conversation's turns onto the replica that holds it. The
-history replays index entries, never load: those requests are long over.
+balancer, and all of them pile a conversation's turns onto the replica that holds it. A counted
+request's blocks are kept by its key, and its instance's word that the replica turned it away
+takes them back out here too (:meth:`Router.withdraw`). The history replays index entries, never
+load: those requests are long over.
 
 A remote request whose end never arrives (its instance died, or this one was disconnected) is
 dropped after ``REMOTE_TTL_S``, and all of them are dropped when the subscription breaks, since
@@ -26,7 +28,7 @@ import msgspec
 
 from prefixroute.core import ReplicaId, Router
 from prefixroute.sync._metrics import SyncMetrics
-from prefixroute.sync._wire import Progress, Routed, decode
+from prefixroute.sync._wire import Progress, Routed, Withdrawn, decode
 
 REMOTE_TTL_S = 600.0  # a remote request not heard of for this long is taken as over, seconds
 EXPIRE_EVERY_S = 1.0  # how often remote requests are checked for expiry, seconds
@@ -74,6 +76,10 @@ class RemoteRequests:
             if live:
                 self._progress(f"{msg.instance}/{msg.request_id}", msg.done)
             return False  # not a decision
+        if isinstance(msg, Withdrawn):
+            if live:
+                self._withdrawn(f"{msg.instance}/{msg.request_id}")
+            return False
         try:  # only now: every instance also hears its own decisions, whose hashes it has
             hashes = msg.block_hashes()
         except ValueError:
@@ -84,8 +90,12 @@ class RemoteRequests:
             if not self.router.has_replica(replica):
                 return False  # a replica we don't route to
             now = time.monotonic()
-            self.router.remote_routed(replica, hashes, now, live=live)
-            if live and msg.request_id and self.share_load:
+            counted = live and msg.request_id and self.share_load
+            # Counted, its added blocks are kept by its key until it ends: a withdrawal can
+            # take them back (uncounted, no end would ever forget them).
+            key = f"{msg.instance}/{msg.request_id}" if counted else None
+            self.router.remote_routed(replica, hashes, now, live=live, request_id=key)
+            if counted:
                 self._count(msg, replica, now)
         if live:
             self.metrics.applied.inc()
@@ -103,6 +113,13 @@ class RemoteRequests:
         )
         self._remote.pop(key, None)  # a retry re-dispatches: it moves to the young end
         self._remote[key] = now
+
+    def _withdrawn(self, key: str) -> None:
+        """Its replica turned it away: the blocks its decision added leave our index too. Its
+        end, or its next decision, follows."""
+        if key in self._remote:  # else routed before we subscribed, or expired: not kept
+            with self.lock:
+                self.router.withdraw(key)
 
     def _progress(self, key: str, done: bool) -> None:
         if key not in self._remote:

@@ -1,7 +1,8 @@
 """The Redis sync's messages as they travel: msgpack arrays, one tag each (``_sync``).
 
 A decision is (instance, replica, block hashes) and, when it is to count as load, the request's
-id and sizes; a request's first token and end follow as small progress messages. Hashes travel
+id and sizes; a request's first token and end follow as small progress messages, and so does
+the word that the replica turned it away. Hashes travel
 as one bytes field, little-endian uint64 (8 bytes a block), so a 500-block prompt costs 4 KB
 and no per-hash framing. Instances must agree on this format and on replica ids (normalized
 base URLs); an instance ignores what it cannot decode and counts it (``_metrics``).
@@ -49,7 +50,16 @@ class Progress(msgspec.Struct, array_like=True, frozen=True, tag=1):
     done: bool
 
 
-Message = Routed | Progress
+class Withdrawn(msgspec.Struct, array_like=True, frozen=True, tag=2):
+    """The replica turned a routed request away (``Router.withdraw``): its end follows. A tag
+    of its own: an instance that predates it skips it as undecodable, instead of reading it as
+    a first token."""
+
+    instance: str
+    request_id: str
+
+
+Message = Routed | Progress | Withdrawn
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
@@ -83,6 +93,10 @@ def encode(
 
 def encode_progress(instance: str, request_id: str, done: bool) -> bytes:
     return _encoder.encode(Progress(instance, request_id, done))
+
+
+def encode_withdrawn(instance: str, request_id: str) -> bytes:
+    return _encoder.encode(Withdrawn(instance, request_id))
 
 
 def decode(payload: bytes) -> Message:

@@ -141,3 +141,16 @@ def test_another_instances_request_is_withdrawn_by_its_id_and_only_while_counted
     r.remote_routed(R1, chain, 2.0)  # no key: nothing kept to withdraw
     r.withdraw("")
     assert r.indexed_blocks(R1) == 4 and r.index_withdrawals() == 2
+
+
+def test_in_precise_mode_another_instances_request_is_never_an_index_entry() -> None:
+    # The engines' events own a precise index: a remote decision, keyed or not, is a
+    # speculative entry only, and there is nothing of it to withdraw.
+    r = Router(make_policy("round_robin"), BlockHasher(16), insert_on_route=False,
+               speculative_ttl_s=60.0)  # fmt: skip
+    r.add_replica(R0)
+    chain = r.view("x", tokens=PROMPT).block_hashes
+    r.remote_routed(R0, chain, 0.0, request_id="other/a")
+    assert r.index_entries() == 0 and r.speculative_entries() == 4
+    r.withdraw("other/a")
+    assert r.index_withdrawals() == 0

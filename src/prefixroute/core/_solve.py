@@ -31,6 +31,7 @@ class QueuedObs(Obs):
     decoding: bool = False  # the replica was decoding at dispatch
     own: float = 0.0  # the request's own uncached tokens
     basis: tuple[float, float] = (0.0, 0.0)  # (rate, decode step) ``x`` was derived with
+    seq: int = 0  # its request's place among the replica's dispatches (core/queue_fixes.py)
 
 
 def add_observations(

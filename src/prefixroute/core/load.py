@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from prefixroute.core.queue_fixes import QueueFixes
 from prefixroute.core.speed import REFIT_EVERY, QueuedObs, ReplicaSpeed, SpeedConfig
 from prefixroute.core.types import Decision, ReplicaId, RequestView
 
@@ -62,6 +63,7 @@ class ReplicaLoad:
     num_running: int | None = None  # requests in the engine's running batch
     speed: ReplicaSpeed = field(default_factory=ReplicaSpeed)  # learned prefill rate, decode step
     busy_since: float = 0.0  # when it started on its current prefill queue, seconds
+    fixes: QueueFixes = field(default_factory=QueueFixes)  # dispatch count, queue corrections
     prefilled_tokens: int = 0  # uncached tokens whose first token came back, since registration
     _tokens_acc: float = 0.0  # decayed sum of tokens processed, tokens
     _tokens_at: float = 0.0  # time of the last decay, seconds
@@ -143,6 +145,8 @@ class _InFlight:
     key_block_tokens: float = 0.0  # one block of the request's key, in tokens (a prediction's step)
     ttft_learned: bool = False  # its first token taught the speed model already (warm-up)
     ttft_obs: QueuedObs | None = None  # what it taught, corrected by the reported count
+    seq: int = 0  # its place among the replica's dispatches (core/queue_fixes.py)
+    through: int = 0  # the replica's dispatches by its first token: those behind it
 
 
 @dataclass(slots=True)
@@ -249,6 +253,7 @@ class LoadTracker:
             queued_ahead=load.queued_prefill_tokens, queue_elapsed_s=now - load.busy_since,
             predicted_cached=prompt_tokens - uncached,
             key_block_tokens=self.block_size if key_block_tokens is None else key_block_tokens,
+            seq=load.fixes.dispatched(),
         )  # fmt: skip
         load.in_flight += 1
         load.prefilling += 1
@@ -267,6 +272,7 @@ class LoadTracker:
             return
         req.prefilled = True
         load = req.load
+        req.through = load.fixes.dispatches
         load.prefilling -= 1
         load.queued_prefill_tokens -= req.uncached_tokens
         load.prefilled_tokens += req.uncached_tokens
@@ -290,6 +296,12 @@ class LoadTracker:
         if req is None:
             return None
         req.actual_uncached = max(0, prompt_tokens - cached_tokens)
+        # The requests behind it waited for what it really computed (core/queue_fixes.py).
+        load, delta = req.load, req.actual_uncached - req.uncached_tokens
+        through = req.through if req.prefilled else load.fixes.dispatches
+        if delta and through > req.seq:
+            load.fixes.add(req.seq, through, delta)
+            load.speed.correct_queue(req.seq, through, delta)
         return req
 
     def complete(self, request_id: str, now: float, output_tokens: int | None = None) -> None:
@@ -331,15 +343,21 @@ class LoadTracker:
         tokens of its own, at the replica's current estimates: the arguments of
         ``ReplicaSpeed.ttft_s``."""
         speed = req.load.speed
-        return speed.queue_work(req.queued_ahead, req.queue_elapsed_s, req.decoding, own)
+        return speed.queue_work(LoadTracker._queued(req), req.queue_elapsed_s, req.decoding, own)
+
+    @staticmethod
+    def _queued(req: _InFlight) -> float:
+        """The work queued ahead of ``req`` at dispatch, with what is known of how much the
+        requests in it really computed (core/queue_fixes.py), tokens."""
+        return max(0.0, req.queued_ahead + req.load.fixes.ahead_of(req.seq))
 
     @staticmethod
     def _learn_ttft(req: _InFlight) -> QueuedObs | None:
         assert req.first_token_s is not None
         own = req.uncached_tokens if req.actual_uncached is None else req.actual_uncached
         return req.load.speed.observe_first_token(
-            req.queued_ahead, req.queue_elapsed_s, req.decoding, own,
-            req.first_token_s - req.dispatched_s,
+            LoadTracker._queued(req), req.queue_elapsed_s, req.decoding, own,
+            req.first_token_s - req.dispatched_s, seq=req.seq,
         )  # fmt: skip
 
     @staticmethod

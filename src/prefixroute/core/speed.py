@@ -50,10 +50,10 @@ token while work remained), and credits the replica with ``rate x (elapsed - one
 step started)`` tokens of progress, never more than is queued (:meth:`ReplicaSpeed.progress`).
 That credit is taken at the estimates of the moment, so a first token's observation keeps the
 queue it waited behind (:class:`QueuedObs`) and each refit takes it again at the estimates it
-starts from. Taken once at dispatch, a replica misjudged while cold kept the misjudgement: a
-slow one started at a fast rate was credited with progress it had not made, its first tokens
-looked late for the little work left, and the fit read that as a fixed overhead (353 ms on a
-simulated replica that has none), high enough that it was hardly sent anything again.
+starts from. Taken once at dispatch, a replica misjudged while cold kept the misjudgement (a
+slow one started fast looked to have a 353 ms fixed overhead, and was hardly sent anything).
+The queue is the requests ahead's *predicted* uncached tokens; their usage reports correct it,
+for observations taken and to come (:meth:`correct_queue`, :mod:`prefixroute.core.queue_fixes`).
 
 **Noise and outliers.** Each refit compares every observation with its prediction; those more
 than ``outlier_factor`` (3x) off the typical misprediction, the median over the newer half of
@@ -66,11 +66,9 @@ within 35-160), while outliers stay out as long as they are under half of the re
 the priors exactly. Afterwards each prior counts as ``PRIOR_WEIGHT`` (a quarter) of an
 observation, weighed so that a replica 4x slower than it and one 4x faster are pulled alike: it
 only settles what the data leave open (every request the same size: rate and decode step trade
-off). Divided by its own prediction, it weighed 16 observations against the slow one and a
-sixteenth against the fast one (after 16 exact first tokens: 1.35x and 0.99x their rates; now
-1.02x and 0.98x). As a whole observation it held multi-turn's fast replicas 17% under their rate,
-where first tokens are mostly decode steps and say little of the rate. Every estimate stays
-within ``prior / bound .. prior * bound``.
+off). Weighed by its own prediction, it held a 4x slower replica at 1.35x its rate; as a whole
+observation, multi-turn's fast replicas 17% under theirs. Every estimate stays within
+``prior / bound .. prior * bound``.
 
 **A fresh replica in a running fleet** (``fleet_prior``) predicts with its fleet's learned
 estimates (:meth:`ReplicaSpeed.start_from`; the load view picks them: its median replica's)
@@ -219,14 +217,24 @@ class ReplicaSpeed:
         return self._take_prefill(Obs((tokens, steps, 0.0, 1.0), ttft_s))
 
     def observe_first_token(
-        self, queued: float, elapsed_s: float, decoding: bool, own: float, ttft_s: float
+        self, queued: float, elapsed_s: float, decoding: bool, own: float, ttft_s: float,
+        seq: int = 0,
     ) -> QueuedObs | None:
         """:meth:`observe_prefill` of a request sent behind ``queued`` tokens that the replica
         had been on for ``elapsed_s`` (:meth:`queue_work`), with ``own`` uncached tokens: its
-        work is taken again at each refit (module docstring)."""
-        obs = QueuedObs((0.0, 0.0, 0.0, 1.0), ttft_s, queued, elapsed_s, decoding, own)
+        work is taken again at each refit (module docstring). ``seq``: its place among the
+        replica's dispatches, for :meth:`correct_queue`."""
+        obs = QueuedObs((0.0, 0.0, 0.0, 1.0), ttft_s, queued, elapsed_s, decoding, own, seq=seq)
         self._derive(obs)
         return obs if self._take_prefill(obs) is not None else None
+
+    def correct_queue(self, after: int, through: int, tokens: float) -> None:
+        """The requests dispatched ``after+1``-th to ``through``-th waited behind ``tokens``
+        more (or fewer) than their observations say (:mod:`prefixroute.core.queue_fixes`)."""
+        for o in self._prefill:
+            if type(o) is QueuedObs and after < o.seq <= through:
+                o.queued = max(0.0, o.queued + tokens)
+                self._derive(o)
 
     def _derive(self, obs: QueuedObs) -> None:
         """``obs``'s work from its queue, at the estimates of the moment (:meth:`queue_work`)."""

@@ -153,4 +153,56 @@ def test_in_precise_mode_another_instances_request_is_never_an_index_entry() -> 
     r.remote_routed(R0, chain, 0.0, request_id="other/a")
     assert r.index_entries() == 0 and r.speculative_entries() == 4
     r.withdraw("other/a")
-    assert r.index_withdrawals() == 0
+    assert r.index_withdrawals() == 0  # nothing in the index; its speculative entries go
+    assert r.speculative_entries() == 0
+
+
+def precise() -> Router:
+    r = Router(make_policy("round_robin"), BlockHasher(16), insert_on_route=False,
+               speculative_ttl_s=60.0)  # fmt: skip
+    r.add_replica(R0)
+    r.add_replica(R1)
+    return r
+
+
+def test_in_precise_mode_a_turned_away_request_leaves_no_speculative_entry() -> None:
+    # The engine never computed it, so no KV event will come: for the rest of the TTL the
+    # prefix's next requests would be sent back to the full replica, predicted cached.
+    r = precise()
+    send(r, "a", PROMPT, R0)
+    assert r.speculative_entries() == 4
+    r.withdraw("a")
+    r.complete("a", 1.0)
+    assert r.speculative_entries() == 0
+    assert send(r, "b", PROMPT, R0, now=2.0) == 0  # not predicted cached there
+
+
+def test_speculative_entries_held_before_or_refreshed_since_stay() -> None:
+    r = precise()
+    send(r, "a", PROMPT, R0)  # served: 4 entries, living out their TTL
+    r.complete("a", 1.0)
+    longer = PROMPT + list(range(5000, 5032))  # 2 blocks more
+    send(r, "b", longer, R0, now=2.0)
+    assert r.speculative_entries() == 6
+    r.withdraw("b")
+    assert r.speculative_entries() == 4  # a's stay
+    assert send(r, "c", longer, R0, now=3.0) == 4
+    send(r, "d", longer, R0, now=4.0)  # refreshes all six after c's decision
+    r.withdraw("c")
+    assert r.speculative_entries() == 6  # d's decision holds them now
+    longest = longer + list(range(6000, 6016))  # 1 block more
+    send(r, "e", longest, R0, now=5.0)
+    r.complete("e", 6.0)
+    r.withdraw("e")  # ended: too late, its block stays
+    assert r.speculative_entries() == 7
+
+
+def test_in_precise_mode_a_replica_removed_meanwhile_has_nothing_to_take_back() -> None:
+    r = precise()
+    send(r, "a", PROMPT, R0)
+    r.remove_replica(R0)  # its entries went with it
+    r.withdraw("a")
+    r.complete("a", 1.0)
+    assert r.speculative_entries() == 0
+    r.add_replica(R0)
+    assert send(r, "b", PROMPT, R0, now=2.0) == 0

@@ -202,7 +202,7 @@ class Router(RouterReads):
             chain = request.block_hashes
             self.routed.insert(self.index, request.request_id, decision.replica, chain)
         if self.speculative is not None:
-            self.speculative.add(decision.replica, request.block_hashes, now)
+            self.speculative.add(decision.replica, request.block_hashes, now, request.request_id)
         self.loads.dispatch(request, decision, now)
         if request.char_units:
             self.tokens.routed(request.request_id, request.model, request.prompt_units)
@@ -276,13 +276,18 @@ class Router(RouterReads):
         self.loads.complete(request_id, now, output_tokens)
         self.tokens.forget(request_id)
         self.routed.forget(request_id)
+        if self.speculative is not None:
+            self.speculative.forget(request_id)
 
     def withdraw(self, request_id: str) -> None:
         """The replica did not take the request: it was full (a 429), refused it (a 4xx) or
         could not be reached. The blocks its decision added to the index are taken out again,
-        unless the index changed there since (:mod:`prefixroute.core.routed_blocks`). Call it
+        unless the index changed there since (:mod:`prefixroute.core.routed_blocks`); in
+        precise mode, its speculative entries (:mod:`prefixroute.core.speculative`). Call it
         before :meth:`complete`, which every request still gets."""
         self.routed.withdraw(self.index, request_id)
+        if self.speculative is not None:
+            self.speculative.withdraw(request_id)
 
     # --- what other router instances decided (prefixroute.sync) ----------------------------
     def remote_routed(
@@ -310,7 +315,7 @@ class Router(RouterReads):
         elif self.insert_on_route:
             self.index.insert(replica, block_hashes)
         elif live and self.speculative is not None:
-            self.speculative.add(replica, block_hashes, now)
+            self.speculative.add(replica, block_hashes, now, request_id)
 
     def remote_dispatch(
         self,

@@ -15,6 +15,13 @@ get the same expiry, so a block's parent expires no earlier than the block: each
 stays closed under prefixes and the longest match is found by binary search, as in the index.
 Expired entries are dropped lazily from a queue in expiry order (expiries only grow when ``now``
 does), each dropped only if no later decision refreshed it.
+
+A decision made with its request's id can be withdrawn while the request is in flight
+(:meth:`SpeculativeEntries.withdraw`): the replica turned the request away (a 429 from a full
+queue), so it will never compute those blocks, and for the rest of the TTL the prefix's next
+requests would be sent back to it, predicted cached, to be turned away again. What goes is what
+that decision added and nobody refreshed since: the blocks the replica did not hold before it,
+a suffix of the chain (the held blocks are closed under prefixes), so the rest stays closed.
 """
 
 from __future__ import annotations
@@ -38,19 +45,49 @@ class SpeculativeEntries:
     ttl_s: float = DEFAULT_TTL_S  # seconds an entry lives
     _until: dict[ReplicaId, dict[BlockHash, float]] = field(default_factory=dict)  # expiry, s
     _queue: deque[tuple[float, ReplicaId, Sequence[BlockHash]]] = field(default_factory=deque)
+    # request id -> (replica, the blocks its decision added, their expiry), while in flight
+    _added: dict[str, tuple[ReplicaId, list[BlockHash], float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.ttl_s > 0:
             raise ConfigError(f"the speculative entry TTL must be positive, got {self.ttl_s}")
 
-    def add(self, replica: ReplicaId, block_hashes: Sequence[BlockHash], now: float) -> None:
-        """``replica`` was just sent a prompt with these blocks."""
+    def add(
+        self,
+        replica: ReplicaId,
+        block_hashes: Sequence[BlockHash],
+        now: float,
+        request_id: str | None = None,
+    ) -> None:
+        """``replica`` was just sent a prompt with these blocks; with ``request_id``, what this
+        added is kept for :meth:`withdraw` until :meth:`forget`."""
         self.expire(now)
         if not block_hashes:
             return
         until = now + self.ttl_s
-        self._until.setdefault(replica, {}).update(dict.fromkeys(block_hashes, until))
+        held = self._until.setdefault(replica, {})
+        if request_id is not None:
+            self._added[request_id] = (replica, [h for h in block_hashes if h not in held], until)
+        held.update(dict.fromkeys(block_hashes, until))
         self._queue.append((until, replica, block_hashes))
+
+    def withdraw(self, request_id: str) -> None:
+        """``request_id``'s replica turned it away: drop the entries its decision added that no
+        later decision refreshed (module docstring)."""
+        entry = self._added.pop(request_id, None)
+        held = self._until.get(entry[0]) if entry is not None else None
+        if entry is None or held is None:
+            return
+        _, added, until = entry
+        for h in added:
+            if held.get(h) == until:
+                del held[h]
+        if not held:
+            del self._until[entry[0]]
+
+    def forget(self, request_id: str) -> None:
+        """``request_id`` ended: its entries live out their TTL."""
+        self._added.pop(request_id, None)
 
     def expire(self, now: float) -> None:
         """Drop every entry whose time is up at ``now``."""

@@ -62,7 +62,9 @@ async def conversation(
     session: aiohttp.ClientSession, gws: list[Gateway], name: str, shared: bool
 ) -> list[Reply]:
     """``TURNS`` turns, turn i at instance i % 3; with ``shared``, each turn waits until the
-    other instances applied the previous decision (in production: the user's think time)."""
+    other instances applied the previous decision and heard that it ended (in production: the
+    user's think time). Without the end, an instance may still count the previous turn in
+    flight on its replica and, rightly, send the next turn to an idle one."""
     messages: list[dict[str, str]] = []
     replies: list[Reply] = []
     for turn in range(TURNS):
@@ -81,9 +83,10 @@ async def conversation(
         messages.append({"role": "assistant", "content": reply.text})
         if shared:
 
-            async def applied(others: list[Gateway] = others, before: list[float] = before) -> bool:
-                now = [await gauge(session, g, "prefixroute_sync_applied_total") for g in others]
-                return all(n > b for n, b in zip(now, before, strict=True))
+            async def applied(gs: list[Gateway] = others, before: list[float] = before) -> bool:
+                now = [await gauge(session, g, "prefixroute_sync_applied_total") for g in gs]
+                left = [await gauge(session, g, "prefixroute_sync_remote_in_flight") for g in gs]
+                return all(n > b for n, b in zip(now, before, strict=True)) and not any(left)
 
             await until(applied)
     return replies

@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from prefixroute.core import DEFAULT_POLICY
-from prefixroute.epp import EppConfig, PickStream
+from prefixroute.core import DEFAULT_POLICY, ReplicaId
+from prefixroute.epp import EppConfig, PickShared, PickStream
 from prefixroute.gateway import GatewayConfig, RequestTracing
 
 from .support import (
@@ -161,11 +161,17 @@ async def test_a_plain_answer_reports_usage_at_its_end() -> None:
     assert s.router.loads.get(stream.decision.replica).in_flight == 0  # type: ignore[union-attr]
 
 
-async def test_a_stream_cut_before_the_answer_releases_the_request() -> None:
+async def routed_stream(words: int) -> tuple[PickShared, PickStream, ReplicaId]:
+    """A fresh picker's stream that picked for a ``words``-word completion, and its replica."""
     s = shared()
     stream = PickStream(s)
-    await pick(stream, completion(100))
-    replica = stream.decision.replica  # type: ignore[union-attr]
+    await pick(stream, completion(words))
+    assert stream.decision is not None
+    return s, stream, stream.decision.replica
+
+
+async def test_a_stream_cut_before_the_answer_releases_the_request() -> None:
+    s, stream, replica = await routed_stream(100)
     assert s.router.loads.get(replica).in_flight == 1
     stream.close()
     assert s.router.loads.get(replica).in_flight == 0
@@ -173,10 +179,7 @@ async def test_a_stream_cut_before_the_answer_releases_the_request() -> None:
 
 
 async def test_an_envoy_503_counts_against_the_replica() -> None:
-    s = shared()
-    stream = PickStream(s)
-    await pick(stream, completion(10))
-    replica = stream.decision.replica  # type: ignore[union-attr]
+    s, stream, replica = await routed_stream(10)
     await stream.handle(response_headers(503, "text/plain", end_of_stream=True))
     assert s.registry.get(replica).failures == 1
     assert s.router.loads.get(replica).in_flight == 0
@@ -188,10 +191,7 @@ async def test_a_request_the_replica_turned_away_leaves_no_blocks_in_its_index(
 ) -> None:
     # As the gateway's relay (tests/gateway/test_withdraw.py): a 4xx (SGLang's queue-full 429,
     # vLLM's too-long 400) computed none of the prompt; a 200 did, and a 5xx may have.
-    s = shared()
-    stream = PickStream(s)
-    await pick(stream, completion(200))
-    replica = stream.decision.replica  # type: ignore[union-attr]
+    s, stream, replica = await routed_stream(200)
     assert s.router.indexed_blocks(replica) > 0  # the decision's own insert
     await stream.handle(response_headers(status, "application/json", end_of_stream=True))
     assert (s.router.indexed_blocks(replica) > 0) is kept
@@ -408,10 +408,7 @@ async def test_a_5xx_answer_is_judged_as_the_gateway_judges_it(status: int) -> N
     # 502/503/504 (Envoy could not reach it, or it broke) is a failure; another 5xx may be the
     # request's own and only counts in the error rate (an outlier is taken out). Before, a 500
     # counted nowhere, and no upstream failure was counted in /metrics.
-    s = shared()
-    stream = PickStream(s)
-    await pick(stream, completion(10))
-    replica = stream.decision.replica  # type: ignore[union-attr]
+    s, stream, replica = await routed_stream(10)
     await stream.handle(response_headers(status, "application/json", end_of_stream=True))
     record = s.registry.get(replica)
     assert record is not None

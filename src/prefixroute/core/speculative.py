@@ -75,15 +75,17 @@ class SpeculativeEntries:
         """``request_id``'s replica turned it away: drop the entries its decision added that no
         later decision refreshed (module docstring)."""
         entry = self._added.pop(request_id, None)
-        held = self._until.get(entry[0]) if entry is not None else None
-        if entry is None or held is None:
+        if entry is None:
             return
-        _, added, until = entry
+        replica, added, until = entry
+        held = self._until.get(replica)
+        if held is None:  # the replica left meanwhile, its entries with it
+            return
         for h in added:
             if held.get(h) == until:
                 del held[h]
         if not held:
-            del self._until[entry[0]]
+            del self._until[replica]
 
     def forget(self, request_id: str) -> None:
         """``request_id`` ended: its entries live out their TTL."""

@@ -376,6 +376,31 @@ def test_a_request_another_instance_withdrew_leaves_this_index_too() -> None:
     assert router.indexed_blocks(r) == 3
 
 
+def test_the_history_replays_no_decision_that_a_withdrawal_followed() -> None:
+    """``without_withdrawn``'s contract: the history comes newest first and goes out oldest
+    first; a withdrawal removes itself and its request's latest decision before it, not a
+    decision routed after it (a retry elsewhere), nor another instance's request of the same id,
+    nor a decision without an id; what cannot be decoded passes for ``apply`` to count."""
+    from prefixroute.sync._remote import without_withdrawn
+    from prefixroute.sync._wire import encode, encode_progress, encode_withdrawn
+
+    first = remote_decision("a", "q1", "http://r:1")
+    retry = remote_decision("a", "q1", "http://r:2", hashes=[BlockHash(9)])
+    again = remote_decision("a", "q1", "http://r:3", hashes=[BlockHash(10)])
+    same_id = remote_decision("b", "q1", "http://r:1", hashes=[BlockHash(11)])
+    other = remote_decision("a", "q2", "http://r:1", hashes=[BlockHash(12)])
+    keyless = encode("a", ReplicaId("http://r:1"), [BlockHash(13)])
+    junk = b"\xc1 not msgpack"
+    oldest_first = [
+        first, same_id, other, encode_withdrawn("a", "q1"), keyless, junk,
+        encode_withdrawn("a", ""), retry, encode_progress("a", "q2", True),
+        again, encode_withdrawn("a", "q1"),
+    ]  # fmt: skip
+    replayed = without_withdrawn(list(reversed(oldest_first)))
+    assert replayed == [same_id, other, keyless, junk, retry, encode_progress("a", "q2", True)]
+    assert without_withdrawn([]) == []
+
+
 def test_in_precise_mode_a_live_remote_decision_is_a_speculative_entry() -> None:
     """The engines' events own the index; the others' decisions only bridge the wait."""
     from prometheus_client.registry import CollectorRegistry
@@ -534,3 +559,10 @@ async def test_a_request_a_replica_turned_away_leaves_no_blocks_at_the_other_ins
     await until(lambda: gws[1].router.replica_load(free_id).in_flight == 0)
     assert gws[1].router.indexed_blocks(full_id) == 0
     assert gws[0].router.indexed_blocks(full_id) == 0
+    # An instance started later replays the history: the served decisions, not the withdrawn.
+    later = await make_gateway(urls, seed=2, sync_redis=redis_server.url, policy="round_robin",
+                               **STEADY)  # fmt: skip
+    await all_connected(session, [later], up=True)  # connected: the history is applied
+    later_full, later_free = (later.registry.find(u).id for u in urls)  # type: ignore[union-attr]
+    assert later.router.indexed_blocks(later_free) > 0
+    assert later.router.indexed_blocks(later_full) == 0

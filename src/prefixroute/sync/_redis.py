@@ -14,9 +14,10 @@ late one is harmless and a lost one costs one cache miss, so live sharing needs 
 consumer state and no acknowledgements. PUB/SUB alone would lose what was sent while an
 instance was away, and an instance started later (scale-out) would begin with an empty index.
 So each batch is also pushed onto a capped list (``<channel>:history``, the last ``history``
-decisions, trimmed in the same pipeline), and an instance reads it each time it subscribes:
-after the subscription, so nothing falls between the two (a decision in both is applied twice,
-which only refreshes it), and oldest first, so recency in the index comes out as it was.
+decisions and withdrawals, trimmed in the same pipeline), and an instance reads it each time it
+subscribes: after the subscription, so nothing falls between the two (a decision in both is
+applied twice, which only refreshes it), oldest first, so recency in the index comes out as it
+was, and without the decisions a withdrawal followed (their replicas computed none of it).
 Precise mode keeps no history: the engines' events are its index.
 
 The same sync serves the endpoint picker (``prefixroute.epp``) and the Ray Serve router
@@ -48,7 +49,7 @@ from redis.exceptions import RedisError
 
 from prefixroute.core import Decision, RequestView, Router
 from prefixroute.sync._metrics import SyncMetrics
-from prefixroute.sync._remote import RemoteRequests
+from prefixroute.sync._remote import RemoteRequests, without_withdrawn
 from prefixroute.sync._wire import encode, encode_progress, encode_withdrawn
 
 log = logging.getLogger(__name__)
@@ -125,9 +126,10 @@ class RouteSync:
 
     def withdrawn(self, request_id: str) -> None:
         """The replica turned the request away: the others take back the blocks its decision
-        added to their indexes too. (The history keeps the decision: a new instance replays
-        it, to be corrected by usage, as before withdrawals were shared.)"""
-        self._put(encode_withdrawn(self.instance_id, request_id), keep=False)
+        added to their indexes too. Kept in the history beside the decision, so that an
+        instance replaying it leaves the decision out (``_remote.without_withdrawn``)."""
+        payload = encode_withdrawn(self.instance_id, request_id)
+        self._put(payload, keep=self.router.insert_on_route)  # as its decision was
 
     def _put(self, payload: bytes, keep: bool = True) -> None:
         if not self._tasks:
@@ -226,11 +228,11 @@ class RouteSync:
             return  # off, or precise mode: the engines' events are the index
         payloads = await client.lrange(self.history_key, 0, self.history - 1)
         applied = 0
-        for i, payload in enumerate(reversed(payloads)):
+        kept = without_withdrawn([p for p in payloads if isinstance(p, bytes)])  # always bytes
+        for i, payload in enumerate(kept):
             if i and not i % HISTORY_CHUNK:
                 await asyncio.sleep(0)  # thousands of inserts: let requests through meanwhile
-            if isinstance(payload, bytes):  # always, without decode_responses
-                applied += self.remote.apply(payload, live=False)
+            applied += self.remote.apply(payload, live=False)
         self.metrics.replayed.inc(applied)
         if payloads:
             log.info("sync: applied %d of %d decisions from the history", applied, len(payloads))

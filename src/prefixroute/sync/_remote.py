@@ -8,7 +8,8 @@ and it ended: without that, each instance sees only a third of the load behind a
 balancer, and all of them pile a conversation's turns onto the replica that holds it. A counted
 request's blocks are kept by its key, and its instance's word that the replica turned it away
 takes them back out here too (:meth:`Router.withdraw`). The history replays index entries, never
-load: those requests are long over.
+load: those requests are long over; a decision withdrawn later is left out of the replay
+(:func:`without_withdrawn`).
 
 A remote request whose end never arrives (its instance died, or this one was disconnected) is
 dropped after ``REMOTE_TTL_S``, and all of them are dropped when the subscription breaks, since
@@ -160,3 +161,29 @@ class RemoteRequests:
             for key in self._remote:
                 self.router.complete(key, now)
         self._remote.clear()
+
+
+def without_withdrawn(history: list[bytes]) -> list[bytes]:
+    """The history's messages to replay, oldest first: ``history`` comes newest first (as the
+    Redis list holds it), and each withdrawal removes itself and the latest decision of its
+    request before it. A request routed again after a withdrawal (a retry at another replica)
+    keeps that later decision. Undecodable messages pass, for ``apply`` to count."""
+    pending: set[tuple[str, str]] = set()  # withdrawals whose decision is still to come
+    kept: list[bytes] = []
+    for payload in history:  # newest first: a withdrawal is met before its decision
+        try:
+            msg = decode(payload)
+        except msgspec.DecodeError:
+            kept.append(payload)
+            continue
+        if isinstance(msg, Withdrawn):
+            if msg.request_id:  # a decision without an id was never counted: none to find
+                pending.add((msg.instance, msg.request_id))
+            continue
+        key = (msg.instance, msg.request_id)
+        if isinstance(msg, Routed) and key in pending:
+            pending.discard(key)
+            continue
+        kept.append(payload)
+    kept.reverse()
+    return kept

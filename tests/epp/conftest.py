@@ -103,7 +103,11 @@ async def make_stack(envoy_path: str, tmp_path: Path) -> AsyncIterator[StackFact
     started: list[Stack] = []
 
     async def make(
-        policy: str, n: int = 4, replica: EmulatorConfig = FAST_REPLICA, **settings: Any
+        policy: str,
+        n: int = 4,
+        replica: EmulatorConfig = FAST_REPLICA,
+        body_mode: str = "FULL_DUPLEX_STREAMED",
+        **settings: Any,
     ) -> Stack:
         cluster = await start_replicas(n, replica)
         routing = dataclasses.replace(
@@ -112,7 +116,7 @@ async def make_stack(envoy_path: str, tmp_path: Path) -> AsyncIterator[StackFact
         epp = EndpointPicker(EppConfig(routing, grpc_port=0, http_port=0))
         try:
             await epp.start()
-            envoy = Envoy(envoy_path, epp.grpc_port, tmp_path, "FULL_DUPLEX_STREAMED")
+            envoy = Envoy(envoy_path, epp.grpc_port, tmp_path, body_mode)
             envoy.start()
         except BaseException:
             await epp.stop(0)

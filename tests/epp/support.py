@@ -17,6 +17,7 @@ from prefixroute.gateway import GatewayConfig, Tenants, gateway_state
 ENDPOINTS = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")
 FULL_DUPLEX = mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED = mode_pb2.ProcessingMode.BUFFERED
+STREAMED = mode_pb2.ProcessingMode.STREAMED
 
 
 def completion(n: int, *, tag: str = "w", stream: bool = False) -> bytes:

@@ -133,13 +133,15 @@ async def test_without_the_picker_envoy_fails_closed(
     assert "choices" not in text
 
 
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
 async def test_a_streams_usage_is_asked_for_and_kept_from_the_client(
-    make_stack: StackFactory, session: aiohttp.ClientSession
+    make_stack: StackFactory, session: aiohttp.ClientSession, body_mode: str
 ) -> None:
     """Replicas that send a stream's usage only when asked (vLLM's default): the picker asks
-    for it in the body it hands Envoy, learns from it, and keeps that event from the client."""
+    for it in the body it hands Envoy, learns from it, and keeps that event from the client.
+    Buffered, the answer reaches the picker whole: it learns no prefill time from it."""
     when_asked = dataclasses.replace(FAST_REPLICA, force_usage=False)
-    stack = await make_stack(DEFAULT_POLICY, n=2, replica=when_asked)
+    stack = await make_stack(DEFAULT_POLICY, n=2, replica=when_asked, body_mode=body_mode)
     body = {"model": "emulated", "prompt": words(200), "max_tokens": 5, "stream": True}
     for _ in range(2):
         async with session.post(stack.url + "/v1/completions", json=body) as resp:
@@ -155,3 +157,8 @@ async def test_a_streams_usage_is_asked_for_and_kept_from_the_client(
     assert stack.epp.router.usage_reports == 2
     assert totals["prefixroute_prompt_tokens_total"] == 2 * 200
     assert totals["prefixroute_usage_missing_total"] == 0
+    timed = sum(
+        stack.epp.router.replica_load(r).speed.prefill_observations
+        for r in stack.epp.router.replicas
+    )
+    assert timed == (0 if body_mode == "BUFFERED" else 2)

@@ -20,6 +20,8 @@ from prefixroute.gateway import GatewayConfig, RequestTracing
 from .support import (
     BUFFERED,
     ENDPOINTS,
+    FULL_DUPLEX,
+    STREAMED,
     completion,
     pick,
     picked,
@@ -355,16 +357,57 @@ async def test_a_client_that_asked_gets_its_usage_and_its_body_unchanged() -> No
 
 
 async def test_no_usage_is_asked_for_where_the_answer_cannot_be_edited_or_when_off() -> None:
-    # Buffered mode: the answer's chunks go on untouched, so the usage event would reach the
-    # client. stream_usage = false: the gateway's setting, the same here.
+    # STREAMED responses (not full duplex): the chunks go on as they came, so the usage event
+    # would reach the client. stream_usage = false: the gateway's setting, the same here.
     stream = PickStream(shared())
-    await stream.handle(request_headers(mode=BUFFERED))
+    headers = request_headers()
+    headers.protocol_config.response_body_mode = STREAMED
+    await stream.handle(headers)
     out = await stream.handle(request_body(completion(50, stream=True)))
-    assert not out[0].request_body.response.body_mutation.body
+    assert "stream_options" not in _sent_body(out)[0]
     stream = PickStream(shared(stream_usage=False))
     body = completion(50, stream=True)
     out = await pick(stream, body)
     assert out[1].request_body.response.body_mutation.streamed_response.body == body
+
+
+async def test_buffered_mode_asks_for_the_usage_and_hands_back_the_answer_without_it() -> None:
+    s = shared()
+    stream = PickStream(s)
+    await stream.handle(request_headers(mode=BUFFERED))
+    out = await stream.handle(request_body(completion(100, stream=True)))
+    sent = out[0].request_body.response.body_mutation.body  # the whole body, replaced
+    assert json.loads(sent)["stream_options"] == {"include_usage": True}
+    assert set_headers(out[0].request_body.response.header_mutation)["content-length"] == str(
+        len(sent)
+    )
+    await stream.handle(response_headers(content_type="text/event-stream"))
+    whole = TOKEN + USAGE_EVENT + b"data: [DONE]\n\n"
+    back = await stream.handle(response_body(whole, end_of_stream=True))
+    assert back[0].response_body.response.body_mutation.body == TOKEN + b"data: [DONE]\n\n"
+    assert s.router.usage_reports == 1
+
+
+@pytest.mark.parametrize(
+    "mode", [FULL_DUPLEX, STREAMED, BUFFERED], ids=["full_duplex", "streamed", "buffered"]
+)
+async def test_only_an_answer_passed_on_as_it_comes_times_its_first_token(mode: int) -> None:
+    """A BUFFERED answer reaches the picker whole, at its end: the time of its first output is
+    the end's, so it teaches no prefill time (it would make the replica look slow by the whole
+    decode). Streamed modes pass chunks as the replica sends them, first token included."""
+    s = shared()
+    stream = PickStream(s)
+    headers = request_headers(mode=FULL_DUPLEX if mode == STREAMED else mode)
+    headers.protocol_config.response_body_mode = mode
+    await stream.handle(headers)
+    await stream.handle(request_body(completion(100, stream=True)))
+    replica = stream.decision.replica  # type: ignore[union-attr]
+    await stream.handle(response_headers(content_type="text/event-stream"))
+    s.clock.now += 0.5  # type: ignore[attr-defined]
+    await stream.handle(response_body(TOKEN + USAGE_EVENT + b"data: [DONE]\n\n", True))
+    learned = s.router.replica_load(replica).speed.prefill_observations
+    assert learned == (0 if mode == BUFFERED else 1)
+    assert s.router.replica_load(replica).in_flight == 0  # released either way
 
 
 async def test_usage_is_counted_in_metrics_as_the_gateway_counts_it() -> None:

@@ -57,6 +57,7 @@ Response: TypeAlias = Any  # pb.ProcessingResponse
 Body: TypeAlias = Any  # pb.HttpBody
 # Body modes (ext_proc's ProcessingMode.BodySendMode); the protocol's streaming mode is full duplex.
 BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
+STREAMED = processing_mode_pb2.ProcessingMode.STREAMED
 FULL_DUPLEX_STREAMED = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 
 
@@ -178,10 +179,13 @@ def response_headers_response(headers: Mapping[str, str]) -> pb.ProcessingRespon
 
 
 def response_body_response(
-    streamed: bytes | None = None, end_of_stream: bool = False
+    streamed: bytes | None = None, end_of_stream: bool = False, replaced: bytes | None = None
 ) -> pb.ProcessingResponse:
-    """Continue a response chunk; in full-duplex mode the chunk itself goes back."""
+    """Continue a response chunk; in full-duplex mode the chunk itself goes back, in buffered
+    mode ``replaced`` takes the whole body's place."""
     common = pb.CommonResponse()
+    if replaced is not None:
+        common.body_mutation.body = replaced
     if streamed is not None:
         common.body_mutation.streamed_response.CopyFrom(
             pb.StreamedBodyResponse(body=streamed, end_of_stream=end_of_stream)

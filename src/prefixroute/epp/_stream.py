@@ -14,13 +14,16 @@ endpoints follow the primary, each the policy's next choice (``Router.explain``,
 nothing). Errors are an ``ImmediateResponse`` with the gateway's status, headers and JSON body.
 
 Response side, the gateway relay's accounting (``gateway._proxy``, ``gateway._verdict``): the
-first SSE data event is the first token; at the end the usage goes to ``Router.observe_usage``
+answer is read by ``_answer.AnswerReader``; its first output is the first token, timed only in
+the streamed body modes (``BUFFERED`` holds the whole answer to its end, so the picker learns no
+prefill time from it); at the end the usage goes to ``Router.observe_usage``
 and ``Router.complete`` (a 4xx, a request turned away, first to ``Router.withdraw``), the
 metrics count the answer and judge the replica; ``close`` ends, once, a request that did not end
 cleanly, and frees the tenant's slot. When the proxy says a fallback served the answer
 (``x-gateway-destination-endpoint-served``), the primary failed it: its failure counts, its
 accounting ends, and the request is routed again to the fallback, as the gateway's retry is.
-Response chunks go back at once, so streaming is not held up. With ``sync_redis`` decisions,
+Response chunks go back at once, so streaming is not held up; a buffered answer goes back
+whole, less the usage event the picker asked for. With ``sync_redis`` decisions,
 first tokens, withdrawals and ends go to the Redis sync too, as the gateway's.
 """
 
@@ -41,6 +44,7 @@ from prefixroute.core import (
 )
 from prefixroute.epp import _protocol as proto
 from prefixroute.epp._admit import Admission, admit, request_key
+from prefixroute.epp._answer import AnswerReader
 from prefixroute.epp._candidates import endpoint_of, fallbacks, narrow, replica_of
 from prefixroute.epp._shared import PickShared, count_answer, judge_answer
 from prefixroute.gateway import (
@@ -50,13 +54,10 @@ from prefixroute.gateway import (
     REPLICA_HEADER,
     TURNED_AWAY,
     RequestTracing,
-    SSEScanner,
     Usage,
     error_response,
     is_model_call,
-    refuses_stream_options,
     spec_for,
-    usage_in_body,
 )
 
 if TYPE_CHECKING:
@@ -64,15 +65,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_PLAIN_BODY = 1024 * 1024  # bytes of a plain answer kept to read its usage (the rest passes)
-
 
 class PickStream:
     def __init__(self, shared: PickShared) -> None:
         self.s = shared
         self.rid = f"epp-{next(shared.ids)}"  # the router's request id
         self.full_duplex_request = shared.default_full_duplex
-        self.full_duplex_response = shared.default_full_duplex
+        duplex = shared.default_full_duplex
+        self.response_mode = proto.FULL_DUPLEX_STREAMED if duplex else proto.BUFFERED  # body mode
         self.headers: dict[str, str] = {}
         self.subset: list[str] | None = None
         self.admission: Admission | None = None  # the tenant, once admitted
@@ -82,12 +82,9 @@ class PickStream:
         self.destinations: list[str] = []  # what the proxy was told: primary, then fallbacks
         self.served: ReplicaId | None = None  # the replica the proxy says answered
         self.status = 0  # the response's status (0 until its headers)
-        self._scanner: SSEScanner | None = None
-        self._plain: list[bytes] = []
-        self._plain_bytes = 0
+        self._reader: AnswerReader | None = None  # the answer's first token and usage
         self._first_token = False
         self._usage_asked = False  # we asked for the usage: its event is kept from the client
-        self._raw_stream = False  # an event stream we cannot read (compressed): first chunk
         self._marked = False  # a replica was marked failed for this request (one at most)
         self._view: RequestView | None = None  # what was routed
         self._reason = ""  # the pick's reason (metrics, decision log)
@@ -101,7 +98,7 @@ class PickStream:
         if req.HasField("protocol_config"):
             cfg = req.protocol_config
             self.full_duplex_request = cfg.request_body_mode == proto.FULL_DUPLEX_STREAMED
-            self.full_duplex_response = cfg.response_body_mode == proto.FULL_DUPLEX_STREAMED
+            self.response_mode = cfg.response_body_mode
         if self.refused and kind in ("request_body", "request_trailers"):
             return []  # Envoy answered the client already; what still comes is not routed
         if kind == "request_headers":
@@ -164,7 +161,7 @@ class PickStream:
             scope = self.admission.scope if self.admission is not None else None
             key, replaced, self._usage_asked = await request_key(
                 self.s.state, self._endpoint(), body, scope,
-                ask_usage=self.full_duplex_response,  # where the answer can be edited
+                ask_usage=self._editable_answer,  # the usage event can be kept back
             )  # fmt: skip
             started = time.perf_counter()  # the decision's time includes hashing, as serve's
             view = self._view = key.view(self.s.router, self.rid)
@@ -183,6 +180,11 @@ class PickStream:
     def _path(self) -> str:
         """The request's path, without its query."""
         return self.headers.get(":path", "").partition("?")[0]
+
+    @property
+    def _editable_answer(self) -> bool:
+        """Chunks handed back (full duplex) or the whole body replaceable (buffered)."""
+        return self.response_mode in (proto.FULL_DUPLEX_STREAMED, proto.BUFFERED)
 
     @property
     def _counted(self) -> bool:
@@ -262,11 +264,8 @@ class PickStream:
         if decision is None:  # an answer to a request we did not route (our own error)
             return [proto.response_headers_response({})]
         self._note_served(proto.served_of(req), decision)
-        if headers.get("content-type", "").startswith("text/event-stream"):
-            if "content-encoding" in headers:  # unreadable: its first chunk is the first token
-                self._raw_stream = True
-            else:
-                self._scanner = SSEScanner(hide_usage=self._usage_asked)
+        compressed = "content-encoding" in headers
+        self._reader = AnswerReader(headers.get("content-type", ""), compressed, self._usage_asked)
         extra = {
             REPLICA_HEADER: self.s.registry.public_name(self.served or decision.replica),
             REASON_HEADER: decision.reason.value,
@@ -316,34 +315,28 @@ class PickStream:
             s.sync.routed(view, self.decision)
 
     def _response_body(self, body: proto.Body) -> list[proto.Response]:
-        chunk = body.body
-        if self.decision is not None and not self._done:
-            scanner = self._scanner
-            if scanner is not None:
-                ready = scanner.feed(chunk)
-                if body.end_of_stream:
-                    ready += scanner.flush()
-                if scanner.hide_usage:  # the usage event we asked for stays here
-                    chunk = ready
-                if scanner.saw_data:
-                    self._first()
-            elif self._raw_stream:
-                if chunk:
-                    self._first()
-            elif self._plain_bytes < MAX_PLAIN_BODY:
-                self._plain.append(chunk)
-                self._plain_bytes += len(chunk)
+        chunk, reader = body.body, self._reader
+        if reader is not None and self.decision is not None and not self._done:
+            chunk, output = reader.feed(chunk, body.end_of_stream)  # our usage event kept back
+            if output:
+                self._first()
             if body.end_of_stream:
                 self._finish()
-        if self.full_duplex_response:
+        if self.response_mode == proto.FULL_DUPLEX_STREAMED:
             return [proto.response_body_response(chunk, body.end_of_stream)]
+        if reader is not None and reader.edits:  # buffered: the whole answer, replaced
+            return [proto.response_body_response(replaced=chunk)]
         return [proto.response_body_response()]
 
     def _first(self) -> None:
         """The first token came back (once)."""
         if not self._first_token:
             self._first_token = True
-            self.s.router.first_token(self.rid, self.s.clock(), measured=not self._untimed)
+            # Streamed modes pass chunks as the replica sends them; BUFFERED holds the whole
+            # answer to its end, where its first chunk's time is no first token's.
+            timed = self.response_mode in (proto.STREAMED, proto.FULL_DUPLEX_STREAMED)
+            measured = timed and not self._untimed
+            self.s.router.first_token(self.rid, self.s.clock(), measured=measured)
             if self.s.sync is not None:
                 self.s.sync.first_token(self.rid)
 
@@ -352,15 +345,11 @@ class PickStream:
         decision = self.decision
         if decision is None or self._done:
             return
-        usage: Usage | None
-        if self._scanner is not None:
-            self._scanner.flush()
-            usage = self._scanner.usage
-        else:
-            usage = usage_in_body(b"".join(self._plain)) if self._plain else None
+        reader = self._reader
+        usage = reader.usage() if reader is not None else None
         replica, s = self.served or decision.replica, self.s
         status = self.status
-        if self._usage_asked and status == 400 and refuses_stream_options(b"".join(self._plain)):
+        if self._usage_asked and status == 400 and reader and reader.refused_stream_options():
             # the proxy cannot resend as serve does: this client got the 400; no more asking
             s.state.stop_asking_stream_usage(s.registry.public_name(replica))
         if self._counted:

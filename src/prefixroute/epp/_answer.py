@@ -1,0 +1,56 @@
+"""What the picker reads of a replica's answer, chunk by chunk: its first token and its usage.
+
+The gateway relay's reading (``gateway._proxy``), for an answer that reaches the picker as
+ext_proc body messages. An event stream goes through an ``SSEScanner``: its first event with
+output is the first token, and its last ``usage`` is kept, and held back from the client when
+the picker asked for it. A compressed stream cannot be read: its first chunk stands for the
+first token. A plain answer is kept (up to ``MAX_PLAIN_BODY``) to read its usage at the end.
+"""
+
+from __future__ import annotations
+
+from prefixroute.gateway import SSEScanner, Usage, refuses_stream_options, usage_in_body
+
+MAX_PLAIN_BODY = 1024 * 1024  # bytes of a plain answer kept to read its usage (the rest passes)
+
+
+class AnswerReader:
+    def __init__(self, content_type: str, compressed: bool, hide_usage: bool) -> None:
+        """``hide_usage``: the picker asked for the stream's usage, so its event is kept back."""
+        stream = content_type.startswith("text/event-stream")
+        self.scanner = SSEScanner(hide_usage=hide_usage) if stream and not compressed else None
+        self.raw_stream = stream and compressed  # unreadable: its first chunk is the first token
+        self._plain: list[bytes] = []
+        self._plain_bytes = 0
+
+    @property
+    def edits(self) -> bool:
+        """What goes on to the client may differ from what came (the usage event kept back)."""
+        return self.scanner is not None and self.scanner.hide_usage
+
+    def feed(self, chunk: bytes, end: bool) -> tuple[bytes, bool]:
+        """Read ``chunk`` (``end``: the answer's last): what goes on to the client, and whether
+        output has come by now."""
+        scanner = self.scanner
+        if scanner is not None:
+            ready = scanner.feed(chunk)
+            if end:
+                ready += scanner.flush()
+            return (ready if scanner.hide_usage else chunk), scanner.saw_data
+        if self.raw_stream:
+            return chunk, bool(chunk)
+        if self._plain_bytes < MAX_PLAIN_BODY:
+            self._plain.append(chunk)
+            self._plain_bytes += len(chunk)
+        return chunk, False
+
+    def usage(self) -> Usage | None:
+        """The answer's usage, once it ended; None where it had none (or could not be read)."""
+        if self.scanner is not None:
+            self.scanner.flush()
+            return self.scanner.usage
+        return usage_in_body(b"".join(self._plain)) if self._plain else None
+
+    def refused_stream_options(self) -> bool:
+        """A plain 400 that says the replica does not take ``stream_options``."""
+        return refuses_stream_options(b"".join(self._plain))

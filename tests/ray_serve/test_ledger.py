@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from prefixroute.core import ReplicaId, make_policy
@@ -30,6 +32,37 @@ def ledger(rate: float | None = 10_000.0) -> tuple[Ledger, Clock]:
     return led, clock
 
 
+def blocks(led: Ledger, replica: ReplicaId) -> int:
+    return led.router.indexed_blocks(replica)
+
+
+def rejections_on(led: Ledger) -> None:
+    """Ray runs its rejection protocol: one attempt (of another prompt) was accepted."""
+    other = route_key([{"prompt": "y" * 400, "max_tokens": 8}], {})
+    replica = led.route("warm", other, [A, B]).replica
+    led.sent("warm", replica, accepted=True)
+    assert led.completed("warm", replica)
+
+
+class Heard:
+    """A ledger listener that keeps what it heard."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def routed(self, view: Any, decision: Any) -> None:
+        self.calls.append(("routed", view.request_id))
+
+    def withdrawn(self, request_id: str) -> None:
+        self.calls.append(("withdrawn", request_id))
+
+    def first_token(self, request_id: str) -> None:
+        self.calls.append(("first_token", request_id))
+
+    def completed(self, request_id: str) -> None:
+        self.calls.append(("completed", request_id))
+
+
 def test_an_accepted_request_is_in_flight_until_its_completion() -> None:
     led, _ = ledger()
     replica = led.route("r1", KEY, [A, B]).replica
@@ -50,6 +83,7 @@ def test_ray_overriding_our_choice_moves_the_load_and_the_index() -> None:
     assert (led.in_flight(ours), led.in_flight(other)) == (0, 1)
     view = led.router.view("probe", text="x" * 4000)
     assert led.router.index.holds(other, view.block_hashes[-1])
+    assert blocks(led, ours) == 0  # it never got the prompt
     assert led.completed("r1", other) and led.in_flight(other) == 0
 
 
@@ -83,6 +117,7 @@ def test_a_request_given_up_before_it_was_sent_releases_its_load() -> None:
     replica = led.route("r1", KEY, [A, B]).replica
     led.cancelled("r1")
     assert led.in_flight(replica) == 0 and led.pending == 0
+    assert blocks(led, replica) == 0  # never sent: nothing computed there
     replica = led.route("r2", KEY, [A, B]).replica
     led.sent("r2", replica)
     led.cancelled("r2")  # too late: it runs, and its completion will come
@@ -153,3 +188,46 @@ def test_settings_are_the_gateway_defaults_and_reject_unknown_keys() -> None:
         RouterSettings.from_kwargs({"policy": "prefix_affinity", "policy_params": {"x": 1}})
     with pytest.raises(ConfigError):
         RouterSettings.from_kwargs({"prefill_tokens_per_s": 0})
+
+
+@pytest.mark.parametrize("order", ["notice_first", "retry_first"])
+def test_a_rejected_attempt_leaves_nothing_in_the_index_of_the_replica_that_rejected(
+    order: str,
+) -> None:
+    led, _ = ledger()
+    rejections_on(led)
+    heard = led.listener = Heard()
+    before = {r: blocks(led, r) for r in (A, B)}
+    first = led.route("r1", KEY, [A, B]).replica
+    other = B if first == A else A
+    assert blocks(led, first) > before[first]
+    led.sent("r1", first)  # Ray's future: sent there; no acceptance follows
+    if order == "notice_first":
+        assert led.completed("r1", first)  # the rejected attempt's notice
+        assert blocks(led, first) == before[first]
+        led.route("r1", KEY, [other])
+    else:
+        led.route("r1", KEY, [other])  # the retry, before the notice
+        assert blocks(led, first) == before[first]
+        assert not led.completed("r1", first)
+    assert blocks(led, other) > before[other]
+    led.sent("r1", other, accepted=True)
+    assert led.completed("r1", other)
+    assert blocks(led, other) > before[other]  # served: it stays
+    assert ("withdrawn", "r1") in heard.calls  # the Redis sync hears it too
+
+
+def test_an_accepted_attempt_keeps_its_blocks_and_so_does_any_without_the_protocol() -> None:
+    led, _ = ledger()
+    replica = led.route("r1", KEY, [A, B]).replica
+    led.sent("r1", replica)
+    assert led.completed("r1", replica)  # Ray sends without rejections here: no acceptances
+    assert blocks(led, replica) > 0
+    led, _ = ledger()
+    rejections_on(led)
+    replica = led.route("r1", KEY, [A, B]).replica
+    led.sent("r1", replica)
+    led.sent("r1", replica, accepted=True)  # the future first, then on_request_routed
+    assert led.completed("r1", replica)
+    view = led.router.view("probe", text="x" * 4000)
+    assert led.router.index.holds(replica, view.block_hashes[-1])

@@ -74,6 +74,34 @@ async def test_a_replica_ray_picks_instead_of_ours_carries_the_load() -> None:
     assert router.ledger.in_flight(ReplicaId(fallback.name)) == 0
 
 
+async def test_a_replica_that_rejected_the_request_is_not_left_holding_its_prompt() -> None:
+    """Ray's rejection protocol (``Router._route_and_send_request_once``): an accepted attempt
+    gets ``on_request_routed``; a rejected one is cancelled, its completion notice fires, and
+    the same pending request, with a fresh future, is routed again."""
+    router = make_router()
+    pool = replicas(2)
+    router.update_replicas(pool)
+    index = router.ledger.router
+    pr, home = await send(router, pool, chat("warm " * 100))  # accepted: the protocol is on
+    router.on_request_completed(home.replica_id, pr.metadata.internal_request_id)
+    before = {r.name: index.indexed_blocks(ReplicaId(r.name)) for r in pool}
+    pr = pending(chat("q " * 200))
+    first = (await router.choose_replicas(pool, pr))[0][0]
+    pr.future.set_result(first)
+    await settle()
+    router.on_request_completed(first.replica_id, pr.metadata.internal_request_id)  # rejected
+    assert index.indexed_blocks(ReplicaId(first.name)) == before[first.name]
+    pr.reset_future()
+    other = next(r for r in pool if r is not first)
+    await router.choose_replicas([other], pr)
+    pr.future.set_result(other)
+    router.on_request_routed(pr, other.replica_id, None)
+    await settle()
+    router.on_request_completed(other.replica_id, pr.metadata.internal_request_id)
+    assert index.indexed_blocks(ReplicaId(other.name)) > before[other.name]
+    assert index.indexed_blocks(ReplicaId(first.name)) == before[first.name]
+
+
 async def test_the_predicted_first_token_clears_prefilling() -> None:
     router = make_router(prefill_tokens_per_s=1e9)  # due at once
     pool = replicas(2)

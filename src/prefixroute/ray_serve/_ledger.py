@@ -11,7 +11,9 @@ Under Ray the same request passes through several hooks, on Ray's schedule:
    recorded again there (a reused request id releases the earlier dispatch, so it is counted
    once), and the index learns where the prompt really went.
 3. A replica at its limit may reject the request; Ray then calls ``choose_replicas`` again for
-   the same request, which simply routes it again (back to ``ROUTED``).
+   the same request, which routes it again (back to ``ROUTED``) after withdrawing what the
+   attempt before added to the index: the replica that rejected it, or that Ray never sent
+   it to (no room anywhere: Ray backed off and asked again), computed none of it.
 4. ``on_request_completed`` fires once per attempt that was sent, accepted or not, on Ray's
    event loop. It releases the load only for the attempt we believe is running: the stage must
    be ``SENT`` on that replica. A rejected attempt whose notice arrives after its retry was
@@ -19,9 +21,16 @@ Under Ray the same request passes through several hooks, on Ray's schedule:
    arrives after the retry was also *sent*, to the same replica, would release the retry
    early; Ray schedules the notice when it cancels the rejected attempt, before it retries.)
 
-What is not undone: when Ray overrides our choice, the index keeps the entry it made for our
-choice. That replica never received the prompt, so a later request may be predicted a cache hit
-there; it is the same staleness as an eviction the approximate index has not heard of.
+What a replica never received leaves the index again (:meth:`Router.withdraw`, the blocks the
+decision added there): our choice when Ray overrode it, an attempt that was rejected or never
+sent, and a request given up before it was sent. A rejected attempt is told from an accepted one
+by ``on_request_routed``, which Ray calls for an accepted attempt before its completion notice
+can come: a notice for an attempt never accepted is a rejection. Ray sends without the protocol
+in some setups (strict ``max_ongoing_requests`` off, Ray Client, Java replicas), where no
+attempt is ever accepted: so a notice counts as a rejection only once this ledger has seen an
+acceptance. Otherwise the index would go on saying that
+replica holds the prompt, and the prefix's next requests would be sent there, predicted cheap,
+to be computed in full (before 2026-12-02 it did). The Redis sync hears each withdrawal too.
 
 Ray never shows the router a request's first token, only its end. Counted as prefilling until
 it ends, a request that is long done with its prefill and decoding would look like queued
@@ -65,6 +74,7 @@ class Flight:
     replica: ReplicaId  # where the router's records put the request now
     stage: Stage
     attempt: int = 0  # routings of this request so far; a prefill timer names its attempt
+    accepted: bool = False  # the replica said it took this attempt (Ray's rejection protocol)
     watched: object = None  # the future whose outcome we follow (one callback per future)
 
 
@@ -82,6 +92,7 @@ class LedgerListener(Protocol):
     from any thread, so each method must return at once and never raise."""
 
     def routed(self, view: RequestView, decision: Decision) -> None: ...
+    def withdrawn(self, request_id: str) -> None: ...
     def first_token(self, request_id: str) -> None: ...
     def completed(self, request_id: str) -> None: ...
 
@@ -102,6 +113,7 @@ class Ledger:
         self.prefill_tokens_per_s = prefill_tokens_per_s  # tokens/s; None: no first-token guess
         self._flights: dict[str, Flight] = {}
         self._lock = threading.Lock()
+        self._acceptances = False  # an attempt was accepted: Ray runs the rejection protocol
 
     @property
     def lock(self) -> threading.Lock:
@@ -151,6 +163,8 @@ class Ledger:
             for replica in candidates:  # a replica Ray knows before update_replicas reached us
                 self.router.add_replica(replica)
             flight = self._flights.get(request_id)
+            if flight is not None:  # a retry: the attempt before was rejected, or never sent
+                self._withdraw(request_id)
             view = key.view(self.router, request_id) if flight is None else flight.view
             decision = self.router.route(view, self.clock(), candidates)
             if self.listener is not None:
@@ -160,6 +174,7 @@ class Ledger:
             else:
                 flight.replica, flight.stage = decision.replica, Stage.ROUTED
                 flight.attempt += 1
+                flight.accepted = False
             return decision
 
     def watch(self, request_id: str, future: object) -> bool:
@@ -171,21 +186,30 @@ class Ledger:
             flight.watched = future
             return True
 
-    def sent(self, request_id: str, replica: ReplicaId) -> PrefillEstimate | None:
-        """Ray sent the request to ``replica``: ours, or another if ours had no room.
+    def sent(
+        self, request_id: str, replica: ReplicaId, accepted: bool = False
+    ) -> PrefillEstimate | None:
+        """Ray sent the request to ``replica``: ours, or another if ours had no room;
+        ``accepted``: the replica said it took it (``on_request_routed``).
 
         Returns when its first token is expected, the first time Ray reports the send.
         """
         with self._lock:
             flight = self._flights.get(request_id)
+            if accepted:
+                self._acceptances = True
+                if flight is not None and flight.replica == replica:
+                    flight.accepted = True
             if flight is None or (flight.stage is Stage.SENT and flight.replica == replica):
                 return None
-            if replica != flight.replica:
+            if replica != flight.replica:  # ours had no room: it never got the prompt
+                self._withdraw(request_id)
                 self.router.add_replica(replica)
                 decision = self.router.route(flight.view, self.clock(), [replica])
                 if self.listener is not None:
                     self.listener.routed(flight.view, decision)
                 flight.replica = replica
+                flight.accepted = accepted
             flight.stage = Stage.SENT
             rate = self.prefill_tokens_per_s
             if rate is None:
@@ -208,6 +232,7 @@ class Ledger:
             flight = self._flights.get(request_id)
             if flight is not None and flight.stage is Stage.ROUTED:
                 del self._flights[request_id]
+                self._withdraw(request_id)
                 self._complete(request_id)
 
     def completed(self, request_id: str, replica: ReplicaId) -> bool:
@@ -217,8 +242,16 @@ class Ledger:
             if flight is None or flight.stage is not Stage.SENT or flight.replica != replica:
                 return False
             del self._flights[request_id]
+            if self._acceptances and not flight.accepted:  # rejected (module docstring)
+                self._withdraw(request_id)
             self._complete(request_id)
             return True
+
+    def _withdraw(self, request_id: str) -> None:
+        """The replica the request was last routed to never computed it (lock held)."""
+        self.router.withdraw(request_id)
+        if self.listener is not None:
+            self.listener.withdrawn(request_id)
 
     def _complete(self, request_id: str) -> None:
         """End ``request_id``'s accounting (lock held)."""

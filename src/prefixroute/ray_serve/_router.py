@@ -117,8 +117,8 @@ class PrefixRouteRequestRouter(RequestRouter):
             return
         self._sent(request_id, replica_name(future.result().replica_id))
 
-    def _sent(self, request_id: str, replica: ReplicaId) -> None:
-        estimate = self.ledger.sent(request_id, replica)
+    def _sent(self, request_id: str, replica: ReplicaId, accepted: bool = False) -> None:
+        estimate = self.ledger.sent(request_id, replica, accepted)
         if estimate is not None:  # Ray never shows us the first token: assume it when due
             asyncio.get_running_loop().call_later(
                 estimate.delay_s, self.ledger.prefilled, estimate.request_id, estimate.attempt
@@ -128,8 +128,10 @@ class PrefixRouteRequestRouter(RequestRouter):
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
     ) -> None:
-        """The replica accepted the request (Ray's rejection protocol)."""
-        self._sent(str(pending_request.metadata.internal_request_id), replica_name(replica_id))
+        """The replica accepted the request (Ray's rejection protocol): an attempt whose
+        completion comes without this was rejected (``Ledger``)."""
+        request_id = str(pending_request.metadata.internal_request_id)
+        self._sent(request_id, replica_name(replica_id), accepted=True)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         """Fired once per attempt Ray sent, however it ended, on Ray's router loop."""

@@ -4,7 +4,8 @@ Every deployment handle builds its own router (the proxy, each replica of an ing
 a driver), each with the index and load view of the requests it routed. With ``sync_redis`` in
 ``request_router_kwargs``, each router runs the gateways' sync (``prefixroute.sync.RouteSync``:
 same channel format, same messages, same Redis history) and so applies every other router's
-decisions, predicted first tokens and ends, as several ``prefixroute serve`` instances do.
+decisions, withdrawals, predicted first tokens and ends, as several ``prefixroute serve``
+instances do.
 
 Threads. The sync's two tasks (publisher, subscriber) run on the loop of Ray's router, which is
 where ``choose_replicas`` runs: the sync starts there, the first time Ray asks us to rank (Ray
@@ -48,6 +49,9 @@ class _OnLoop:
 
     def routed(self, view: RequestView, decision: Decision) -> None:
         self._call(self.sync.routed, view, decision)
+
+    def withdrawn(self, request_id: str) -> None:
+        self._call(self.sync.withdrawn, request_id)
 
     def first_token(self, request_id: str) -> None:
         self._call(self.sync.first_token, request_id)

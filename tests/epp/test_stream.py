@@ -147,6 +147,26 @@ async def test_a_stream_feeds_first_token_usage_and_completion() -> None:
     assert load.in_flight == 0
 
 
+@pytest.mark.parametrize(("code", "errors"), [(500, 1), (400, 0)])
+async def test_a_stream_reporting_an_error_in_band_times_no_first_token(
+    code: int, errors: int
+) -> None:
+    """``data: {"error": ...}`` in a 200 stream (gateway._sse): no first token is learned, and
+    the replica is judged as the gateway judges it: a 5xx in its error rate, a 4xx not at all,
+    neither a success."""
+    s, stream, replica = await routed_stream(100)
+    record = s.registry.get(replica)
+    await stream.handle(response_headers(content_type="text/event-stream"))
+    s.clock.now += 0.5  # type: ignore[attr-defined]
+    event = b'data: {"error":{"message":"failed","code":%d}}\n\ndata: [DONE]\n\n' % code
+    back = await stream.handle(response_body(event, end_of_stream=True))
+    assert back[0].response_body.response.body_mutation.streamed_response.body == event
+    assert s.router.replica_load(replica).speed.prefill_observations == 0
+    assert s.router.replica_load(replica).in_flight == 0
+    assert not any(ok for _, ok in record.outcomes)
+    assert len(record.outcomes) == errors
+
+
 async def test_a_plain_answer_reports_usage_at_its_end() -> None:
     s = shared()
     stream = PickStream(s)

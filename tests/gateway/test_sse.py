@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -160,12 +161,41 @@ def test_what_counts_as_output() -> None:
     assert not first(b'data: {"choices":[]}\n\ndata: [DONE]\n\n')
     assert first(b'data: {"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}\n\n')
     assert first(b'data: {"choices":[{"delta":{"reasoning_content":"hm"}}]}\n\n')
-    assert first(b'data: {"error":{"message":"boom"}}\n\n')  # not a chunk: counts, as before
+    # An error reported in-band is no output (no first token to time), in either form.
+    assert not first(b'data: {"error":{"message":"boom"}}\n\n')
+    assert not first(b'data: {"object":"error","message":"boom","code":500}\n\n')
     assert first(b"data: not json\n\n")
     s = SSEScanner()  # at the end of the stream too
     s.feed(ROLE)
     s.feed(b'data: {"choices":[{"text":"x"}]}')
     assert not s.saw_data and s.flush() and s.saw_data
+
+
+@pytest.mark.parametrize(
+    ("event", "status"),
+    [
+        (b'data: {"error":{"message":"boom","code":500}}', 500),  # SGLang, newer vLLM
+        (b'data: {"error":{"message":"too long","code":400}}', 400),
+        (b'data: {"object":"error","message":"x","type":"BadRequestError","code":400}', 400),
+        (b'data: {"error":{"message":"no code"}}', 500),  # none named: the server's
+        (b'data: {"error":"a string"}', 500),
+        (b'data: {"error":{"code":"503"}}', 503),
+        (b'data: {"error":{"code":42}}', 500),  # not an HTTP status
+        (b'data: {"choices":[{"text":"the word \\"error\\""}]}', None),  # output, not an error
+        (b'data: {"choices":[],"error":{"code":500}}', None),  # a chunk is output's
+    ],
+)
+def test_an_error_reported_in_band_is_noted_with_its_status(
+    event: bytes, status: int | None
+) -> None:
+    s = SSEScanner()
+    assert s.feed(event + b"\n\n") == event + b"\n\n"  # relayed as it came
+    assert s.error_status == status
+    s = SSEScanner()  # after output, and at the stream's end (flush), too
+    s.feed(b'data: {"choices":[{"text":"a"}]}\n\n')
+    s.feed(event)
+    s.flush()
+    assert s.saw_data and s.error_status == status
 
 
 # --- SGLang's /generate stream: every chunk carries meta_info, text is all so far ---------------

@@ -147,6 +147,8 @@ class _InFlight:
     ttft_obs: QueuedObs | None = None  # what it taught, corrected by the reported count
     seq: int = 0  # its place among the replica's dispatches (core/queue_fixes.py)
     through: int = 0  # the replica's dispatches by its first token: those behind it
+    sequences: int = 1  # output sequences it asks for (RequestView): 1 teaches a decode step
+    batch: bool = False  # several prompts (RequestView): its usage is not this prompt's
 
 
 @dataclass(slots=True)
@@ -223,6 +225,8 @@ class LoadTracker:
             # estimate makes of it.
             key_block_tokens=request.block_size * request.prompt_tokens
             / max(1, request.prompt_units),
+            sequences=request.sequences,
+            batch=request.batch,
         )
 
     def count_dispatch(
@@ -235,10 +239,13 @@ class LoadTracker:
         predicted_cached_tokens: int,
         now: float,
         key_block_tokens: float | None = None,
+        sequences: int = 1,
+        batch: bool = False,
     ) -> None:
         """A request was sent to ``replica``, known by its numbers only: :meth:`dispatch`'s
         bookkeeping, for a request another router instance routed (it shares them).
-        ``key_block_tokens``: one block of its key in tokens (None: one KV block)."""
+        ``key_block_tokens``: one block of its key in tokens (None: one KV block);
+        ``sequences``, ``batch``: as ``RequestView``'s."""
         if request_id in self._requests:
             # A reused id: the earlier request is over as far as the load view can tell.
             self.complete(request_id, now)
@@ -253,7 +260,7 @@ class LoadTracker:
             queued_ahead=load.queued_prefill_tokens, queue_elapsed_s=now - load.busy_since,
             predicted_cached=prompt_tokens - uncached,
             key_block_tokens=self.block_size if key_block_tokens is None else key_block_tokens,
-            seq=load.fixes.dispatched(),
+            seq=load.fixes.dispatched(), sequences=sequences, batch=batch,
         )  # fmt: skip
         load.in_flight += 1
         load.prefilling += 1
@@ -293,7 +300,7 @@ class LoadTracker:
         uncached count replaces the prediction in what the speed model learns. Returns the
         request's record, with its predictions (None if the request is not in flight)."""
         req = self._requests.get(request_id)
-        if req is None:
+        if req is None or req.batch:  # a batch's counts are of every prompt, not this one
             return None
         req.actual_uncached = max(0, prompt_tokens - cached_tokens)
         # The requests behind it waited for what it really computed (core/queue_fixes.py).
@@ -370,7 +377,8 @@ class LoadTracker:
             # Taught at its first token with the predicted uncached tokens: the replica's own
             # count corrects that observation (a wrong cache prediction is not a wrong speed).
             speed.correct_prefill(req.ttft_obs, req.actual_uncached)
-        if output_tokens is not None and output_tokens > 1:
+        # Several sequences decode side by side: their tokens are no count of steps.
+        if output_tokens is not None and output_tokens > 1 and req.sequences == 1:
             prefilled = req.load.prefilled_tokens - req.prefilled_mark
             speed.observe_decode(now - req.first_token_s, output_tokens - 1, prefilled)
 

@@ -79,6 +79,14 @@ def prompt_key(prompt: object) -> tuple[str | None, list[int] | None]:
     raise InvalidPrompt("'prompt' must be a string, a list of strings or a list of token ids")
 
 
+def prompts_in(prompt: object) -> int:
+    """How many prompts ``prompt`` holds: a batch's length (a list of strings or of token-id
+    lists), else 1."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return len(prompt)
+    return 1
+
+
 def is_token_ids(value: object) -> bool:
     """A list of ints in the uint32 range (bools are not token ids)."""
     return isinstance(value, list) and all(

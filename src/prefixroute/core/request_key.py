@@ -8,7 +8,8 @@ holds Ray LLM's request model, with the same fields as attributes. :func:`key_of
 text and token ids is written once.
 
 What is read: the routing text or token ids (the rules are :mod:`prefixroute.core.prompt_key`'s:
-chat messages in order with their roles, a prompt string, or token ids), ``model``, ``stream``,
+chat messages in order with their roles, a prompt string, or token ids), how many prompts (a
+batch keys on its first) and choices per prompt (``n``) it asks for, ``model``, ``stream``,
 the requested output length (``max_tokens``, else ``max_completion_tokens``: a hint for the
 load view, so an unusable value reads as 0), and vLLM's ``add_special_tokens``. ``/generate``
 has its own names for these (:func:`_generate_key`), and names its LoRA adapter itself. What the
@@ -27,7 +28,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from prefixroute.core.errors import InvalidPrompt
-from prefixroute.core.prompt_key import chat_text, field_of, prompt_key
+from prefixroute.core.prompt_key import chat_text, field_of, prompt_key, prompts_in
 from prefixroute.core.types import RequestView
 
 if TYPE_CHECKING:
@@ -59,18 +60,17 @@ class RouteKey:
     tenant: str | None = None  # the tenant that sent it (None: no tenancy)
     seed: int | None = None  # the tenant's own hash seed under isolation (None: the common one)
     adapter: str | None = None  # the LoRA adapter ``model`` names (None: a base model)
+    prompts: int = 1  # prompts in the request: a batch is keyed on its first
+    choices: int = 1  # sequences generated per prompt (``n``; ``best_of`` when larger)
 
     def view(self, router: Router, request_id: str) -> RequestView:
         """The router's view of this request: its prompt hashed once, in the key space of its
         seed and adapter."""
-        if self.tokens is not None:
-            return router.view(
-                request_id, tokens=self.tokens, output_tokens=self.max_tokens, model=self.model,
-                tenant=self.tenant, seed=self.seed, adapter=self.adapter,
-            )  # fmt: skip
+        text = None if self.tokens is not None else self.text or ""
         return router.view(
-            request_id, text=self.text or "", output_tokens=self.max_tokens, model=self.model,
-            tenant=self.tenant, seed=self.seed, adapter=self.adapter,
+            request_id, tokens=self.tokens, text=text, output_tokens=self.max_tokens,
+            model=self.model, tenant=self.tenant, seed=self.seed, adapter=self.adapter,
+            sequences=self.prompts * self.choices, batch=self.prompts > 1,
         )  # fmt: skip
 
 
@@ -87,17 +87,27 @@ def key_of(endpoint: Endpoint, request: object) -> RouteKey:
     max_tokens = _max_tokens(request)
     _, special = field_of(request, "add_special_tokens")
     special = special if isinstance(special, bool) else None
+    choices = _choices(request)
     if endpoint is Endpoint.CHAT:
         _, messages = field_of(request, "messages")
         chat = chat_text(messages)  # validates: a non-empty list of messages
-        return RouteKey(chat, None, model, stream is True, max_tokens, _mappings(messages), special)
+        return RouteKey(chat, None, model, stream is True, max_tokens, _mappings(messages),
+                        special, choices=choices)  # fmt: skip
     if endpoint is Endpoint.COMPLETIONS:
         _, prompt = field_of(request, "prompt")
         text, tokens = prompt_key(prompt)
-        return RouteKey(text, tokens, model, stream is True, max_tokens, None, special)
+        return RouteKey(text, tokens, model, stream is True, max_tokens, None, special,
+                        prompts=prompts_in(prompt), choices=choices)  # fmt: skip
     if endpoint is Endpoint.GENERATE:
         return _generate_key(request, model, stream is True)
     return RouteKey("", None, model, stream is True, max_tokens)
+
+
+def _choices(request: object, names: tuple[str, ...] = ("n", "best_of")) -> int:
+    """Sequences generated per prompt: the largest usable of ``names`` (at least 1)."""
+    values = [field_of(request, name)[1] for name in names]
+    counts = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 1]
+    return max(counts, default=1)
 
 
 def _generate_key(request: object, model: str | None, stream: bool) -> RouteKey:
@@ -125,7 +135,8 @@ def _generate_key(request: object, model: str | None, stream: bool) -> RouteKey:
         key_text = tokens = None
     if (key_text if named == "text" else tokens) is None:  # also: ids as text, text as ids
         raise InvalidPrompt(_GENERATE_PROMPTS[named])
-    return RouteKey(key_text, tokens, model, stream, max_tokens, adapter=adapter)
+    return RouteKey(key_text, tokens, model, stream, max_tokens, adapter=adapter,
+                    prompts=prompts_in(prompt), choices=_choices(params, ("n",)))  # fmt: skip
 
 
 _GENERATE_PROMPTS = {  # what each /generate prompt field must be

@@ -145,6 +145,8 @@ class Router(RouterReads):
         known: Sequence[BlockHash] = (),
         seed: int | None = None,
         adapter: str | None = None,
+        sequences: int = 1,
+        batch: bool = False,
     ) -> RequestView:
         """Build the request view: hash the prompt once (only blocks not in ``known``).
 
@@ -153,6 +155,9 @@ class Router(RouterReads):
         index entries (``known`` must come from the same seed). ``adapter``: the LoRA adapter
         the request runs under, whose key space is nested in the seed's (module docstring).
         A text prompt's tokens are estimated at ``model``'s learned characters per token.
+        ``sequences`` and ``batch``: what the replica's usage will count besides the prompt
+        and one sequence (``RequestView``; a batch's usage teaches nothing, and several
+        sequences' no decode step).
         """
         if (tokens is None) == (text is None):
             raise ConfigError("a request view needs exactly one of tokens or text")
@@ -179,6 +184,8 @@ class Router(RouterReads):
             tenant=tenant,
             model=model,
             char_units=text is not None,
+            sequences=max(1, sequences),
+            batch=batch,
         )
 
     def route(
@@ -204,7 +211,7 @@ class Router(RouterReads):
         if self.speculative is not None:
             self.speculative.add(decision.replica, request.block_hashes, now, request.request_id)
         self.loads.dispatch(request, decision, now)
-        if request.char_units:
+        if request.char_units and not request.batch:  # a batch's usage counts every prompt
             self.tokens.routed(request.request_id, request.model, request.prompt_units)
         return decision
 

@@ -27,6 +27,11 @@ class RequestView:
     tenant: str | None = None  # tenant that sent it
     model: str | None = None  # requested model name
     char_units: bool = False  # prompt_units are characters (keyed on text), not token ids
+    # What the replica's usage will count besides this view's prompt and one sequence: the
+    # output sequences it asks for (``n`` per prompt, times a batch's prompts), and whether it
+    # is a batch (several prompts; the view is its first). Such usage teaches less (Router).
+    sequences: int = 1
+    batch: bool = False
 
     @property
     def tokens_per_unit(self) -> float:

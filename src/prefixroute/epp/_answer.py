@@ -44,6 +44,11 @@ class AnswerReader:
             self._plain_bytes += len(chunk)
         return chunk, False
 
+    @property
+    def error_status(self) -> int | None:
+        """The code of an error the stream reported in-band (``gateway._sse``), or None."""
+        return self.scanner.error_status if self.scanner is not None else None
+
     def usage(self) -> Usage | None:
         """The answer's usage, once it ended; None where it had none (or could not be read)."""
         if self.scanner is not None:

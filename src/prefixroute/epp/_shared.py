@@ -52,13 +52,22 @@ class PickShared:
         return self.state.sync
 
 
-def judge_answer(shared: PickShared, replica: ReplicaId, status: int, *, marked: bool) -> None:
+def judge_answer(
+    shared: PickShared, replica: ReplicaId, status: int, *, marked: bool,
+    error_status: int | None = None,
+) -> None:  # fmt: skip
     """The answer's verdict on ``replica``, by the gateway's rules (``gateway._verdict``): a
     gateway status (Envoy could not reach it, or it broke) is a failure, at most one per request
     (``marked``: a fallback already marked the primary); another 5xx counts in its error rate,
-    which takes it out only as an outlier; any other answer is a success."""
+    which takes it out only as an outlier, and so does a stream's in-band error of a 5xx
+    (``error_status``: ``gateway._sse``; a 4xx one is the request's); any other answer is a
+    success."""
     registry, now = shared.registry, shared.clock()
-    if status >= 500:
+    if status < 300 and error_status is not None:
+        if error_status >= 500:
+            shared.metrics.upstream_failures.labels(replica, "error_event").inc()
+            registry.record_error(replica, now)
+    elif status >= 500:
         shared.metrics.upstream_failures.labels(replica, "status").inc()
         if status not in GATEWAY_STATUSES:  # 502-504: Envoy's answers when the replica failed
             registry.record_error(replica, now)

@@ -349,16 +349,20 @@ class PickStream:
         usage = reader.usage() if reader is not None else None
         replica, s = self.served or decision.replica, self.s
         status = self.status
+        name = s.registry.public_name(replica)
+        if self._usage_asked and status == 200:
+            s.state.stream_usage_taken(name)  # its 400s naming them are requests' own
         if self._usage_asked and status == 400 and reader and reader.refused_stream_options():
             # the proxy cannot resend as serve does: this client got the 400; no more asking
-            s.state.stop_asking_stream_usage(s.registry.public_name(replica))
+            s.state.stop_asking_stream_usage(name)
         if self._counted:
             self._count(replica, status, decision)
-        if status == 200 and self._endpoint() is not Endpoint.OTHER:  # as the gateway counts
+        error = reader.error_status if reader is not None else None
+        if status == 200 and error is None and self._endpoint() is not Endpoint.OTHER:
             cached, prompt = (usage.cached_tokens, usage.prompt_tokens) if usage else (None, None)
             s.metrics.observe_usage(replica, decision.predicted_cached_tokens, cached, prompt)
         if s.registry.router.has_replica(replica):
-            judge_answer(s, replica, status, marked=self._marked)
+            judge_answer(s, replica, status, marked=self._marked, error_status=error)
         if status in TURNED_AWAY:  # the replica computed none of the prompt (gateway._proxy)
             s.router.withdraw(self.rid)
             if s.sync is not None:

@@ -264,7 +264,7 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     state.proxy = Proxy(
         session, state.router, state.registry, state.metrics, state.sync,
         is_cutting=lambda: limits.cutting, tracing=state.tracing,
-        on_usage_refused=state.stop_asking_stream_usage,
+        on_usage_refused=state.stop_asking_stream_usage, on_usage_taken=state.stream_usage_taken,
     )  # fmt: skip
     state.health = HealthChecker(state.registry, session, cfg)
     try:

@@ -15,16 +15,9 @@ back the blocks its decision added to the index (``Router.withdraw``). Before th
 a request whose pooled connection the replica had closed is sent to it again (``_pool.send``):
 the replica never read it, so that is no failure of anyone's.
 
-Whose fault (as Envoy's outlier detection tells local from upstream failures): a refused
-connection is the replica's, at once (the request never reached it). Any other failure is
-*suspected* until the retry tells: if the same request fails the same way on the second replica,
-or the second replica refuses it as a bad request, the request is at fault and neither replica
-is marked; if the retry succeeds, the first replica is marked. A failure with no retry to judge
-it marks the replica when it is a timeout, a broken connection or a gateway status (502, 503,
-504); any other 5xx only counts in the replica's error rate (``ReplicaRegistry.record_error``),
-which takes it out only as an outlier among its peers. One request marks at most one replica.
-So client garbage cannot take replicas out: each poison request fails the same way everywhere.
-``_verdict.Verdict`` is the judge; this module feeds it each attempt's failure or answer.
+Whose fault a failure was, and whether it marks the replica, is ``_verdict``'s (its module
+docstring has the rules: client garbage cannot take replicas out, since each poison request
+fails the same way everywhere); this module feeds it each attempt's failure or answer.
 
 First-byte deadline: a stream's first event must arrive within ``clamp(4 x predicted TTFT,
 first_byte_floor_s, first_byte_cap_s)``, where the prediction is the replica's queued prefill
@@ -139,6 +132,7 @@ class Proxy:
         is_cutting: Callable[[], bool] = lambda: False,
         tracing: RequestTracing | None = None,
         on_usage_refused: Callable[[str], None] = lambda replica: None,
+        on_usage_taken: Callable[[str], None] = lambda replica: None,
     ) -> None:
         self.session = session
         self.listener = listener
@@ -149,6 +143,7 @@ class Proxy:
         self.is_cutting = is_cutting  # the shutdown drain bound has passed
         self.tracing = tracing  # otlp_endpoint: a span per request (_tracing)
         self.on_usage_refused = on_usage_refused  # (its name) refused stream_options: stop asking
+        self.on_usage_taken = on_usage_taken  # (its name) answered 200 to stream_options
         self._ids = itertools.count()
 
     async def forward(self, request: web.Request, admitted: Admitted) -> web.StreamResponse:
@@ -288,15 +283,23 @@ class Proxy:
         release: Callable[[Usage | None], None],
     ) -> RelayResult:
         """One attempt on ``decision.replica``; a replica that refuses the ``stream_options`` we
-        added gets it again as sent, and the gateway stops asking (a 400 is worse than no usage)."""
+        added gets it again as sent, and unless that fails alike (a 400: the request's own
+        fault, which named our field only in quoting the body) the gateway stops asking (a 400
+        is worse than no usage)."""
+        name = self.registry.public_name(decision.replica)
         try:
-            return await self._send(call, decision, can_retry, release)
+            result = await self._send(call, decision, can_retry, release)
         except UsageRefused:
-            self.on_usage_refused(self.registry.public_name(decision.replica))
             plain = without_stream_usage(call.admitted.body)
             admitted = dataclasses.replace(call.admitted, body=plain, usage_asked=False)
-            return await self._send(dataclasses.replace(call, admitted=admitted), decision,
-                                    can_retry, release)  # fmt: skip
+            result = await self._send(dataclasses.replace(call, admitted=admitted), decision,
+                                      can_retry, release)  # fmt: skip
+            if result.status != 400:
+                self.on_usage_refused(name)
+            return result
+        if call.admitted.usage_asked and result.status == 200:
+            self.on_usage_taken(name)
+        return result
 
     async def _send(
         self,
@@ -367,18 +370,16 @@ class Proxy:
         return under_span(self.tracing, call.span, name, dict(call.admitted.headers))
 
     def _account(
-        self,
-        rid: str,
-        endpoint: Endpoint,
-        decision: Decision,
-        result: RelayResult,
+        self, rid: str, endpoint: Endpoint, decision: Decision, result: RelayResult,
         verdict: Verdict,
-    ) -> None:
+    ) -> None:  # fmt: skip
         replica = decision.replica
         if result.cut is not None:
             self.metrics.cut_streams.labels(result.cut).inc()
         verdict.answered(replica, result)
-        if endpoint is not Endpoint.OTHER and result.status == 200 and result.failure is None:
+        # Usage is judged missing only of an answer that ended as the replica meant it to.
+        whole = not (result.failure or result.cut or result.client_gone or result.error_status)
+        if endpoint is not Endpoint.OTHER and result.status == 200 and whole:
             prompt = result.usage.prompt_tokens if result.usage is not None else None
             self.metrics.observe_usage(
                 replica, decision.predicted_cached_tokens, result.cached_tokens, prompt

@@ -70,6 +70,7 @@ class RelayResult:
     client_gone: bool = False  # the client stopped reading (or was cut for reading too slowly)
     cut: str | None = None  # we ended the stream early: "slow_client" or "shutdown"
     usage: Usage | None = None  # the replica's token counts, when it reported them
+    error_status: int | None = None  # a 200 stream reported an error in-band: its code (_sse)
 
 
 @dataclass(slots=True)
@@ -119,7 +120,10 @@ def failure_kind(exc: BaseException) -> str:
         return "timeout"
     if isinstance(exc, aiohttp.ClientConnectorError):
         return "connect"
-    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+    # A reset (ClientOSError: ECONNRESET, EPIPE) breaks the connection as a close does; the
+    # connector's own errors, its subclass, were taken above.
+    broken = aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError
+    if isinstance(exc, broken):
         return "disconnect"
     return "error"
 
@@ -171,9 +175,12 @@ async def relay_stream(
             task.uncancel()
         await relay.end_at_shutdown()
         return RelayResult(relay.started(), resp.status, None, None, cut="shutdown")
-    usage = relay.scanner.usage if relay.scanner is not None else None
+    scanner = relay.scanner
+    usage = scanner.usage if scanner is not None else None
     cached = usage.cached_tokens if usage is not None else None
-    return RelayResult(relay.started(), resp.status, cached, failure, usage=usage)
+    error = scanner.error_status if scanner is not None else None
+    return RelayResult(relay.started(), resp.status, cached, failure, usage=usage,
+                       error_status=error)  # fmt: skip
 
 
 class _StreamRelay:

@@ -15,6 +15,12 @@ when the stream opens, before any prefill, and every first token they served rea
 are parsed as JSON until the first token and when they mention ``"usage"``; the rest is a byte
 search.
 
+An event that reports an error in-band (``{"error": {...}}``, or vLLM's older ``{"object":
+"error", ...}``: what vLLM and SGLang send when a request fails after its stream started) is not
+output: ``error_status`` keeps its code (500 when it names none), so the request teaches no
+first token and its replica is judged by it (``_verdict``), where a healthy 200 was counted
+before and a replica failing every request in-band was learned as the fastest of its fleet.
+
 With ``hide_usage`` (the gateway asked for the usage the client did not,
 :func:`~prefixroute.gateway._usage.ask_for_stream_usage`) a usage-only event is read and not
 relayed; every other event goes out as it came.
@@ -37,6 +43,7 @@ class SSEScanner:
         # when the usage is read, not once per token.
         self._meta_line: bytes | None = None
         self.hide_usage = hide_usage  # keep usage-only events from the client (module doc)
+        self.error_status: int | None = None  # the first in-band error event's code (module doc)
 
     @property
     def usage(self) -> Usage | None:
@@ -68,8 +75,7 @@ class SSEScanner:
                 self._read_usage(ready)
         elif b'"meta_info"' in ready:
             self._meta_line = _last_line(ready, b'"meta_info"')
-        if not self.saw_data and b"data:" in ready:
-            self.saw_data = _carries_output(ready)
+        self._scan(ready)
         return ready
 
     def flush(self) -> bytes:
@@ -80,9 +86,15 @@ class SSEScanner:
             tail = self._take_usage(tail)
         elif b'"meta_info"' in tail:
             self._meta_line = _last_line(tail, b'"meta_info"')
-        if tail and not self.saw_data and b"data:" in tail:
-            self.saw_data = _carries_output(tail)
+        self._scan(tail)
         return tail
+
+    def _scan(self, events: bytes) -> None:
+        """Note the first token and an in-band error among complete ``events``."""
+        if self.error_status is None and b'"error"' in events:
+            self.error_status = _error_in(events)
+        if not self.saw_data and b"data:" in events:
+            self.saw_data = _carries_output(events)
 
     @property
     def pending(self) -> int:
@@ -158,6 +170,8 @@ def _carries_output(events: bytes) -> bool:
             return True
         if not isinstance(obj, dict):
             return True
+        if error_status_of(obj) is not None:
+            continue  # an error reported in-band is no output (module docstring)
         if "choices" not in obj and isinstance(obj.get("meta_info"), dict):
             if _generated_natively(obj):  # SGLang's /generate
                 return True
@@ -167,6 +181,34 @@ def _carries_output(events: bytes) -> bool:
         if any(_generated(choice) for choice in obj["choices"]):
             return True
     return False
+
+
+def _error_in(events: bytes) -> int | None:
+    """The code of the first in-band error event among ``events`` (None: none is)."""
+    for event in _BOUNDARY.split(events)[::2]:
+        if b'"error"' in event:
+            status = error_status_of(_data_of(event))
+            if status is not None:
+                return status
+    return None
+
+
+def error_status_of(obj: object) -> int | None:
+    """The HTTP status an event's JSON reports as an error: its ``code`` when that is one
+    (400-599), else 500; None when the event is no error report (a chunk with ``choices`` is
+    output, whatever it holds)."""
+    if not isinstance(obj, dict) or "choices" in obj:
+        return None
+    if obj.get("object") == "error":
+        detail: object = obj
+    elif "error" in obj:
+        detail = obj["error"]
+    else:
+        return None
+    code = detail.get("code") if isinstance(detail, dict) else None
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    return code if isinstance(code, int) and 400 <= code <= 599 else 500
 
 
 def _generated_natively(chunk: dict[str, object]) -> bool:

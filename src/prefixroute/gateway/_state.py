@@ -45,6 +45,8 @@ class GatewayState:
     tracing: RequestTracing | None = None  # otlp_endpoint: a span per routed request
     # stream_usage, until a replica refuses stream_options (stop_asking_stream_usage)
     asks_stream_usage: bool = True
+    # Replicas that answered 200 to a stream we asked the usage of: they take stream_options.
+    took_stream_usage: set[str] = dataclasses.field(default_factory=set)
 
     def ask_stream_usage(self, endpoint: Endpoint, obj: object) -> bool:
         """Ask for the usage of a stream whose client did not (``_usage``), in the parsed body
@@ -53,9 +55,18 @@ class GatewayState:
             return False  # (every /generate chunk carries its meta_info: nothing to ask)
         return ask_for_stream_usage(obj)
 
+    def stream_usage_taken(self, replica: str) -> None:
+        """``replica`` answered 200 to a stream whose usage we asked for."""
+        self.took_stream_usage.add(replica)
+
     def stop_asking_stream_usage(self, replica: str) -> None:
         """``replica`` refused the ``stream_options`` we added (a server that rejects fields
-        it does not know): no stream is asked for its usage from now on (logged once)."""
+        it does not know): no stream is asked for its usage from now on (logged once). Not
+        when it took them before: then its 400 was the request's own fault, which may quote
+        the whole body, our field included (vLLM's and SGLang's validation errors do), and
+        one client's bad request would have turned the asking off for every stream."""
+        if replica in self.took_stream_usage:
+            return
         if self.asks_stream_usage:
             log.warning("%s refused stream_options: no more usage asked of streams", replica)
             self.asks_stream_usage = False

@@ -8,7 +8,10 @@ a bad request (4xx), the request is at fault and neither replica is marked; if t
 fail the same way, the first replica is marked. A failure with no retry to judge it marks the
 replica when it is a timeout, a broken connection or a gateway status (502, 503, 504); any other
 5xx only counts in the replica's error rate (``ReplicaRegistry.record_error``). A stream that
-breaks after it started is its replica's (only a replica can do that). One request marks at most
+breaks after it started is its replica's (only a replica can do that). A stream that reports an
+error in-band (``_sse``) is judged by the code it reports: a 5xx counts in the error rate, as a
+5xx answer does (SGLang reports some bad requests so too, so one request cannot take a replica
+out), a 4xx is the request's; neither is a success. One request marks at most
 one replica, except that a refused connection is always marked.
 """
 
@@ -69,6 +72,10 @@ class Verdict:
         if result.failure is not None:  # broke mid-stream: only the replica can do that
             self.metrics.upstream_failures.labels(replica, result.failure).inc()
             self._blame(replica, result.failure)
+        elif result.error_status is not None:
+            if result.error_status >= 500:
+                self.metrics.upstream_failures.labels(replica, "error_event").inc()
+                self.registry.record_error(replica, now)
         elif result.status >= 500:
             self.metrics.upstream_failures.labels(replica, "status").inc()
             if self.repeats("status"):

@@ -13,6 +13,7 @@ failed on the code before it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -180,3 +181,35 @@ async def test_n_choices_teach_no_decode_step(
         steps[n], observed[n] = speed.decode_step_s, speed.decode_observations
     assert observed[1] == 12 and observed[8] == 0, observed
     assert steps[8] > steps[1] / 2, steps  # was ~0.0014 s against ~0.011 s
+
+
+async def _slow(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    await asyncio.sleep(2.0)
+    return web.Response(body=completion_body(), content_type="application/json")
+
+
+async def test_a_request_whose_client_went_away_is_counted_as_499(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A client that leaves before its answer (its handler is cancelled) is still a request:
+    ``prefixroute_requests_total`` counts it with nginx's 499, labelled by the replica it was
+    routed to. It was counted nowhere."""
+    fake = await make_fake(handler=_slow)
+    gw = await make_gateway([fake.url])
+    with contextlib.suppress(TimeoutError):
+        async with session.post(
+            gw.url + "/v1/completions", json={"model": "emulated", "prompt": "hi " * 50},
+            timeout=aiohttp.ClientTimeout(total=0.3),
+        ) as resp:  # fmt: skip
+            await resp.read()
+
+    async def counted() -> bool:
+        text = await metrics(session, gw.url)
+        return 'status="499"' in text
+
+    await until(counted)
+    text = await metrics(session, gw.url)
+    assert metric(text, "prefixroute_requests_total", status="499") == 1
+    line = next(x for x in text.splitlines() if 'status="499"' in x)
+    assert 'replica="none"' not in line  # routed: it names the replica it waited on

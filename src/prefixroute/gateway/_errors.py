@@ -33,6 +33,7 @@ with an SSE error event itself, so no error ever reaches this table after the fi
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -177,16 +178,23 @@ def error_response(exc: BaseException, retry_after_s: int) -> web.Response:
 
 
 Observer = Callable[[web.Request, web.StreamResponse], None]
+CLIENT_CLOSED = 499  # nginx's status for a request whose client went away before its answer
 
 
 def make_error_middleware(retry_after_s: int, observe: Observer | None = None) -> Middleware:
-    """The outermost middleware: maps errors, then shows ``observe`` the final response."""
+    """The outermost middleware: maps errors, then shows ``observe`` the final response (a
+    request whose client went away, which cancels its handler, as a ``CLIENT_CLOSED`` one: it
+    was counted nowhere before)."""
     tracebacks = TracebackLimiter(log)  # one per app: our own bugs, at most 1 per 10 s each
 
     @web.middleware
     async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             response = await handler(request)
+        except asyncio.CancelledError:
+            if observe is not None:
+                _show(observe, request, web.Response(status=CLIENT_CLOSED), tracebacks)
+            raise
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -198,13 +206,20 @@ def make_error_middleware(retry_after_s: int, observe: Observer | None = None) -
             if isinstance(exc, MalformedBody):
                 response.force_close()
         if observe is not None:
-            try:
-                observe(request, response)
-            except Exception as exc:  # metrics must never turn a good response into an error
-                tracebacks.exception(exc, "response observer failed")
+            _show(observe, request, response, tracebacks)
         return response
 
     return error_middleware
+
+
+def _show(
+    observe: Observer, request: web.Request, response: web.StreamResponse,
+    tracebacks: TracebackLimiter,
+) -> None:  # fmt: skip
+    try:
+        observe(request, response)
+    except Exception as exc:  # metrics must never turn a good response into an error
+        tracebacks.exception(exc, "response observer failed")
 
 
 def _log_error(request: web.Request, exc: Exception, tracebacks: TracebackLimiter) -> None:

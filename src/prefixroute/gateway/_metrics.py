@@ -75,7 +75,8 @@ class GatewayMetrics:
         counter = partial(_counter, r)
         self.requests = counter(
             "prefixroute_requests",
-            "Requests answered, by replica, HTTP status and routing reason.",
+            "Requests answered, by replica, HTTP status (499: the client went away before its "
+            "answer ended) and routing reason.",
             "replica", "status", "reason",
         )  # fmt: skip
         self.predicted_cached = counter(

@@ -204,6 +204,29 @@ def test_a_stream_that_breaks_after_it_started_is_its_replicas() -> None:
     )
 
 
+@pytest.mark.parametrize(("code", "errors"), [(500, 1), (503, 1), (400, 0), (429, 0)])
+def test_a_stream_that_reports_an_error_in_band_is_judged_by_its_code(
+    code: int, errors: int
+) -> None:
+    """A 200 stream, then ``data: {"error": ...}`` (``_sse``): a 5xx code counts in the error
+    rate (as a relayed 5xx other than 502-504 does: no mark, so no single request takes a
+    replica out) and in the failures metric; a 4xx is the request's; neither is a success."""
+    verdict, registry, metrics = _judge()
+    verdict.answered(A, _answer(200, error_status=code))
+    assert _marks(registry) == {A: 0, B: 0, C: 0}
+    assert _outcomes(registry.get(A)) == [False] * errors
+    kind = _sample(metrics, "prefixroute_upstream_failures_total", replica=A, kind="error_event")
+    assert kind == (1 if errors else None)
+    # A suspect before it: a 5xx retry did not fail the same way, so the suspect is marked; a
+    # 4xx says the request is bad, as a relayed 4xx does, and nobody is.
+    verdict, registry, metrics = _judge()
+    verdict.failed(A, "timeout", can_retry=True)
+    verdict.answered(B, _answer(200, error_status=code))
+    assert _marks(registry) == {A: errors, B: 0, C: 0}
+    faults = _sample(metrics, "prefixroute_request_faults_total", kind="timeout")
+    assert faults == (None if errors else 1)
+
+
 def test_one_request_marks_at_most_one_replica() -> None:
     # A fails (suspected), the retry on B then breaks mid-stream: B is marked, A is not as well.
     verdict, registry, _ = _judge()

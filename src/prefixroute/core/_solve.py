@@ -121,8 +121,8 @@ def solve_feasible(
     theta = list(current)
     for _ in range(len(current)):
         free = [i for i in range(len(current)) if i not in fixed]
-        if not free:
-            return theta
+        if not free:  # every unknown fixed: the last solve's infeasible values stay out
+            return [fixed[i] for i in range(len(current))]
         rhs = [c[i] - sum(a[i][j] * v for j, v in fixed.items() if v) for i in free]
         sol = _gauss([[a[i][j] for j in free] for i in free], rhs)
         if sol is None:

@@ -315,8 +315,8 @@ class Router(RouterReads):
         a ``live`` decision: one replayed from the past (``live=False``) has long been reported
         by the engine, or evicted.
         """
-        if not block_hashes:
-            return
+        if not block_hashes or replica not in self._registered:
+            return  # one we do not route to: an insert would register it in the index
         if self.insert_on_route and request_id is not None:
             self.routed.insert(self.index, request_id, replica, block_hashes)
         elif self.insert_on_route:

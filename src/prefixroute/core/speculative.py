@@ -14,7 +14,11 @@ Every decision records a whole chain from the prompt's first block, and a chain'
 get the same expiry, so a block's parent expires no earlier than the block: each replica's set
 stays closed under prefixes and the longest match is found by binary search, as in the index.
 Expired entries are dropped lazily from a queue in expiry order (expiries only grow when ``now``
-does), each dropped only if no later decision refreshed it.
+does), each dropped only if no later decision refreshed it. An entry's stamp is its expiry and
+the number of the decision that set it: two decisions at the same clock reading (a simulator's
+time, a cached ``now``) have the same expiry, and a later one's refresh must still be told from
+the earlier one's entry (expiry alone let a withdrawal drop a block that the later decision
+needed, and leave its child behind, no longer closed under prefixes).
 
 A decision made with its request's id can be withdrawn while the request is in flight
 (:meth:`SpeculativeEntries.withdraw`): the replica turned the request away (a 429 from a full
@@ -36,6 +40,7 @@ from prefixroute.core.index import held_prefix
 from prefixroute.core.types import ReplicaId
 
 DEFAULT_TTL_S = 2.0  # seconds: longer than a prefill's wait for its first events, on purpose
+Stamp = tuple[float, int]  # an entry's (expiry in seconds, number of the decision that set it)
 
 
 @dataclass(slots=True)
@@ -43,10 +48,12 @@ class SpeculativeEntries:
     """Block hash -> replica entries that expire ``ttl_s`` seconds after the decision."""
 
     ttl_s: float = DEFAULT_TTL_S  # seconds an entry lives
-    _until: dict[ReplicaId, dict[BlockHash, float]] = field(default_factory=dict)  # expiry, s
-    _queue: deque[tuple[float, ReplicaId, Sequence[BlockHash]]] = field(default_factory=deque)
-    # request id -> (replica, the blocks its decision added, their expiry), while in flight
-    _added: dict[str, tuple[ReplicaId, list[BlockHash], float]] = field(default_factory=dict)
+    # replica -> block -> its stamp: (expiry in seconds, the number of the decision that set it)
+    _until: dict[ReplicaId, dict[BlockHash, Stamp]] = field(default_factory=dict)
+    _queue: deque[tuple[Stamp, ReplicaId, Sequence[BlockHash]]] = field(default_factory=deque)
+    # request id -> (replica, the blocks its decision added, their stamp), while in flight
+    _added: dict[str, tuple[ReplicaId, list[BlockHash], Stamp]] = field(default_factory=dict)
+    _decisions: int = 0  # decisions recorded (a stamp's second part)
 
     def __post_init__(self) -> None:
         if not self.ttl_s > 0:
@@ -64,12 +71,13 @@ class SpeculativeEntries:
         self.expire(now)
         if not block_hashes:
             return
-        until = now + self.ttl_s
+        self._decisions += 1
+        stamp = (now + self.ttl_s, self._decisions)
         held = self._until.setdefault(replica, {})
         if request_id is not None:
-            self._added[request_id] = (replica, [h for h in block_hashes if h not in held], until)
-        held.update(dict.fromkeys(block_hashes, until))
-        self._queue.append((until, replica, block_hashes))
+            self._added[request_id] = (replica, [h for h in block_hashes if h not in held], stamp)
+        held.update(dict.fromkeys(block_hashes, stamp))
+        self._queue.append((stamp, replica, block_hashes))
 
     def withdraw(self, request_id: str) -> None:
         """``request_id``'s replica turned it away: drop the entries its decision added that no
@@ -77,12 +85,12 @@ class SpeculativeEntries:
         entry = self._added.pop(request_id, None)
         if entry is None:
             return
-        replica, added, until = entry
+        replica, added, stamp = entry
         held = self._until.get(replica)
         if held is None:  # the replica left meanwhile, its entries with it
             return
         for h in added:
-            if held.get(h) == until:
+            if held.get(h) == stamp:
                 del held[h]
         if not held:
             del self._until[replica]
@@ -94,13 +102,13 @@ class SpeculativeEntries:
     def expire(self, now: float) -> None:
         """Drop every entry whose time is up at ``now``."""
         queue, entries = self._queue, self._until
-        while queue and queue[0][0] <= now:
-            until, replica, hashes = queue.popleft()
+        while queue and queue[0][0][0] <= now:
+            stamp, replica, hashes = queue.popleft()
             held = entries.get(replica)
             if held is None:
                 continue
             for h in hashes:
-                if held.get(h) == until:  # not refreshed by a later decision
+                if held.get(h) == stamp:  # not refreshed by a later decision
                     del held[h]
             if not held:
                 del entries[replica]

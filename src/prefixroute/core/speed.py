@@ -370,8 +370,8 @@ class ReplicaSpeed:
         cfg = self.config
         self.prefill_tokens_per_s = min(max(rate, cfg.prefill_tokens_per_s / cfg.bound),
                                         cfg.prefill_tokens_per_s * cfg.bound)  # fmt: skip
-        d0 = cfg.decode_step_s
-        self.decode_step_s = min(max(step, d0 / cfg.bound), d0 * cfg.bound) if d0 > 0 else step
+        d0, lo = cfg.decode_step_s, cfg.decode_step_s / cfg.bound  # a prior of 0: at least 0
+        self.decode_step_s = min(max(step, lo), d0 * cfg.bound) if d0 > 0 else max(step, lo)
         most = cfg.bound * cfg.overhead_scale_s
         self.engine_overhead_s = min(max(engine, 0.0), most)
         self.first_token_overhead_s = min(max(first, 0.0), most)

@@ -76,6 +76,8 @@ class Verdict:
             if result.error_status >= 500:
                 self.metrics.upstream_failures.labels(replica, "error_event").inc()
                 self.registry.record_error(replica, now)
+            elif self.suspect is not None:
+                self._request_fault()  # as a relayed 4xx: the retry says the request is bad
         elif result.status >= 500:
             self.metrics.upstream_failures.labels(replica, "status").inc()
             if self.repeats("status"):

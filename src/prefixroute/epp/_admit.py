@@ -99,9 +99,9 @@ async def request_key(
     the body as the client sent it), and whether that body asks for a stream's usage the client
     did not (``ask_usage``: the gateway's ``stream_usage``, where the answer can be edited);
     raises the gateway's 400s."""
-    if not body:  # routed on load alone, in the tenant's name
+    if not body and endpoint is Endpoint.OTHER:  # routed on load alone, in the tenant's name
         return await state.route_key(Endpoint.OTHER, EMPTY_KEY, None, scope), None, False
-    obj = parse_body(body)
+    obj = parse_body(body)  # an empty one where a prompt belongs: serve's 400, invalid JSON
     key = await state.route_key(endpoint, key_of(endpoint, obj), obj, scope)  # edits obj
     if endpoint is Endpoint.OTHER:
         return key, None, False

@@ -166,6 +166,24 @@ def request_body_response(
     return out
 
 
+def pick_responses(
+    headers: Mapping[str, str], endpoint: str, remove: Sequence[str], full_duplex: bool,
+    headers_only: bool, body: bytes, replaced: bytes | None, end_of_body: bool,
+) -> list[pb.ProcessingResponse]:  # fmt: skip
+    """A pick as Envoy takes it: the headers answer alone when no body message is to be
+    answered (none came: ``headers_only``); in full duplex, the headers answer and the body
+    handed back (``replaced`` in its place, when set); buffered, all in the body answer."""
+    if headers_only:
+        return [request_headers_response(headers, endpoint, remove)]
+    if full_duplex:
+        sent = body if replaced is None else replaced
+        return [
+            request_headers_response(headers, endpoint, remove),
+            request_body_response(streamed=sent, end_of_stream=end_of_body),
+        ]
+    return [request_body_response(headers, endpoint, remove=remove, replaced=replaced)]
+
+
 def request_trailers_response() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
 

@@ -53,6 +53,7 @@ from prefixroute.gateway import (
     REASON_HEADER,
     REPLICA_HEADER,
     TURNED_AWAY,
+    PayloadTooLarge,
     RequestTracing,
     Usage,
     error_response,
@@ -78,6 +79,7 @@ class PickStream:
         self.admission: Admission | None = None  # the tenant, once admitted
         self.refused = False  # answered with an error: the rest of the request is ignored
         self._body: list[bytes] = []
+        self._body_bytes: int | None = None  # of the request body so far (None: no message)
         self.decision: Decision | None = None
         self.destinations: list[str] = []  # what the proxy was told: primary, then fallbacks
         self.served: ReplicaId | None = None  # the replica the proxy says answered
@@ -107,7 +109,7 @@ class PickStream:
             return await self._request_body(req.request_body)
         if kind == "request_trailers":
             out = await self._pick(end_of_body=False) if self.decision is None else []
-            return out + [proto.request_trailers_response()]
+            return out if self.refused else out + [proto.request_trailers_response()]
         if kind == "response_headers":
             return self._response_headers(req)
         if kind == "response_body":
@@ -148,10 +150,18 @@ class PickStream:
         return [proto.request_headers_response({})]
 
     async def _request_body(self, body: proto.Body) -> list[proto.Response]:
-        self._body.append(body.body)
-        if not body.end_of_stream:
+        if self.decision is not None:  # a last chunk sent again (Envoy >= 1.35): picked once
             return []
-        return await self._pick(end_of_body=True)
+        self._body.append(body.body)
+        self._body_bytes = (self._body_bytes or 0) + len(body.body)
+        limit = self.s.state.config.max_body_bytes
+        if self._body_bytes > limit:  # as serve's 413, before the body is all held here
+            return [self._error(PayloadTooLarge(f"the request body exceeds {limit} bytes"))]
+        if self.full_duplex_request and not body.end_of_stream:
+            return []
+        # Buffered, one message is the whole body: trailers may follow (end_of_stream false),
+        # and Envoy waits for this answer before it sends them.
+        return await self._pick(end_of_body=body.end_of_stream)
 
     # --- picking --------------------------------------------------------------------------
     async def _pick(self, end_of_body: bool, headers_only: bool = False) -> list[proto.Response]:
@@ -210,15 +220,12 @@ class PickStream:
             headers["accept-encoding"] = "identity"
         if self._span is not None:  # the replica continues our trace (vLLM's --otlp-traces-...)
             headers.update(RequestTracing.traceparent(self._span))
-        if headers_only:
-            return [proto.request_headers_response(headers, value, remove)]
-        if self.full_duplex_request:
-            sent = body if replaced is None else replaced
-            return [
-                proto.request_headers_response(headers, value, remove),
-                proto.request_body_response(streamed=sent, end_of_stream=end_of_body),
-            ]
-        return [proto.request_body_response(headers, value, remove=remove, replaced=replaced)]
+        # Trailers with no body before them (not end_of_body, nothing read): headers only, too.
+        headers_only = headers_only or (self._body_bytes is None and not end_of_body)
+        return proto.pick_responses(
+            headers, value, remove, self.full_duplex_request, headers_only,
+            body, replaced, end_of_body,
+        )  # fmt: skip
 
     def _route(self, view: RequestView, started: float) -> list[str]:
         """Route ``view``: the primary's endpoint, then the fallbacks' (``started``: when its

@@ -23,7 +23,7 @@ from prefixroute.gateway._config import (
     config_fields,
 )
 from prefixroute.gateway._config_file import CONFIG_HELP, build_config, load_toml
-from prefixroute.gateway._errors import error_body, error_response, spec_for
+from prefixroute.gateway._errors import PayloadTooLarge, error_body, error_response, spec_for
 from prefixroute.gateway._fleetview import DecisionEntry, FleetView
 from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._metrics import GatewayMetrics
@@ -78,6 +78,7 @@ __all__ = [
     "GatewayState",
     "HFTokenizer",
     "HealthChecker",
+    "PayloadTooLarge",
     "PromptTokenizer",
     "ReplicaRecord",
     "ReplicaRegistry",

@@ -1,0 +1,98 @@
+"""The request side's edges, message by message, as Envoy 1.40 sends them (an outside audit,
+2026-12-02; each test failed on the code before): trailers after the body or in its place, a
+last chunk Envoy sends again, and the bodies ``serve`` refuses (over ``max_body_bytes``: 413;
+none where a prompt belongs: 400)."""
+
+from __future__ import annotations
+
+import json
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from prefixroute.epp import PickStream
+
+from .support import (
+    BUFFERED,
+    completion,
+    pick,
+    picked,
+    request_body,
+    request_headers,
+    response_body,
+    response_headers,
+    shared,
+)
+
+TRAILERS = pb.ProcessingRequest(request_trailers=pb.HttpTrailers())
+
+
+def kinds(out: list[pb.ProcessingResponse]) -> list[str]:
+    return [str(r.WhichOneof("response")) for r in out]
+
+
+async def test_buffered_a_body_followed_by_trailers_is_picked_in_its_body_answer() -> None:
+    """Buffered, with trailers to follow: Envoy sends the whole body with end_of_stream false
+    and waits for its answer before it sends the trailers (it answered 504 after the message
+    timeout, waiting)."""
+    stream = PickStream(shared())
+    await stream.handle(request_headers(mode=BUFFERED))
+    out = await stream.handle(request_body(completion(20), end_of_stream=False))
+    assert kinds(out) == ["request_body"]
+    assert picked(out)[0]
+    assert kinds(await stream.handle(TRAILERS)) == ["request_trailers"]  # picked once
+
+
+async def test_full_duplex_trailers_without_a_body_get_the_headers_answer_only() -> None:
+    """No body message came, so no body answer goes (Envoy answered the client 500 for the
+    body answer it never asked: "Spurious response message")."""
+    stream = PickStream(shared())
+    await stream.handle(request_headers("/v1/models"))  # routed on load alone
+    out = await stream.handle(TRAILERS)
+    assert kinds(out) == ["request_headers", "request_trailers"]
+    assert picked(out[:1])[0]
+    # Where a prompt belongs, no body is serve's 400: the error alone, no trailers answer after.
+    stream = PickStream(shared())
+    await stream.handle(request_headers())
+    out = await stream.handle(TRAILERS)
+    assert kinds(out) == ["immediate_response"]
+    assert out[0].immediate_response.status.code == 400
+
+
+async def test_a_body_chunk_after_the_pick_is_not_routed_again() -> None:
+    """Envoy >= 1.35 may send the last chunk again in full duplex (envoyproxy/envoy#46237)."""
+    s = shared("round_robin")
+    stream = PickStream(s)
+    await pick(stream, completion(20))
+    assert await stream.handle(request_body(completion(20))) == []
+    await stream.handle(response_headers(200))
+    await stream.handle(response_body(json.dumps({"usage": {}}).encode(), end_of_stream=True))
+    stream.close()
+    assert sum(s.router.replica_load(r).in_flight for r in s.router.replicas) == 0
+    assert sum(s.router.replica_load(r).completed for r in s.router.replicas) == 1  # one route
+
+
+async def test_a_body_over_max_body_bytes_is_a_413_as_serve() -> None:
+    s = shared(max_body_bytes=1000)
+    body = completion(2000)
+    stream = PickStream(s)
+    await stream.handle(request_headers())
+    assert await stream.handle(request_body(body[:900], end_of_stream=False)) == []
+    out = await stream.handle(request_body(body[900:1200], end_of_stream=False))
+    assert kinds(out) == ["immediate_response"]  # at once: the rest is never held
+    assert out[0].immediate_response.status.code == 413
+    assert b"request_too_large" in out[0].immediate_response.body
+    assert await stream.handle(request_body(body[1200:])) == []  # refused: nothing more
+    stream.close()
+    assert sum(s.router.replica_load(r).in_flight for r in s.router.replicas) == 0
+
+
+async def test_no_body_where_a_prompt_belongs_is_a_400_as_serve() -> None:
+    for empty in (
+        await pick(PickStream(shared()), b""),
+        await PickStream(shared()).handle(request_headers(end_of_stream=True)),
+    ):
+        assert kinds(empty) == ["immediate_response"]
+        assert empty[0].immediate_response.status.code == 400
+    # A call routed on load alone (no prompt) still is, body or not.
+    out = await PickStream(shared()).handle(request_headers("/v1/models", end_of_stream=True))
+    assert picked(out)[0]

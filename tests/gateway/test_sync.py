@@ -566,3 +566,46 @@ async def test_a_request_a_replica_turned_away_leaves_no_blocks_at_the_other_ins
     later_full, later_free = (later.registry.find(u).id for u in urls)  # type: ignore[union-attr]
     assert later.router.indexed_blocks(later_free) > 0
     assert later.router.indexed_blocks(later_full) == 0
+
+
+async def test_an_outage_drops_the_oldest_messages_first_so_no_decision_outlives_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis down: the batch Redis did not take is older than everything queued since, so a
+    full queue drops from it first (module docstring: "drops its oldest message"). Dropping
+    from the queue first kept a decision while its end went, and every other instance counted
+    that request in flight for REMOTE_TTL_S (an outside audit, 2026-12-02)."""
+    from prometheus_client.registry import CollectorRegistry
+
+    import prefixroute.sync._redis as sync_redis
+    from prefixroute.core import Decision, DecisionReason, Router, make_policy
+    from prefixroute.sync._redis import RouteSync
+
+    monkeypatch.setattr(sync_redis, "QUEUE_SIZE", 8)
+    monkeypatch.setattr(sync_redis, "BACKOFF_MIN_S", 0.01)
+    r = ReplicaId("http://r:1")
+
+    def instance(name: str) -> tuple[Router, RouteSync]:
+        router = Router(make_policy("round_robin"))
+        router.add_replica(r)
+        return router, RouteSync("redis://127.0.0.1:9/0", "c", router, CollectorRegistry(),
+                                 instance_id=name)  # fmt: skip
+
+    router, pub = instance("pub")
+    await pub.start()  # nothing listens there: every batch fails
+    try:
+        decision = Decision(r, DecisionReason.PREFIX_MATCH, 0)
+        pub.routed(router.view("q1", tokens=list(range(64))), decision)
+        await until(lambda: bool(pub._unsent))  # the decision's batch, kept for the retry
+        pub.completed("q1")  # its end, queued behind it
+        for i in range(8):  # the outage goes on: more than the queue holds
+            pub.first_token(f"x{i}")
+        queued = list(pub._queue._queue)  # type: ignore[attr-defined]
+        pending = [p for p, _ in pub._unsent] + [p for p, _ in queued]
+        assert len(pending) == 8
+    finally:
+        await pub.stop()
+    other, sub = instance("me")
+    for payload in pending:  # what the others hear once Redis is back
+        sub.remote.apply(payload)
+    assert other.replica_load(r).in_flight == 0

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from prefixroute.core import BlockHash, BlockHasher, PrefixIndex, ReplicaId
+from prefixroute.core import BlockHash, BlockHasher, ConfigError, PrefixIndex, ReplicaId
 from prefixroute.events._wire import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -159,7 +159,11 @@ class PreciseIndexer:
             if parent is None:
                 stats.orphan_blocks += n
                 return
-        ours = hasher.hash_tokens(event.token_ids, parent=parent)
+        try:
+            ours = hasher.hash_tokens(event.token_ids, parent=parent)
+        except ConfigError:  # ids outside [0, 2**32): they decode, but no prompt has them
+            stats.skipped_blocks += n
+            return
         if len(ours) != n:  # token count does not match the block count
             stats.skipped_blocks += n
             return

@@ -152,7 +152,7 @@ class EventSubscriber:
             self.state = StreamState.LIVE if seq == 0 else StreamState.RESYNCING
         elif outcome is SeqOutcome.GAP:
             self.stats.gaps += 1
-            self.stats.missed += len(missing)
+            self.stats.missed += missing.stop - missing.start  # len() overflows past 2**63
             if not await self._replay(missing):
                 self._resync("gap")
         elif outcome is SeqOutcome.RESTART:

@@ -134,8 +134,15 @@ class RouteSync:
     def _put(self, payload: bytes, keep: bool = True) -> None:
         if not self._tasks:
             return
-        if self._queue.full():  # Redis slow or down: the oldest message is the least useful
-            self._queue.get_nowait()
+        if len(self._unsent) + self._queue.qsize() >= QUEUE_SIZE:
+            # Redis slow or down: the oldest message is the least useful. The batch Redis did
+            # not take is older than the queue: dropping from the queue first kept a decision
+            # while its end went, and the others counted that request in flight for
+            # REMOTE_TTL_S; oldest first, a decision goes before its own progress messages.
+            if self._unsent:
+                self._unsent.pop(0)
+            else:
+                self._queue.get_nowait()
             self.metrics.dropped.inc()
         self._queue.put_nowait((payload, keep))
 

@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 from gateway.helpers import FAST_GATEWAY, STEADY, question
 from gateway.redis_server import RedisServer
+from heard import Heard
 from polling import until
 
 from prefixroute.core import DEFAULT_POLICY, ReplicaId
@@ -173,30 +174,11 @@ def test_sync_settings_from_flags_and_the_config_file(tmp_path: Path) -> None:
     assert EndpointPicker(EppConfig()).sync is None
 
 
-class Recorder:
-    """Stands in for the Redis sync: what a picker's streams tell it, in order."""
-
-    def __init__(self) -> None:
-        self.heard: list[tuple[str, str]] = []
-
-    def routed(self, view: Any, decision: Any) -> None:
-        self.heard.append(("routed", view.request_id))
-
-    def first_token(self, request_id: str) -> None:
-        self.heard.append(("first_token", request_id))
-
-    def completed(self, request_id: str) -> None:
-        self.heard.append(("completed", request_id))
-
-    def withdrawn(self, request_id: str) -> None:
-        self.heard.append(("withdrawn", request_id))
-
-
 async def test_a_stream_tells_the_sync_its_decision_first_token_and_end_once() -> None:
     from .support import pick, response_body, response_headers, shared
 
     s = shared()
-    s.state.sync = recorder = Recorder()  # type: ignore[assignment]
+    s.state.sync = recorder = Heard()  # type: ignore[assignment]
     stream = PickStream(s)
     body = {"model": "m", "prompt": "w " * 100, "max_tokens": 4, "stream": True}
     await pick(stream, json.dumps(body).encode())

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from heard import Heard
 
 from prefixroute.core import ReplicaId, make_policy
 from prefixroute.ray_serve import Ledger, RouterSettings, route_key
@@ -42,25 +41,6 @@ def rejections_on(led: Ledger) -> None:
     replica = led.route("warm", other, [A, B]).replica
     led.sent("warm", replica, accepted=True)
     assert led.completed("warm", replica)
-
-
-class Heard:
-    """A ledger listener that keeps what it heard."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    def routed(self, view: Any, decision: Any) -> None:
-        self.calls.append(("routed", view.request_id))
-
-    def withdrawn(self, request_id: str) -> None:
-        self.calls.append(("withdrawn", request_id))
-
-    def first_token(self, request_id: str) -> None:
-        self.calls.append(("first_token", request_id))
-
-    def completed(self, request_id: str) -> None:
-        self.calls.append(("completed", request_id))
 
 
 def test_an_accepted_request_is_in_flight_until_its_completion() -> None:
@@ -214,7 +194,7 @@ def test_a_rejected_attempt_leaves_nothing_in_the_index_of_the_replica_that_reje
     led.sent("r1", other, accepted=True)
     assert led.completed("r1", other)
     assert blocks(led, other) > before[other]  # served: it stays
-    assert ("withdrawn", "r1") in heard.calls  # the Redis sync hears it too
+    assert ("withdrawn", "r1") in heard.heard  # the Redis sync hears it too
 
 
 def test_an_accepted_attempt_keeps_its_blocks_and_so_does_any_without_the_protocol() -> None:

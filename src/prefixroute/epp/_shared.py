@@ -16,6 +16,7 @@ from prefixroute.gateway import (
     GatewayState,
     ReplicaRegistry,
     Tenants,
+    judge_error_event,
 )
 from prefixroute.sync import RouteSync
 
@@ -64,9 +65,7 @@ def judge_answer(
     success."""
     registry, now = shared.registry, shared.clock()
     if status < 300 and error_status is not None:
-        if error_status >= 500:
-            shared.metrics.upstream_failures.labels(replica, "error_event").inc()
-            registry.record_error(replica, now)
+        judge_error_event(shared.metrics, registry, replica, error_status, now)
     elif status >= 500:
         shared.metrics.upstream_failures.labels(replica, "status").inc()
         if status not in GATEWAY_STATUSES:  # 502-504: Envoy's answers when the replica failed

@@ -53,7 +53,7 @@ from prefixroute.gateway._usage import (
     refuses_stream_options,
     usage_in_body,
 )
-from prefixroute.gateway._verdict import GATEWAY_STATUSES
+from prefixroute.gateway._verdict import GATEWAY_STATUSES, judge_error_event
 
 # The request-side and response-side pieces below are also what ``prefixroute.epp`` (the Envoy
 # endpoint picker) routes and accounts with, so that both front ends parse and learn alike:
@@ -104,6 +104,7 @@ __all__ = [
     "generate_api_key",
     "hash_api_key",
     "is_model_call",
+    "judge_error_event",
     "key_of",
     "load_toml",
     "normalize_url",

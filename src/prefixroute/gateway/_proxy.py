@@ -286,7 +286,6 @@ class Proxy:
         added gets it again as sent, and unless that fails alike (a 400: the request's own
         fault, which named our field only in quoting the body) the gateway stops asking (a 400
         is worse than no usage)."""
-        name = self.registry.public_name(decision.replica)
         try:
             result = await self._send(call, decision, can_retry, release)
         except UsageRefused:
@@ -295,10 +294,10 @@ class Proxy:
             result = await self._send(dataclasses.replace(call, admitted=admitted), decision,
                                       can_retry, release)  # fmt: skip
             if result.status != 400:
-                self.on_usage_refused(name)
+                self.on_usage_refused(self.registry.public_name(decision.replica))
             return result
         if call.admitted.usage_asked and result.status == 200:
-            self.on_usage_taken(name)
+            self.on_usage_taken(self.registry.public_name(decision.replica))
         return result
 
     async def _send(

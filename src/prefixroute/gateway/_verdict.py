@@ -33,6 +33,17 @@ REPLICA_KINDS = frozenset({"connect", "timeout", "disconnect"})
 GATEWAY_STATUSES = frozenset({502, 503, 504})
 
 
+def judge_error_event(
+    metrics: GatewayMetrics, registry: ReplicaRegistry, replica: ReplicaId, status: int, now: float
+) -> None:
+    """A stream's in-band error of ``status`` (module docstring): a 5xx counts in the replica's
+    error rate and its failures metric, a 4xx (the request's) against nothing. The gateway's
+    verdict and the endpoint picker's judge both."""
+    if status >= 500:
+        metrics.upstream_failures.labels(replica, "error_event").inc()
+        registry.record_error(replica, now)
+
+
 @dataclass(slots=True)
 class Verdict:
     """One request's judge: hears each attempt's failure or answer, marks at most one replica."""
@@ -73,10 +84,8 @@ class Verdict:
             self.metrics.upstream_failures.labels(replica, result.failure).inc()
             self._blame(replica, result.failure)
         elif result.error_status is not None:
-            if result.error_status >= 500:
-                self.metrics.upstream_failures.labels(replica, "error_event").inc()
-                self.registry.record_error(replica, now)
-            elif self.suspect is not None:
+            judge_error_event(self.metrics, self.registry, replica, result.error_status, now)
+            if result.error_status < 500 and self.suspect is not None:
                 self._request_fault()  # as a relayed 4xx: the retry says the request is bad
         elif result.status >= 500:
             self.metrics.upstream_failures.labels(replica, "status").inc()

@@ -33,7 +33,7 @@ STARTUP_TIMEOUT_S = 30.0
 def envoy_binary() -> str | None:
     for candidate in (
         os.environ.get("PREFIXROUTE_ENVOY"),
-        str(ROOT / ".cache" / "envoy-venv" / "bin" / "envoy"),
+        str(ROOT / ".cache" / "envoy-venv" / "envoy"),  # scripts/setup_envoy.sh: the real binary
         shutil.which("envoy"),
     ):
         if candidate and os.access(candidate, os.X_OK):

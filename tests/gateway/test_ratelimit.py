@@ -74,6 +74,22 @@ def test_prompt_token_budget_per_minute() -> None:
     lim.charge_prompt(200, 10.0)
 
 
+def test_a_tiny_rate_asks_for_at_most_an_hour() -> None:
+    """Retry-After is a count of seconds a client can act on: a rate configured near zero
+    says an hour (and again then), not a 300-digit number."""
+    lim = TenantLimiter("a", TenantLimits(requests_per_second=1e-300, burst=1), 0.0)
+    lim.admit(0.0)
+    with pytest.raises(RateLimited) as exc:
+        lim.admit(0.0)
+    assert exc.value.retry_after_s == 3600
+    assert len(str(exc.value)) < 200
+    lim = TenantLimiter("b", TenantLimits(prompt_tokens_per_minute=1), 0.0)
+    lim.charge_prompt(10**9, 0.0)  # a full bucket takes it, leaving a debt of 1e9 minutes
+    with pytest.raises(RateLimited) as exc:
+        lim.charge_prompt(1, 0.0)
+    assert exc.value.retry_after_s == 3600
+
+
 def test_no_limits_means_no_buckets() -> None:
     lim = TenantLimiter("a", TenantLimits(), 0.0)
     for _ in range(1000):

@@ -71,6 +71,9 @@ def test_tenancy_table(tmp_path: Path) -> None:
         ('[[tenancy.tenants]]\nname = "a b"', "tenant name"),
         ('[[tenancy.tenants]]\nname = "a"\nmax_in_flight = 0', "positive"),
         ('[[tenancy.tenants]]\nname = "a"\nburst = 1.5', "whole number"),
+        # TOML has inf: a rate nobody can size a bucket with (it was a 500 on every request)
+        ("[tenancy.default_limits]\nrequests_per_second = inf", "positive finite"),
+        ('[[tenancy.tenants]]\nname = "a"\nrequests_per_second = inf', "positive finite"),
         ('[tenancy]\nheader = "authorization"', "cannot be"),
         ('[tenancy]\ncache_salt_secret = "short"', "at least 16"),
         ('[[tenancy.tenants]]\nname = "a"\n[[tenancy.tenants]]\nname = "a"', "once"),

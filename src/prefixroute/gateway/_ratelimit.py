@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from prefixroute.gateway._errors import RateLimited
+from prefixroute.gateway._errors import RETRY_AFTER_MAX_S, RateLimited
 from prefixroute.gateway._tenant_config import TenantLimits
 
 
@@ -86,7 +86,7 @@ class TenantLimiter:
                 "max_in_flight",
             )
         if self.requests is not None:
-            wait = self.requests.take(1.0, now)
+            wait = min(self.requests.take(1.0, now), RETRY_AFTER_MAX_S)
             if wait:
                 raise RateLimited(
                     f"tenant {self.tenant!r} is over its requests_per_second limit "
@@ -103,7 +103,7 @@ class TenantLimiter:
         """Take a request's (estimated) prompt tokens; raises RateLimited when over budget."""
         if self.prompt_tokens is None or tokens <= 0:
             return
-        wait = self.prompt_tokens.take(float(tokens), now)
+        wait = min(self.prompt_tokens.take(float(tokens), now), RETRY_AFTER_MAX_S)
         if wait:
             raise RateLimited(
                 f"tenant {self.tenant!r} is over its prompt_tokens_per_minute limit "

@@ -180,7 +180,10 @@ class ReplicaRegistry:
         if model is not None:
             records = [r for r in records if r.serves(model)]
             if not records and self._records:
-                raise ModelNotFound(f"the model {model!r} is not served by any replica")
+                # The name is the client's bytes: not repeated (docs/security.md).
+                raise ModelNotFound(
+                    "the requested model is not served by any replica (GET /v1/models lists them)"
+                )
         ready = [r.id for r in records if r.healthy and not r.draining and r.id not in exclude]
         if not ready:
             raise NoReplicaAvailable("no healthy replica available for this request")

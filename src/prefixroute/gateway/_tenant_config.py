@@ -14,6 +14,7 @@ A limit that is not set anywhere is not enforced. See ``docs/security.md``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,8 +43,14 @@ class TenantLimits:
             value = getattr(self, name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ConfigError(f"tenant limit {name} must be a positive number, got {value!r}")
+            # Finite too: TOML and JSON both carry inf, and an infinite rate cannot size a bucket.
+            if (
+                isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+                or not math.isfinite(value)
+            ):
+                raise ConfigError(
+                    f"tenant limit {name} must be a positive finite number, got {value!r}"
+                )
             if name != "requests_per_second" and not float(value).is_integer():
                 raise ConfigError(f"tenant limit {name} must be a whole number, got {value!r}")
 

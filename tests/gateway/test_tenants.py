@@ -337,6 +337,10 @@ async def test_admin_sets_and_resets_limits(
     for bad in ({"requests_per_second": -1}, {"rps": 1}, [1]):
         async with session.put(api + "/team-a/limits", json=bad, headers=ADMIN) as resp:
             assert resp.status == 400, bad
+    # 1e400 is valid JSON and parses to inf: it was taken, then every request was a 500
+    infinite = '{"requests_per_second": 1e400}'
+    async with session.put(api + "/team-a/limits", data=infinite, headers=ADMIN) as resp:
+        assert resp.status == 400
     async with session.put(api + "/bad name/limits", json={}, headers=ADMIN) as resp:
         assert resp.status == 400
     async with session.delete(api + "/team-a/limits", headers=ADMIN) as resp:

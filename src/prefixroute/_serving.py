@@ -246,11 +246,18 @@ class _Protocol(RequestHandler):
             self.close()  # the queued error answer is dropped with the connection
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
-        """aiohttp's own tracebacks (a handler returning no response): rate-limited."""
+        """aiohttp's own tracebacks (a handler returning no response): rate-limited.
+
+        A body that fails to arrive or decode is the client's mistake, answered 400 by the
+        handler; aiohttp raises it again while draining the rest after the answer, as an
+        "unhandled exception". That is a DEBUG line, as every client mistake is."""
         exc = kw.get("exc_info")
         if not isinstance(exc, BaseException):
             exc = sys.exc_info()[1]
-        if exc is None:
+        if isinstance(exc, web.RequestPayloadError):
+            why = type(exc.__cause__ or exc).__name__
+            log.debug("request body unreadable after the answer was sent (%s)", why)
+        elif exc is None:
             log.error(*args)
         else:
             self._tracebacks.exception(exc, *args)

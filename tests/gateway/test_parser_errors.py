@@ -190,3 +190,28 @@ def test_traceback_limiter_counts_what_it_hides() -> None:
     assert len(records) == 3
     assert "4 more like it" in records[-1].getMessage()
     assert all(r.exc_info for r in records)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
+async def test_a_body_that_does_not_decode_is_a_400_and_no_traceback(
+    make_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture, encoding: str
+) -> None:
+    """A Content-Encoding the body is not in: the client's mistake, so a JSON 400 and at most
+    DEBUG lines. (aiohttp re-raised the decoding error while draining the body after the 400,
+    and that was logged as an unhandled exception, a traceback per 10 s.)"""
+    gw = await make_gateway([])
+    port = int(gw.url.rsplit(":", 1)[1])
+    caplog.set_level(logging.DEBUG)
+    caplog.clear()
+    body = b'{"model": "SECRET", "prompt": "' + b"x" * 70_000 + b'"}'  # more than one read
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Encoding: %s\r\nContent-Length: %d\r\n\r\n" % (encoding.encode(), len(body))
+    )
+    for _ in range(3):
+        raw = await _exchange(port, head + body)
+        answer = _check("undecodable_body", raw[: raw.index(b"}}") + 2])
+        assert answer is not None and answer[0] == 400, answer
+    await asyncio.sleep(0.1)  # anything logged after the answer was sent
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not loud, [r.getMessage() for r in loud]

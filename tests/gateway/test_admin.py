@@ -84,6 +84,28 @@ async def test_list_add_drain_remove(
     assert r.status == 503  # the only replica left is draining
 
 
+async def test_a_replica_is_named_by_its_listed_name_too(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """docs/gateway.md: ``{ref}`` is the name the listing shows, or the quoted URL."""
+    cluster = await make_cluster(2)
+    gw = await make_gateway(cluster.urls, admin_token=TOKEN)
+    api = gw.url + "/admin/replicas"
+    async with session.get(api, headers=AUTH) as resp:
+        names = {r["name"]: r["url"] for r in (await resp.json())["replicas"]}
+    assert len(names) == 2 and all(n.startswith("r-") for n in names)
+    name, url = sorted(names.items())[0]
+    async with session.post(f"{api}/{name}/drain", headers=AUTH) as resp:
+        assert resp.status == 200
+        assert (await resp.json())["replica"]["url"] == url
+    async with session.delete(f"{api}/{name}", headers=AUTH) as resp:
+        assert resp.status == 200
+    async with session.delete(f"{api}/{name}", headers=AUTH) as resp:
+        assert resp.status == 404
+    async with session.get(api, headers=AUTH) as resp:
+        assert [r["url"] for r in (await resp.json())["replicas"]] == [names[max(names)]]
+
+
 async def test_a_replica_that_does_not_answer_starts_out(
     make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:

@@ -145,7 +145,11 @@ class ReplicaRegistry:
             raise NotFound(f"no replica {rid}") from None
 
     def find(self, ref: str) -> ReplicaRecord:
-        """A record by its id as written in an admin path (URL-quoted or not)."""
+        """A record by its id as written in an admin path (URL-quoted or not), or by its name
+        (``r-...``: what clients and the admin listing show, where operators copy it from)."""
+        named = next((r for r in self._records.values() if r.name == ref), None)
+        if named is not None:
+            return named
         try:
             rid = normalize_url(unquote(ref))
         except ConfigError as exc:

@@ -9,7 +9,7 @@ import pytest
 
 from prefixroute.core import NoReplicaAvailable, ReplicaId, Router, make_policy
 from prefixroute.gateway import GatewayConfig, ReplicaRegistry, ReplicaStatus
-from prefixroute.gateway._errors import ModelNotFound, Overloaded
+from prefixroute.gateway._errors import ModelNotFound, NotFound, Overloaded
 
 A, B = ReplicaId("http://a:1"), ReplicaId("http://b:2")
 
@@ -54,8 +54,9 @@ def test_why_no_replica_could_be_chosen() -> None:
     with pytest.raises(ModelNotFound) as missing:
         reg.candidates("other<script>")
     # Says what is wrong, without repeating the client's bytes (docs/security.md)
-    assert "not served by any replica" in str(missing.value)
-    assert "other" not in str(missing.value)
+    assert str(missing.value) == (
+        "the requested model is not served by any replica (GET /v1/models lists them)"
+    )
     for rid in (A, B):
         reg.router.route(reg.router.view(f"q{rid}", text="x"), 0.0, [rid])
     with pytest.raises(Overloaded) as full:
@@ -67,3 +68,15 @@ def test_why_no_replica_could_be_chosen() -> None:
         reg.candidates("m")
     assert str(none.value) == "no healthy replica available for this request"
     assert reg.get(A).status is ReplicaStatus.DRAINING
+
+
+def test_an_admin_path_finds_a_replica_by_its_name_or_its_quoted_url() -> None:
+    """docs/gateway.md, Admin API: ``{ref}`` is the listed name or the URL, quoted or not."""
+    reg = registry()
+    a, b = reg.get(A), reg.get(B)
+    assert a.name != b.name and a.name.startswith("r-")
+    assert reg.find(a.name) is a and reg.find(b.name) is b
+    assert reg.find("http%3A%2F%2Fb%3A2") is b and reg.find("http://a:1/") is a
+    for missing in ("r-00000000", "http://c:3", "not a url"):
+        with pytest.raises(NotFound):
+            reg.find(missing)

@@ -90,6 +90,53 @@ def test_missing_token_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert "cannot read the admin token file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfetoken\n", "is not UTF-8 text"),
+        (b"one\ntwo\n", "holds more than one line"),
+        (b"\n", "is empty"),
+    ],
+)
+def test_a_bad_token_file_is_one_line_as_for_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, message: str
+) -> None:
+    """``top`` reads the token file as ``serve`` does: not UTF-8, or several lines (which no
+    Authorization header can carry), is one line of error, not a traceback or a bad header."""
+    path = tmp_path / "token"
+    path.write_bytes(content)
+    assert main(["top", "--once", "--admin-token-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"prefixroute: error: the admin token file {path} {message}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--url", "notaurl"], "--url must be http(s)://host[:port]"),
+        (["--url", "ftp://127.0.0.1:21"], "--url must be http(s)://host[:port]"),
+        (["--url", "http://127.0.0.1:99999"], "--url has a bad port"),
+        (["--timeout", "0"], "--timeout must be a positive number"),
+        (["--timeout", "-1"], "--timeout must be a positive number"),
+        (["--timeout", "nan"], "--timeout must be a positive number"),
+        (["--decisions", "-3"], "--decisions must be 0 or more"),
+    ],
+)
+def test_bad_flags_are_one_line_before_any_poll(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    def no_poll(*args: object) -> None:
+        raise AssertionError("polled the gateway before checking the flags")
+
+    monkeypatch.setattr("prefixroute.commands.top.fetch_state", no_poll)
+    assert main(["top", "--once", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"prefixroute: error: {message}") and err.count("\n") == 1, err
+
+
 def test_rates_come_from_two_snapshots() -> None:
     def state(t: float, requests: int) -> dict[str, object]:
         replica = {

@@ -139,6 +139,37 @@ def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> No
     assert "time-scale" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--timeout", "0"], "--timeout must be a positive number, got 0"),
+        (["--timeout", "-1"], "--timeout must be a positive number, got -1"),
+        (["--slo-ttft-ms", "-5"], "--slo-ttft-ms must be a positive number"),
+        (["--plot", "b.txt"], "--plot b.txt: matplotlib cannot write .txt files"),
+        (["--url", "ftp://127.0.0.1:9"], "--url must be http(s)://host[:port]"),
+        (["--url", "http://127.0.0.1:9", "--plot", "b.txt"], "--plot b.txt: matplotlib cannot"),
+        (["-p", "round_robin,,cache_aware"], "an empty policy name"),
+    ],
+)
+def test_flags_that_cannot_work_fail_before_any_replay(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    message: str,
+) -> None:
+    """A timeout no request can meet, or a plot format matplotlib lacks (found only after
+    the whole replay before): one line and exit 2, before anything is started or sent."""
+
+    def no_replay(*args: object, **kwargs: object) -> None:
+        raise AssertionError("replayed before checking the flags")
+
+    monkeypatch.setattr("prefixroute.commands.bench.replay", no_replay)
+    assert main(["bench", "-w", "seed-conversation", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"prefixroute: error: {message}"), err
+    assert err.count("\n") == 1
+
+
 async def test_a_connection_the_server_closed_is_no_error_of_the_server_s() -> None:
     """A server closes a keep-alive connection idle past its timeout (vLLM's: 5 s); a request
     the load generator wrote on it just then was never read. ``ClosingReplica`` closes every

@@ -127,6 +127,32 @@ def test_serve_bad_policy_params_are_config_errors(argv: list[str], message: str
         serve(*argv)
 
 
+def test_a_policy_param_may_be_written_in_exponent_form() -> None:
+    """``1e4`` is a float like ``10000.0`` (it read as a bad int, having no point)."""
+    cfg = serve("--policy", "predicted_ttft", "--policy-param", "prefill_tokens_per_s=1e4")
+    assert cfg.policy_params == {"prefill_tokens_per_s": 10000.0}
+    cfg = serve("--policy", "predicted_ttft", "--policy-param", "prefill_tokens_per_s=12000")
+    assert cfg.policy_params == {"prefill_tokens_per_s": 12000}
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e999", "1e4x", ""])
+def test_a_bad_policy_param_is_named_in_its_error(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not a number, or not a finite one: one line naming the parameter and the value."""
+    argv = [
+        "serve",
+        "--policy",
+        "predicted_ttft",
+        "--policy-param",
+        f"prefill_tokens_per_s={value}",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prefixroute: error: bad --policy-param value for prefill_tokens_per_s")
+    assert repr(value) in err and err.count("\n") == 1, err
+
+
 def test_bench_policy_param_reaches_the_emulated_gateway(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -148,6 +174,7 @@ def test_bench_policy_param_reaches_the_emulated_gateway(
         (["-p", "cache_aware", "--policy-param", "round_robin.x=1"], "does not run"),
         (["-p", "cache_aware", "--policy-param", "cache_aware.nope=1"], "no parameter nope"),
         (["--url", "http://127.0.0.1:9", "--policy-param", "cache_aware.x=1"], "omit --url"),
+        (["-p", "cache_aware", "--policy-param", "cache_aware.cache_threshold=1e4x"], "1e4x"),
     ],
 )
 def test_bench_bad_policy_params_fail_before_anything_starts(

@@ -628,6 +628,13 @@ def test_parse_policy_list() -> None:
         parse_policy_list("round_robin,nope")
 
 
+@pytest.mark.parametrize("spec", ["round_robin,,predicted_ttft", "round_robin, ,kv_cost"])
+def test_parse_policy_list_refuses_an_empty_name_between_two(spec: str) -> None:
+    """``a,,b`` is most likely a name left out: refused, not read as ``a,b``."""
+    with pytest.raises(ConfigError, match="an empty policy name"):
+        parse_policy_list(spec)
+
+
 def test_predicted_ttft_sends_a_long_cold_prompt_where_fewer_requests_arrive() -> None:
     # Equal queues (one decoding request each), but R0 has received many short requests
     # lately: their chunks would ride along in the later steps of a 5,000-token prefill.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 
@@ -73,3 +74,19 @@ def test_hash_key_command_reads_stdin(tmp_path: object) -> None:
         text=True,
     )
     assert short.returncode == 2 and "at least" in short.stderr
+
+
+def test_hash_key_with_stdin_closed_is_one_line() -> None:
+    """``hash-key <&-``: Python's sys.stdin is None then; one line of error, not an
+    AttributeError traceback."""
+    out = subprocess.run(
+        [sys.executable, "-m", "prefixroute.cli", "hash-key"],
+        stdin=None,
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: os.close(0),  # the child starts with fd 0 closed, as after <&-
+    )
+    assert out.returncode == 2, out.stderr
+    assert (
+        out.stderr.startswith("prefixroute: error: stdin is closed") and out.stderr.count("\n") == 1
+    ), out.stderr

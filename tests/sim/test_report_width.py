@@ -8,18 +8,28 @@ import io
 import pytest
 from rich.console import Console
 
-from prefixroute.sim import ReplicaConfig, compare_policies, make_workload, print_report
+from prefixroute.sim import (
+    PolicyMetrics,
+    ReplicaConfig,
+    compare_policies,
+    make_workload,
+    print_report,
+)
 
 
-def report(width: int) -> list[str]:
+def report_metrics() -> list[PolicyMetrics]:
     workload = make_workload("seed-conversation", 0)
     cmp = compare_policies(
         workload, ["round_robin", "predicted_ttft"], replicas=5,
         replica_config=ReplicaConfig(block_size=workload.block_size), progress=False,
     )  # fmt: skip
+    return cmp.metrics
+
+
+def report(width: int) -> list[str]:
     out = io.StringIO()
     console = Console(file=out, width=width, color_system=None)
-    print_report(cmp.metrics, "seed-conversation", console)
+    print_report(report_metrics(), "seed-conversation", console)
     return out.getvalue().splitlines()
 
 
@@ -40,3 +50,17 @@ def test_a_wide_terminal_gets_the_summary_as_one_table() -> None:
     assert len(headers) == 1 and "prefill tok" in headers[0]  # work and latency side by side
     narrow = report(80)
     assert not any("policy" in line and "TTFT p50" in line and "prefill" in line for line in narrow)
+
+
+def test_requests_a_replica_refused_are_said_under_the_table() -> None:
+    """The simulator counts a request too large for its replica's KV cache failed and goes
+    on; the summary table cannot show that (NaN, zeros), so the report says it in a line."""
+    workload = make_workload("seed-conversation", 0)
+    small = ReplicaConfig(kv_capacity_blocks=1_000, block_size=1)  # turn 3 needs more
+    cmp = compare_policies(workload, ["round_robin"], replica_config=small, progress=False)
+    out = io.StringIO()
+    print_report(cmp.metrics, "seed-conversation", Console(file=out, width=200))
+    assert "round_robin: 1 of 3 requests failed" in out.getvalue()  # 4, 5 never sent
+    out = io.StringIO()
+    print_report(report_metrics(), "seed-conversation", Console(file=out, width=200))
+    assert "failed" not in out.getvalue()  # none failed: no line

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from pathlib import Path
 
 import pytest
 
 from prefixroute.cli import main
-from prefixroute.core import DEFAULT_POLICY
+from prefixroute.core import DEFAULT_POLICY, ConfigError
+from prefixroute.sim import compare_policies, make_workload, write_plot
 
 
 def simulate_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, dict]:  # type: ignore[type-arg]
@@ -87,6 +90,10 @@ def test_unknown_policy_and_workload_are_one_line_errors(
         (["-p", "cache_aware", "--policy-param", "cache_aware.nope=1"], "no parameter nope"),
         (["-p", "cache_aware", "--policy-param", "cache_aware.cache_threshold=x"], "bad"),
         (["-w", "seed-conversation", "--plot", "/proc/no/such.png"], "cannot write plot"),
+        (["--slo-ttft-ms", "-5"], "--slo-ttft-ms must be a positive number"),
+        (["--slo-ttft-ms", "0"], "--slo-ttft-ms must be a positive number"),
+        (["-p", "round_robin,,predicted_ttft"], "an empty policy name"),
+        (["-p", "cache_aware", "--policy-param", "cache_aware.cache_threshold=nan"], "finite"),
     ],
 )
 def test_bad_simulate_flags_are_one_line_errors(
@@ -95,3 +102,56 @@ def test_bad_simulate_flags_are_one_line_errors(
     assert main(["simulate", *args]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--plot", "out.txt"], "--plot out.txt: matplotlib cannot write .txt files"),
+        (["--kv-tokens", "10"], "request conv0/0 of seed-conversation needs 500 KV blocks"),
+        (["--fleet", "1+2:kv_tokens=1000"], "needs 1150 KV blocks; replica r1 has 1000 "),
+        (["--block-size", "1", "--fleet", "2:kv_tokens=1.5"], "replica r0 has 1 "),
+    ],
+)
+def test_a_run_that_cannot_succeed_fails_before_it_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], needle: str
+) -> None:
+    """A plot format matplotlib lacks, or a request no replica's KV cache can ever hold: one
+    line and exit 2 before the run (nothing on stdout), not a traceback after it or a table of
+    NaN and zeros with exit 0."""
+    with contextlib.chdir(tmp_path):
+        assert main(["simulate", "-w", "seed-conversation", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and not list(tmp_path.iterdir())
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_every_workload_is_checked_before_the_first_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With several workloads (``-w all``), a KV cache too small for a later one (multi-turn;
+    seed-conversation, the first, fits 2,000 tokens) fails before the first is simulated."""
+
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a workload ran before every one was checked")
+
+    monkeypatch.setattr("prefixroute.commands.simulate.compare_policies", no_run)
+    assert main(["simulate", "-w", "all", "--kv-tokens", "2000", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "of multi-turn needs 134 KV blocks" in err and err.count("\n") == 1
+
+
+def test_json_and_markdown_are_one_or_the_other(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "-w", "seed-conversation", "--json", "--markdown"])
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "not allowed with argument --json" in err
+
+
+def test_a_plot_format_refused_at_save_time_is_one_line(tmp_path: Path) -> None:
+    """``write_plot`` turns matplotlib's ValueError for a format into a ConfigError too (a
+    caller that skipped ``check_plot_path``)."""
+    cmp = compare_policies(make_workload("seed-conversation", 0), ["round_robin"], progress=False)
+    with pytest.raises(ConfigError, match="cannot write plot .*plot.txt.*txt"):
+        write_plot(cmp.metrics, cmp.ttfts_ms, tmp_path / "plot.txt", "title")

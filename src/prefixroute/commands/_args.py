@@ -4,8 +4,10 @@ simulated replica's flags (``simulate`` and ``demo``)."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 from prefixroute.core import ConfigError, make_policy
 from prefixroute.sim import DEFAULT_TTFT_SLO_S, ReplicaConfig
@@ -37,7 +39,7 @@ def parse_policy_params(items: list[str]) -> dict[str, dict[str, Any]]:
         policy, dot, field_name = key.partition(".")
         if not dot:
             raise ConfigError(f"--policy-param must look like POLICY.KEY=VALUE, got {key!r}")
-        out.setdefault(policy, {})[field_name] = policy_value(value)
+        out.setdefault(policy, {})[field_name] = policy_value(value, key)
     return out
 
 
@@ -53,12 +55,45 @@ def checked_policy_params(items: list[str], names: Iterable[str]) -> dict[str, d
     return params
 
 
-def policy_value(value: str) -> int | float:
-    """A ``--policy-param`` value: a float when it has a point, else an int."""
+def policy_value(value: str, name: str) -> int | float:
+    """A ``--policy-param`` value for parameter ``name``: an int when it reads as one, else a
+    float (``0.5``, ``1e4``); ConfigError naming ``name`` otherwise. NaN and infinity are
+    refused: no policy weight or rate means anything at either, and NaN compares false with
+    everything, so a policy would route on it silently."""
     try:
-        return float(value) if "." in value else int(value)
-    except ValueError as exc:
-        raise ConfigError(f"bad --policy-param value: {exc}") from exc
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(
+            f"bad --policy-param value for {name}: {value!r} is not a number"
+        ) from None
+    if not math.isfinite(number):
+        raise ConfigError(f"bad --policy-param value for {name}: {value!r} is not finite")
+    return number
+
+
+def check_positive(value: float, flag: str) -> None:
+    """ConfigError unless ``value`` is a finite number above zero (a timeout, an SLO): zero
+    or less would fail every request, and argparse's ``float`` takes ``nan`` and ``inf``."""
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{flag} must be a positive number, got {value:g}")
+
+
+def check_http_url(url: str, flag: str) -> None:
+    """ConfigError unless ``url`` is ``http(s)://host[:port][/prefix]``, so that a typo fails
+    in one line before anything starts, not in urllib or aiohttp mid-run."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{flag} must be http(s)://host[:port], got {url!r}")
+    try:
+        parts.port  # noqa: B018  (reading it checks it: a port out of range raises ValueError)
+    except ValueError:
+        raise ConfigError(f"{flag} has a bad port: {url!r}") from None
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{flag} takes no query or fragment, got {url!r}")
 
 
 def add_slo_argument(p: argparse.ArgumentParser) -> None:
@@ -67,6 +102,11 @@ def add_slo_argument(p: argparse.ArgumentParser) -> None:
         "--slo-ttft-ms", type=float, default=DEFAULT_TTFT_SLO_S * 1000,
         help="TTFT target of goodput, ms",
     )  # fmt: skip
+
+
+def check_slo(args: argparse.Namespace) -> None:
+    """``--slo-ttft-ms`` must be a positive time: no request meets a target of zero or less."""
+    check_positive(args.slo_ttft_ms, "--slo-ttft-ms")
 
 
 def add_replica_arguments(p: argparse.ArgumentParser) -> None:

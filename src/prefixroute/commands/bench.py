@@ -23,6 +23,9 @@ from prefixroute.bench import ReplayConfig, ReplayResult, itl_percentiles, repla
 from prefixroute.commands._args import (
     POLICY_PARAM_HELP,
     add_slo_argument,
+    check_http_url,
+    check_positive,
+    check_slo,
     checked_policy_params,
     parse_pairs,
 )
@@ -37,6 +40,7 @@ from prefixroute.sim import (
     ReplicaRecord,
     RunResult,
     Workload,
+    check_plot_path,
     fleet_from_flags,
     make_console,
     make_workload,
@@ -200,11 +204,16 @@ def _check(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Every flag checked before anything starts; returns the ``--policy-param`` settings."""
     if args.time_scale <= 0:
         raise ConfigError("--time-scale must be positive")
+    check_positive(args.timeout, "--timeout")  # else every request would time out at once
+    check_slo(args)
+    if args.plot:  # else a format matplotlib lacks fails once the whole replay is over
+        check_plot_path(args.plot)
     if args.emulate < 1:
         raise ConfigError("--emulate must be at least 1")
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError(f"--block-size must be at least 1, got {args.block_size}")
     if args.url:  # one row, whatever the live gateway runs: --policy is not used
+        check_http_url(args.url, "--url")
         if args.policy_param:
             raise ConfigError("--policy-param sets the emulated gateways' policies: omit --url")
         if args.fleet or args.speed_change:

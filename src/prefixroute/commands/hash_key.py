@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"key:    {key}")
         print(f"sha256: {hash_api_key(key)}")
         return 0
-    key = sys.stdin.readline().rstrip("\r\n")
+    key = _read_key()
     if len(key) < MIN_KEY_CHARS:
         raise ConfigError(
             f"an API key needs at least {MIN_KEY_CHARS} random characters "
@@ -46,3 +46,18 @@ def run(args: argparse.Namespace) -> int:
         )
     print(hash_api_key(key))
     return 0
+
+
+def _read_key() -> str:
+    """The first line of stdin. Python sets ``sys.stdin`` to None when the shell closed it
+    (``<&-``), and a read can fail (stdin a directory) or meet bytes that are not text: each
+    is one line of error rather than a traceback."""
+    if sys.stdin is None:
+        raise ConfigError(
+            "stdin is closed: pipe the API key in (`prefixroute hash-key < key.txt`) or use "
+            "--generate"
+        )
+    try:
+        return sys.stdin.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the API key from stdin: {exc}") from None

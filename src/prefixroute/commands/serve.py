@@ -87,7 +87,7 @@ def _policy_params(items: list[str], policy: str) -> dict[str, Any] | None:
         name, dot, field_name = key.rpartition(".")
         if dot and name != policy:
             raise ConfigError(f"--policy-param names {name!r}, but the gateway runs {policy!r}")
-        out[field_name] = policy_value(value)
+        out[field_name] = policy_value(value, field_name)
     return out or None
 
 

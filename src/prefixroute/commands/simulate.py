@@ -12,6 +12,7 @@ from prefixroute.commands._args import (
     POLICY_PARAM_HELP,
     add_replica_arguments,
     add_slo_argument,
+    check_slo,
     checked_policy_params,
     parse_pairs,
     replica_config_from,
@@ -23,6 +24,9 @@ from prefixroute.sim import (
     Fleet,
     PolicyMetrics,
     ReplicaConfig,
+    Workload,
+    check_fits,
+    check_plot_path,
     compare_policies,
     fleet_from_flags,
     make_console,
@@ -84,8 +88,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed for workload and routing")
     add_slo_argument(p)
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument("--markdown", action="store_true", help="print one markdown table")
+    output = p.add_mutually_exclusive_group()  # each replaces the tables on stdout
+    output.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    output.add_argument("--markdown", action="store_true", help="print one markdown table")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="write TTFT CDF and load plot")
     p.add_argument("--list", action="store_true", help="list workloads and their parameters")
     p.set_defaults(run=run)
@@ -112,14 +117,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     names = policy_names() if args.policy == "all" else parse_policy_list(args.policy)
     params = checked_policy_params(args.policy_param, names)  # fails before any run
+    check_slo(args)
+    if args.plot:
+        check_plot_path(args.plot)
     overrides = parse_pairs(args.overrides, "--set")
     workloads = workload_names() if args.workload == "all" else [args.workload]
     if len(workloads) > 1 and overrides:
         raise ConfigError("--set applies to one workload; name it with --workload")
+    # Every workload is built and checked against its replicas before the first one runs.
+    setups = [_setup(args, make_workload(name, args.seed, overrides)) for name in workloads]
     docs = []
     rows: list[PolicyMetrics] = []
-    for name in workloads:
-        doc = _run_workload(args, name, names, params, overrides, console, len(workloads) > 1)
+    for setup in setups:
+        doc = _run_workload(args, setup, names, params, console, len(workloads) > 1)
         rows.extend(doc["policies"])
         docs.append(doc)
     if args.json:
@@ -129,20 +139,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+_Setup = tuple[Workload, ReplicaConfig, Fleet | None]
+
+
+def _setup(args: argparse.Namespace, workload: Workload) -> _Setup:
+    """The workload with its base replica and fleet; ConfigError if a request of it can never
+    fit a replica's KV cache (the run would only count it failed)."""
+    block_size = workload.block_size if args.block_size is None else args.block_size
+    base = replica_config_from(args, block_size)
+    fleet = fleet_from(args, base)
+    check_fits(workload, fleet or Fleet.uniform(args.replicas, base), base)
+    return workload, base, fleet
+
+
 def _run_workload(
     args: argparse.Namespace,
-    name: str,
+    setup: _Setup,
     names: list[str],
     params: dict[str, dict[str, Any]],
-    overrides: dict[str, str],
     console: Any,
     several: bool,
 ) -> dict[str, Any]:
     """Every policy on one workload: its report (or plot), and its JSON document."""
-    workload = make_workload(name, args.seed, overrides)
-    block_size = workload.block_size if args.block_size is None else args.block_size
-    base = replica_config_from(args, block_size)
-    fleet = fleet_from(args, base)
+    workload, base, fleet = setup
+    name, block_size = workload.name, base.block_size
     replicas = args.replicas if fleet is None else fleet.size
     tables = not (args.json or args.markdown)
     cmp = compare_policies(

@@ -18,7 +18,6 @@ import os
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 from rich import box
@@ -27,9 +26,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from prefixroute.commands._args import check_http_url, check_positive
 from prefixroute.core import ConfigError
+from prefixroute.gateway import ADMIN_TOKEN_ENV, read_secret
 
-TOKEN_ENV = "PREFIXROUTE_ADMIN_TOKEN"  # as ``prefixroute serve``
+TOKEN_ENV = ADMIN_TOKEN_ENV  # as ``prefixroute serve``
 STATE_PATH = "/dashboard/state.json"
 DEFAULT_URL = "http://127.0.0.1:8000"
 # The replica table's columns (short, so that the table fits 100 columns).
@@ -66,16 +67,12 @@ def add_parser(subparsers: Any) -> None:
 
 
 def read_token(path: str | None) -> str | None:
-    """The token from ``path``, else from ``$PREFIXROUTE_ADMIN_TOKEN``, else None."""
+    """The token from ``path``, else from ``$PREFIXROUTE_ADMIN_TOKEN``, else None. The file is
+    read as ``serve`` reads it (:func:`read_secret`): not UTF-8, empty or several lines long is
+    one line of error, the same one ``serve`` gives."""
     if path is None:
         return os.environ.get(TOKEN_ENV) or None
-    try:
-        token = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the admin token file {path}: {exc.strerror}") from exc
-    if not token:
-        raise ConfigError(f"the admin token file {path} is empty")
-    return token
+    return read_secret(path, "admin token")
 
 
 def fetch_state(url: str, token: str | None, timeout_s: float) -> dict[str, Any]:
@@ -196,9 +193,18 @@ def _decisions(state: dict[str, Any], decisions: int) -> Table:
     return recent
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """Every flag checked before the first poll, so that a typo is one line of error rather
+    than a urllib traceback (a URL) or a poll that can never succeed (a timeout of zero)."""
+    check_http_url(args.url, "--url")
+    check_positive(args.interval, "--interval")
+    check_positive(args.timeout, "--timeout")
+    if args.decisions < 0:
+        raise ConfigError(f"--decisions must be 0 or more, got {args.decisions}")
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        raise ConfigError("--interval must be positive")
+    check_flags(args)
     token = read_token(args.admin_token_file)
     console = Console()
     state = fetch_state(args.url, token, args.timeout)

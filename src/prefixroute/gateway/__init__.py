@@ -22,7 +22,7 @@ from prefixroute.gateway._config import (
     Setting,
     config_fields,
 )
-from prefixroute.gateway._config_file import CONFIG_HELP, build_config, load_toml
+from prefixroute.gateway._config_file import CONFIG_HELP, build_config, load_toml, read_secret
 from prefixroute.gateway._errors import PayloadTooLarge, error_body, error_response, spec_for
 from prefixroute.gateway._fleetview import DecisionEntry, FleetView
 from prefixroute.gateway._health import HealthChecker
@@ -108,6 +108,7 @@ __all__ = [
     "key_of",
     "load_toml",
     "normalize_url",
+    "read_secret",
     "parse_body",
     "run_on_uvloop",
     "spec_for",

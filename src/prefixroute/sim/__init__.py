@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         FLEET_HELP,
         Fleet,
         SpeedChange,
+        check_fits,
         fleet_from_flags,
         parse_fleet,
         parse_speed_change,
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     )
     from prefixroute.sim.report import (
         SIM_ONLY_COLUMNS,
+        check_plot_path,
         make_console,
         markdown_table,
         print_report,
@@ -102,6 +104,8 @@ __all__ = [
     "Turn",
     "UnknownWorkload",
     "Workload",
+    "check_fits",
+    "check_plot_path",
     "compare_policies",
     "fleet_from_flags",
     "make_console",

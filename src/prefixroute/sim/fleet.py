@@ -23,9 +23,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prefixroute.core import ConfigError
-from prefixroute.sim.replica import ReplicaConfig
+from prefixroute.sim.replica import ReplicaConfig, kv_blocks_needed
+
+if TYPE_CHECKING:  # at run time the workload module would load numpy into the emulator
+    from prefixroute.sim.workload import Workload
 
 # --fleet key -> (ReplicaConfig field, multiplier from the flag's unit to the field's).
 FLEET_KEYS: dict[str, tuple[str, float]] = {
@@ -185,9 +189,7 @@ def parse_fleet(spec: str, base: ReplicaConfig) -> Fleet:
             changes: dict[str, float | int] = {}
             for key, value in _pairs(rest, "--fleet").items():
                 if key not in FLEET_KEYS:
-                    raise ConfigError(
-                        f"--fleet has no key {key!r}; valid: {', '.join(FLEET_KEYS)}"
-                    )
+                    raise ConfigError(f"--fleet has no key {key!r}; valid: {', '.join(FLEET_KEYS)}")
                 name, unit = FLEET_KEYS[key]
                 if key == "kv_tokens":
                     changes[name] = int(value) // base.block_size
@@ -232,3 +234,28 @@ def fleet_from_flags(
     """The fleet that ``--fleet``, ``--speed-change`` and ``--replicas`` describe together."""
     built = parse_fleet(fleet, base) if fleet else Fleet.uniform(replicas, base)
     return built.with_changes([parse_speed_change(c) for c in changes])
+
+
+def check_fits(workload: Workload, fleet: Fleet, base: ReplicaConfig) -> None:
+    """ConfigError when a request of ``workload`` needs more KV blocks (prompt and output)
+    than a replica of ``fleet`` holds in all (``base``: a replica its cluster events add).
+
+    The replica model refuses such a request whenever it is sent there (``RequestTooLarge``,
+    by the same count); the simulator counts it failed and goes on, so a run where that is
+    every request reads as NaN and zeros rather than the setting it is. Found before any run,
+    in the words the replica refuses it with (``bench``'s emulated replicas: HTTP 400)."""
+    configs = list(fleet.configs)
+    if any(e.action == "add" and e.replica not in fleet.names for e in workload.cluster_events):
+        configs.append(base)
+    small = min(range(len(configs)), key=lambda i: configs[i].kv_capacity_blocks)
+    size, bs = configs[small].kv_capacity_blocks, configs[small].block_size
+    who = f"replica r{small}" if small < fleet.size else "a replica the workload adds"
+    for session in workload.sessions:
+        for i, turn in enumerate(session.turns):
+            needed = kv_blocks_needed(len(turn.tokens), turn.output_tokens, bs)
+            if needed > size:
+                raise ConfigError(
+                    f"request {session.session_id}/{i} of {workload.name} needs {needed} KV "
+                    f"blocks; {who} has {size} ({size * bs:,} tokens: set by --kv-tokens, or "
+                    "kv_tokens in --fleet)"
+                )

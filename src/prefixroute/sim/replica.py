@@ -63,6 +63,11 @@ class ReplicaConfig:
             raise ConfigError("first-token overhead must be non-negative")
 
 
+def kv_blocks_needed(prompt_tokens: int, output_tokens: int, block_size: int) -> int:
+    """KV blocks a request holds at its end: prompt and output, whole blocks."""
+    return -(-(prompt_tokens + output_tokens) // block_size)
+
+
 @dataclass(slots=True, eq=False)
 class EngineRequest:
     """One request inside a replica."""
@@ -317,7 +322,7 @@ class ReplicaModel:
 
     # --- cache ----------------------------------------------------------------------------
     def _blocks_needed(self, req: EngineRequest) -> int:
-        return -(-(req.prompt_tokens + req.output_tokens) // self.config.block_size)
+        return kv_blocks_needed(req.prompt_tokens, req.output_tokens, self.config.block_size)
 
     def _admit(self, req: EngineRequest, now: float) -> bool:
         """Look the prompt up and reserve its blocks; False if they do not fit yet."""

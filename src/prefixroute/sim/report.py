@@ -179,6 +179,11 @@ def print_report(
         for part, half in zip(("work", "latency"), SUMMARY_HALVES, strict=True)
     ]
     _print_fitting(console, [summary_table(metrics, title, live)], halves)
+    # A simulated request always ends unless a replica refused it (too large for its KV
+    # cache); the table cannot show that (NaN, zeros), so say it. Bench says its own errors.
+    failed = [] if live else [m for m in metrics if m.completed < m.requests]
+    for m in failed:
+        console.print(f"{m.policy}: {m.requests - m.completed:,} of {m.requests:,} requests failed")
     speeds = speed_table(metrics)
     if speeds is not None and len(metrics[0].per_replica_speed) <= 16:
         _print_fitting(console, [speeds], [speed_table([m]) for m in metrics])
@@ -233,6 +238,20 @@ def write_json(metrics: Sequence[PolicyMetrics], out: IO[str], extra: dict[str, 
     out.write("\n")
 
 
+def check_plot_path(path: Path) -> None:
+    """ConfigError unless matplotlib can write ``path``'s format (its suffix; none is PNG).
+    Checked before a run: ``savefig`` refuses an unknown suffix only once the run is over."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kind = path.suffix.removeprefix(".").lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if kind and kind not in formats:
+        raise ConfigError(
+            f"--plot {path}: matplotlib cannot write .{kind} files; use one of "
+            + ", ".join(sorted(formats))
+        )
+
+
 def write_plot(
     metrics: Sequence[PolicyMetrics], ttfts_ms: dict[str, list[float]], path: Path, title: str
 ) -> None:
@@ -275,6 +294,8 @@ def write_plot(
         fig.savefig(path, dpi=110)
     except OSError as exc:
         raise ConfigError(f"cannot write plot {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a format matplotlib refuses (check_plot_path comes first)
+        raise ConfigError(f"cannot write plot {path}: {exc}") from exc
     finally:
         plt.close(fig)
 

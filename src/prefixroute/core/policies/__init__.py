@@ -48,9 +48,7 @@ def make_policy(name: str, **params: Any) -> Policy:
     try:
         cls, config_cls = POLICIES[name]
     except KeyError:
-        raise UnknownPolicy(
-            f"unknown policy {name!r}; valid: {', '.join(POLICIES)}"
-        ) from None
+        raise UnknownPolicy(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}") from None
     fields = {f.name for f in dataclasses.fields(config_cls)}
     unknown = set(params) - fields
     if unknown:
@@ -63,10 +61,16 @@ def make_policy(name: str, **params: Any) -> Policy:
 
 
 def parse_policy_list(spec: str) -> list[str]:
-    """``"a,b"`` -> ``["a", "b"]``, each checked against the registry."""
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    if not names:
+    """``"a,b"`` -> ``["a", "b"]``, each checked against the registry.
+
+    A comma at either end is forgiven (a list built in a loop), but an empty name between two
+    (``a,,b``) is refused: it is most likely a name left out (``a,$UNSET,b``), and dropping it
+    would compare fewer policies than asked for without a word."""
+    names = [n.strip() for n in spec.strip().strip(",").split(",")]
+    if names == [""]:
         raise ConfigError("no policy given")
+    if "" in names:
+        raise ConfigError(f"an empty policy name in {spec!r}")
     for n in names:
         if n not in POLICIES:
             raise UnknownPolicy(f"unknown policy {n!r}; valid: {', '.join(POLICIES)}")

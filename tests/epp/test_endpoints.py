@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from polling import until
 
 from prefixroute.core import ConfigError
 from prefixroute.epp import EndpointSet, FileEndpoints, endpoint_of, read_endpoints_file, replica_of
@@ -67,3 +68,62 @@ def test_a_file_missing_at_start_is_a_config_error(tmp_path: Path) -> None:
     watcher = FileEndpoints(str(tmp_path / "endpoints"), EndpointSet(s.registry))
     with pytest.raises(ConfigError, match="^cannot read the endpoints file .*: No such file"):
         watcher.start()
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    # It was a UnicodeDecodeError: a traceback at start instead of the CLI's one-line error.
+    path = tmp_path / "endpoints"
+    path.write_bytes(b"\xff\xfe10.0.0.1:8000\n")
+    with pytest.raises(ConfigError, match="^cannot read the endpoints file .*: not UTF-8"):
+        read_endpoints_file(path)
+    watcher = FileEndpoints(str(path), EndpointSet(shared(endpoints=()).registry))
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        watcher.start()
+
+
+async def test_a_bad_version_of_the_file_keeps_the_list_and_the_watch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One non-UTF-8 version used to end the watch for good, silently: the list restored after
+    # it was never read, and the picker stayed on whatever it had (here: nothing healthy).
+    path = tmp_path / "endpoints"
+    path.write_text("10.0.0.1:8000\n")
+    s = shared(endpoints=())
+    watcher = FileEndpoints(str(path), EndpointSet(s.registry), interval_s=0.001)
+    watcher.start()
+    try:
+        path.write_bytes(b"\xff10.0.0.9:8000\n")
+        os.utime(path, (1, 1))
+        await until(lambda: "not UTF-8" in caplog.text)
+        assert s.router.replicas == ["http://10.0.0.1:8000"]  # the last good list
+        path.write_text("10.0.0.2:8000\n")
+        os.utime(path, (2, 2))
+        await until(lambda: s.router.replicas == ["http://10.0.0.2:8000"])
+    finally:
+        await watcher.stop()
+
+
+async def test_an_unexpected_error_is_logged_and_the_watch_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "endpoints"
+    path.write_text("10.0.0.1:8000\n")
+    s = shared(endpoints=())
+    target = EndpointSet(s.registry)
+    watcher = FileEndpoints(str(path), target, interval_s=0.001)
+    watcher.start()
+    apply = target.apply
+
+    def broken(endpoints: list[str]) -> tuple[list[str], list[str]]:
+        raise RuntimeError("a bug")
+
+    try:
+        monkeypatch.setattr(target, "apply", broken)
+        os.utime(path, (1, 1))
+        await until(lambda: "a bug" in caplog.text)
+        monkeypatch.setattr(target, "apply", apply)
+        path.write_text("10.0.0.2:8000\n")
+        os.utime(path, (2, 2))
+        await until(lambda: s.router.replicas == ["http://10.0.0.2:8000"])
+    finally:
+        await watcher.stop()

@@ -57,11 +57,19 @@ class EndpointSet:
 
 
 def read_endpoints_file(path: str | os.PathLike[str]) -> list[str]:
-    """The endpoints listed in ``path``: one per line, blank lines and ``#`` comments skipped."""
+    """The endpoints listed in ``path``: one per line, blank lines and ``#`` comments skipped.
+
+    A file that cannot be read or is not UTF-8 is a :class:`ConfigError`, the one error the
+    watcher expects: at start it is the CLI's one-line error, later a warning that keeps the
+    last good list (a UnicodeDecodeError used to end the watch for good).
+    """
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read the endpoints file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        why = f"not UTF-8 text (byte {exc.start})"
+        raise ConfigError(f"cannot read the endpoints file {path}: {why}") from exc
     out = []
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
@@ -102,7 +110,9 @@ class FileEndpoints:
             why = exc.strerror
             raise ConfigError(f"cannot read the endpoints file {self.path}: {why}") from exc
         self.poll()
-        self._task = every(self.interval_s, self._tick, self._failed, "epp-file", (ConfigError,))
+        # Every error is caught, not only ConfigError: a watch that ended on one surprise would
+        # leave the picker on a stale list (or none) for good, with nothing said.
+        self._task = every(self.interval_s, self._tick, self._failed, "epp-file")
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -113,4 +123,7 @@ class FileEndpoints:
 
     @staticmethod
     def _failed(exc: Exception) -> None:
-        log.warning("endpoints file: %s", exc)
+        if isinstance(exc, ConfigError):  # a bad file: the last good list stays
+            log.warning("endpoints file: %s (keeping the last good list)", exc)
+        else:  # a bug: the traceback, and the next tick still comes
+            log.exception("endpoints file: reading it failed")

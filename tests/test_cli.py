@@ -124,3 +124,37 @@ def test_live_reports_hide_simulation_only_columns() -> None:
     assert set(SIM_ONLY_COLUMNS) <= set(simulated)
     assert not set(SIM_ONLY_COLUMNS) & set(live)
     assert [c for c in simulated if c not in SIM_ONLY_COLUMNS] == live
+
+
+_BAD_INPUT = {
+    # Each was a traceback (rc 1) or, for --replica, a gateway that took the replica out.
+    "epp endpoints file not UTF-8": (
+        ["epp", "--endpoints-file", "{bin}", "--grpc-port", "0", "--http-port", "0"],
+        "cannot read the endpoints file {bin}: not UTF-8 text (byte 0)",
+    ),
+    "serve config file not UTF-8": (
+        ["serve", "--config", "{bin}", "--port", "0"],
+        "config file {bin} is not UTF-8 text (byte 0)",
+    ),
+    "serve replica URL with /v1": (
+        ["serve", "--replica", "http://127.0.0.1:9/v1", "--port", "0"],
+        "a replica URL must be http(s)://host[:port] without /v1 (the gateway adds /v1/...), "
+        "got 'http://127.0.0.1:9/v1'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_INPUT))
+def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe10.0.0.1:8000\n")
+    argv, message = _BAD_INPUT[case]
+    done = subprocess.run(
+        [str(EXE), *(a.format(bin=binary) for a in argv)],
+        capture_output=True, text=True, timeout=60, env=dict(os.environ, NO_COLOR="1"),
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == "prefixroute: error: " + message.format(
+        bin=binary
+    )

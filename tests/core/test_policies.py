@@ -703,3 +703,27 @@ def test_shortlist_spreads_cold_requests_like_power_of_d_choices() -> None:
 def test_shortlist_parameters_are_validated() -> None:
     with pytest.raises(ConfigError, match="shortlist"):
         make_policy("predicted_ttft", shortlist_sample=0)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"prefill_tokens_per_s": "fast"}, "prefill_tokens_per_s must be a number, got 'fast'"),
+        ({"prefill_tokens_per_s": True}, "prefill_tokens_per_s must be a number, got True"),
+        ({"step_tokens": 1.5}, "step_tokens must be an integer, got 1.5"),
+        ({"learned_speeds": "no"}, "learned_speeds must be true or false, got 'no'"),
+        ({"learned_speeds": 2}, "learned_speeds must be true or false, got 2"),
+    ],
+)
+def test_a_parameter_of_the_wrong_type_is_a_config_error(
+    params: dict[str, object], message: str
+) -> None:
+    # The config dataclasses take any value: "fast" failed later as a bare TypeError.
+    with pytest.raises(ConfigError, match=f"^policy 'predicted_ttft': parameter {message}$"):
+        make_policy("predicted_ttft", **params)
+
+
+def test_parameters_of_the_right_type_are_taken() -> None:
+    policy = make_policy("predicted_ttft", prefill_tokens_per_s=5, learned_speeds=0, step_tokens=8)
+    assert policy.config.prefill_tokens_per_s == 5 and policy.config.step_tokens == 8
+    make_policy("cache_aware", cache_threshold=0.5, balance_abs_threshold=3)

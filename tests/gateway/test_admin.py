@@ -119,3 +119,20 @@ async def test_a_replica_that_does_not_answer_starts_out(
     for _ in range(3):
         r = await send(session, gw.url, "/v1/completions", {"prompt": "a"})
         assert r.complete and r.headers["x-prefixroute-replica"] == cluster.urls[0]
+
+
+async def test_a_replica_url_with_v1_is_a_400_that_says_why(
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
+) -> None:
+    # An OpenAI base URL copied as is was added: its probes asked /v1/v1/models, it stayed out.
+    gw = await gateway_of(1, admin_token=TOKEN)
+    async with session.post(
+        gw.url + "/admin/replicas", json={"url": "http://127.0.0.1:18001/v1"}, headers=AUTH
+    ) as resp:
+        assert resp.status == 400
+        message = (await resp.json())["error"]["message"]
+    assert message == (
+        "a replica URL must be http(s)://host[:port] without /v1 (the gateway adds /v1/...), "
+        "got 'http://127.0.0.1:18001/v1'"
+    )
+    assert len(gw.registry) == 1

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from prefixroute.cli import build_parser
+from prefixroute.commands import serve
 from prefixroute.commands.serve import config_from_args
 from prefixroute.core import DEFAULT_POLICY, ConfigError, UnknownPolicy
 from prefixroute.gateway import GatewayConfig, build_config, load_toml
@@ -104,3 +105,55 @@ def test_a_whole_number_is_a_number_setting(tmp_path: Path) -> None:
     path.write_text("eject_s = 3\nlearn_ttft_overhead = false\n")
     cfg = build_config(load_toml(path))
     assert (cfg.eject_s, cfg.learn_ttft_overhead) == (3, False)
+
+
+def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    # It was a UnicodeDecodeError out of tomllib: a traceback instead of the one-line error.
+    path = tmp_path / "binary.toml"
+    path.write_bytes(b"\xff\xfeport = 1\n")
+    with pytest.raises(ConfigError, match=r"^config file .*binary.toml is not UTF-8 text"):
+        load_toml(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # Each used to leak Python's words: "'<=' not supported between instances of 'str'
+        # and 'int'", "argument after ** must be a mapping, not int", and the URL 'h' (a string
+        # taken one character at a time).
+        (
+            '[policy_params]\nprefill_tokens_per_s = "fast"\n',
+            "parameter prefill_tokens_per_s must be a number, got 'fast'",
+        ),
+        ("[policy_params]\nstep_tokens = 1.5\n", "parameter step_tokens must be an integer"),
+        ("policy_params = 5\n", "policy_params must be a table .*, got 5"),
+        ('replicas = "http://127.0.0.1:1"\n', "replicas must be a list, got 'http://127.0.0.1:1'"),
+        ('kv_events = "http://a:1=bind:tcp://*:1"\n', "kv_events must be a list, got 'http"),
+        ("kv_events = [1]\n", "kv_events must be a list of strings, got 1"),
+    ],
+)
+def test_a_setting_of_the_wrong_type_names_its_key_and_type(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        build_config(load_toml(path))
+
+
+def test_precise_mode_without_a_tokenizer_fails_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It started the emulated replicas first, and failed only when the app was built.
+    started: list[object] = []
+    monkeypatch.setattr(serve, "EmulatedCluster", lambda *a, **k: started.append(a))
+    path = tmp_path / "gateway.toml"
+    path.write_text('kv_events = ["http://127.0.0.1:18001=connect:tcp://127.0.0.1:5557"]\n')
+    args = build_parser().parse_args(["serve", "--config", str(path), "--port", "0"])
+    with pytest.raises(ConfigError, match=r"needs --tokenizer"):
+        serve.run(args)
+    args.tokenizer = str(Path(__file__).parents[1] / "data" / "tiny-tokenizer")
+    # With one: the KV events name replicas, and none is given (the emulated have no events).
+    with pytest.raises(ConfigError, match="kv_events name replicas, but no replica is given"):
+        serve.run(args)
+    assert started == []

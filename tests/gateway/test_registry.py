@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefixroute.core import NoReplicaAvailable, ReplicaId, Router, make_policy
+from prefixroute.core import ConfigError, NoReplicaAvailable, ReplicaId, Router, make_policy
 from prefixroute.gateway import GatewayConfig, ReplicaRegistry, ReplicaStatus
 from prefixroute.gateway._errors import Conflict, ModelNotFound, NotFound, Overloaded
 from prefixroute.gateway._registry import normalize_url
@@ -24,6 +24,18 @@ def test_urls_are_normalised() -> None:
     for bad in ("h:80", "ftp://h", "http://h?x=1", "http://"):
         with pytest.raises(Exception, match="replica URL"):
             normalize_url(bad)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:18001/v1", "http://h:1/v1/", "https://h/prefix/v1", "http://h/V1/x"]
+)
+def test_a_replica_url_with_v1_is_refused(url: str) -> None:
+    # The gateway adds /v1/... itself: an OpenAI base URL was accepted, then probed at
+    # /v1/v1/models, taken out, and every request answered 503.
+    with pytest.raises(ConfigError, match=r"without /v1 \(the gateway adds /v1/\.\.\.\), got"):
+        normalize_url(url)
+    with pytest.raises(ConfigError, match="without /v1"):
+        _registry().add(url)
 
 
 def test_membership_keeps_the_router_in_step() -> None:

@@ -64,7 +64,7 @@ def test_the_public_name_of_a_replica_no_longer_registered_is_still_its_hash() -
 
 
 def test_a_url_loses_only_its_trailing_slash() -> None:
-    assert normalize_url("http://a:1/v1/") == "http://a:1/v1"
+    assert normalize_url("http://a:1/vllm/") == "http://a:1/vllm"
     assert normalize_url("http://a:1/preX") == "http://a:1/preX"
     assert normalize_url("http://a:1/preX/") == "http://a:1/preX"
 

@@ -95,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
     level = logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = config_from_args(args)  # errors (ConfigError) surface before anything starts
+    # The app checks these too, but only once built: after the emulated replicas started.
+    config.check_precise(config.tokenizer is not None)
+    if config.kv_events and not config.replicas:
+        why = "no replica is given (the emulated replicas publish no KV events)"
+        raise ConfigError(f"kv_events name replicas, but {why}")
     run_on_uvloop(_serve(config, args.emulate, args.emulate_time_scale))
     return 0
 

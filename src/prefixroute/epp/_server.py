@@ -139,10 +139,7 @@ class EndpointPicker:
         rc = config.routing
         if tokenizer is None and rc.tokenizer is not None:
             tokenizer = HFTokenizer(rc.tokenizer)
-        if rc.precise and tokenizer is None:
-            raise ConfigError(
-                "precise mode (--kv-events) needs --tokenizer: events carry token ids"
-            )
+        rc.check_precise(tokenizer is not None)
         self.state = gateway_state(rc, tokenizer)  # router, registry, metrics, sync, precise
         self.router = self.state.router
         self.registry = self.state.registry

@@ -102,8 +102,7 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
     """
     if tokenizer is None and config.tokenizer is not None:
         tokenizer = HFTokenizer(config.tokenizer)
-    if config.precise and tokenizer is None:
-        raise ConfigError("precise mode (--kv-events) needs --tokenizer: events carry token ids")
+    config.check_precise(tokenizer is not None)
     state = gateway_state(config, tokenizer)
     tenants = Tenants(config.tenancy, config.upstream_api_key, state.metrics.registry)
     fleet = FleetView()  # the dashboard's recent decisions and chart samples

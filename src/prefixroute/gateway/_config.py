@@ -92,7 +92,8 @@ class GatewayConfig:
     host: str = setting("127.0.0.1", "address to bind", "--host")
     port: int = setting(8000, "port to bind; 0 picks a free one", "--port")
     replicas: tuple[str, ...] = setting(
-        (), "replica base URL, once per replica (file: [[replicas]] url = ...)", "--replica",
+        (), "replica base URL, http(s)://HOST:PORT without /v1 (the gateway adds it), once per "
+        "replica (file: [[replicas]] url = ...)", "--replica",
         metavar="URL", shown_default="none",
     )  # fmt: skip
     policy: str = setting(DEFAULT_POLICY, "routing policy", "--policy", choices=policy_names)
@@ -256,6 +257,14 @@ class GatewayConfig:
                 raise ConfigError(f"two KV-event streams for replica {url.strip()}")
             out[url.strip()] = EventEndpoint.parse(spec)
         return out
+
+    def check_precise(self, has_tokenizer: bool) -> None:
+        """Precise mode needs a tokenizer: KV events carry token ids. Not a ``__post_init__``
+        check, since an app may be given a tokenizer object apart from the config (tests);
+        ``serve`` calls it before it starts anything (emulated replicas included)."""
+        if self.precise and not has_tokenizer:
+            why = "events carry token ids"
+            raise ConfigError(f"precise mode (--kv-events) needs --tokenizer: {why}")
 
     def __post_init__(self) -> None:
         positive = {

@@ -102,14 +102,21 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:  # TOML is UTF-8; tomllib raises this one bare
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})") from exc
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key == "replicas":
-            out["replicas"] = tuple(_replica_url(path, item) for item in value)
+            out["replicas"] = tuple(_replica_url(path, item) for item in _listed(path, key, value))
         elif key == "tenancy":
             out[key] = tenancy_from_toml(value, str(path))
         elif key == "kv_events":
-            out[key] = tuple(value) if isinstance(value, list) else value
+            out[key] = tuple(_strings(path, key, value))
+        elif key == "policy_params":  # its values are checked by make_policy, which knows them
+            if not isinstance(value, Mapping):
+                why = "a table ([policy_params] with KEY = VALUE lines)"
+                raise ConfigError(f"config file {path}: policy_params must be {why}, got {value!r}")
+            out[key] = value
         elif key in SECRET_FILES:
             if SECRET_FILES[key] in raw:
                 raise ConfigError(f"config file {path}: {SECRET_FILES[key]} or {key}, not both")
@@ -141,6 +148,22 @@ def _check_scalar(path: str | Path, key: str, value: object) -> None:
             return
     names = " or ".join(_SCALARS[k] for k in allowed)
     raise ConfigError(f"config file {path}: {key} must be {names}, got {value!r}")
+
+
+def _listed(path: str | Path, key: str, value: object) -> list[Any]:
+    """``value`` if it is a TOML array (or array of tables): a single string would otherwise
+    be taken one character at a time ("http://..." as the replica URL 'h')."""
+    if not isinstance(value, list):
+        raise ConfigError(f"config file {path}: {key} must be a list, got {value!r}")
+    return value
+
+
+def _strings(path: str | Path, key: str, value: object) -> list[str]:
+    items = _listed(path, key, value)
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"config file {path}: {key} must be a list of strings, got {item!r}")
+    return items
 
 
 def _replica_url(path: str | Path, item: object) -> str:

@@ -90,12 +90,22 @@ def replica_name(rid: ReplicaId) -> str:
 
 
 def normalize_url(url: str) -> ReplicaId:
-    """``http(s)://host:port[/prefix]`` without a trailing slash; raises ConfigError."""
+    """``http(s)://host:port[/prefix]`` without a trailing slash; raises ConfigError.
+
+    The one check of a replica URL: ``--replica``, the config file, the admin API and the
+    picker's endpoints all come here. A prefix (a replica behind a path-routing proxy) is
+    kept; a ``/v1`` in the path is refused, as the gateway adds ``/v1/...`` itself: an OpenAI
+    base URL copied as is made every probe ask ``/v1/v1/models``, and every request a 503."""
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"a replica URL must be http(s)://host[:port], got {url!r}")
+        raise ConfigError(f"a replica URL must be http(s)://host[:port][/prefix], got {url!r}")
     if parts.query or parts.fragment:
         raise ConfigError(f"a replica URL takes no query or fragment: {url!r}")
+    if "v1" in parts.path.lower().split("/"):
+        raise ConfigError(
+            "a replica URL must be http(s)://host[:port] without /v1 (the gateway adds "
+            f"/v1/...), got {url!r}"
+        )
     netloc = parts.netloc.lower()
     return ReplicaId(f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}")
 

@@ -7,6 +7,7 @@ source system's. The CLI, simulator and gateway all build policies through :func
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any
 
 from prefixroute.core.errors import ConfigError, UnknownPolicy
@@ -56,8 +57,32 @@ def make_policy(name: str, **params: Any) -> Policy:
             f"policy {name!r} has no parameter {', '.join(sorted(unknown))}; "
             f"valid: {', '.join(sorted(fields)) or 'none'}"
         )
+    for key, value in params.items():
+        _check_param(name, key, value, typing.get_type_hints(config_cls)[key])
     policy: Policy = cls(config=config_cls(**params))
     return policy
+
+
+_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def _check_param(policy: str, key: str, value: object, kind: object) -> None:
+    """A policy parameter of the wrong type is a ConfigError naming it: the config dataclasses
+    do not check, so ``"fast"`` for a rate used to fail later as a bare TypeError ("'<=' not
+    supported between ...") or, worse, run. Only int, float and bool fields are checked; an
+    int is a float's value too, and 0 or 1 a bool's (``--policy-param`` values are numbers)."""
+    if kind not in _KIND_NAMES:
+        return
+    if kind is bool:
+        ok = isinstance(value, bool) or (type(value) is int and value in (0, 1))
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok:
+        raise ConfigError(
+            f"policy {policy!r}: parameter {key} must be {_KIND_NAMES[kind]}, got {value!r}"
+        )
 
 
 def parse_policy_list(spec: str) -> list[str]:

@@ -635,6 +635,13 @@ def test_parse_policy_list_refuses_an_empty_name_between_two(spec: str) -> None:
         parse_policy_list(spec)
 
 
+@pytest.mark.parametrize("spec", ["kv_costX", "Xround_robin,", ",random_"])
+def test_parse_policy_list_drops_only_commas_and_spaces_at_the_ends(spec: str) -> None:
+    """Each name is checked as written: only the list's own separators are forgiven."""
+    with pytest.raises(UnknownPolicy):
+        parse_policy_list(spec)
+
+
 def test_predicted_ttft_sends_a_long_cold_prompt_where_fewer_requests_arrive() -> None:
     # Equal queues (one decoding request each), but R0 has received many short requests
     # lately: their chunks would ride along in the later steps of a 5,000-token prefill.

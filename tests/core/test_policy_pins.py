@@ -547,6 +547,16 @@ def test_consistent_hash_keys_on_the_first_block_without_a_session() -> None:
         assert len(homes) == 1
 
 
+def test_consistent_hash_keys_a_request_with_no_session_or_block_on_its_id() -> None:
+    # An empty prompt (or one shorter than a block) has nothing else to key on: its id spreads
+    # such requests like any hash, and the same id always lands in the same place.
+    router = make_router("consistent_hash")
+    homes = [router.route(router.view(f"short-{i}", tokens=[]), 0.0).replica for i in range(40)]
+    assert len(set(homes)) == len(NAMES)
+    again = [router.route(router.view(f"short-{i}", tokens=[]), 0.0).replica for i in range(40)]
+    assert again == homes
+
+
 # --- the shortlist (RoutingContext.shortlist's docstring) --------------------------------------
 
 SHORT = (64, 16, 16)  # predicted_ttft's defaults: above, top, sample

@@ -99,6 +99,9 @@ async def test_without_force_usage_a_stream_gets_usage_only_when_it_asks(
         assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 2
         not_asked = {**body, "stream_options": {"include_usage": False}}
         assert len(_events((await _post(session, url, not_asked))[1])) == 2
+        # vLLM's StreamOptions defaults include_usage to true: an object without it asks
+        events = _events((await _post(session, url, {**body, "stream_options": {}}))[1])
+        assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 2
 
 
 @pytest.mark.parametrize("options", [{"include_usage": True}, "yes"])
@@ -158,6 +161,14 @@ async def test_bad_requests(
     error = json.loads(raw)["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["code"] == status and error["param"] == param
+
+
+async def test_an_empty_model_name_is_the_served_model(
+    replica: EmulatedReplica, session: aiohttp.ClientSession
+) -> None:
+    # vLLM's _is_model_supported: an empty name is supported (the default model serves it)
+    got, raw = await _post(session, replica.url + "/v1/completions", {"prompt": "x", "model": ""})
+    assert got == 200, raw
 
 
 async def test_malformed_json(replica: EmulatedReplica, session: aiohttp.ClientSession) -> None:

@@ -15,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 from polling import until
 
@@ -190,13 +192,16 @@ async def _slow(request: web.Request) -> web.StreamResponse:
 
 
 async def test_a_request_whose_client_went_away_is_counted_as_499(
-    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A client that leaves before its answer (its handler is cancelled) is still a request:
     ``prefixroute_requests_total`` counts it with nginx's 499, labelled by the replica it was
-    routed to. It was counted nowhere."""
+    routed to. It was counted nowhere. And, as every client mistake (docs/security.md), it is
+    one DEBUG line: it was none."""
     fake = await make_fake(handler=_slow)
     gw = await make_gateway([fake.url])
+    caplog.set_level(logging.DEBUG, logger="prefixroute")
     with contextlib.suppress(TimeoutError):
         async with session.post(
             gw.url + "/v1/completions", json={"model": "emulated", "prompt": "hi " * 50},
@@ -213,3 +218,5 @@ async def test_a_request_whose_client_went_away_is_counted_as_499(
     assert metric(text, "prefixroute_requests_total", status="499") == 1
     line = next(x for x in text.splitlines() if 'status="499"' in x)
     assert 'replica="none"' not in line  # routed: it names the replica it waited on
+    gone = [r for r in caplog.records if "499 the client went away" in r.getMessage()]
+    assert len(gone) == 1 and gone[0].levelno == logging.DEBUG

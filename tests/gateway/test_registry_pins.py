@@ -80,3 +80,12 @@ def test_an_admin_path_finds_a_replica_by_its_name_or_its_quoted_url() -> None:
     for missing in ("r-00000000", "http://c:3", "not a url"):
         with pytest.raises(NotFound):
             reg.find(missing)
+
+
+def test_an_empty_model_name_is_no_model_named() -> None:
+    """vLLM serves its default model for ``"model": ""`` (``_is_model_supported``: an empty
+    name is supported), so the gateway routes it like a request that names none."""
+    reg = registry()
+    reg.set_models(A, [{"id": "m"}])
+    reg.set_models(B, [{"id": "m"}])
+    assert sorted(reg.candidates("")) == sorted(reg.candidates(None)) == sorted([A, B])

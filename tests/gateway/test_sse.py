@@ -126,6 +126,9 @@ def test_the_gateway_asks_for_usage_only_where_it_is_missing_and_allowed() -> No
         {"prompt": "x"},  # no stream: a replica refuses stream_options there (vLLM)
         {"stream": "yes"},
         {"stream": True, "stream_options": {"include_usage": True}},  # asked: the client's
+        # asked too: include_usage defaults to true in vLLM's and SGLang's StreamOptions
+        {"stream": True, "stream_options": {}},
+        {"stream": True, "stream_options": {"continuous_usage_stats": False}},
         {"stream": True, "stream_options": {"continuous_usage_stats": True}},
         {"stream": True, "stream_options": "x"},  # the replica's to refuse
         [1, 2],

@@ -46,7 +46,7 @@ def parse_request(
     """Validate a request body; raises InvalidRequest (400) or ModelNotFound (404)."""
     if not isinstance(body, Mapping):
         raise InvalidRequest("the request body must be a JSON object")
-    model = body.get("model")
+    model = body.get("model") or None  # "" is no model: vLLM serves its default for it
     if model is not None and model != served_model and model not in adapters:
         raise ModelNotFound(f"The model `{model}` does not exist.")
     if body.get("n") not in (None, 1):
@@ -80,7 +80,9 @@ def parse_request(
         raise InvalidRequest(
             "Stream options can only be defined when `stream=True`.", param="stream_options"
         )
-    include_usage = bool(options.get("include_usage")) if options else False
+    # Present, stream_options asks for usage unless it says not to (vLLM's StreamOptions
+    # defaults include_usage to true: `{}` gets usage).
+    include_usage = bool(options.get("include_usage", True)) if options is not None else False
     return ParsedRequest(endpoint, tokens, max_tokens, stream, salt, adapter, include_usage)
 
 

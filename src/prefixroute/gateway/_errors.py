@@ -200,6 +200,9 @@ def make_error_middleware(retry_after_s: int, observe: Observer | None = None) -
         try:
             response = await handler(request)
         except asyncio.CancelledError:
+            # The client went away: one DEBUG line, as every client mistake (docs/security.md).
+            log.debug("%s %.200r: %d the client went away", request.method, request.path,
+                      CLIENT_CLOSED)  # fmt: skip
             if observe is not None:
                 _show(observe, request, web.Response(status=CLIENT_CLOSED), tracebacks)
             raise

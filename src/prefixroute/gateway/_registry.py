@@ -191,7 +191,7 @@ class ReplicaRegistry:
         healthy) or Overloaded (every healthy one at its in-flight cap).
         """
         records = list(self._records.values())
-        if model is not None:
+        if model:  # None or "": no model named, so any replica (vLLM serves its default)
             records = [r for r in records if r.serves(model)]
             if not records and self._records:
                 # The name is the client's bytes: not repeated (docs/security.md).

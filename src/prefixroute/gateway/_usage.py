@@ -68,14 +68,16 @@ def ask_for_stream_usage(obj: object) -> bool:
     ``stream_options.include_usage`` in the parsed body ``obj`` (in place) and returns True, and
     the usage-only event is then the gateway's to keep from the client. Left alone (False): not
     a stream, a client that asked already, one that turned ``continuous_usage_stats`` on (its
-    own usage protocol), or ``stream_options`` that is not an object (the replica's to refuse)."""
+    own usage protocol), or ``stream_options`` that is not an object (the replica's to refuse).
+    A ``stream_options`` object without ``include_usage`` has asked: vLLM's and SGLang's
+    ``StreamOptions`` default it to true, so the client gets its usage from the engine."""
     if not isinstance(obj, dict) or obj.get("stream") is not True:
         return False
     options = obj.get("stream_options")
     if options is None:
         obj["stream_options"] = {"include_usage": True}
         return True
-    if not isinstance(options, dict) or options.get("include_usage") is True:
+    if not isinstance(options, dict) or options.get("include_usage", True) is True:
         return False
     if options.get("continuous_usage_stats"):
         return False

@@ -63,6 +63,21 @@ async def test_once_prints_every_replica_and_the_decisions(
     assert max(len(line) for line in out.splitlines()) <= 100  # fits an SSH terminal
 
 
+async def test_once_into_a_pipe_keeps_every_replica_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/dashboard.md: ``--once`` is a snapshot for scripts. Written to a pipe (no terminal,
+    no $COLUMNS) it was cut at 80 columns, every replica shown as ``127.…``."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    async with fleet_with_traffic(tmp_path) as (gw, token_file, urls):
+        args = ["top", "--once", "--url", gw.url, "--admin-token-file", str(token_file)]
+        assert await run_cli(args) == 0
+    out = capsys.readouterr().out
+    for url in urls:
+        assert url.partition("://")[2] in out
+    assert "…" not in out
+
+
 async def test_token_from_the_environment_and_its_absence(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

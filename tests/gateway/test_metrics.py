@@ -57,6 +57,22 @@ def test_the_live_numbers_are_the_routers_and_the_registrys() -> None:
     assert value(m, seen, replica=B, phase="decode") == 0
 
 
+def test_each_ejection_is_counted_and_a_drain_is_not() -> None:
+    """``prefixroute_replica_healthy`` is 0 while a replica is out *or draining*, and an
+    ejection lasts only eject_s: a scrape can miss it. The counter keeps every one."""
+    m, _, registry = gateway_metrics()
+    ejections = "prefixroute_replica_ejections_total"
+    assert value(m, ejections, replica=A) == value(m, ejections, replica=B) == 0
+    registry.record_probe(A, ok=False, now=0.0, first=True)  # starts out: one ejection
+    registry.record_probe(A, ok=True, now=1.0)  # in with its first good probe
+    for t in (2.0, 3.0, 4.0):  # three consecutive failures: out again
+        registry.record_failure(A, now=t, why="test")
+    registry.drain(B)
+    assert value(m, ejections, replica=A) == 2
+    assert value(m, ejections, replica=B) == 0  # draining takes it out of rotation, no ejection
+    assert registry.describe(registry.get(A))["ejections"] == 2
+
+
 def test_chars_per_token_are_labelled_by_model_or_none() -> None:
     m, router, _ = gateway_metrics()
     for rid, model in (("q1", "m"), ("q2", None)):

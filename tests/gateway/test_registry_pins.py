@@ -33,6 +33,10 @@ def test_a_replica_whose_first_probe_fails_starts_out_and_comes_in_with_a_good_p
     assert reg.candidates(None) == [B]
     reg.record_probe(A, ok=True, now=100.5)  # no eject_s wait: it was never serving
     assert counts(reg, A) == ("healthy", 0, 1)
+    assert reg.describe(reg.get(A))["ejections"] == 1  # its start out counts once
+    for t in (101.0, 102.0, 103.0):
+        reg.record_failure(A, now=t, why="test")
+    assert reg.describe(reg.get(A))["ejections"] == 2
 
 
 def test_a_later_failed_probe_is_one_failure_like_a_request_failure() -> None:
@@ -89,3 +93,16 @@ def test_an_empty_model_name_is_no_model_named() -> None:
     reg.set_models(A, [{"id": "m"}])
     reg.set_models(B, [{"id": "m"}])
     assert sorted(reg.candidates("")) == sorted(reg.candidates(None)) == sorted([A, B])
+
+
+def test_a_v1_in_a_replica_url_is_refused_in_words_that_say_why() -> None:
+    from prefixroute.core import ConfigError
+    from prefixroute.gateway._registry import normalize_url
+
+    with pytest.raises(ConfigError) as refused:
+        normalize_url("http://h:8000/v1")
+    assert str(refused.value) == (
+        "a replica URL must be http(s)://host[:port] without /v1 (the gateway adds /v1/...), "
+        "got 'http://h:8000/v1'"
+    )
+    assert normalize_url("http://h:8000/vllm/") == "http://h:8000/vllm"  # a prefix is kept

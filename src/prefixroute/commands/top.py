@@ -102,6 +102,9 @@ def fetch_state(url: str, token: str | None, timeout_s: float) -> dict[str, Any]
     return doc
 
 
+SNAPSHOT_WIDTH = 200  # columns of a snapshot written to a pipe or a file
+
+
 def _short(url: str) -> str:
     """A replica URL without its scheme: the table fits 100 columns."""
     return url.partition("://")[2] or url
@@ -207,6 +210,10 @@ def run(args: argparse.Namespace) -> int:
     check_flags(args)
     token = read_token(args.admin_token_file)
     console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        # A snapshot for a script or a pipe: rich would assume 80 columns and cut the table;
+        # its lines are only as long as the table needs.
+        console = Console(width=SNAPSHOT_WIDTH)
     state = fetch_state(args.url, token, args.timeout)
     if args.once:
         console.print(render(state, None, args.decisions))

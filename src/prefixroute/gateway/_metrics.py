@@ -24,7 +24,8 @@ Per request (updated as requests end):
   a client that stopped making room for the stream; ``shutdown``: cut at the drain bound).
 
 Read live at scrape: ``prefixroute_in_flight{replica}`` (the router's own load accounting),
-``prefixroute_replica_healthy{replica}``, each replica's learned speed
+``prefixroute_replica_healthy{replica}`` (0 while out or draining),
+``prefixroute_replica_ejections_total{replica}`` (times taken out), each replica's learned speed
 (``prefixroute_replica_prefill_tokens_per_second``, ``_decode_step_seconds``,
 ``_first_token_overhead_seconds``, ``_speed_observations{phase}``) and how good its TTFT
 predictions are (``prefixroute_replica_ttft_prediction_error``: the median of
@@ -247,7 +248,14 @@ class _LiveCollector(Collector):
             "scrape intervals of its prefill-time metrics).",
             "phase",
         )
+        ejections = CounterMetricFamily(
+            "prefixroute_replica_ejections",
+            "Times the replica was taken out (failures, or a failed first probe); an ejection "
+            "lasts eject_s, shorter than many scrape intervals, so count them here.",
+            labels=["replica"],
+        )
         for record in self.replicas:
+            ejections.add_metric([record.url], record.ejections)
             in_flight.add_metric([record.url], self.replicas.in_flight(record.id))
             ok = record.healthy and not record.draining
             healthy.add_metric([record.url], 1.0 if ok else 0.0)
@@ -257,7 +265,7 @@ class _LiveCollector(Collector):
             observations.add_metric([record.url, "prefill"], speed.prefill_observations)
             observations.add_metric([record.url, "decode"], speed.decode_observations)
             observations.add_metric([record.url, "engine"], speed.engine_observations)
-        yield from (in_flight, healthy, prefill_rate, decode_step, observations)
+        yield from (in_flight, healthy, ejections, prefill_rate, decode_step, observations)
         yield from self._predictions()
 
     def _predictions(self) -> Iterator[Metric]:

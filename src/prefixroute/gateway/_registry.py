@@ -65,6 +65,7 @@ class ReplicaRecord:
     failures: int = 0  # consecutive failures (requests and probes)
     out_until: float = 0.0  # monotonic time before which it stays out, seconds
     total_failures: int = 0  # failures since registration
+    ejections: int = 0  # times taken out since registration (a scrape can miss a short one)
     name: str = ""  # what clients see when URLs are not exposed: r-<8 hex digits of its URL>
     # (monotonic time, ok) of recent answers, for the outlier check; newest last
     outcomes: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=_WINDOW_CAP))
@@ -259,6 +260,7 @@ class ReplicaRegistry:
     def _eject(self, record: ReplicaRecord, now: float, why: str) -> None:
         record.healthy = False
         record.out_until = now + self.config.eject_s
+        record.ejections += 1
         log.warning("replica %s taken out %s", record.id, why)
         for callback in list(self._waiting.pop(record.id, ())):
             callback()
@@ -312,6 +314,7 @@ class ReplicaRegistry:
             "speed": self.router.replica_load(record.id).speed.snapshot(),
             "consecutive_failures": record.failures,
             "total_failures": record.total_failures,
+            "ejections": record.ejections,
         }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import pytest
@@ -27,9 +28,20 @@ def test_next_turn_extends_the_previous_key() -> None:
     assert chat_text(turn2).startswith(chat_text(turn1))
 
 
-def test_content_parts_render_text_as_is_and_other_parts_as_canonical_json() -> None:
+def test_content_parts_render_text_as_is_and_other_parts_as_a_digest() -> None:
     parts = [{"type": "text", "text": "look: "}, {"type": "image_url", "image_url": {"url": "u"}}]
-    assert content_text(parts) == 'look: {"image_url":{"url":"u"},"type":"image_url"}'
+    canonical = '{"image_url":{"url":"u"},"type":"image_url"}'
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:32]
+    assert content_text(parts) == f"look: <part {digest}>"
+    # The same part in another key order is the same part; another image is another part.
+    same = [{"text": "look: ", "type": "text"}, {"image_url": {"url": "u"}, "type": "image_url"}]
+    assert content_text(same) == content_text(parts)
+    other = [parts[0], {"type": "image_url", "image_url": {"url": "v"}}]
+    assert content_text(other) != content_text(parts)
+    # A 200 KB base64 image is a few dozen characters of key, not 200,000 (a tenant's token
+    # budget and the prefill prediction are counted from the key's length).
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 200_000}}
+    assert len(content_text([image])) < 64
     assert content_text(None) == ""
     assert content_text({"b": 1, "a": 2}) == '{"a":2,"b":1}'
 

@@ -46,7 +46,7 @@ def test_chat_roles_are_part_of_the_key() -> None:
 def test_chat_content_parts() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "u"}}]
     text = chat_text([{"role": "user", "content": parts}])
-    assert text is not None and text.startswith("user: a{")
+    assert text is not None and text.startswith("user: a<part ")
 
 
 def test_completion_prompts() -> None:

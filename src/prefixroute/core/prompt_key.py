@@ -4,7 +4,11 @@ Chat requests are keyed on their messages in order, roles included: each message
 ``"role: content\\n"`` and the renders are concatenated. A conversation's next turn repeats the
 previous messages and appends new ones, so its key extends the previous turn's key, and the
 router's chained block hashes match the whole earlier conversation. Content parts render as
-their text, other parts as canonical JSON. A completion prompt is a string (character mode) or
+their text; any other part (an image, audio) as ``<part DIGEST>``, 128 bits of the SHA-256 of
+its canonical JSON: different images stay apart in the key, and a 200 KB base64 image counts as
+about ten tokens, not 50,000 (an engine counts an image at hundreds to a few thousand tokens;
+the key's text, estimated at characters per token, was charged to a tenant's token budget
+and the prefill predicted for it). A completion prompt is a string (character mode) or
 token ids (token mode); of a batch of prompts the first decides.
 
 Messages and parts may be mappings (a JSON body) or objects with the same attributes (Ray LLM's
@@ -14,6 +18,7 @@ which each front end turns into its own error (HTTP 400, a failed Serve request)
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 
@@ -56,7 +61,7 @@ def content_text(content: object) -> str:
         for part in content:
             _, kind = field_of(part, "type")
             _, text = field_of(part, "text")
-            texts.append(text if kind == "text" and isinstance(text, str) else _json(part))
+            texts.append(text if kind == "text" and isinstance(text, str) else _digest(part))
         return "".join(texts)
     return _json(content)
 
@@ -97,3 +102,8 @@ def is_token_ids(value: object) -> bool:
 def _json(value: object) -> str:
     # Canonical, so equal parts give equal keys; objects that are not JSON fall back to str().
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _digest(part: object) -> str:
+    """A non-text part's stand-in in the routing text (module docstring)."""
+    return f"<part {hashlib.sha256(_json(part).encode()).hexdigest()[:32]}>"

@@ -12,6 +12,7 @@ import aiohttp
 from prefixroute._pool import send
 
 _JSON = {"Content-Type": "application/json"}
+PREDICTED_HEADER = "x-prefixroute-predicted-cached-tokens"  # the gateway's (gateway._proxy)
 
 
 @dataclass(slots=True)
@@ -27,6 +28,9 @@ class Outcome:
     completion_tokens: int | None = None
     replica: str = ""  # x-prefixroute-replica, when a gateway answered
     reason: str = ""  # x-prefixroute-reason
+    # x-prefixroute-predicted-cached-tokens: the router's prediction (None: no such header,
+    # e.g. a replica asked directly)
+    predicted_cached_tokens: int | None = None
     error: str | None = None  # set when the request failed
 
     @property
@@ -47,6 +51,7 @@ async def stream_completion(
             out.status = resp.status
             out.replica = resp.headers.get("x-prefixroute-replica", "")
             out.reason = resp.headers.get("x-prefixroute-reason", "")
+            out.predicted_cached_tokens = _count(resp.headers.get(PREDICTED_HEADER))
             if resp.status != 200:
                 out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return out
@@ -82,6 +87,17 @@ async def stream_completion(
 
 def _nothing() -> None:
     """No count of resends here: the load generator reports the server's errors only."""
+
+
+def _count(value: str | None) -> int | None:
+    """A header's token count; None when it is absent or no count."""
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        return None
+    return n if n >= 0 else None
 
 
 def _has_content(chunk: dict[str, Any]) -> bool:

@@ -75,10 +75,11 @@ async def replay(
         duration_s=max(finish, default=0.0),
         records=records,
         replicas=[ReplicaRecord(name, requests=n) for name, n in sorted(per_replica.items())],
-        index_blocks=0,
-        index_evictions=0,
+        index_blocks=None,  # the router's index, decision times, evictions, busy time and
+        index_evictions=None,  # learned speeds are not seen from outside: None, not 0
         events=0,
         wall_s=time.perf_counter() - run.t_start,
+        live=True,
     )
     scale = run.reported_tokens / run.counted_tokens if run.counted_tokens else None
     return ReplayResult(result, run.itl, run.errors, scale, run.cached_reported)
@@ -162,6 +163,8 @@ def _body(turn: Turn, model: str | None) -> dict[str, object]:
 def _fill(rec: RequestRecord, out: Outcome, scale: float) -> None:
     rec.replica = out.replica
     rec.reason = out.reason
+    rec.predicted_cached_tokens = out.predicted_cached_tokens  # None: no gateway said
+    rec.cached_reported = out.ok and out.cached_tokens is not None
     if out.prompt_tokens is not None:
         rec.prompt_tokens = out.prompt_tokens  # what the replica counted
     if out.ok and out.ttft_s is not None and out.e2e_s is not None:

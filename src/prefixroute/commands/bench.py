@@ -268,6 +268,13 @@ def _print(metrics: list[PolicyMetrics], results: list[ReplayResult], title: str
         itl = m.itl_ms
         extra = f", ITL p50 {itl['p50']:.1f} ms p99 {itl['p99']:.1f} ms" if itl else ""
         console.print(f"{m.policy}: {m.errors} errors{extra}")
+    for m in metrics:  # only when the gateway said (x-prefixroute-predicted-cached-tokens)
+        if m.predicted_cached_tokens is not None:
+            stale = "-" if m.stale_rate is None else f"{100 * m.stale_rate:.1f}%"
+            console.print(
+                f"{m.policy}: the gateway predicted {m.predicted_cached_tokens:,} cached "
+                f"tokens; stale (fewer found than predicted): {stale}"
+            )
     for r in results:
         if r.run.records and not r.cached_reported:
             console.print(

@@ -43,8 +43,9 @@ class RequestRecord:
     output_tokens: int
     replica: str = ""
     reason: str = ""
-    predicted_cached_tokens: int = 0  # what the router expected
+    predicted_cached_tokens: int | None = 0  # what the router expected (None: not told)
     cached_tokens: int = 0  # what the replica found
+    cached_reported: bool = True  # False: the replica did not say (live runs), 0 above
     decision_ns: int = 0  # wall time of Router.route, nanoseconds
     first_token_s: float | None = None
     finish_s: float | None = None
@@ -100,10 +101,11 @@ class RunResult:
     duration_s: float  # simulated time until the last completion, seconds
     records: list[RequestRecord]
     replicas: list[ReplicaRecord]
-    index_blocks: int  # distinct blocks in the router's index at the end
-    index_evictions: int
+    index_blocks: int | None  # distinct blocks in the router's index at the end (None: unseen)
+    index_evictions: int | None
     events: int  # kernel events processed
     wall_s: float  # wall-clock time of the run, seconds
+    live: bool = False  # measured from outside (bench): busy, evictions, decisions unknown
     speed_trace: list[SpeedSample] = field(default_factory=list)  # with trace_speeds only
 
 

@@ -62,8 +62,12 @@ class PolicyMetrics:
     oracle_floor: int | None  # minimum prefill with one infinite cache, tokens
     floor_ratio: float | None  # prefill_tokens / oracle_floor
     hit_rate: float  # cached / prompt tokens
-    predicted_cached_tokens: int  # what the router expected to be cached, tokens
-    stale_rate: float  # fraction of requests whose actual hit was below the prediction
+    # What the router expected to be cached, tokens (None: no answer said; a live run learns it
+    # from the gateway's x-prefixroute-predicted-cached-tokens header, a replica sends none).
+    predicted_cached_tokens: int | None
+    # Fraction of requests whose actual hit was below the prediction, of those with both (None:
+    # none had both).
+    stale_rate: float | None
     ttft_ms: dict[str, float]  # p50/p90/p99/mean, milliseconds
     e2e_ms: dict[str, float]
     ttft_total_ms: float  # sum of every request's TTFT (the article's "whole conversation")
@@ -74,16 +78,17 @@ class PolicyMetrics:
     ttft_slo_ms: float
     duration_s: float  # run time (simulated or wall), seconds
     per_replica_requests: dict[str, int]
-    per_replica_busy: dict[str, float]  # busy fraction of each replica's lifetime
-    evictions: int  # blocks evicted by the replicas (simulated runs), blocks
-    decision_us: dict[str, float]  # routing decision wall time p50/p99/mean, microseconds
+    # Simulated runs only (None in a live run, which cannot see them from outside):
+    per_replica_busy: dict[str, float] | None  # busy fraction of each replica's lifetime
+    evictions: int | None  # blocks evicted by the replicas, blocks
+    decision_us: dict[str, float] | None  # routing decision wall time p50/p99/mean, microseconds
     reasons: dict[str, int]  # decisions by reason
     turns: list[dict[str, Any]] = field(default_factory=list)  # per-request detail (small runs)
     itl_ms: dict[str, float] = field(default_factory=dict)  # inter-token latency (live runs)
     errors: int = 0  # requests that failed (live runs)
-    # Per replica: its true speed at the end of the run (simulated runs) and what the router
-    # learned of it: prefill_tokens_per_s, decode_step_s, learned_prefill_tokens_per_s, ...
-    per_replica_speed: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Per replica: its true speed at the end of the run and what the router learned of it:
+    # prefill_tokens_per_s, decode_step_s, learned_prefill_tokens_per_s, ... (None: live run)
+    per_replica_speed: dict[str, dict[str, float]] | None = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,12 +120,8 @@ def summarize(
         oracle_floor=floor,
         floor_ratio=prefill / floor if floor else None,
         hit_rate=cached / prompt if prompt else 0.0,
-        predicted_cached_tokens=sum(r.predicted_cached_tokens for r in recs),
-        stale_rate=(
-            sum(1 for r in recs if r.cached_tokens < r.predicted_cached_tokens) / len(recs)
-            if recs
-            else 0.0
-        ),
+        predicted_cached_tokens=_predicted(recs),
+        stale_rate=_stale_rate(recs),
         ttft_ms=_percentiles(ttfts),
         e2e_ms=_percentiles([r.e2e_s for r in done if r.e2e_s is not None]),
         ttft_total_ms=sum(ttfts) * 1000.0,
@@ -131,13 +132,32 @@ def summarize(
         ttft_slo_ms=ttft_slo_s * 1000.0,
         duration_s=result.duration_s,
         per_replica_requests={rep.replica: rep.requests for rep in result.replicas},
-        per_replica_busy=_busy(result, duration),
-        evictions=sum(rep.evictions for rep in result.replicas),
-        decision_us=_decision_us(recs),
+        per_replica_busy=None if result.live else _busy(result, duration),
+        evictions=None if result.live else sum(rep.evictions for rep in result.replicas),
+        decision_us=None if result.live else _decision_us(recs),
         reasons=dict(Counter(r.reason for r in recs)),
         turns=_turns(recs) if len(recs) <= detail_limit else [],
-        per_replica_speed=_speeds(result),
+        per_replica_speed=None if result.live else _speeds(result),
     )
+
+
+def _predicted(recs: list[RequestRecord]) -> int | None:
+    """Predicted cached tokens of the requests told one (None: requests, none told)."""
+    told = [r.predicted_cached_tokens for r in recs if r.predicted_cached_tokens is not None]
+    return sum(told) if told or not recs else None
+
+
+def _stale_rate(recs: list[RequestRecord]) -> float | None:
+    """Of the requests with both a prediction and the replica's count, the fraction that found
+    fewer cached tokens than predicted (None: requests, none with both)."""
+    judged = [
+        (r.cached_tokens, r.predicted_cached_tokens)
+        for r in recs
+        if r.predicted_cached_tokens is not None and r.cached_reported
+    ]
+    if not judged:
+        return None if recs else 0.0
+    return sum(1 for actual, predicted in judged if actual < predicted) / len(judged)
 
 
 def _decision_us(recs: list[RequestRecord]) -> dict[str, float]:

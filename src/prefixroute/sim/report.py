@@ -32,7 +32,7 @@ def _fmt_int(n: int | None) -> str:
 
 
 # Columns only a simulation can fill: a live run sees neither the engines' evictions nor the
-# gateway's decision time (bench hides them: zeros there would read as measurements).
+# gateway's decision time (bench hides them; its metrics hold None for them, "-" if shown).
 SIM_ONLY_COLUMNS = ("evict", "route µs p99")
 
 
@@ -97,7 +97,7 @@ def summary_table(
             f"{m.e2e_ms['p99']:.0f}",
             f"{m.goodput_rps:.2f}",
             _fmt_int(m.evictions),
-            f"{m.decision_us['p99']:.0f}",
+            "-" if m.decision_us is None else f"{m.decision_us['p99']:.0f}",
             " ".join(str(v) for v in m.per_replica_requests.values()),
         )
         table.add_row(*(c for c, show in zip(cells, shown, strict=True) if show))
@@ -152,7 +152,7 @@ def speed_table(metrics: Sequence[PolicyMetrics]) -> Table | None:
         true = metrics[0].per_replica_speed[r]
         row = [r, f"{true['prefill_tokens_per_s']:,.0f}", f"{true['decode_step_s'] * 1000:.1f}"]
         for m in metrics:
-            s = m.per_replica_speed.get(r)
+            s = (m.per_replica_speed or {}).get(r)
             if s is None:
                 row += ["-", "-"]
                 continue
@@ -185,7 +185,7 @@ def print_report(
     for m in failed:
         console.print(f"{m.policy}: {m.requests - m.completed:,} of {m.requests:,} requests failed")
     speeds = speed_table(metrics)
-    if speeds is not None and len(metrics[0].per_replica_speed) <= 16:
+    if speeds is not None and len(metrics[0].per_replica_speed or ()) <= 16:
         _print_fitting(console, [speeds], [speed_table([m]) for m in metrics])
     floor = metrics[0].oracle_floor if metrics else None
     if floor is not None:
@@ -228,7 +228,7 @@ def markdown_table(metrics: Sequence[PolicyMetrics]) -> str:
         lines.append(
             f"| {m.workload} | {m.policy} | {ratio} | {100 * m.hit_rate:.1f} | "
             f"{m.ttft_ms['p50']:.0f} | {m.ttft_ms['p90']:.0f} | {p99} | {m.e2e_ms['p99']:.0f} | "
-            f"{m.goodput_rps:.2f} | {m.evictions:,} |"
+            f"{m.goodput_rps:.2f} | {_fmt_int(m.evictions)} |"
         )
     return "\n".join(lines) + "\n"
 

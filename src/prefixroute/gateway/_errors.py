@@ -57,9 +57,6 @@ from prefixroute.core import ModelNotFound as ModelNotFound  # raised by the reg
 log = logging.getLogger(__name__)
 
 
-RETRY_AFTER_MAX_S = 3600  # the longest Retry-After a tenant limit sends, seconds
-
-
 class GatewayError(PrefixrouteError):
     """Base of the errors the gateway raises on purpose."""
 
@@ -108,13 +105,8 @@ class RateLimited(TooManyRequests):
     def __init__(self, message: str, limit: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.limit = limit  # the limit's config name, e.g. "requests_per_second"
-        # Whole seconds, at least 1 (Retry-After takes an integer) and at most an hour: a rate
-        # configured at 1e-300/s would otherwise send a 300-digit header. A client back after an
-        # hour that is still early is told again. None: the configured default.
-        self.retry_after_s = (
-            None if retry_after_s is None
-            else max(1, math.ceil(min(retry_after_s, RETRY_AFTER_MAX_S)))
-        )  # fmt: skip
+        # Whole seconds, at least 1 (Retry-After takes an integer); None: the configured default.
+        self.retry_after_s = None if retry_after_s is None else max(1, math.ceil(retry_after_s))
 
 
 class Overloaded(GatewayError):

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from prefixroute.gateway._errors import RETRY_AFTER_MAX_S, RateLimited
+from prefixroute.gateway._errors import RateLimited
 from prefixroute.gateway._tenant_config import TenantLimits
 
 
@@ -86,7 +86,7 @@ class TenantLimiter:
                 "max_in_flight",
             )
         if self.requests is not None:
-            wait = min(self.requests.take(1.0, now), RETRY_AFTER_MAX_S)
+            wait = _take(self.requests, 1.0, now)
             if wait:
                 raise RateLimited(
                     f"tenant {self.tenant!r} is over its requests_per_second limit "
@@ -103,7 +103,7 @@ class TenantLimiter:
         """Take a request's (estimated) prompt tokens; raises RateLimited when over budget."""
         if self.prompt_tokens is None or tokens <= 0:
             return
-        wait = min(self.prompt_tokens.take(float(tokens), now), RETRY_AFTER_MAX_S)
+        wait = _take(self.prompt_tokens, float(tokens), now)
         if wait:
             raise RateLimited(
                 f"tenant {self.tenant!r} is over its prompt_tokens_per_minute limit "
@@ -137,3 +137,14 @@ def _rebuilt(
         return TokenBucket.full(rate, capacity, now)
     old.refill(now)
     return TokenBucket(rate, capacity, min(old.level, capacity), now)
+
+
+# The longest wait a tenant limit tells a client (message and Retry-After), seconds: a rate
+# configured at 1e-300/s would otherwise send a 300-digit header. A client back after an hour
+# that is still early is told again.
+RETRY_AFTER_MAX_S = 3600
+
+
+def _take(bucket: TokenBucket, cost: float, now: float) -> float:
+    """``bucket.take``, its wait capped at ``RETRY_AFTER_MAX_S``."""
+    return min(bucket.take(cost, now), RETRY_AFTER_MAX_S)

@@ -57,8 +57,9 @@ def make_policy(name: str, **params: Any) -> Policy:
             f"policy {name!r} has no parameter {', '.join(sorted(unknown))}; "
             f"valid: {', '.join(sorted(fields)) or 'none'}"
         )
+    hints = typing.get_type_hints(config_cls)
     for key, value in params.items():
-        _check_param(name, key, value, typing.get_type_hints(config_cls)[key])
+        _check_param(name, key, value, hints[key])
     policy: Policy = cls(config=config_cls(**params))
     return policy
 

@@ -79,12 +79,13 @@ def test_prefill_deltas_between_scrapes() -> None:
     assert deltas.update("r", PrefillTotals(2.0, 9.0, 2000.0)) is None
 
 
-async def test_scraped_prefill_times_teach_the_rate_without_a_first_token(
+async def test_plain_answers_teach_the_rate_by_scrape_or_whole(
     make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
-    """Plain (unstreamed) answers come whole: the gateway measures no first token, so only the
-    emulated engine's ``vllm:request_prefill_time_seconds`` can teach the router its rate
-    (20,000 tokens/s of wall time here). With scraping off, the rate stays at the prior."""
+    """Plain (unstreamed) answers come whole: the gateway measures no first token. The emulated
+    engine's ``vllm:request_prefill_time_seconds`` teaches the router its rate (20,000 tokens/s
+    of wall time here); with scraping off, each answer's whole time does (core/speed.py: an
+    answer that arrives whole), and every observation is such a one."""
     engine = ReplicaConfig(block_size=16)  # 10,000 tokens/s, at half time: 20,000 of wall
     learned = {}
     for scrape in (True, False):
@@ -96,8 +97,10 @@ async def test_scraped_prefill_times_teach_the_rate_without_a_first_token(
             reply = await send(session, gw.url, "/v1/completions", body)
             assert reply.complete, reply
             await asyncio.sleep(0.1)  # a scrape between requests: intervals of one or two
-        assert speed.prefill_observations == 0  # no first token was measured
+        assert speed.whole_observations == speed.prefill_observations == 24  # none measured
+        assert speed.ttft_predictions == 0  # a whole answer's time is no first token's
         learned[scrape] = (speed.prefill_tokens_per_s, speed.engine_observations)
     rate, intervals = learned[True]
     assert intervals >= 8 and rate == pytest.approx(20_000.0, rel=0.25), learned
-    assert learned[False] == (10_000.0, 0)
+    rate, intervals = learned[False]
+    assert intervals == 0 and rate == pytest.approx(20_000.0, rel=0.25), learned

@@ -32,6 +32,9 @@ class QueuedObs(Obs):
     own: float = 0.0  # the request's own uncached tokens
     basis: tuple[float, float] = (0.0, 0.0)  # (rate, decode step) ``x`` was derived with
     seq: int = 0  # its request's place among the replica's dispatches (core/queue_fixes.py)
+    # An answer that came whole: the (tokens prefilled for others, decode steps) of its decode
+    # phase, added to its first token's work (core/speed.py).
+    after: tuple[float, float] | None = None
 
 
 def add_observations(

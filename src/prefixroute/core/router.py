@@ -9,6 +9,10 @@ Both the simulator and the gateway drive a :class:`Router` the same way::
     router.observe_usage("req-1", prompt_tokens=p, cached_tokens=c)  # the replica's usage, if any
     router.complete("req-1", now, output_tokens=n)  # finished, failed or cancelled
 
+A caller that never sees the first token (a plain answer arrives whole) asks
+:meth:`~RouterReads.first_token_due` when it is predicted, calls ``first_token(...,
+measured=False)`` then, and ends with ``complete(..., whole=True)``.
+
 The same calls teach the router what it cannot be told: each replica's speed
 (:mod:`prefixroute.core.speed`: a first token's time against the work queued ahead, a
 completion's decode time against its output tokens; the priors are the policy's own constants),
@@ -276,11 +280,14 @@ class Router(RouterReads):
         tol = int(req.key_block_tokens) + self.loads.block_size
         self.capacity.observe(self.index, req.replica, req.predicted_cached, cached_tokens, tol)
 
-    def complete(self, request_id: str, now: float, output_tokens: int | None = None) -> None:
+    def complete(
+        self, request_id: str, now: float, output_tokens: int | None = None, *, whole: bool = False
+    ) -> None:
         """The request ended at ``now``, however it ended. Pass ``output_tokens`` (the tokens
         really generated, e.g. ``usage.completion_tokens``) when known: the speed model learns
-        the decode step from it; without it only the prefill rate is learned."""
-        self.loads.complete(request_id, now, output_tokens)
+        the decode step from it; without it only the prefill rate is learned. ``whole``: a plain
+        answer, read whole at ``now``: with no first token seen, it teaches both at once."""
+        self.loads.complete(request_id, now, output_tokens, whole)
         self.tokens.forget(request_id)
         self.routed.forget(request_id)
         if self.speculative is not None:

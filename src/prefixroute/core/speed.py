@@ -33,6 +33,13 @@ at 0.14x their measured time, long ones' at 2.1x (medians). So a time to first t
 ``first_token_overhead_s + tokens / rate + steps * step``, the overhead another unknown of the
 same fit, per replica, with ``learn_overhead`` (prior 0: a fresh router predicts as before).
 
+**An answer that arrives whole** (a plain, non-streamed response) shows no first token, only
+its end: its time from dispatch is the first token's plus its decode phase, and since both are
+linear in the same unknowns, their sum is one observation of the same fit, in the first tokens'
+window (:meth:`observe_first_token` with ``after`` = the decode phase's tokens and steps).
+Without it, a fleet that is sent plain requests never learned a speed: on a fleet with half the
+replicas 4x slower, every replica stayed at the priors (``whole_observations`` counts them).
+
 **Scraped engine metrics** (:meth:`ReplicaSpeed.observe_engine_prefill`). An engine that
 exports its own prefill times (vLLM's ``vllm:request_prefill_time_seconds`` beside
 ``vllm:request_prefill_kv_computed_tokens``) says, per scrape interval, how long its finished
@@ -89,12 +96,12 @@ each, a solve of two to four unknowns) runs per observation until the windows fi
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
 from prefixroute.core._solve import Obs, QueuedObs, add_observations, solve_feasible
 from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
+from prefixroute.core.speed_snapshot import snapshot
 
 __all__ = ["QueuedObs", "ReplicaSpeed", "SpeedConfig", "speed_priors_of"]
 
@@ -116,6 +123,7 @@ class ReplicaSpeed:
     prefill_observations: int = 0  # TTFTs observed since registration
     decode_observations: int = 0  # decode phases observed since registration
     engine_observations: int = 0  # scrape intervals with engine prefill times
+    whole_observations: int = 0  # answers that arrived whole (also prefill observations)
     ttft_predictions: int = 0  # TTFTs predicted past the warm-up (judged in ``_ratios``)
     outliers: int = 0  # observations the last refit left out
     from_fleet: bool = False  # not warmed up, predicting with the fleet's estimates (start_from)
@@ -218,13 +226,17 @@ class ReplicaSpeed:
 
     def observe_first_token(
         self, queued: float, elapsed_s: float, decoding: bool, own: float, ttft_s: float,
-        seq: int = 0,
+        seq: int = 0, after: tuple[float, float] | None = None,
     ) -> QueuedObs | None:
         """:meth:`observe_prefill` of a request sent behind ``queued`` tokens that the replica
         had been on for ``elapsed_s`` (:meth:`queue_work`), with ``own`` uncached tokens: its
         work is taken again at each refit (module docstring). ``seq``: its place among the
-        replica's dispatches, for :meth:`correct_queue`."""
+        replica's dispatches, for :meth:`correct_queue`. ``after``: the request's answer came
+        whole, ``ttft_s`` after dispatch, having also decoded this many (tokens prefilled for
+        others meanwhile, decode steps) after its first token (module docstring)."""
         obs = QueuedObs((0.0, 0.0, 0.0, 1.0), ttft_s, queued, elapsed_s, decoding, own, seq=seq)
+        if after is not None:
+            obs.after = (max(0.0, after[0]), max(0.0, after[1]))
         self._derive(obs)
         return obs if self._take_prefill(obs) is not None else None
 
@@ -238,7 +250,10 @@ class ReplicaSpeed:
 
     def _derive(self, obs: QueuedObs) -> None:
         """``obs``'s work from its queue, at the estimates of the moment (:meth:`queue_work`)."""
-        obs.x = (*self.queue_work(obs.queued, obs.elapsed_s, obs.decoding, obs.own), 0.0, 1.0)
+        tokens, steps = self.queue_work(obs.queued, obs.elapsed_s, obs.decoding, obs.own)
+        if obs.after is not None:  # an answer that came whole: its decode phase too
+            tokens, steps = tokens + obs.after[0], steps + obs.after[1]
+        obs.x = (tokens, steps, 0.0, 1.0)
         obs.basis = (self.prefill_tokens_per_s, self.decode_step_s)
 
     def _take_prefill(self, obs: Obs) -> Obs | None:
@@ -246,11 +261,13 @@ class ReplicaSpeed:
         ttft_s = obs.seconds
         if not self.config.learn or tokens < 0 or not math.isfinite(ttft_s) or ttft_s < 0:
             return None
-        if self.warmed_up and ttft_s > 0:
+        whole = type(obs) is QueuedObs and obs.after is not None
+        if self.warmed_up and ttft_s > 0 and not whole:  # a whole answer's is no TTFT
             self._ratios.append(self.ttft_s(tokens, steps) / ttft_s)
             self.ttft_predictions += 1
         self._prefill.append(obs)
         self.prefill_observations += 1
+        self.whole_observations += whole
         self._observed()
         return obs
 
@@ -377,24 +394,6 @@ class ReplicaSpeed:
         self.first_token_overhead_s = min(max(first, 0.0), most)
 
     def snapshot(self) -> dict[str, float | int | str | None]:
-        """The estimates and their evidence, for reports and the admin API: ``ttft_error_p50``
-        is the median ``|predicted / measured - 1|`` of the last ``window`` TTFTs predicted past
-        the warm-up, ``ttft_ratio_p50`` the median ratio (above 1: too long); None before any."""
-        ratios = self._ratios
-        return {
-            "prefill_tokens_per_s": self.prefill_tokens_per_s,
-            "decode_step_s": self.decode_step_s,
-            "first_token_overhead_s": self.first_token_overhead_s,
-            "engine_overhead_s": self.engine_overhead_s,
-            "prefill_observations": self.prefill_observations,
-            "decode_observations": self.decode_observations,
-            "engine_observations": self.engine_observations,
-            "ttft_predictions": self.ttft_predictions,
-            # "learned" (its own fit), "fleet" (its fleet's, until it warms up) or "prior".
-            "estimates_from": "learned" if self.warmed_up
-            else "fleet" if self.from_fleet else "prior",
-            "ttft_error_p50": statistics.median(abs(r - 1) for r in ratios) if ratios else None,
-            "ttft_ratio_p50": statistics.median(ratios) if ratios else None,
-            "prior_prefill_tokens_per_s": self.config.prefill_tokens_per_s,
-            "prior_decode_step_s": self.config.decode_step_s,
-        }
+        """The estimates and their evidence, for reports and the admin API
+        (:func:`prefixroute.core.speed_snapshot.snapshot`)."""
+        return snapshot(self)

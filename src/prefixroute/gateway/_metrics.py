@@ -245,7 +245,7 @@ class _LiveCollector(Collector):
         observations = _gauge(
             "prefixroute_replica_speed_observations",
             "Observations the replica's speed estimate has learned from, by phase (engine: "
-            "scrape intervals of its prefill-time metrics).",
+            "scrape intervals of its prefill-time metrics; whole: plain answers, also in prefill).",
             "phase",
         )
         ejections = CounterMetricFamily(
@@ -265,6 +265,7 @@ class _LiveCollector(Collector):
             observations.add_metric([record.url, "prefill"], speed.prefill_observations)
             observations.add_metric([record.url, "decode"], speed.decode_observations)
             observations.add_metric([record.url, "engine"], speed.engine_observations)
+            observations.add_metric([record.url, "whole"], speed.whole_observations)
         yield from (in_flight, healthy, ejections, prefill_rate, decode_step, observations)
         yield from self._predictions()
 

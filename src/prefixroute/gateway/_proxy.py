@@ -30,7 +30,8 @@ frozen replica.
 Calibration: each answer's ``usage`` goes to the router (``observe_usage``, then ``complete``
 with the completion tokens) when the replica's response ends, and a stream's first event is
 its measured first token, so the router learns every replica's prefill rate and decode step
-from real traffic (``core.speed``).
+from real traffic (``core.speed``). A plain answer's first token is guessed when due, and its
+whole time teaches at its end (``_accounting``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from prefixroute.core import (
     RequestView,
     Router,
 )
+from prefixroute.gateway._accounting import Release
 from prefixroute.gateway._admission import REQUEST_ID_HEADER
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import Overloaded, UpstreamError, spec_for
@@ -192,7 +194,7 @@ class Proxy:
             if call.can_move != (len(candidates) > 1):  # (rarely: a copy only then)
                 call = dataclasses.replace(call, can_move=len(candidates) > 1)
             can_retry = attempt + 1 < MAX_ATTEMPTS and call.can_move
-            release = self._releaser(call.rid)
+            release = Release(self.router, self.listener, call.rid, not call.admitted.key.stream)
             try:
                 result = await self._attempt(call, decision, can_retry, release)
                 if result.status in TURNED_AWAY:  # (a stream has been released: no-op)
@@ -244,29 +246,6 @@ class Proxy:
         self.router.withdraw(rid)
         if self.listener is not None:
             self.listener.withdrawn(rid)
-
-    def _releaser(self, rid: str) -> Callable[[Usage | None], None]:
-        """The call that ends ``rid``'s accounting: at the upstream's end, or in ``finally``,
-        whichever comes first (the second call does nothing). With the replica's ``usage``,
-        the router learns from it: the uncached tokens it really computed, and its output."""
-        done = False
-
-        def release(usage: Usage | None = None) -> None:
-            nonlocal done
-            if done:
-                return
-            done = True
-            router = self.router
-            output = None
-            if usage is not None:
-                if usage.prompt_tokens is not None:
-                    router.observe_usage(rid, usage.prompt_tokens, usage.cached_tokens)
-                output = usage.completion_tokens
-            router.complete(rid, time.monotonic(), output)
-            if self.listener is not None:
-                self.listener.completed(rid)
-
-        return release
 
     def first_byte_s(self, decision: Decision) -> float:
         """The first-byte deadline of a stream sent to ``decision.replica``, seconds (see the

@@ -8,14 +8,16 @@ the step loop the emulator runs on its real-time kernel.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 from prefixroute.core import (
     BlockHash,
     BlockHasher,
+    ConfigError,
     IndexCapacityConfig,
     Policy,
     ReplicaId,
@@ -26,87 +28,12 @@ from prefixroute.core import (
 )
 from prefixroute.sim.fleet import Fleet, SpeedChange
 from prefixroute.sim.kernel import ARRIVAL, URGENT, Kernel
+from prefixroute.sim.records import ReplicaRecord, RequestRecord, RunResult, SpeedSample
 from prefixroute.sim.replica import EngineRequest, ReplicaConfig, ReplicaModel, StepResult
 from prefixroute.sim.stepper import ReplicaStepper
 from prefixroute.sim.workload import ClusterEvent, Session, Workload
 
-
-@dataclass(slots=True)
-class RequestRecord:
-    """What happened to one request (times in seconds from the start of the run)."""
-
-    request_id: str
-    session_id: str
-    turn: int  # 0-based turn index in its session
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    replica: str = ""
-    reason: str = ""
-    predicted_cached_tokens: int | None = 0  # what the router expected (None: not told)
-    cached_tokens: int = 0  # what the replica found
-    cached_reported: bool = True  # False: the replica did not say (live runs), 0 above
-    decision_ns: int = 0  # wall time of Router.route, nanoseconds
-    first_token_s: float | None = None
-    finish_s: float | None = None
-    rerouted: int = 0  # times it was moved off a removed replica
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
-
-    @property
-    def e2e_s(self) -> float | None:
-        return None if self.finish_s is None else self.finish_s - self.arrival_s
-
-
-@dataclass(slots=True)
-class ReplicaRecord:
-    replica: str
-    requests: int = 0
-    busy_s: float = 0.0
-    prefill_tokens: int = 0
-    cached_tokens: int = 0
-    evictions: int = 0
-    added_s: float = 0.0
-    removed_s: float | None = None
-    prefill_tokens_per_s: float = 0.0  # its true prefill rate at the end of the run, tokens/s
-    decode_step_s: float = 0.0  # its true decode step at the end of the run, seconds
-    learned_prefill_tokens_per_s: float = 0.0  # the router's estimate at the end, tokens/s
-    learned_decode_step_s: float = 0.0  # the router's estimate at the end, seconds
-    first_token_overhead_s: float = 0.0  # its true fixed time before its engine queue, seconds
-    learned_first_token_overhead_s: float = 0.0  # the router's estimate at the end, seconds
-    kv_capacity_blocks: int = 0  # its true KV cache, blocks
-    index_capacity_blocks: int | None = None  # the router's index capacity for it at the end
-
-
-@dataclass(frozen=True, slots=True)
-class SpeedSample:
-    """A replica's learned and true speed right after one of its requests completed."""
-
-    time_s: float  # simulated time, seconds
-    replica: str
-    requests: int  # requests of this replica that had completed, requests
-    learned_prefill_tokens_per_s: float  # the router's estimate, tokens/s
-    prefill_tokens_per_s: float  # the replica model's true rate at that time, tokens/s
-    learned_decode_step_s: float  # the router's estimate, seconds
-    decode_step_s: float  # the true decode step at that time, seconds
-
-
-@dataclass(slots=True)
-class RunResult:
-    policy: str
-    workload: str
-    block_size: int
-    duration_s: float  # simulated time until the last completion, seconds
-    records: list[RequestRecord]
-    replicas: list[ReplicaRecord]
-    index_blocks: int | None  # distinct blocks in the router's index at the end (None: unseen)
-    index_evictions: int | None
-    events: int  # kernel events processed
-    wall_s: float  # wall-clock time of the run, seconds
-    live: bool = False  # measured from outside (bench): busy, evictions, decisions unknown
-    speed_trace: list[SpeedSample] = field(default_factory=list)  # with trace_speeds only
+__all__ = ["ClusterSim", "ReplicaRecord", "RequestRecord", "RunResult", "SpeedSample"]
 
 
 @dataclass(slots=True)
@@ -132,6 +59,7 @@ class ClusterSim:
         index_capacity_scale: float = 1.0,
         index_capacity: IndexCapacityConfig | None = None,
         speed: SpeedConfig | None = None,
+        plain: float = 0.0,
     ) -> None:
         self.workload = workload
         self.policy = policy
@@ -148,6 +76,12 @@ class ClusterSim:
         self.index_capacity_scale = index_capacity_scale
         self.index_capacity = index_capacity
         self.speed = speed  # the router's speed priors and learning (None: the policy's priors)
+        # The share of answers that are plain (not streamed), drawn per request from the seed:
+        # as a gateway sees one, the router is told no first token but guesses it
+        # (Router.first_token_due), and learns from the whole answer's time.
+        if not 0.0 <= plain <= 1.0:
+            raise ConfigError(f"plain must be a share between 0 and 1, got {plain}")
+        self.plain = plain
 
     def run(self) -> RunResult:
         wall0 = time.perf_counter()
@@ -165,6 +99,7 @@ class ClusterSim:
         self._live: dict[ReplicaId, _Live] = {}
         self._stats: dict[ReplicaId, ReplicaRecord] = {}
         self._records: list[RequestRecord] = []
+        self._plain_draws = random.Random(self.seed)  # which answers are plain
         self._pending: dict[str, _Pending] = {}
         self._done = 0
         self._accepting_ids: list[ReplicaId] | None = None  # cache of _candidates()
@@ -305,7 +240,8 @@ class ClusterSim:
             tenant=session.tenant,
             known=known,
         )
-        self._pending[rec.request_id] = _Pending(rec, view, session, turn)
+        plain = self.plain > 0 and self._plain_draws.random() < self.plain
+        self._pending[rec.request_id] = _Pending(rec, view, session, turn, plain)
         self._dispatch(self._pending[rec.request_id])
 
     def _candidates(self) -> list[ReplicaId] | None:
@@ -326,6 +262,9 @@ class ClusterSim:
         p.record.replica = rid
         p.record.reason = decision.reason.value
         p.record.predicted_cached_tokens = decision.predicted_cached_tokens
+        due = self._router.first_token_due(p.record.request_id) if p.plain else None
+        if due is not None:
+            self._kernel.after(due, partial(self._guess_first_token, p.record.request_id))
         turn = p.session.turns[p.turn]
         req = EngineRequest(
             p.record.request_id,
@@ -339,6 +278,10 @@ class ClusterSim:
             self._kernel.after(overhead, partial(self._submit, p, rid, req))
         else:
             self._submit(p, rid, req)
+
+    def _guess_first_token(self, request_id: str) -> None:
+        """A plain answer's first token is due (as predicted): the router moves on unseen."""
+        self._router.first_token(request_id, self._kernel.now, measured=False)
 
     def _submit(self, p: _Pending, rid: ReplicaId, req: EngineRequest) -> None:
         """``req`` reaches ``rid``'s engine queue."""
@@ -365,13 +308,14 @@ class ClusterSim:
             rec = self._pending[req.request_id].record
             rec.first_token_s = now
             rec.cached_tokens = req.cached_tokens
-            self._router.first_token(req.request_id, now)
+            if not self._pending[req.request_id].plain:
+                self._router.first_token(req.request_id, now)
         for req in result.finished:
             p = self._pending.pop(req.request_id)
             p.record.finish_s = now
             # What a gateway hears at the end of a response: usage, then the end itself.
             self._router.observe_usage(req.request_id, req.prompt_tokens, req.cached_tokens)
-            self._router.complete(req.request_id, now, req.output_tokens)
+            self._router.complete(req.request_id, now, req.output_tokens, whole=p.plain)
             if self.trace_speeds and self._router.has_replica(rid):
                 self._sample_speed(rid, now)
             nxt = p.turn + 1
@@ -395,3 +339,4 @@ class _Pending:
     view: RequestView
     session: Session
     turn: int
+    plain: bool = False  # its answer is plain: the router sees no first token

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from prefixroute.core import BlockHash, BlockHasher
-from prefixroute.sim.cluster import RequestRecord, RunResult
+from prefixroute.sim.records import RequestRecord, RunResult
 from prefixroute.sim.workload import Workload
 
 DEFAULT_TTFT_SLO_S = 1.0  # seconds; goodput counts requests whose TTFT is within it

@@ -1,0 +1,81 @@
+"""Plain answers: how the default does when some or all clients do not stream.
+
+A plain (non-streamed) answer arrives whole, so the router sees no first token: it guesses one
+when due at the replica's learned speed (``Router.first_token_due``, once that speed is the
+replica's own) and learns from the whole answer's time (``complete(..., whole=True)``). The
+fleet is ``heterogeneous.py``'s (r0-r1 prefill 20,000 tokens/s, r2-r3 5,000); every workload
+and seed runs the default policy with 0, half and all of its answers plain, beside
+least_loaded and cache_aware, which read no first token, so their results hold for any share.
+
+Printed per run: p50 and p99 TTFT, prefill against the oracle floor, and the worst error of a
+replica's prefill rate as the router holds it at the end against its true one.
+The baseline of the same run is the streamed default (share 0).
+
+Run: ``.venv/bin/python benchmarks/plain_answers.py [--seeds 0,1]`` (about four minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from _cli import add_seeds
+
+from prefixroute.core import DEFAULT_POLICY, make_policy
+from prefixroute.sim import (
+    ClusterSim,
+    ReplicaConfig,
+    RunResult,
+    make_workload,
+    oracle_floor,
+    parse_fleet,
+    summarize,
+)
+
+FLEET = "2:prefill=20000+2:prefill=5000"
+WORKLOADS = ("multi-turn", "hot-prefix", "mooncake", "no-sharing")
+SHARES = (0.0, 0.5, 1.0)  # of the answers plain
+BASELINES = ("least_loaded", "cache_aware")
+
+
+def rate_error(result: RunResult) -> float:
+    """The worst ``|held / true - 1|`` of the prefill rate the router holds for a replica at
+    the end of the run, learned or not (a prior, or its fleet's, is judged alike)."""
+    return max(
+        abs(r.learned_prefill_tokens_per_s / r.prefill_tokens_per_s - 1) for r in result.replicas
+    )
+
+
+def row(workload: str, seed: int, label: str, policy: str, share: float) -> list[str]:
+    wl = make_workload(workload, seed, {})
+    fleet = parse_fleet(FLEET, ReplicaConfig())
+    res = ClusterSim(wl, make_policy(policy), fleet=fleet, seed=seed, plain=share).run()
+    metrics = summarize(res, oracle_floor(wl, res.block_size))
+    ttfts = sorted(r.ttft_s for r in res.records if r.ttft_s is not None)
+    p99 = ttfts[int(0.99 * (len(ttfts) - 1))] * 1000
+    error = rate_error(res) if policy == DEFAULT_POLICY else None
+    return [
+        workload, str(seed), label,
+        f"{statistics.median(ttfts) * 1000:.0f}", f"{p99:.0f}",
+        f"{metrics.floor_ratio:.2f}" if metrics.floor_ratio is not None else "-",
+        f"{error:.0%}" if error is not None else "-",
+    ]  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_seeds(ap, "0,1")
+    args = ap.parse_args()
+    print("| workload | seed | router | p50 ms | p99 ms | x floor | worst rate error |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for workload in WORKLOADS:
+        for seed in args.seeds:
+            for share in SHARES:
+                label = f"{DEFAULT_POLICY}, {share:.0%} plain"
+                print("| " + " | ".join(row(workload, seed, label, DEFAULT_POLICY, share)) + " |")
+            for name in BASELINES:
+                print("| " + " | ".join(row(workload, seed, name, name, 0.0)) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

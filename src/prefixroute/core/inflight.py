@@ -1,0 +1,115 @@
+"""One request in flight, as the load view keeps it from dispatch to its end: what it was
+predicted to cost, the queue it joined, and what it teaches its replica's speed model (the
+load view's module docstring says when)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prefixroute.core.speed import QueuedObs
+from prefixroute.core.types import ReplicaId
+
+MISJUDGED = 2.0  # a warming replica's first token this many times off its prediction teaches now
+
+if TYPE_CHECKING:  # the load view imports this module
+    from prefixroute.core.load import ReplicaLoad
+
+
+@dataclass(slots=True)
+class InFlight:
+    replica: ReplicaId
+    load: ReplicaLoad  # the load it was counted in (survives the replica's removal and re-adding)
+    uncached_tokens: int  # predicted prefill work, tokens
+    output_tokens: int  # expected output, tokens
+    blocks: int  # KV blocks reserved in the view, blocks
+    dispatched_s: float = 0.0  # when it was sent, seconds
+    # The queue ahead of it at dispatch: what is left of it is taken at the speed model's
+    # estimates each time it is needed (``ReplicaSpeed.queue_work``), not once.
+    queued_ahead: float = 0.0  # prefill tokens queued ahead, progress not credited, tokens
+    queue_elapsed_s: float = 0.0  # how long the replica had been on that queue, seconds
+    decoding: bool = False  # the replica was decoding at dispatch
+    prefilled: bool = False
+    first_token_s: float | None = None  # measured first token, seconds (None: not measured)
+    prefilled_mark: int = 0  # the replica's ``prefilled_tokens`` at its first token, tokens
+    actual_uncached: int | None = None  # uncached tokens the replica reported, tokens
+    predicted_cached: int = 0  # cached tokens predicted at dispatch, tokens
+    key_block_tokens: float = 0.0  # one block of the request's key, in tokens (a prediction's step)
+    ttft_learned: bool = False  # its first token taught the speed model already (warm-up)
+    ttft_obs: QueuedObs | None = None  # what it taught, corrected by the reported count
+    seq: int = 0  # its place among the replica's dispatches (core/queue_fixes.py)
+    through: int = 0  # the replica's dispatches by its first token: those behind it
+    sequences: int = 1  # output sequences it asks for (RequestView): 1 teaches a decode step
+    batch: bool = False  # several prompts (RequestView): its usage is not this prompt's
+    dispatched_mark: int = 0  # the replica's ``dispatched_tokens`` with it dispatched, tokens
+    queue_known: bool = True  # its queue ahead at dispatch is no overcount (learn_whole)
+
+    def misjudged(self) -> bool:
+        """A replica still warming up whose first token came more than ``MISJUDGED`` times
+        sooner or later than predicted: it teaches now, not at the request's end (module
+        docstring)."""
+        speed = self.load.speed
+        if speed.warmed_up or not speed.config.learn or self.first_token_s is None:
+            return False
+        predicted = speed.ttft_s(*self.ttft_work(self.uncached_tokens))
+        measured = self.first_token_s - self.dispatched_s
+        return not predicted / MISJUDGED <= measured <= predicted * MISJUDGED
+
+    def ttft_work(self, own: int) -> tuple[float, float]:
+        """(tokens, decode steps) the request's first token waited for, with ``own`` uncached
+        tokens of its own, at the replica's current estimates: the arguments of
+        ``ReplicaSpeed.ttft_s``."""
+        speed = self.load.speed
+        return speed.queue_work(self.queued(), self.queue_elapsed_s, self.decoding, own)
+
+    def queued(self) -> float:
+        """The work queued ahead of the request at dispatch, with what is known of how much the
+        requests in it really computed (core/queue_fixes.py), tokens."""
+        return max(0.0, self.queued_ahead + self.load.fixes.ahead_of(self.seq))
+
+    def learn_ttft(self) -> QueuedObs | None:
+        """Its measured first token teaches its replica's speed model (what it taught)."""
+        assert self.first_token_s is not None
+        own = self.uncached_tokens if self.actual_uncached is None else self.actual_uncached
+        return self.load.speed.observe_first_token(
+            self.queued(), self.queue_elapsed_s, self.decoding, own,
+            self.first_token_s - self.dispatched_s, seq=self.seq,
+        )  # fmt: skip
+
+    def learn(self, now: float, output_tokens: int | None) -> None:
+        """At its end (``now``), a request with a measured first token teaches its first token
+        (unless it already did, when its replica's own count corrects that) and its decode
+        phase, from ``output_tokens``."""
+        assert self.first_token_s is not None
+        speed = self.load.speed
+        if not self.ttft_learned:
+            self.learn_ttft()
+        elif self.ttft_obs is not None and self.actual_uncached is not None:
+            # Taught at its first token with the predicted uncached tokens: the replica's own
+            # count corrects that observation (a wrong cache prediction is not a wrong speed).
+            speed.correct_prefill(self.ttft_obs, self.actual_uncached)
+        # Several sequences decode side by side: their tokens are no count of steps.
+        if output_tokens is not None and output_tokens > 1 and self.sequences == 1:
+            prefilled = self.load.prefilled_tokens - self.prefilled_mark
+            speed.observe_decode(now - self.first_token_s, output_tokens - 1, prefilled)
+
+    def learn_whole(self, now: float, output_tokens: int | None) -> bool:
+        """An answer that came whole teaches its first token and decode phase as one
+        observation; returns whether it was taken. Only of one sequence whose output is known:
+        several sequences' tokens are no count of steps, and a batch's usage is every prompt's."""
+        if output_tokens is None or output_tokens < 1 or self.sequences != 1 or self.batch:
+            return False
+        # A queue ahead that counts answers long past their prefill (nobody saw or guessed
+        # their first tokens) looks longer than what the request waited for, and the rate
+        # fitted on it came out up to 8x too fast (a 5,000 tokens/s replica at 40,000).
+        if not self.queue_known:
+            return False
+        own = self.uncached_tokens if self.actual_uncached is None else self.actual_uncached
+        # The prefill that shared its decode steps: what was sent there after it (no first
+        # token of them need have been seen; the few still queued at its end are a small excess).
+        meanwhile = self.load.dispatched_tokens - self.dispatched_mark
+        obs = self.load.speed.observe_first_token(
+            self.queued(), self.queue_elapsed_s, self.decoding, own,
+            now - self.dispatched_s, seq=self.seq, after=(meanwhile, output_tokens - 1),
+        )  # fmt: skip
+        return obs is not None

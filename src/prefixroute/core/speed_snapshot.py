@@ -1,0 +1,37 @@
+"""A replica's learned speed as reports show it (the admin API, the dashboard, ``top``,
+``/metrics``): its estimates beside the evidence they rest on."""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the speed model imports this module
+    from prefixroute.core.speed import ReplicaSpeed
+
+
+def snapshot(speed: ReplicaSpeed) -> dict[str, float | int | str | None]:
+    """``speed``'s estimates and their evidence: ``ttft_error_p50`` is the median
+    ``|predicted / measured - 1|`` of the last ``window`` TTFTs predicted past the warm-up,
+    ``ttft_ratio_p50`` the median ratio (above 1: too long); None before any.
+    ``whole_observations``: plain answers, which arrive whole and teach prefill and decode in
+    one observation (they are in ``prefill_observations`` too)."""
+    ratios = speed.ttft_ratios()
+    return {
+        "prefill_tokens_per_s": speed.prefill_tokens_per_s,
+        "decode_step_s": speed.decode_step_s,
+        "first_token_overhead_s": speed.first_token_overhead_s,
+        "engine_overhead_s": speed.engine_overhead_s,
+        "prefill_observations": speed.prefill_observations,
+        "decode_observations": speed.decode_observations,
+        "engine_observations": speed.engine_observations,
+        "whole_observations": speed.whole_observations,
+        "ttft_predictions": speed.ttft_predictions,
+        # "learned" (its own fit), "fleet" (its fleet's, until it warms up) or "prior".
+        "estimates_from": "learned" if speed.warmed_up
+        else "fleet" if speed.from_fleet else "prior",
+        "ttft_error_p50": statistics.median(abs(r - 1) for r in ratios) if ratios else None,
+        "ttft_ratio_p50": statistics.median(ratios) if ratios else None,
+        "prior_prefill_tokens_per_s": speed.config.prefill_tokens_per_s,
+        "prior_decode_step_s": speed.config.decode_step_s,
+    }

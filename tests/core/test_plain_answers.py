@@ -1,0 +1,116 @@
+"""Plain (non-streamed) answers: no first token is seen, only the end.
+
+From the docs: ``Router.first_token_due`` predicts a request's first token at its replica's
+learned speed, behind the queue it joined, and only once that speed is the replica's own
+(``LoadTracker.first_token_due``); ``complete(..., whole=True)`` teaches the prefill rate and
+decode step from the whole answer's time (core/speed.py, "An answer that arrives whole"), but
+not when the queue it joined counted answers nobody saw or guessed a first token of.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixroute.core import (
+    ConfigError,
+    Decision,
+    DecisionReason,
+    LoadTracker,
+    ReplicaId,
+    RequestView,
+    SpeedConfig,
+    make_policy,
+)
+from prefixroute.sim import ClusterSim, ReplicaConfig, make_workload, parse_fleet
+
+R0 = ReplicaId("r0")
+RATE, STEP = 5_000.0, 0.02  # the replica's true prefill rate (tokens/s) and decode step (s)
+
+
+def send(tracker: LoadTracker, rid: str, prompt: int, output: int, now: float) -> None:
+    view = RequestView(rid, (), 16, prompt, prompt, output)
+    tracker.dispatch(view, Decision(R0, DecisionReason.LEAST_LOADED, 0), now)
+
+
+def whole_answers(tracker: LoadTracker, n: int, start: float = 0.0) -> float:
+    """``n`` plain answers one after another to an idle replica of RATE and STEP; returns the
+    time after the last. Prompts and outputs vary, so rate and step can be told apart."""
+    now = start
+    for i in range(n):
+        prompt, output = 200 + 150 * (i % 7), 2 + 9 * (i % 5)
+        send(tracker, f"w{start}-{i}", prompt, output, now)
+        took = prompt / RATE + (output - 1) * STEP
+        tracker.complete(f"w{start}-{i}", now + took, output, whole=True)
+        now += took + 0.5
+    return now
+
+
+def test_whole_answers_alone_teach_rate_and_step() -> None:
+    tracker = LoadTracker(speed=SpeedConfig(decode_step_s=0.015))  # priors 10,000 and 15 ms
+    whole_answers(tracker, 40)
+    speed = tracker[R0].speed
+    assert speed.prefill_tokens_per_s == pytest.approx(RATE, rel=0.05)
+    assert speed.decode_step_s == pytest.approx(STEP, rel=0.05)
+    assert speed.whole_observations == speed.prefill_observations == 40
+    assert speed.snapshot()["whole_observations"] == 40
+    assert speed.decode_observations == 0
+    assert speed.ttft_predictions == 0  # a whole answer's time is no first token's
+
+
+def test_an_answer_not_said_to_be_whole_teaches_nothing() -> None:
+    tracker = LoadTracker()
+    send(tracker, "a", 1000, 50, 0.0)
+    tracker.complete("a", 2.0, 50)  # a failure, a cancellation: its time means nothing
+    assert tracker[R0].speed.prefill_observations == 0
+
+
+def test_a_whole_answer_behind_an_unseen_queue_teaches_nothing() -> None:
+    """Before the replica's speed is its own, no first token is guessed: an answer in flight
+    counts as queued prefill until its end, however long ago its prefill ended."""
+    tracker = LoadTracker()
+    send(tracker, "long", 500, 400, 0.0)  # prefilled by 0.1 s, decoding until its end
+    send(tracker, "next", 500, 5, 5.0)  # behind "long" in the queue view, not in truth
+    tracker.complete("next", 5.0 + 0.1 + 4 * STEP, 5, whole=True)
+    assert tracker[R0].speed.prefill_observations == 0
+    tracker.complete("long", 0.1 + 399 * STEP, 400, whole=True)  # it joined an idle replica
+    assert tracker[R0].speed.whole_observations == 1
+
+
+def test_first_token_due_only_at_a_speed_of_its_own() -> None:
+    tracker = LoadTracker(speed=SpeedConfig(decode_step_s=0.015, fleet_prior=False))
+    send(tracker, "cold", 1000, 10, 0.0)
+    assert tracker.first_token_due("cold") is None  # priors: a guess nobody measured
+    tracker.complete("cold", 1.0)
+    now = whole_answers(tracker, 20, start=10.0)
+    speed = tracker[R0].speed
+    assert speed.warmed_up
+    send(tracker, "a", 3000, 10, now)
+    send(tracker, "b", 2000, 10, now)  # behind a's 3,000 tokens
+    rate = speed.prefill_tokens_per_s
+    due = tracker.first_token_due("b")
+    assert due == pytest.approx(speed.first_token_overhead_s + 5000 / rate, rel=1e-9)
+    assert due == pytest.approx(5000 / RATE, rel=0.1)
+    tracker.first_token("a", now + 0.6, measured=False)  # guessed: the view moves on
+    assert tracker[R0].prefilling == 1 and tracker[R0].queued_prefill_tokens == 2000
+    assert tracker.first_token_due("a") is None  # past its prefill
+    assert tracker.first_token_due("nobody") is None
+
+
+def test_half_plain_answers_leave_learned_speeds_right() -> None:
+    """A fleet half 4x slower, half the answers plain. Unguessed, the plain answers sat in the
+    queue each stream's first token was learned behind, and the rates came out several times
+    too fast (up to the bound); guessed, each replica's is within 20% of its truth."""
+    fleet = parse_fleet("2:prefill=20000+2:prefill=5000", ReplicaConfig())
+    workload = make_workload("no-sharing", 0, {"requests": "600"})
+    res = ClusterSim(workload, make_policy("predicted_ttft"), fleet=fleet, plain=0.5).run()
+    for rec in res.replicas:
+        assert rec.learned_prefill_tokens_per_s == pytest.approx(
+            rec.prefill_tokens_per_s, rel=0.2
+        ), rec
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_the_plain_share_is_a_share(share: float) -> None:
+    workload = make_workload("no-sharing", 0, {"requests": "10"})
+    with pytest.raises(ConfigError, match="plain"):
+        ClusterSim(workload, make_policy("round_robin"), plain=share)

@@ -22,7 +22,9 @@ the adapter, which no API maps to the model name requests use.
 Blocks that tokens (and the adapter) do not identify are left out too: another medium than the
 GPU cache (CPU or storage offload tiers), and other extra keys (multimodal inputs, cache salt),
 whose hashes differ from a plain prompt's with the same tokens. So are blocks of another block
-size than ours: the request side could never produce their keys.
+size than ours: the request side could never produce their keys. Of a hybrid model's KV-cache
+groups only group 0 is indexed, its removals included: the groups report the same engine hash
+for the same tokens, and a sliding-window group evicts blocks the full-attention group keeps.
 
 Copies: an engine may hold two physical blocks with one hash (two requests computed the same
 prefix at once) and report each eviction. We keep one entry per hash, so the first eviction
@@ -176,7 +178,10 @@ class PreciseIndexer:
     def _removed(self, event: BlockRemoved) -> None:
         stats = self.stats
         stats.removed_events += 1
-        if event.medium not in (None, MEDIUM_GPU):
+        # Only the removals of what we index: another medium's copy, or another KV-cache
+        # group's (a hybrid model's sliding-window group evicts blocks the full-attention
+        # group keeps, under the same group-less engine hash), leaves our block in place.
+        if event.medium not in (None, MEDIUM_GPU) or not _indexed_group(event.group_idx):
             return
         ours: list[BlockHash] = []
         for engine_hash in event.block_hashes:
@@ -214,9 +219,15 @@ class PreciseIndexer:
         return (
             event.medium in (None, MEDIUM_GPU)
             and (lora is not None or event.lora_id is None)
-            and event.group_idx in (None, 0)
+            and _indexed_group(event.group_idx)
             and (
                 event.extra_keys is None
                 or all(k is None or tuple(k) == adapter_key for k in event.extra_keys)
             )
         )
+
+
+def _indexed_group(group_idx: int | None) -> bool:
+    """Whether a KV-cache group's events are indexed: group 0 (a model's only group, or a
+    hybrid model's first), or None from engines that predate groups."""
+    return group_idx in (None, 0)

@@ -203,28 +203,32 @@ class PreciseIndexer:
         return self.hasher if lora is None else self.hasher.for_adapter(lora)
 
     def _identified_by_tokens(self, event: BlockStored) -> bool:
+        # Medium and group first: only a GPU block of the indexed group tells the engine's
+        # block size. vLLM's CPU offloading publishes placeholder stores with block_size=0
+        # (offloading/events.py, _placeholder_stored), and another group (Mamba, say) may use
+        # another size: neither is a misconfiguration, and neither may spend the one warning.
+        if event.medium not in (None, MEDIUM_GPU) or not _indexed_group(event.group_idx):
+            return False
         if event.block_size != self.hasher.block_size:
-            if not self._warned_size:
-                self._warned_size = True
-                log.error(
-                    "replica %s reports %d-token blocks but the gateway hashes %d-token "
-                    "blocks: its events cannot match requests (set the KV block size)",
-                    self.replica,
-                    event.block_size,
-                    self.hasher.block_size,
-                )
+            self._warn_block_size(event.block_size)
             return False
         lora = event.lora_name
         adapter_key = (lora,) if lora is not None else None
-        return (
-            event.medium in (None, MEDIUM_GPU)
-            and (lora is not None or event.lora_id is None)
-            and _indexed_group(event.group_idx)
-            and (
-                event.extra_keys is None
-                or all(k is None or tuple(k) == adapter_key for k in event.extra_keys)
-            )
+        return (lora is not None or event.lora_id is None) and (
+            event.extra_keys is None
+            or all(k is None or tuple(k) == adapter_key for k in event.extra_keys)
         )
+
+    def _warn_block_size(self, block_size: int) -> None:
+        if not self._warned_size:
+            self._warned_size = True
+            log.error(
+                "replica %s reports %d-token blocks but the gateway hashes %d-token "
+                "blocks: its events cannot match requests (set the KV block size)",
+                self.replica,
+                block_size,
+                self.hasher.block_size,
+            )
 
 
 def _indexed_group(group_idx: int | None) -> bool:

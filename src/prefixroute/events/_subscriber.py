@@ -19,7 +19,9 @@ State: ``waiting`` until the first batch; ``live`` while the stream is known to 
 blocks it told us about before we listened. Those entries are rebuilt as the engine stores them
 again; an AllBlocksCleared or a fresh engine (sequence 0) makes the replica ``live`` again.
 
-A payload that does not decode is counted and skipped; the stream goes on. The socket and the
+A payload that does not decode is counted and skipped; the stream goes on. Any other error
+while handling a message is logged (one line) and clears the replica (cause ``error``): the
+stream goes on then too. The socket and the
 replay socket come from one ``zmq.asyncio.Context`` owned by whoever starts subscribers.
 """
 
@@ -139,6 +141,10 @@ class EventSubscriber:
             except EventDecodeError as exc:
                 self.stats.decode_errors += 1
                 log.warning("KV events of %s: %s", self.replica, exc)
+            except Exception as exc:  # noqa: BLE001 - one message must not end the stream
+                # A message we did not foresee: its batch may be half applied, so the entries
+                # are cleared (cause "error") and the next message is read as usual.
+                self._resync(f"error ({type(exc).__name__}: {exc})", cause="error")
 
     async def receive(self, frames: list[bytes]) -> None:
         """Handle one published message (sequence check, replay or resync, then apply)."""
@@ -171,16 +177,18 @@ class EventSubscriber:
             self.stats.resyncs["cleared"] = self.stats.resyncs.get("cleared", 0) + 1
             self.state = StreamState.LIVE  # the engine is empty, and so are we
 
-    def _resync(self, cause: str) -> None:
+    def _resync(self, why: str, cause: str | None = None) -> None:
+        """Clear the replica's entries; ``cause`` (``why`` by default) labels the count."""
+        cause = why if cause is None else cause
         self.indexer.clear()
         self.stats.resyncs[cause] = self.stats.resyncs.get(cause, 0) + 1
         self.state = StreamState.RESYNCING
-        log.warning("KV events of %s: %s; entries cleared, resyncing", self.replica, cause)
+        log.warning("KV events of %s: %s; entries cleared, resyncing", self.replica, why)
 
     async def _replay(self, missing: range) -> bool:
         """Fetch and apply the ``missing`` batches; False if the replay did not close the gap."""
-        if self.endpoint.replay is None or not missing:
-            return False
+        if self.endpoint.replay is None or not missing or missing.start < 0:
+            return False  # a start below 0 (after a number read as negative) has no request
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         got: dict[int, bytes] = {}

@@ -39,7 +39,7 @@ replica having turned the request away: ``Router.withdraw``).
 In precise mode also ``prefixroute_speculative_entries`` and, per replica, the KV-event streams:
 ``prefixroute_kv_event_batches_total``, ``prefixroute_kv_events_total{type}``,
 ``prefixroute_kv_event_gaps_total``, ``prefixroute_kv_event_replayed_total``,
-``prefixroute_kv_event_resyncs_total{cause}`` (gap, restart, cleared),
+``prefixroute_kv_event_resyncs_total{cause}`` (gap, restart, cleared, error),
 ``prefixroute_kv_event_decode_errors_total``, ``prefixroute_kv_event_blocks_total{kind}``
 (stored, removed, orphan, skipped) and ``prefixroute_kv_event_stream_state{state}`` (1 for the
 current one of waiting, live, resyncing).
@@ -333,7 +333,7 @@ class _EventCollector(Collector):
             events.add_metric([replica, "AllBlocksCleared"], ix.cleared_events)
             gaps.add_metric([replica], st.gaps)
             replayed.add_metric([replica], st.replayed)
-            for cause in ("gap", "restart", "cleared"):
+            for cause in ("gap", "restart", "cleared", "error"):
                 resyncs.add_metric([replica, cause], st.resyncs.get(cause, 0))
             errors.add_metric([replica], st.decode_errors)
             blocks.add_metric([replica, "stored"], ix.stored_blocks)

@@ -3,8 +3,9 @@
 From the docs: ``Router.first_token_due`` predicts a request's first token at its replica's
 learned speed, behind the queue it joined, and only once that speed is the replica's own
 (``LoadTracker.first_token_due``); ``complete(..., whole=True)`` teaches the prefill rate and
-decode step from the whole answer's time (core/speed.py, "An answer that arrives whole"), but
-not when the queue it joined counted answers nobody saw or guessed a first token of.
+decode step from the whole answer's time (core/speed.py, "An answer that arrives whole") once
+other observations have warmed the replica up, and not when the queue it joined counted answers
+nobody saw or guessed a first token of.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prefixroute.core import (
     SpeedConfig,
     make_policy,
 )
+from prefixroute.core.speed import ReplicaSpeed
 from prefixroute.sim import ClusterSim, ReplicaConfig, make_workload, parse_fleet
 
 R0 = ReplicaId("r0")
@@ -32,29 +34,48 @@ def send(tracker: LoadTracker, rid: str, prompt: int, output: int, now: float) -
     tracker.dispatch(view, Decision(R0, DecisionReason.LEAST_LOADED, 0), now)
 
 
-def whole_answers(tracker: LoadTracker, n: int, start: float = 0.0) -> float:
-    """``n`` plain answers one after another to an idle replica of RATE and STEP; returns the
-    time after the last. Prompts and outputs vary, so rate and step can be told apart."""
+def answers(
+    tracker: LoadTracker, n: int, start: float = 0.0, whole: bool = True, rate: float = RATE
+) -> float:
+    """``n`` answers one after another to an idle replica of ``rate`` and STEP, plain
+    (``whole``) or streamed; returns the time after the last. Prompts and outputs vary."""
     now = start
     for i in range(n):
         prompt, output = 200 + 150 * (i % 7), 2 + 9 * (i % 5)
-        send(tracker, f"w{start}-{i}", prompt, output, now)
-        took = prompt / RATE + (output - 1) * STEP
-        tracker.complete(f"w{start}-{i}", now + took, output, whole=True)
+        rid = f"{start}-{i}"
+        send(tracker, rid, prompt, output, now)
+        ttft = prompt / rate
+        if not whole:
+            tracker.first_token(rid, now + ttft)
+        took = ttft + (output - 1) * STEP
+        tracker.complete(rid, now + took, output, whole=whole)
         now += took + 0.5
     return now
 
 
-def test_whole_answers_alone_teach_rate_and_step() -> None:
+def test_whole_answers_alone_warm_nothing_up() -> None:
+    """Answers of similar shapes cannot tell a slower prefill from a longer decode step."""
     tracker = LoadTracker(speed=SpeedConfig(decode_step_s=0.015))  # priors 10,000 and 15 ms
-    whole_answers(tracker, 40)
+    answers(tracker, 40)
     speed = tracker[R0].speed
-    assert speed.prefill_tokens_per_s == pytest.approx(RATE, rel=0.05)
-    assert speed.decode_step_s == pytest.approx(STEP, rel=0.05)
+    assert not speed.warmed_up
+    assert speed.estimates()[:2] == (10_000.0, 0.015)
     assert speed.whole_observations == speed.prefill_observations == 40
     assert speed.snapshot()["whole_observations"] == 40
-    assert speed.decode_observations == 0
     assert speed.ttft_predictions == 0  # a whole answer's time is no first token's
+
+
+def test_once_warm_whole_answers_teach_rate_and_step() -> None:
+    """Warmed up by streams at RATE, the replica then prefills twice as fast: plain answers
+    alone bring its estimate there."""
+    tracker = LoadTracker(speed=SpeedConfig(decode_step_s=0.015))
+    now = answers(tracker, 30, whole=False)
+    speed = tracker[R0].speed
+    assert speed.warmed_up and speed.prefill_tokens_per_s == pytest.approx(RATE, rel=0.05)
+    answers(tracker, 96, start=now, rate=2 * RATE)  # the window (64) and then some
+    assert speed.prefill_tokens_per_s == pytest.approx(2 * RATE, rel=0.1)
+    assert speed.decode_step_s == pytest.approx(STEP, rel=0.1)
+    assert speed.whole_observations == 96 and speed.ttft_predictions < 30
 
 
 def test_an_answer_not_said_to_be_whole_teaches_nothing() -> None:
@@ -81,7 +102,7 @@ def test_first_token_due_only_at_a_speed_of_its_own() -> None:
     send(tracker, "cold", 1000, 10, 0.0)
     assert tracker.first_token_due("cold") is None  # priors: a guess nobody measured
     tracker.complete("cold", 1.0)
-    now = whole_answers(tracker, 20, start=10.0)
+    now = answers(tracker, 20, start=10.0, whole=False)
     speed = tracker[R0].speed
     assert speed.warmed_up
     send(tracker, "a", 3000, 10, now)
@@ -114,3 +135,17 @@ def test_the_plain_share_is_a_share(share: float) -> None:
     workload = make_workload("no-sharing", 0, {"requests": "10"})
     with pytest.raises(ConfigError, match="plain"):
         ClusterSim(workload, make_policy("round_robin"), plain=share)
+
+
+def test_whole_answers_leaving_the_window_leave_the_count() -> None:
+    """The window keeps the last 64 first tokens, whole answers among them: eight first tokens
+    after 64 whole answers are eight observations that warm the replica up."""
+    speed = ReplicaSpeed(SpeedConfig(window=64, min_observations=8))
+    for i in range(64):
+        speed.observe_first_token(0.0, 0.0, False, 1000 + i, 0.3, after=(0.0, 10.0))
+    assert not speed.warmed_up
+    for i in range(7):
+        speed.observe_first_token(0.0, 0.0, False, 1000 + i, 0.1)
+    assert not speed.warmed_up
+    speed.observe_first_token(0.0, 0.0, False, 2000, 0.2)
+    assert speed.warmed_up and speed.whole_observations == 64

@@ -109,3 +109,22 @@ def test_simulate_learns_it_with_the_flag(capsys: pytest.CaptureFixture[str]) ->
     assert learned() == [0.0, 0.0]
     for overhead in learned("--learn-ttft-overhead"):
         assert overhead == pytest.approx(0.040, rel=0.25)
+
+
+def test_simulate_plain_answers(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--plain 1``: the router sees no first token, and plain answers alone warm no replica
+    up (core/speed.py), so every rate stays the prior; ``--plain 0.5``: the streams warm each
+    replica up, and its rate is learned (a fleet at 20,000 tokens/s). Before the plain answers'
+    first tokens were guessed, that was 200,000 (the bound): the queues they left behind made
+    every stream's first token look ten times faster than its queue. 300 requests are few,
+    and the first, learned behind such queues, still weigh: 24,000 and 27,000 here."""
+
+    def rates(share: str) -> list[float]:
+        argv = ["simulate", "-w", "no-sharing", "--set", "requests=300", "-p", DEFAULT_POLICY,
+                "--fleet", "2:prefill=20000", "--json", "--plain", share]  # fmt: skip
+        assert main(argv) == 0
+        speeds = json.loads(capsys.readouterr().out)["policies"][0]["per_replica_speed"]
+        return [s["learned_prefill_tokens_per_s"] for s in speeds.values()]
+
+    assert rates("1") == [10_000.0, 10_000.0]
+    assert rates("0.5") == pytest.approx([20_000.0, 20_000.0], rel=0.4)

@@ -92,6 +92,8 @@ def test_unknown_policy_and_workload_are_one_line_errors(
         (["-w", "seed-conversation", "--plot", "/proc/no/such.png"], "cannot write plot"),
         (["--slo-ttft-ms", "-5"], "--slo-ttft-ms must be a positive number"),
         (["--slo-ttft-ms", "0"], "--slo-ttft-ms must be a positive number"),
+        (["--plain", "1.5"], "--plain is a share between 0 and 1, got 1.5"),
+        (["--plain", "nan"], "--plain is a share between 0 and 1, got nan"),
         (["-p", "round_robin,,predicted_ttft"], "an empty policy name"),
         (["-p", "cache_aware", "--policy-param", "cache_aware.cache_threshold=nan"], "finite"),
     ],

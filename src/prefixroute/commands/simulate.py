@@ -86,6 +86,9 @@ def add_parser(sub: Any) -> None:
         help="the router learns each replica's fixed first-token overhead too (the gateway's "
         "learn_ttft_overhead; see --fleet's overhead_ms)",
     )
+    plain = "share of the answers that are plain, not streamed (0 to 1; default 0): the router "
+    plain += "sees no first token of those, only their end, as a gateway does"
+    p.add_argument("--plain", type=float, default=0.0, metavar="SHARE", help=plain)
     p.add_argument("--seed", type=int, default=0, help="seed for workload and routing")
     add_slo_argument(p)
     output = p.add_mutually_exclusive_group()  # each replaces the tables on stdout
@@ -118,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     names = policy_names() if args.policy == "all" else parse_policy_list(args.policy)
     params = checked_policy_params(args.policy_param, names)  # fails before any run
     check_slo(args)
+    if not 0.0 <= args.plain <= 1.0:  # nan too
+        raise ConfigError(f"--plain is a share between 0 and 1, got {args.plain}")
     if args.plot:
         check_plot_path(args.plot)
     overrides = parse_pairs(args.overrides, "--set")
@@ -176,6 +181,7 @@ def _run_workload(
         progress=sys.stderr.isatty() or tables,
         fleet=fleet,
         learn_overhead=args.learn_ttft_overhead,
+        plain=args.plain,
     )
     title = (
         f"{workload.name}: {workload.num_requests:,} requests, {replicas} replicas, "

@@ -20,6 +20,11 @@ class Obs:
     x: tuple[float, float, float, float]  # tokens, decode steps, engine requests, first tokens
     seconds: float  # the time measured, seconds
 
+    @property
+    def whole(self) -> bool:
+        """An answer that came whole (its decode phase in it: :class:`QueuedObs`)."""
+        return False
+
 
 @dataclass(slots=True)
 class QueuedObs(Obs):
@@ -35,6 +40,10 @@ class QueuedObs(Obs):
     # An answer that came whole: the (tokens prefilled for others, decode steps) of its decode
     # phase, added to its first token's work (core/speed.py).
     after: tuple[float, float] | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.after is not None
 
 
 def add_observations(

@@ -37,8 +37,9 @@ same fit, per replica, with ``learn_overhead`` (prior 0: a fresh router predicts
 its end: its time from dispatch is the first token's plus its decode phase, and since both are
 linear in the same unknowns, their sum is one observation of the same fit, in the first tokens'
 window (:meth:`observe_first_token` with ``after`` = the decode phase's tokens and steps).
-Without it, a fleet that is sent plain requests never learned a speed: on a fleet with half the
-replicas 4x slower, every replica stayed at the priors (``whole_observations`` counts them).
+They warm no replica up: answers of similar shapes cannot tell a slower prefill from a longer
+decode step (a replica sent only plain answers learned 2-8x its rate from its first dozen).
+Once other observations have warmed it up, they join the fit (``whole_observations``).
 
 **Scraped engine metrics** (:meth:`ReplicaSpeed.observe_engine_prefill`). An engine that
 exports its own prefill times (vLLM's ``vllm:request_prefill_time_seconds`` beside
@@ -132,6 +133,7 @@ class ReplicaSpeed:
     _engine: deque[Obs] = field(default_factory=deque)
     _ratios: deque[float] = field(default_factory=deque)  # predicted / measured TTFTs
     _unfitted: int = 0  # observations since the last refit
+    _whole: int = 0  # answers that came whole in the first tokens' window
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -183,8 +185,9 @@ class ReplicaSpeed:
 
     @property
     def warmed_up(self) -> bool:
-        """Past the priors: the estimates are learned (``min_observations`` observations)."""
-        seen = len(self._prefill) + len(self._decode) + len(self._engine)
+        """Past the priors: the estimates are learned (``min_observations`` observations, not
+        counting answers that came whole: module docstring)."""
+        seen = len(self._prefill) - self._whole + len(self._decode) + len(self._engine)
         return self.config.learn and seen >= max(1, self.config.min_observations)
 
     def estimates(self) -> tuple[float, float, float, float]:
@@ -261,13 +264,17 @@ class ReplicaSpeed:
         ttft_s = obs.seconds
         if not self.config.learn or tokens < 0 or not math.isfinite(ttft_s) or ttft_s < 0:
             return None
-        whole = type(obs) is QueuedObs and obs.after is not None
+        whole = obs.whole
         if self.warmed_up and ttft_s > 0 and not whole:  # a whole answer's is no TTFT
             self._ratios.append(self.ttft_s(tokens, steps) / ttft_s)
             self.ttft_predictions += 1
-        self._prefill.append(obs)
+        window = self._prefill
+        if len(window) == window.maxlen and window[0].whole:
+            self._whole -= 1  # about to drop out of the window
+        window.append(obs)
         self.prefill_observations += 1
         self.whole_observations += whole
+        self._whole += whole
         self._observed()
         return obs
 
@@ -309,9 +316,9 @@ class ReplicaSpeed:
     def _observed(self) -> None:
         cfg = self.config
         self._unfitted += 1
-        seen = len(self._prefill) + len(self._decode) + len(self._engine)
-        if seen < max(1, cfg.min_observations):
+        if not self.warmed_up:
             return
+        seen = len(self._prefill) + len(self._decode) + len(self._engine)
         # Refit at every observation while the windows fill, then every few: a refit costs
         # O(window), and a few observations more or less do not move a window's estimate.
         if self._unfitted >= REFIT_EVERY or seen < cfg.window:
@@ -382,16 +389,10 @@ class ReplicaSpeed:
             self._derive(o)
 
     def _set_within_bounds(self, rate: float, step: float, engine: float, first: float) -> None:
-        """Take these estimates, each within its bounds: the rate and the decode step within
-        ``bound`` of their priors, the overheads between 0 and ``bound`` full steps."""
-        cfg = self.config
-        self.prefill_tokens_per_s = min(max(rate, cfg.prefill_tokens_per_s / cfg.bound),
-                                        cfg.prefill_tokens_per_s * cfg.bound)  # fmt: skip
-        d0, lo = cfg.decode_step_s, cfg.decode_step_s / cfg.bound  # a prior of 0: at least 0
-        self.decode_step_s = min(max(step, lo), d0 * cfg.bound) if d0 > 0 else max(step, lo)
-        most = cfg.bound * cfg.overhead_scale_s
-        self.engine_overhead_s = min(max(engine, 0.0), most)
-        self.first_token_overhead_s = min(max(first, 0.0), most)
+        """Take these estimates, each within its bounds (:meth:`SpeedConfig.within_bounds`)."""
+        bounded = self.config.within_bounds(rate, step, engine, first)
+        self.prefill_tokens_per_s, self.decode_step_s = bounded[0], bounded[1]
+        self.engine_overhead_s, self.first_token_overhead_s = bounded[2], bounded[3]
 
     def snapshot(self) -> dict[str, float | int | str | None]:
         """The estimates and their evidence, for reports and the admin API

@@ -44,6 +44,19 @@ class SpeedConfig:
         return self.step_tokens / self.prefill_tokens_per_s + self.decode_step_s
 
 
+    def within_bounds(
+        self, rate: float, step: float, engine: float, first: float
+    ) -> tuple[float, float, float, float]:
+        """These estimates, each within its bounds: the rate and the decode step within
+        ``bound`` of their priors, the overheads between 0 and ``bound`` full steps."""
+        rate = min(max(rate, self.prefill_tokens_per_s / self.bound),
+                   self.prefill_tokens_per_s * self.bound)  # fmt: skip
+        d0, lo = self.decode_step_s, self.decode_step_s / self.bound  # a prior of 0: at least 0
+        step = min(max(step, lo), d0 * self.bound) if d0 > 0 else max(step, lo)
+        most = self.bound * self.overhead_scale_s
+        return rate, step, min(max(engine, 0.0), most), min(max(first, 0.0), most)
+
+
 def speed_priors_of(policy: object) -> SpeedConfig:
     """Speed priors from a policy's config fields of the same names, where it has them (a fresh
     router then predicts with exactly the numbers its policy was configured with)."""

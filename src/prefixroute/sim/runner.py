@@ -85,12 +85,14 @@ def compare_policies(
     on_result: Callable[[PolicyMetrics], None] | None = None,
     fleet: Fleet | None = None,
     learn_overhead: bool = False,
+    plain: float = 0.0,
 ) -> Comparison:
     """Simulate ``workload`` once per policy, each on a fresh cluster with the same seed.
 
     ``fleet`` gives each replica its own settings (and speed changes); it replaces ``replicas``.
     ``learn_overhead``: the router learns each replica's fixed first-token overhead too (as
     the gateway's ``learn_ttft_overhead``; worth it where the fleet's overheads differ).
+    ``plain``: the share of answers that are plain, not streamed (``ClusterSim``).
     """
     cfg = replica_config or ReplicaConfig(block_size=workload.block_size)
     if fleet is not None:
@@ -102,7 +104,9 @@ def compare_policies(
         speed = dataclasses.replace(speed_priors_of(policy), learn_overhead=learn_overhead)
         bar = LazyProgress(workload.num_requests, f"{workload.name} / {name}", progress)
         try:
-            sim = ClusterSim(workload, policy, replicas, cfg, seed, bar.update, fleet, speed=speed)
+            sim = ClusterSim(
+                workload, policy, replicas, cfg, seed, bar.update, fleet, speed=speed, plain=plain
+            )
             result = sim.run()
         finally:
             bar.close()

@@ -118,7 +118,9 @@ def test_sync_settings_are_checked() -> None:
     from prefixroute.ray_serve import RouterSettings
 
     assert RouterSettings().sync_redis is None
-    for bad in ({"sync_redis": "http://x"}, {"sync_channel": ""}, {"sync_history": -1}):
+    bads = ({"sync_redis": "http://x"}, {"sync_redis": "redis://h:notaport/0"},
+            {"sync_channel": ""}, {"sync_history": -1})  # fmt: skip
+    for bad in bads:
         with pytest.raises(ConfigError, match="sync_"):
             RouterSettings.from_kwargs(bad)
     assert make_router().sync is None

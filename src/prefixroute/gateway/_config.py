@@ -20,6 +20,7 @@ from prefixroute._pool import IDLE_TIMEOUT_S
 from prefixroute.core import DEFAULT_POLICY, ConfigError, make_policy, policy_names
 from prefixroute.events import EventEndpoint
 from prefixroute.gateway._tenant_config import TenancyConfig
+from prefixroute.sync import check_url
 
 T = TypeVar("T")
 ADMIN_TOKEN_ENV = "PREFIXROUTE_ADMIN_TOKEN"
@@ -303,8 +304,7 @@ class GatewayConfig:
             raise ConfigError("speculative_ttl_s must be positive")
         self.kv_event_endpoints()  # malformed specs fail here, at start
         if self.sync_redis is not None:
-            if not self.sync_redis.startswith(("redis://", "rediss://", "unix://")):
-                raise ConfigError(f"sync_redis must be a redis:// URL, got {self.sync_redis!r}")
+            check_url(self.sync_redis)  # a URL redis-py cannot use fails here, at start
             if not self.sync_channel:
                 raise ConfigError("sync_channel must not be empty")
         otlp = self.otlp_endpoint

@@ -15,6 +15,7 @@ from typing import Any
 
 from prefixroute.core import DEFAULT_POLICY, BlockHasher, ConfigError, Router, make_policy
 from prefixroute.ray_serve._ledger import Ledger
+from prefixroute.sync import check_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +58,10 @@ class RouterSettings:
 
     def _check_sync(self) -> None:
         url, history = self.sync_redis, self.sync_history
-        if url is not None and (
-            not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://"))
-        ):
+        if url is not None and not isinstance(url, str):
             raise ConfigError(f"sync_redis must be a redis:// URL, got {url!r}")
+        if url is not None:
+            check_url(url)  # a URL redis-py cannot use fails here, not at the first request
         if not isinstance(self.sync_channel, str) or not self.sync_channel:
             raise ConfigError("sync_channel must be a non-empty string")
         if not isinstance(history, int) or isinstance(history, bool) or history < 0:

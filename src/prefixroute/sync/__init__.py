@@ -12,5 +12,6 @@ channel. How and why: ``_redis.py``'s docstring.
 """
 
 from prefixroute.sync._redis import RouteSync
+from prefixroute.sync._url import check_url, redacted
 
-__all__ = ["RouteSync"]
+__all__ = ["RouteSync", "check_url", "redacted"]

@@ -179,22 +179,27 @@ class RouteSync:
             delay = BACKOFF_MIN_S
 
         while True:
-            client = self._client()
+            # Warn once per outage; the retries that follow are logged at debug level.
+            level = logging.WARNING if delay == BACKOFF_MIN_S else logging.DEBUG
+            client = None
             try:
+                # Built inside the try: a URL redis-py rejects raised here, outside it, and
+                # ended the task with nothing logged or counted (GatewayConfig now rejects
+                # such URLs at start; a caller that skips the check still gets retries).
+                client = self._client()
                 await work(client, up)
             except (RedisError, OSError) as exc:
                 self.metrics.errors.labels("redis").inc()
-                # Warn once per outage; the retries that follow are logged at debug level.
-                level = logging.WARNING if delay == BACKOFF_MIN_S else logging.DEBUG
                 log.log(level, "sync through Redis failed (%s); routing local-only", exc)
             except Exception:  # a bug must not end the sharing for good: log it, start over
                 self.metrics.errors.labels("internal").inc()
-                log.exception("sync: unexpected error; restarting")
+                log.log(level, "sync: unexpected error; restarting", exc_info=True)
             finally:
                 if work == self._subscribe:
                     self._set_connected(False)
                     self.remote.forget()  # their ends may be lost while we are away
-                await client.aclose()
+                if client is not None:
+                    await client.aclose()
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
 

@@ -1,5 +1,5 @@
 """The Redis sync in the failures a fleet meets (docs/deployment.md, "Several instances,
-approximate mode"): a malformed ``sync_redis`` URL.
+approximate mode"): a malformed ``sync_redis`` URL, a full Redis.
 
 Found by an audit that ran ``prefixroute serve`` instances against a real ``redis-server``.
 """
@@ -10,17 +10,22 @@ import asyncio
 import sys
 
 import pytest
+import redis
 from polling import until
 from prometheus_client.registry import CollectorRegistry
 
 from prefixroute.core import (
     ConfigError,
+    Decision,
+    DecisionReason,
     ReplicaId,
     Router,
     make_policy,
 )
 from prefixroute.gateway import GatewayConfig
 from prefixroute.sync import RouteSync
+
+from .redis_server import RedisServer
 
 R = ReplicaId("http://r:1")
 
@@ -84,3 +89,43 @@ async def test_a_sync_whose_client_cannot_be_built_keeps_trying_and_counts_it() 
         assert all(not t.done() for t in sync._tasks)
     finally:
         await sync.stop()
+
+
+async def test_a_full_redis_still_shares_every_decision_once(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis at maxmemory (noeviction) refuses the history's LPUSH but still PUBLISHes. Before,
+    the whole batch counted as failed: it was published again at every retry, forever, and
+    nothing queued behind its 256 messages went out, so the others re-counted its decisions
+    in flight while their ends waited in the queue (phantom load, never expired)."""
+    import prefixroute.sync._redis as sync_redis
+
+    caplog.set_level(logging.INFO, logger="prefixroute.sync")
+    monkeypatch.setattr(sync_redis, "BACKOFF_MIN_S", 0.01)
+    monkeypatch.setattr(sync_redis, "BACKOFF_MAX_S", 0.05)
+    pub, sub = instance("pub", redis_server.url), instance("sub", redis_server.url)
+    await sub.start()
+    await pub.start()
+    try:
+        await until(lambda: sub.connected)
+        admin = redis.Redis.from_url(redis_server.url)
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", "1")  # every write that needs memory is refused
+        admin.close()
+        n = 200  # more decisions than one batch, their ends queued behind them
+        for i in range(n):
+            view = pub.router.view(f"q{i}", tokens=[i] * 64)
+            pub.routed(view, Decision(R, DecisionReason.PREFIX_MATCH, 0))
+        for i in range(n):
+            pub.completed(f"q{i}")
+        await until(lambda: sample(pub, "prefixroute_sync_published_total") == 2 * n)
+        await until(lambda: sample(sub, "prefixroute_sync_applied_total") == n)
+        await until(lambda: sub.router.replica_load(R).in_flight == 0)
+        await asyncio.sleep(0.3)  # several retries' time: nothing is published again
+        assert sample(sub, "prefixroute_sync_applied_total") == n
+        assert sample(pub, "prefixroute_sync_errors_total", kind="redis") >= 1  # seen
+        assert caplog.text.count("refused the history") == 1  # once while it lasts
+        assert "written again" not in caplog.text  # batches of ends alone write no history
+    finally:
+        await pub.stop()
+        await sub.stop()

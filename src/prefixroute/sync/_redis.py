@@ -102,6 +102,7 @@ class RouteSync:
         self._tasks: list[asyncio.Task[None]] = []
         self._connected = False
         self._unsent: list[tuple[bytes, bool]] = []  # a batch whose connection failed
+        self._history_refused = False  # Redis refuses the history's writes (logged once)
 
     @property
     def connected(self) -> bool:
@@ -216,10 +217,39 @@ class RouteSync:
                 if self.history and kept:
                     pipe.lpush(self.history_key, *kept)  # newest first
                     pipe.ltrim(self.history_key, 0, self.history - 1)
-                await pipe.execute()
+                # A refused command comes back in its place (a lost connection still raises).
+                results = await pipe.execute(raise_on_error=False)
+            refused = [r for r in results[: len(batch)] if isinstance(r, Exception)]
+            if refused:
+                raise refused[0]  # not published: the batch waits for the retry
+            # Published: the batch is sent, whatever became of the history. Before, a Redis at
+            # maxmemory (it refuses LPUSH, never PUBLISH) failed the whole batch: the others got
+            # it again at every retry, forever, and nothing queued behind it went out.
             self._unsent = []
+            self._history_written(results[len(batch) :])
             up()
             self.metrics.published.inc(len(batch))
+
+    def _history_written(self, results: list[Any]) -> None:
+        """Count and log (once per spell) the history's refused writes: a Redis at maxmemory
+        or a key of another type. Sharing goes on; instances that (re)connect start colder."""
+        if not results:
+            return  # a batch with nothing for the history (first tokens, ends) tells nothing
+        refused = next((r for r in results if isinstance(r, Exception)), None)
+        if refused is None:
+            if self._history_refused:
+                log.info("sync: the history in %s is written again", self.history_key)
+            self._history_refused = False
+            return
+        self.metrics.errors.labels("redis").inc()
+        if not self._history_refused:
+            log.warning(
+                "sync: Redis refused the history in %s (%s): decisions are still shared, but "
+                "instances that start or reconnect now miss them",
+                self.history_key,
+                refused,
+            )
+        self._history_refused = True
 
     async def _subscribe(self, client: aioredis.Redis, up: Callable[[], None]) -> None:
         async with client.pubsub(ignore_subscribe_messages=True) as pubsub:

@@ -1,5 +1,6 @@
 """The Redis sync in the failures a fleet meets (docs/deployment.md, "Several instances,
-approximate mode"): a malformed ``sync_redis`` URL, a full Redis.
+approximate mode"): a malformed ``sync_redis`` URL, a full Redis, a password in the URL
+(docs/security.md: logged as ``***``).
 
 Found by an audit that ran ``prefixroute serve`` instances against a real ``redis-server``.
 """
@@ -7,6 +8,7 @@ Found by an audit that ran ``prefixroute serve`` instances against a real ``redi
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 
 import pytest
@@ -129,3 +131,52 @@ async def test_a_full_redis_still_shares_every_decision_once(
     finally:
         await pub.stop()
         await sub.stop()
+
+
+async def test_the_redis_password_stays_out_of_the_logs(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.config_set("requirepass", "s3cret-pw")
+    admin.close()
+    url = f"redis://:s3cret-pw@127.0.0.1:{redis_server.port}/0"
+    sync = instance("me", url)
+    with caplog.at_level(logging.DEBUG, logger="prefixroute.sync"):
+        await sync.start()
+        try:
+            await until(lambda: sync.connected)
+        finally:
+            await sync.stop()
+    assert "subscribed" in caplog.text
+    assert "s3cret-pw" not in caplog.text
+
+
+async def test_serve_logs_its_sync_url_without_the_password() -> None:
+    from .helpers import read_until
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "prefixroute.cli", "serve", "--port", "0", "--emulate", "1",
+        "--emulate-time-scale", "0.01", "--sync-redis", "redis://:s3cret-pw@127.0.0.1:9/0",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    seen: list[str] = []
+    try:
+        async with asyncio.timeout(30):
+            await read_until(proc.stderr, r"gateway serving", seen)
+    finally:
+        proc.kill()
+        await proc.wait()
+    text = "".join(seen)
+    assert "sharing decisions through redis://:***@127.0.0.1:9/0" in text, text
+    assert "s3cret-pw" not in text
+
+
+def test_redacted_hides_only_the_password() -> None:
+    from prefixroute.sync import redacted
+
+    assert redacted("redis://:pw@h:1/0") == "redis://:***@h:1/0"
+    assert redacted("rediss://bob:pw@h/2") == "rediss://bob:***@h/2"
+    assert redacted("redis://h:1/0") == "redis://h:1/0"
+    assert redacted("redis://bob@h:1/0") == "redis://bob@h:1/0"  # a name alone is no secret
+    assert redacted("redis://:pw@[::1/0") == "redis://***@[::1/0"  # unparseable: all of it

@@ -35,6 +35,7 @@ from prefixroute.epp import (
     replica_of,
 )
 from prefixroute.gateway import ADMIN_TOKEN_ENV, UPSTREAM_API_KEY_ENV, build_config, load_toml
+from prefixroute.sync import redacted
 
 log = logging.getLogger("prefixroute.epp")
 # The gateway settings that are epp flags too (any other comes from the --config file).
@@ -195,7 +196,7 @@ async def _serve(config: EppConfig, pods: tuple[KubernetesPods, int] | None, res
             watcher.start()
         log.info("metrics on http://%s:%d/metrics", config.http_host, epp.http_port)
         if config.routing.sync_redis is not None:
-            log.info("sharing decisions through %s", config.routing.sync_redis)
+            log.info("sharing decisions through %s", redacted(config.routing.sync_redis))
         try:
             await wait_for_signal()
         finally:

@@ -29,6 +29,7 @@ from prefixroute.gateway import (
     build_config,
     load_toml,
 )
+from prefixroute.sync import redacted
 
 log = logging.getLogger("prefixroute.gateway")
 
@@ -116,7 +117,7 @@ async def _serve(config: GatewayConfig, emulate: int, time_scale: float) -> None
         url = await gateway.start()
         mode = "precise" if config.precise else "tokens" if config.tokenizer else "approximate"
         if config.sync_redis is not None:
-            mode += f", sharing decisions through {config.sync_redis}"
+            mode += f", sharing decisions through {redacted(config.sync_redis)}"  # no password
         log.info(
             "gateway serving %s (policy %s, %d replicas, %s mode)",
             url,

@@ -35,7 +35,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from prefixroute.core import Decision, RequestView
 from prefixroute.ray_serve._ledger import Ledger
-from prefixroute.sync import RouteSync
+from prefixroute.sync import RouteSync, redacted
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class RouterSync:
         self.started = True  # first: routing tasks racing here start it once
         await self.route_sync.start()
         self.ledger.listener = _OnLoop(self.route_sync, asyncio.get_running_loop())
-        log.info("prefixroute: sharing decisions through %s", self.route_sync.url)
+        log.info("prefixroute: sharing decisions through %s", redacted(self.route_sync.url))
 
     async def stop(self) -> None:
         """Leave (tests; Ray has no shutdown hook for a router: its loop ends with the process)."""

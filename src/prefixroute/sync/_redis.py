@@ -50,6 +50,7 @@ from redis.exceptions import RedisError
 from prefixroute.core import Decision, RequestView, Router
 from prefixroute.sync._metrics import SyncMetrics
 from prefixroute.sync._remote import RemoteRequests, without_withdrawn
+from prefixroute.sync._url import redacted
 from prefixroute.sync._wire import encode, encode_progress, encode_withdrawn
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,7 @@ class RouteSync:
             await self._replay(client)  # caught up before we say so
             self._set_connected(True)
             up()
-            log.info("sync: subscribed to %s on %s", self.channel, self.url)
+            log.info("sync: subscribed to %s on %s", self.channel, redacted(self.url))
             while True:
                 message = await pubsub.get_message(timeout=POLL_S)
                 if message is not None and message.get("type") == "message":

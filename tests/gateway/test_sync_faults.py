@@ -1,6 +1,6 @@
 """The Redis sync in the failures a fleet meets (docs/deployment.md, "Several instances,
 approximate mode"): a malformed ``sync_redis`` URL, a full Redis, a password in the URL
-(docs/security.md: logged as ``***``).
+(docs/security.md: logged as ``***``), a Redis that hangs.
 
 Found by an audit that ran ``prefixroute serve`` instances against a real ``redis-server``.
 """
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import sys
 
 import pytest
@@ -180,3 +182,39 @@ def test_redacted_hides_only_the_password() -> None:
     assert redacted("redis://h:1/0") == "redis://h:1/0"
     assert redacted("redis://bob@h:1/0") == "redis://bob@h:1/0"  # a name alone is no secret
     assert redacted("redis://:pw@[::1/0") == "redis://***@[::1/0"  # unparseable: all of it
+
+
+async def test_a_hung_redis_is_a_lost_subscription(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis stopped (SIGSTOP: as a hung server or a link that drops packets, nothing is
+    closed): ``connected`` goes to 0 and the others' requests leave the load view, as when the
+    subscription breaks (docs/deployment.md: "all of them are dropped when the subscription
+    breaks, since their ends are lost meanwhile"; "Alert when connected stays at 0"). Before,
+    both stayed as they were for as long as Redis hung (over a minute, seen with serve)."""
+    import prefixroute.sync._redis as sync_redis
+
+    monkeypatch.setattr(sync_redis, "HEARTBEAT_S", 0.5, raising=False)  # 5 s in production
+    monkeypatch.setattr(sync_redis, "SOCKET_TIMEOUT_S", 0.5)
+    pub, sub = instance("pub", redis_server.url), instance("sub", redis_server.url)
+    await sub.start()
+    await pub.start()
+    assert redis_server.proc is not None
+    pid = redis_server.proc.pid
+    try:
+        await until(lambda: sub.connected)
+        view = pub.router.view("q1", tokens=[1] * 64)
+        pub.routed(view, Decision(R, DecisionReason.PREFIX_MATCH, 0))
+        await until(lambda: sub.router.replica_load(R).in_flight == 1)
+        await asyncio.sleep(1.0)  # quiet a while: nothing but PINGs and their answers
+        assert sub.connected
+        os.kill(pid, signal.SIGSTOP)
+        await until(lambda: not sub.connected, timeout_s=8)
+        assert sub.router.replica_load(R).in_flight == 0  # its end can no longer be heard
+        assert sample(sub, "prefixroute_sync_connected") == 0
+        os.kill(pid, signal.SIGCONT)
+        await until(lambda: sub.connected, timeout_s=8)  # and back once Redis answers
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        await pub.stop()
+        await sub.stop()

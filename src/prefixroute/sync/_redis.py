@@ -45,7 +45,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from prometheus_client.registry import CollectorRegistry
+from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from prefixroute.core import Decision, RequestView, Router
 from prefixroute.sync._metrics import SyncMetrics
@@ -61,6 +63,7 @@ BACKOFF_MIN_S = 0.05  # first reconnect delay, seconds
 BACKOFF_MAX_S = 2.0  # longest reconnect delay, seconds
 SOCKET_TIMEOUT_S = 2.0  # connect and command timeout, seconds
 POLL_S = 1.0  # longest wait for one subscriber message, seconds
+HEARTBEAT_S = 5.0  # a subscription quiet this long is PINGed (_listen), seconds
 HISTORY = 4096  # decisions kept in Redis for instances that (re)connect later
 HISTORY_CHUNK = 256  # history entries applied between yields to the event loop
 
@@ -169,7 +172,7 @@ class RouteSync:
             socket_timeout=SOCKET_TIMEOUT_S,
             socket_connect_timeout=SOCKET_TIMEOUT_S,
             retry=None,
-            health_check_interval=30,  # PING an idle subscription: finds a silently dead link
+            health_check_interval=30,  # PING a connection idle this long before using it
         )
 
     async def _forever(self, work: _Work) -> None:
@@ -259,11 +262,31 @@ class RouteSync:
             self._set_connected(True)
             up()
             log.info("sync: subscribed to %s on %s", self.channel, redacted(self.url))
-            while True:
-                message = await pubsub.get_message(timeout=POLL_S)
-                if message is not None and message.get("type") == "message":
+            await self._listen(pubsub)
+
+    async def _listen(self, pubsub: PubSub) -> None:
+        """Apply the others' messages; PING a quiet subscription, and give it up (a
+        ``TimeoutError``: ``_forever`` reconnects) when the PING goes unanswered.
+
+        A Redis that hangs (SIGSTOP, a full disk) or a link that drops packets closes nothing,
+        and redis-py's health check only sends its PING, never waits for the answer: the
+        subscription looked alive for as long as it lasted, ``connected`` stayed 1 and the
+        others' requests stayed counted in flight, their ends never heard."""
+        heard = time.monotonic()  # last reply of any kind on this connection
+        pinged_at: float | None = None  # our PING still unanswered since
+        while True:
+            message = await pubsub.get_message(timeout=POLL_S)
+            now = time.monotonic()
+            if message is not None:  # a PONG too
+                heard, pinged_at = now, None
+                if message.get("type") == "message":
                     self.remote.apply(message["data"])
-                self.remote.expire_due(time.monotonic())
+            elif pinged_at is not None and now - pinged_at > SOCKET_TIMEOUT_S:
+                raise RedisTimeout(f"no answer to PING in {SOCKET_TIMEOUT_S:g} s")
+            elif pinged_at is None and now - heard >= HEARTBEAT_S:
+                await pubsub.ping()  # sent only: its PONG comes back through get_message
+                pinged_at = now
+            self.remote.expire_due(now)
 
     async def _replay(self, client: aioredis.Redis) -> None:
         """Apply the history, oldest first: what was decided before this (re)connection."""

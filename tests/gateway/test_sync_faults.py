@@ -83,14 +83,47 @@ async def test_serve_with_a_malformed_sync_url_exits_with_one_line() -> None:
     assert len(lines) == 1 and "sync_redis" in lines[0], lines
 
 
-async def test_a_sync_whose_client_cannot_be_built_keeps_trying_and_counts_it() -> None:
+async def test_a_sync_whose_client_cannot_be_built_keeps_trying_and_counts_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Past the config check (a caller that builds RouteSync itself): the failure is counted
-    and retried like any other, never a task that ends unseen."""
+    and retried like any other, never a task that ends unseen; its traceback is logged once
+    per task, not at every retry."""
+    caplog.set_level(logging.INFO, logger="prefixroute.sync")
     sync = instance("me", "redis://127.0.0.1:notaport/0")
     await sync.start()
     try:
-        await until(lambda: sample(sync, "prefixroute_sync_errors_total", kind="internal") >= 2)
+        await until(lambda: sample(sync, "prefixroute_sync_errors_total", kind="internal") >= 6)
         assert all(not t.done() for t in sync._tasks)
+    finally:
+        await sync.stop()
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 2 and all(r.exc_info for r in errors)  # publisher, subscriber
+
+
+async def test_every_outage_is_logged_once(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A warning per outage, the retries at debug level: a second outage is warned of too."""
+    import prefixroute.sync._redis as sync_redis
+
+    monkeypatch.setattr(sync_redis, "BACKOFF_MIN_S", 0.01)
+    monkeypatch.setattr(sync_redis, "BACKOFF_MAX_S", 0.05)
+    caplog.set_level(logging.WARNING, logger="prefixroute.sync")
+    sync = instance("me", redis_server.url)
+
+    def warned() -> int:
+        return caplog.text.count("sync through Redis failed")
+
+    await sync.start()
+    try:
+        for outage in (1, 2):
+            await until(lambda: sync.connected)
+            redis_server.stop()
+            await until(lambda: warned() == outage)  # noqa: B023 (awaited at once)
+            await asyncio.sleep(0.2)  # retries meanwhile: not warned of again
+            assert warned() == outage
+            redis_server.start()
     finally:
         await sync.stop()
 

@@ -184,8 +184,6 @@ class RouteSync:
             delay = BACKOFF_MIN_S
 
         while True:
-            # Warn once per outage; the retries that follow are logged at debug level.
-            level = logging.WARNING if delay == BACKOFF_MIN_S else logging.DEBUG
             client = None
             try:
                 # Built inside the try: a URL redis-py rejects raised here, outside it, and
@@ -195,9 +193,10 @@ class RouteSync:
                 await work(client, up)
             except (RedisError, OSError) as exc:
                 self.metrics.errors.labels("redis").inc()
-                log.log(level, "sync through Redis failed (%s); routing local-only", exc)
+                log.log(_level(delay), "sync through Redis failed (%s); routing local-only", exc)
             except Exception:  # a bug must not end the sharing for good: log it, start over
                 self.metrics.errors.labels("internal").inc()
+                level = _level(delay, logging.ERROR)  # a traceback per spell, not per retry
                 log.log(level, "sync: unexpected error; restarting", exc_info=True)
             finally:
                 if work == self._subscribe:
@@ -302,3 +301,9 @@ class RouteSync:
         self.metrics.replayed.inc(applied)
         if payloads:
             log.info("sync: applied %d of %d decisions from the history", applied, len(payloads))
+
+
+def _level(delay: float, first: int = logging.WARNING) -> int:
+    """``first`` once per outage (read after the work failed: ``up`` has reset ``delay`` if
+    the link was up meanwhile); the retries that follow are logged at debug level."""
+    return first if delay == BACKOFF_MIN_S else logging.DEBUG

@@ -22,13 +22,15 @@ metrics count the answer and judge the replica; ``close`` ends, once, a request 
 cleanly, and frees the tenant's slot. When the proxy says a fallback served the answer
 (``x-gateway-destination-endpoint-served``), the primary failed it: its failure counts, its
 accounting ends, and the request is routed again to the fallback, as the gateway's retry is.
-Response chunks go back at once, so streaming is not held up; a buffered answer goes back
-whole, less the usage event the picker asked for. With ``sync_redis`` decisions,
-first tokens, withdrawals and ends go to the Redis sync too, as the gateway's.
+Response chunks go back at once, so streaming is not held up; a buffered answer goes back whole,
+less the usage event the picker asked for. A plain answer's first token is guessed when due and
+its whole time learned (``gateway._accounting``). With ``sync_redis`` decisions, first tokens,
+withdrawals and ends go to the Redis sync too, as the gateway's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -56,7 +58,9 @@ from prefixroute.gateway import (
     PayloadTooLarge,
     RequestTracing,
     Usage,
+    end_accounting,
     error_response,
+    guess_first_token,
     is_model_call,
     spec_for,
 )
@@ -93,6 +97,8 @@ class PickStream:
         self._untimed = False  # routed again once answered (a fallback): no TTFT to learn
         self._span: Span | None = None  # the request's trace span (otlp_endpoint)
         self._done = False  # accounting ended (complete was called), or nothing to account
+        self._plain = False  # no stream asked: its first token guessed, its whole time learned
+        self._guess: asyncio.TimerHandle | None = None  # the guess when due (gateway._accounting)
 
     # --- the messages -----------------------------------------------------------------------
     async def handle(self, req: proto.Request) -> list[proto.Response]:
@@ -120,10 +126,9 @@ class PickStream:
         return []
 
     def close(self) -> None:
-        """The gRPC stream ended: a request still counted in flight ends here (once), and
-        its tenant's slot is freed. One whose answer had started (the client has its status)
-        is counted as a request, as the gateway counts a stream cut short; whose fault the cut
-        was (client or replica) the picker cannot tell, so no replica is judged."""
+        """The gRPC stream ended: a request still in flight ends here (once), its tenant's slot
+        is freed. One whose answer had started is counted, as the gateway counts a stream cut
+        short; whose fault the cut was the picker cannot tell, so no replica is judged."""
         decision = self.decision
         if decision is not None and not self._done and self.status and self._counted:
             self._count(self.served or decision.replica, self.status, decision)
@@ -178,6 +183,9 @@ class PickStream:
             if self.admission is not None:  # the tenant's prompt-token budget
                 self.admission.scope.charge_prompt(view.prompt_tokens)
             self.destinations = self._route(view, started)
+            self._plain = not key.stream  # no first token to see (gateway._accounting)
+            if self._plain:
+                self._guess = guess_first_token(self.s.router, self.s.sync, self.rid, self.s.clock)
         except PrefixrouteError as exc:
             return [self._error(exc)]
         return self._answer(body, replaced, end_of_body, headers_only)
@@ -256,9 +264,8 @@ class PickStream:
         headers = {k.lower(): v for k, v in answer.headers.items() if k.lower() != "content-length"}
         body = answer.body if isinstance(answer.body, bytes) else b""
         spec = spec_for(exc)  # every row names a code; the type stands in for one that did not
-        return proto.immediate_response(
-            answer.status, body, headers, details=spec.code or spec.type
-        )
+        details = spec.code or spec.type
+        return proto.immediate_response(answer.status, body, headers, details=details)
 
     # --- the answer -----------------------------------------------------------------------
     def _response_headers(self, req: proto.Request) -> list[proto.Response]:
@@ -284,9 +291,8 @@ class PickStream:
         return out
 
     def _note_served(self, served: str | None, decision: Decision) -> None:
-        """The proxy went down the list past the primary: the primary failed this request
-        (its failure counts, as the gateway counts a failed attempt), and what follows is the
-        served replica's answer."""
+        """The proxy went past the primary, which failed this request (its failure counts, as
+        the gateway's failed attempts): what follows is the served replica's answer."""
         if served is None or served == endpoint_of(decision.replica):
             return
         try:
@@ -303,9 +309,8 @@ class PickStream:
             self._move_to(rid)
 
     def _move_to(self, replica: ReplicaId) -> None:
-        """A fallback served the request: the primary's accounting ends, learning nothing, and
-        the request is routed again, to the fallback (its load, its index, its prediction), as
-        the gateway's retry routes again. Its first token is not timed: it was sent earlier."""
+        """A fallback served the request: the primary's accounting ends, learning nothing; the
+        request is routed again to the fallback, as the gateway retries (its times untaught)."""
         s, now, view = self.s, self.s.clock(), self._view
         s.router.first_token(self.rid, now, measured=False)
         s.router.complete(self.rid, now)
@@ -389,12 +394,7 @@ class PickStream:
         if self._done or self.decision is None:
             return
         self._done = True
-        router = self.s.router
-        output = None
-        if usage is not None:
-            if usage.prompt_tokens is not None:  # chars per token, even without cached tokens
-                router.observe_usage(self.rid, usage.prompt_tokens, usage.cached_tokens)
-            output = usage.completion_tokens
-        router.complete(self.rid, self.s.clock(), output)
-        if self.s.sync is not None:
-            self.s.sync.completed(self.rid)
+        if self._guess is not None:
+            self._guess.cancel()
+        whole = self._plain and usage is not None and not self._untimed  # a fallback: unsent
+        end_accounting(self.s.router, self.s.sync, self.rid, self.s.clock(), usage, whole)

@@ -16,10 +16,32 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from prefixroute.core import Router
 from prefixroute.gateway._listener import RouteListener
 from prefixroute.gateway._usage import Usage
+
+
+def guess_first_token(
+    router: Router,
+    listener: RouteListener | None,
+    rid: str,
+    clock: Callable[[], float] = time.monotonic,
+) -> asyncio.TimerHandle | None:
+    """On the running loop, tell the router (and ``listener``) the first token of the plain
+    answer ``rid`` when it is due, as unmeasured (module docstring); None: no guess (its
+    replica's speed is not its own yet). Cancel the handle when the answer ends."""
+    due = router.first_token_due(rid)
+    if due is None:
+        return None
+
+    def guessed() -> None:
+        router.first_token(rid, clock(), measured=False)
+        if listener is not None:
+            listener.first_token(rid)
+
+    return asyncio.get_running_loop().call_later(due, guessed)
 
 
 class Release:
@@ -36,18 +58,7 @@ class Release:
         self.rid = rid
         self.plain = plain
         self.done = False
-        self._guess: asyncio.TimerHandle | None = None
-        due = router.first_token_due(rid) if plain else None
-        if due is not None:
-            self._guess = asyncio.get_running_loop().call_later(due, self._first_token_due)
-
-    def _first_token_due(self) -> None:
-        self._guess = None
-        if self.done:
-            return
-        self.router.first_token(self.rid, time.monotonic(), measured=False)
-        if self.listener is not None:
-            self.listener.first_token(self.rid)
+        self._guess = guess_first_token(router, listener, rid) if plain else None
 
     def __call__(self, usage: Usage | None = None) -> None:
         if self.done:
@@ -55,13 +66,27 @@ class Release:
         self.done = True
         if self._guess is not None:
             self._guess.cancel()
-        router, rid = self.router, self.rid
-        output = None
-        if usage is not None:
-            if usage.prompt_tokens is not None:
-                router.observe_usage(rid, usage.prompt_tokens, usage.cached_tokens)
-            output = usage.completion_tokens
         # A plain answer read whole, with its usage: its time covers prefill and decode.
-        router.complete(rid, time.monotonic(), output, whole=self.plain and usage is not None)
-        if self.listener is not None:
-            self.listener.completed(rid)
+        whole = self.plain and usage is not None
+        end(self.router, self.listener, self.rid, time.monotonic(), usage, whole)
+
+
+def end(
+    router: Router,
+    listener: RouteListener | None,
+    rid: str,
+    now: float,
+    usage: Usage | None,
+    whole: bool,
+) -> None:
+    """``rid`` ended at ``now``: the router learns from the replica's ``usage`` (the uncached
+    tokens it really computed, its output; a plain answer's whole time, with ``whole``) and
+    ``listener`` hears of the end."""
+    output = None
+    if usage is not None:
+        if usage.prompt_tokens is not None:  # chars per token, even without cached tokens
+            router.observe_usage(rid, usage.prompt_tokens, usage.cached_tokens)
+        output = usage.completion_tokens
+    router.complete(rid, now, output, whole=whole)
+    if listener is not None:
+        listener.completed(rid)

@@ -13,12 +13,14 @@ from __future__ import annotations
 import pytest
 
 from prefixroute.core import (
+    BlockHasher,
     ConfigError,
     Decision,
     DecisionReason,
     LoadTracker,
     ReplicaId,
     RequestView,
+    Router,
     SpeedConfig,
     make_policy,
 )
@@ -149,3 +151,49 @@ def test_whole_answers_leaving_the_window_leave_the_count() -> None:
     assert not speed.warmed_up
     speed.observe_first_token(0.0, 0.0, False, 2000, 0.2)
     assert speed.warmed_up and speed.whole_observations == 64
+
+
+def test_what_a_whole_answer_is_taken_as() -> None:
+    """Its own uncached tokens are the replica's count when reported; its decode phase is
+    ``output - 1`` steps; it keeps its place among the dispatches and whether the replica was
+    decoding when it was sent. Only one sequence with a known output of at least one token."""
+    tracker = LoadTracker(speed=SpeedConfig(decode_step_s=0.015))
+    now = answers(tracker, 20, whole=False)
+    window = tracker[R0].speed._prefill
+    send(tracker, "x", 1000, 5, now)
+    tracker.observe_usage("x", 1000, 600)
+    tracker.complete("x", now + 0.5, 5, whole=True)
+    x = window[-1]
+    assert (x.own, x.after, x.decoding, x.seconds) == (400, (0, 4), False, 0.5)
+    send(tracker, "long", 500, 400, now + 1)  # streamed: its first token seen, then decoding
+    tracker.first_token("long", now + 1.1)
+    send(tracker, "one", 300, 1, now + 1.2)
+    tracker.complete("one", now + 1.3, 1, whole=True)
+    one = window[-1]
+    assert one.whole and one.after == (0, 0) and one.decoding and one.seq == x.seq + 2
+    taken = tracker[R0].speed.whole_observations
+    for output in (None, 0):
+        send(tracker, "none", 300, 5, now + 2)
+        tracker.complete("none", now + 2.5, output, whole=True)
+    tracker.dispatch(
+        RequestView("n2", (), 16, 300, 300, 5, sequences=2),
+        Decision(R0, DecisionReason.LEAST_LOADED, 0),
+        now + 3,
+    )
+    tracker.complete("n2", now + 3.5, 10, whole=True)
+    tracker.dispatch(
+        RequestView("batch", (), 16, 300, 300, 5, batch=True),
+        Decision(R0, DecisionReason.LEAST_LOADED, 0),
+        now + 4,
+    )
+    tracker.complete("batch", now + 4.5, 10, whole=True)
+    assert tracker[R0].speed.whole_observations == taken
+
+
+def test_the_router_passes_whole_on() -> None:
+    router = Router(make_policy("round_robin"), BlockHasher(16), seed=0)
+    router.add_replica(R0)
+    view = router.view("a", tokens=list(range(200)), output_tokens=5)
+    router.route(view, 0.0)
+    router.complete("a", 0.4, 5, whole=True)
+    assert router.replica_load(R0).speed.whole_observations == 1

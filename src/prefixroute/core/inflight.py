@@ -93,23 +93,22 @@ class InFlight:
             prefilled = self.load.prefilled_tokens - self.prefilled_mark
             speed.observe_decode(now - self.first_token_s, output_tokens - 1, prefilled)
 
-    def learn_whole(self, now: float, output_tokens: int | None) -> bool:
+    def learn_whole(self, now: float, output_tokens: int | None) -> None:
         """An answer that came whole teaches its first token and decode phase as one
-        observation; returns whether it was taken. Only of one sequence whose output is known:
-        several sequences' tokens are no count of steps, and a batch's usage is every prompt's."""
+        observation. Only of one sequence whose output is known: several sequences' tokens
+        are no count of steps, and a batch's usage is every prompt's."""
         if output_tokens is None or output_tokens < 1 or self.sequences != 1 or self.batch:
-            return False
+            return
         # A queue ahead that counts answers long past their prefill (nobody saw or guessed
         # their first tokens) looks longer than what the request waited for, and the rate
         # fitted on it came out up to 8x too fast (a 5,000 tokens/s replica at 40,000).
         if not self.queue_known:
-            return False
+            return
         own = self.uncached_tokens if self.actual_uncached is None else self.actual_uncached
         # The prefill that shared its decode steps: what was sent there after it (no first
         # token of them need have been seen; the few still queued at its end are a small excess).
         meanwhile = self.load.dispatched_tokens - self.dispatched_mark
-        obs = self.load.speed.observe_first_token(
+        self.load.speed.observe_first_token(
             self.queued(), self.queue_elapsed_s, self.decoding, own,
             now - self.dispatched_s, seq=self.seq, after=(meanwhile, output_tokens - 1),
         )  # fmt: skip
-        return obs is not None

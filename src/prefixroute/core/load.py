@@ -334,10 +334,11 @@ class LoadTracker:
         load.completed += 1
         out = req.output_tokens if output_tokens is None else output_tokens
         load._add_tokens(out, now)
-        if req.first_token_s is not None:
-            self._learn(req, now, output_tokens)
-        elif not whole or not req.learn_whole(now, output_tokens):
+        if req.first_token_s is None:  # a whole answer warms nothing up: no fleet to share
+            if whole:
+                req.learn_whole(now, output_tokens)
             return
+        self._learn(req, now, output_tokens)
         if self._cold:
             self._share_fleet_speed()
 

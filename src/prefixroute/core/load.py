@@ -273,9 +273,10 @@ class LoadTracker:
 
         None too while the replica's speed is not its own (priors, or its fleet's): a guess at
         a speed nobody measured on it empties its queue too soon where it is slower, and more is
-        sent there than it can do. Half the replicas 4x slower, all answers plain, the
+        sent there than it can do. Half the replicas 4x slower and every answer plain, the
         simulator's hot-prefix p99 TTFT went from 4.1 s (no guess) to 16 s with guesses at the
-        priors, and to 3.0 s with guesses on learned speeds only."""
+        priors; with half the answers plain, guesses at the speeds learned from the streams
+        took it from 1.2 s to 0.65-0.87 s (docs/results.md)."""
         req = self._requests.get(request_id)
         if req is None or req.prefilled or not req.load.speed.warmed_up:
             return None

@@ -20,6 +20,7 @@ import argparse
 import statistics
 
 from _cli import add_seeds
+from heterogeneous import FLEET, WORKLOADS  # the same fleet and workloads
 
 from prefixroute.core import DEFAULT_POLICY, make_policy
 from prefixroute.sim import (
@@ -32,8 +33,6 @@ from prefixroute.sim import (
     summarize,
 )
 
-FLEET = "2:prefill=20000+2:prefill=5000"
-WORKLOADS = ("multi-turn", "hot-prefix", "mooncake", "no-sharing")
 SHARES = (0.0, 0.5, 1.0)  # of the answers plain
 BASELINES = ("least_loaded", "cache_aware")
 

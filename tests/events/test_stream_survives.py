@@ -13,9 +13,19 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from prefixroute.events import EventEndpoint
+from prefixroute.core import PrefixIndex
+from prefixroute.events import EventEndpoint, EventSubscriber
 
 from .helpers import R, frames, indexed, payload, stored, subscriber
+
+
+async def applied_or_ended(index: PrefixIndex, sub: EventSubscriber) -> None:
+    """Until the last batch's one block is in the index, or the subscriber's task has ended
+    (3 s at most)."""
+    for _ in range(300):
+        if index.blocks_of(R) == 1 or sub._task is None or sub._task.done():
+            return
+        await asyncio.sleep(0.01)
 
 
 async def test_a_sequence_above_2_to_the_63_then_a_gap_with_replay_keeps_the_task_alive(
@@ -37,10 +47,7 @@ async def test_a_sequence_above_2_to_the_63_then_a_gap_with_replay_keeps_the_tas
         # can carry (to_bytes of a negative number raised OverflowError in the task).
         await pub.send_multipart(frames(5))
         await pub.send_multipart(frames(6, stored(list(range(4)), None, [1])))
-        for _ in range(300):
-            if index.blocks_of(R) == 1 or sub._task is None or sub._task.done():
-                break
-            await asyncio.sleep(0.01)
+        await applied_or_ended(index, sub)
         assert sub._task is not None and not sub._task.done()
         assert index.blocks_of(R) == 1
         assert sub.stats.resyncs.get("gap") == 1  # the gap is cleared for, as any other
@@ -77,10 +84,7 @@ async def test_an_unexpected_error_is_one_log_line_and_a_resync_not_a_dead_task(
                 seq += 1
                 await asyncio.sleep(0.01)
             await pub.send_multipart(frames(seq, stored(list(range(4)), None, [1])))
-            for _ in range(300):
-                if index.blocks_of(R) == 1 or sub._task is None or sub._task.done():
-                    break
-                await asyncio.sleep(0.01)
+            await applied_or_ended(index, sub)
         assert sub._task is not None and not sub._task.done()
         assert index.blocks_of(R) == 1
         assert sub.stats.resyncs.get("error") == 1

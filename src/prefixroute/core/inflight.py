@@ -51,9 +51,14 @@ class InFlight:
         speed = self.load.speed
         if speed.warmed_up or not speed.config.learn or self.first_token_s is None:
             return False
-        predicted = speed.ttft_s(*self.ttft_work(self.uncached_tokens))
+        predicted = self.predicted_ttft()
         measured = self.first_token_s - self.dispatched_s
         return not predicted / MISJUDGED <= measured <= predicted * MISJUDGED
+
+    def predicted_ttft(self) -> float:
+        """Its first token's time after dispatch, at its replica's current estimates, with its
+        predicted uncached tokens, seconds."""
+        return self.load.speed.ttft_s(*self.ttft_work(self.uncached_tokens))
 
     def ttft_work(self, own: int) -> tuple[float, float]:
         """(tokens, decode steps) the request's first token waited for, with ``own`` uncached

@@ -280,7 +280,7 @@ class LoadTracker:
         req = self._requests.get(request_id)
         if req is None or req.prefilled or not req.load.speed.warmed_up:
             return None
-        return req.load.speed.ttft_s(*req.ttft_work(req.uncached_tokens))
+        return req.predicted_ttft()
 
     @staticmethod
     def _prefilled(req: InFlight, now: float) -> None:

@@ -181,7 +181,7 @@ class PreciseIndexer:
         # Only the removals of what we index: another medium's copy, or another KV-cache
         # group's (a hybrid model's sliding-window group evicts blocks the full-attention
         # group keeps, under the same group-less engine hash), leaves our block in place.
-        if event.medium not in (None, MEDIUM_GPU) or not _indexed_group(event.group_idx):
+        if not _indexed(event):
             return
         ours: list[BlockHash] = []
         for engine_hash in event.block_hashes:
@@ -207,7 +207,7 @@ class PreciseIndexer:
         # block size. vLLM's CPU offloading publishes placeholder stores with block_size=0
         # (offloading/events.py, _placeholder_stored), and another group (Mamba, say) may use
         # another size: neither is a misconfiguration, and neither may spend the one warning.
-        if event.medium not in (None, MEDIUM_GPU) or not _indexed_group(event.group_idx):
+        if not _indexed(event):
             return False
         if event.block_size != self.hasher.block_size:
             self._warn_block_size(event.block_size)
@@ -231,7 +231,8 @@ class PreciseIndexer:
             )
 
 
-def _indexed_group(group_idx: int | None) -> bool:
-    """Whether a KV-cache group's events are indexed: group 0 (a model's only group, or a
-    hybrid model's first), or None from engines that predate groups."""
-    return group_idx in (None, 0)
+def _indexed(event: BlockStored | BlockRemoved) -> bool:
+    """Whether ``event`` is about blocks we index: the GPU cache (no medium: engines that
+    predate tiers), and KV-cache group 0 (a model's only group, or a hybrid model's first; no
+    group: engines that predate groups)."""
+    return event.medium in (None, MEDIUM_GPU) and event.group_idx in (None, 0)

@@ -305,10 +305,10 @@ class ClusterSim:
         now = self._kernel.now
         live = self._live[rid]
         for req in result.first_tokens:
-            rec = self._pending[req.request_id].record
-            rec.first_token_s = now
-            rec.cached_tokens = req.cached_tokens
-            if not self._pending[req.request_id].plain:
+            pending = self._pending[req.request_id]
+            pending.record.first_token_s = now
+            pending.record.cached_tokens = req.cached_tokens
+            if not pending.plain:  # a plain answer's first token goes unseen (its guess: _dispatch)
                 self._router.first_token(req.request_id, now)
         for req in result.finished:
             p = self._pending.pop(req.request_id)

@@ -9,9 +9,11 @@ least_loaded and cache_aware, which read no first token, so their results hold f
 
 Printed per run: p50 and p99 TTFT, prefill against the oracle floor, and the worst error of a
 replica's prefill rate as the router holds it at the end against its true one.
-The baseline of the same run is the streamed default (share 0).
+The baseline of the same run is the streamed default (share 0). ``--fleet`` runs another fleet
+(``prefixroute simulate --fleet``'s spec), e.g. ``4:prefill=10000`` for four equal replicas.
 
-Run: ``.venv/bin/python benchmarks/plain_answers.py [--seeds 0,1]`` (about four minutes).
+Run: ``.venv/bin/python benchmarks/plain_answers.py [--seeds 0,1] [--fleet SPEC]`` (about four
+minutes).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import statistics
 from _cli import add_seeds
 from heterogeneous import FLEET, WORKLOADS  # the same fleet and workloads
 
-from prefixroute.core import DEFAULT_POLICY, make_policy
+from prefixroute.core import DEFAULT_POLICY, ConfigError, make_policy
 from prefixroute.sim import (
     ClusterSim,
     ReplicaConfig,
@@ -45,9 +47,11 @@ def rate_error(result: RunResult) -> float:
     )
 
 
-def row(workload: str, seed: int, label: str, policy: str, share: float) -> list[str]:
+def row(
+    workload: str, seed: int, label: str, policy: str, share: float, spec: str = FLEET
+) -> list[str]:
     wl = make_workload(workload, seed, {})
-    fleet = parse_fleet(FLEET, ReplicaConfig())
+    fleet = parse_fleet(spec, ReplicaConfig())
     res = ClusterSim(wl, make_policy(policy), fleet=fleet, seed=seed, plain=share).run()
     metrics = summarize(res, oracle_floor(wl, res.block_size))
     ttfts = sorted(r.ttft_s for r in res.records if r.ttft_s is not None)
@@ -64,16 +68,23 @@ def row(workload: str, seed: int, label: str, policy: str, share: float) -> list
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_seeds(ap, "0,1")
+    ap.add_argument("--fleet", default=FLEET, help=f"the fleet (default {FLEET})")
     args = ap.parse_args()
+    try:
+        parse_fleet(args.fleet, ReplicaConfig())
+    except ConfigError as exc:
+        ap.error(str(exc))
     print("| workload | seed | router | p50 ms | p99 ms | x floor | worst rate error |")
     print("|---|---:|---|---:|---:|---:|---:|")
     for workload in WORKLOADS:
         for seed in args.seeds:
             for share in SHARES:
                 label = f"{DEFAULT_POLICY}, {share:.0%} plain"
-                print("| " + " | ".join(row(workload, seed, label, DEFAULT_POLICY, share)) + " |")
+                cells = row(workload, seed, label, DEFAULT_POLICY, share, args.fleet)
+                print("| " + " | ".join(cells) + " |", flush=True)
             for name in BASELINES:
-                print("| " + " | ".join(row(workload, seed, name, name, 0.0)) + " |", flush=True)
+                cells = row(workload, seed, name, name, 0.0, args.fleet)
+                print("| " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -44,3 +44,45 @@ async def test_a_plain_answer_leaves_the_queue_when_its_first_token_is_due(
     assert reply.usage["completion_tokens"] == 160
     assert load.speed.whole_observations == before + 1
     assert load.in_flight == 0
+
+
+class _Listener:
+    def __init__(self) -> None:
+        self.heard: list[str] = []
+
+    def first_token(self, rid: str) -> None:
+        self.heard.append(rid)
+
+
+async def test_a_held_guess_is_asked_again_and_shared_once_taken() -> None:
+    """The router holds a guess while a request sent before it has no first token
+    (core/plain_answers.py): the timer asks again after the wait it is told, and tells the
+    listener (the Redis sync) only once the guess is taken."""
+    from prefixroute.core import Router, SpeedConfig, make_policy
+    from prefixroute.gateway import guess_first_token
+
+    router = Router(make_policy("least_loaded"), speed=SpeedConfig(min_observations=1))
+    router.add_replica("r0")
+    ids = list(range(64))
+    for i in range(3):  # a speed of its own
+        router.route(router.view(f"w{i}", tokens=ids, output_tokens=2), 0.0)
+        router.first_token(f"w{i}", 0.01)
+        router.complete(f"w{i}", 0.02, 2)
+    router.route(router.view("ahead", tokens=ids, output_tokens=2), 1.0)  # a stream
+    router.route(router.view("plain", tokens=ids[::-1], output_tokens=2), 1.0)
+    clock = [1.0]
+    listener = _Listener()
+    guess = guess_first_token(router, listener, "plain", lambda: clock[0])  # type: ignore[arg-type]
+    assert guess is not None
+    load = router.replica_load("r0")
+    for _ in range(50):  # held: asked again and again, never taken, nothing shared
+        clock[0] += 0.05
+        await asyncio.sleep(0.005)
+    assert load.prefilling == 2 and listener.heard == []
+    router.first_token("ahead", clock[0])
+    for _ in range(100):
+        await asyncio.sleep(0.005)
+        if listener.heard:
+            break
+    assert listener.heard == ["plain"] and load.prefilling == 0
+    guess.cancel()

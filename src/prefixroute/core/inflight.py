@@ -43,6 +43,7 @@ class InFlight:
     batch: bool = False  # several prompts (RequestView): its usage is not this prompt's
     dispatched_mark: int = 0  # the replica's ``dispatched_tokens`` with it dispatched, tokens
     queue_known: bool = True  # its queue ahead at dispatch is no overcount (learn_whole)
+    unseen: bool = False  # its first token will not be seen (a plain answer: first_token_due)
 
     def misjudged(self) -> bool:
         """A replica still warming up whose first token came more than ``MISJUDGED`` times

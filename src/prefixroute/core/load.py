@@ -38,9 +38,11 @@ p99 TTFT on the hot-prefix workload from 479 and 324 ms (seeds 0, 1) to 285 and 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from prefixroute.core.inflight import InFlight
+from prefixroute.core.plain_answers import passed_unseen, recheck_s
 from prefixroute.core.queue_fixes import QueueFixes
 from prefixroute.core.speed import REFIT_EVERY, ReplicaSpeed, SpeedConfig
 from prefixroute.core.types import Decision, ReplicaId, RequestView
@@ -66,6 +68,9 @@ class ReplicaLoad:
     fixes: QueueFixes = field(default_factory=QueueFixes)  # dispatch count, queue corrections
     prefilled_tokens: int = 0  # uncached tokens whose first token came back, since registration
     dispatched_tokens: int = 0  # predicted uncached tokens dispatched here, since registration
+    # Its requests in dispatch order, from the oldest without a first token (the rest of the
+    # prefilled ones leave as it does): what a guessed first token waits behind.
+    unprefilled: deque[InFlight] = field(default_factory=deque)
     _tokens_acc: float = 0.0  # decayed sum of tokens processed, tokens
     _tokens_at: float = 0.0  # time of the last decay, seconds
     _arrivals_acc: float = 0.0  # decayed count of requests dispatched here, requests
@@ -240,6 +245,9 @@ class LoadTracker:
             # queue seen ahead may hold requests long past their prefill (inflight.learn_whole).
             queue_known=not load.queued_prefill_tokens or load.speed.warmed_up,
         )  # fmt: skip
+        while load.unprefilled and load.unprefilled[0].prefilled:
+            load.unprefilled.popleft()
+        load.unprefilled.append(self._requests[request_id])
         load.in_flight += 1
         load.prefilling += 1
         load.queued_prefill_tokens += uncached
@@ -250,14 +258,18 @@ class LoadTracker:
     def first_token(self, request_id: str, now: float, measured: bool = True) -> None:
         """The request's prefill is over (its first token arrived).
 
-        ``measured=False`` says ``now`` is a guess (a timer, not a token seen): the load view
-        moves on, but the speed model does not learn from it.
+        ``measured=False`` says ``now`` is not the token's own time (heard late through another
+        instance, or read from a buffered answer): the load view moves on, but the speed model
+        does not learn from it. A first token nobody saw is guessed: :meth:`guess_first_token`.
         """
         req = self._requests.get(request_id)
         if req is None or req.prefilled:
             return
         self._prefilled(req, now)
         req.prefilled_mark = req.load.prefilled_tokens
+        for other in passed_unseen(req):
+            self._prefilled(other, now)
+            other.prefilled_mark = req.prefilled_mark
         if measured:
             req.first_token_s = now
             if req.misjudged():
@@ -267,9 +279,11 @@ class LoadTracker:
     def first_token_due(self, request_id: str) -> float | None:
         """Seconds after its dispatch that the request's first token is predicted, at its
         replica's estimates, behind the queue it joined (None: not in flight, or past its
-        prefill). A caller that will not see the first token (a plain answer arrives whole)
-        calls :meth:`first_token` with ``measured=False`` then, so that the load view stops
-        counting the request's prefill as queued while it decodes.
+        prefill). Only a caller that will not see the first token (a plain answer arrives
+        whole) asks, and asking marks the request so: it calls :meth:`guess_first_token` then,
+        so that the load view stops counting the request's prefill as queued while it decodes,
+        and a first token seen on a request sent after it takes it as come
+        (``core/plain_answers.py``).
 
         None too while the replica's speed is not its own (priors, or its fleet's): a guess at
         a speed nobody measured on it empties its queue too soon where it is slower, and more is
@@ -278,9 +292,25 @@ class LoadTracker:
         priors; with half the answers plain, guesses at the speeds learned from the streams
         took it from 1.2 s to 0.65-0.87 s (docs/results.md)."""
         req = self._requests.get(request_id)
-        if req is None or req.prefilled or not req.load.speed.warmed_up:
+        if req is None or req.prefilled:
             return None
-        return req.predicted_ttft()
+        req.unseen = True  # the caller will not see it (core/plain_answers.py)
+        return req.predicted_ttft() if req.load.speed.warmed_up else None
+
+    def guess_first_token(self, request_id: str, now: float) -> float | None:
+        """The request's first token, which nobody will see, is due (``first_token_due``):
+        the load view moves on, as with ``first_token(..., measured=False)``, unless requests
+        sent to its replica before it are still without one (``core/plain_answers.py``). Then
+        nothing changes and the answer is the seconds to wait before guessing again; None once
+        guessed (or not in flight)."""
+        req = self._requests.get(request_id)
+        if req is None or req.prefilled:
+            return None
+        wait = recheck_s(req, now)
+        if wait is None:
+            self._prefilled(req, now)
+            req.prefilled_mark = req.load.prefilled_tokens
+        return wait
 
     @staticmethod
     def _prefilled(req: InFlight, now: float) -> None:

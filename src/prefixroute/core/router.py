@@ -10,8 +10,9 @@ Both the simulator and the gateway drive a :class:`Router` the same way::
     router.complete("req-1", now, output_tokens=n)  # finished, failed or cancelled
 
 A caller that never sees the first token (a plain answer arrives whole) asks
-:meth:`~RouterReads.first_token_due` when it is predicted, calls ``first_token(...,
-measured=False)`` then, and ends with ``complete(..., whole=True)``.
+:meth:`~PlainAnswerCalls.first_token_due` when it is predicted, calls
+``guess_first_token(rid, now)`` then (and again after the seconds it answers, if any), and ends
+with ``complete(..., whole=True)``.
 
 The same calls teach the router what it cannot be told: each replica's speed
 (:mod:`prefixroute.core.speed`: a first token's time against the work queued ahead, a
@@ -57,6 +58,7 @@ from prefixroute.core.hashing import BlockHash, BlockHasher, TokenIds
 from prefixroute.core.index import PrefixIndex
 from prefixroute.core.index_capacity import IndexCapacity, IndexCapacityConfig
 from prefixroute.core.load import LoadTracker
+from prefixroute.core.plain_answers import PlainAnswerCalls
 from prefixroute.core.policies import Policy, RoutingContext
 from prefixroute.core.routed_blocks import RoutedBlocks
 from prefixroute.core.router_reads import RouterReads
@@ -66,7 +68,7 @@ from prefixroute.core.token_count import TokenCountConfig, TokenCounts
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 
 
-class Router(RouterReads):
+class Router(RouterReads, PlainAnswerCalls):
     """Routes request views among registered replicas with one policy."""
 
     def __init__(

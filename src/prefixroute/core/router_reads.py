@@ -37,12 +37,6 @@ class RouterReads:
         starts, at the replica's learned speed, seconds."""
         return self.loads.get(replica).queued_prefill_s(now)
 
-    def first_token_due(self, request_id: str) -> float | None:
-        """Seconds after its dispatch that the request's first token is predicted, at its
-        replica's learned speed (None: not in flight, or past its prefill): when a caller that
-        sees no first token calls ``first_token(..., measured=False)`` (``Router`` docstring)."""
-        return self.loads.first_token_due(request_id)
-
     def indexed_blocks(self, replica: ReplicaId) -> int:
         """Blocks the index says ``replica`` holds."""
         return self.index.blocks_of(replica)

@@ -30,7 +30,6 @@ withdrawals and ends go to the Redis sync too, as the gateway's.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -55,6 +54,7 @@ from prefixroute.gateway import (
     REASON_HEADER,
     REPLICA_HEADER,
     TURNED_AWAY,
+    FirstTokenGuess,
     PayloadTooLarge,
     RequestTracing,
     Usage,
@@ -98,7 +98,7 @@ class PickStream:
         self._span: Span | None = None  # the request's trace span (otlp_endpoint)
         self._done = False  # accounting ended (complete was called), or nothing to account
         self._plain = False  # no stream asked: its first token guessed, its whole time learned
-        self._guess: asyncio.TimerHandle | None = None  # the guess when due (gateway._accounting)
+        self._guess: FirstTokenGuess | None = None  # the guess when due (gateway._accounting)
 
     # --- the messages -----------------------------------------------------------------------
     async def handle(self, req: proto.Request) -> list[proto.Response]:

@@ -11,8 +11,8 @@ From the command line: ``prefixroute serve --replica URL [--replica URL ...] [--
 """
 
 from prefixroute._serving import run_on_uvloop
+from prefixroute.gateway._accounting import FirstTokenGuess, guess_first_token
 from prefixroute.gateway._accounting import end as end_accounting
-from prefixroute.gateway._accounting import guess_first_token
 from prefixroute.gateway._admin import admin_listener
 from prefixroute.gateway._app import build_app, gateway_state
 from prefixroute.gateway._auth import generate_api_key, hash_api_key
@@ -106,6 +106,7 @@ __all__ = [
     "gateway_state",
     "generate_api_key",
     "guess_first_token",
+    "FirstTokenGuess",
     "hash_api_key",
     "is_model_call",
     "judge_error_event",

@@ -7,9 +7,10 @@ would look to have waited for less than that queue: the speed model took the dif
 faster replica. With half the answers plain, on a fleet whose replicas prefill at 20,000 and
 5,000 tokens/s, the simulator's router learned 60,000-200,000 (its bound) for the fast pair.
 So, as the Ray router does, the first token of a plain answer is guessed when it is due
-(``Router.first_token_due``: at the replica's learned speed, behind the queue it joined) and
-told to the router as unmeasured; the answer's end then teaches both its prefill and its
-decode (``Router.complete(..., whole=True)``).
+(``Router.first_token_due``: at the replica's learned speed, behind the queue it joined), and
+again later while the requests ahead of it on that replica are not through
+(``Router.guess_first_token``, core/plain_answers.py); the answer's end then teaches both its
+prefill and its decode (``Router.complete(..., whole=True)``).
 """
 
 from __future__ import annotations
@@ -23,25 +24,44 @@ from prefixroute.gateway._listener import RouteListener
 from prefixroute.gateway._usage import Usage
 
 
+class FirstTokenGuess:
+    """The timer of a plain answer's guessed first token (module docstring): due at the
+    replica's learned speed, then again as long as the router says requests ahead of it are
+    not through (``Router.guess_first_token``). Cancel it when the answer ends."""
+
+    def __init__(
+        self,
+        router: Router,
+        listener: RouteListener | None,
+        rid: str,
+        due: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.router, self.listener, self.rid, self.clock = router, listener, rid, clock
+        self._handle = asyncio.get_running_loop().call_later(due, self._due)
+
+    def _due(self) -> None:
+        again = self.router.guess_first_token(self.rid, self.clock())
+        if again is not None:
+            self._handle = asyncio.get_running_loop().call_later(again, self._due)
+        elif self.listener is not None:
+            self.listener.first_token(self.rid)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
 def guess_first_token(
     router: Router,
     listener: RouteListener | None,
     rid: str,
     clock: Callable[[], float] = time.monotonic,
-) -> asyncio.TimerHandle | None:
-    """On the running loop, tell the router (and ``listener``) the first token of the plain
-    answer ``rid`` when it is due, as unmeasured (module docstring); None: no guess (its
-    replica's speed is not its own yet). Cancel the handle when the answer ends."""
+) -> FirstTokenGuess | None:
+    """On the running loop, guess the first token of the plain answer ``rid`` for the router
+    (and ``listener``) when it is due (:class:`FirstTokenGuess`); None: no guess (its replica's
+    speed is not its own yet)."""
     due = router.first_token_due(rid)
-    if due is None:
-        return None
-
-    def guessed() -> None:
-        router.first_token(rid, clock(), measured=False)
-        if listener is not None:
-            listener.first_token(rid)
-
-    return asyncio.get_running_loop().call_later(due, guessed)
+    return None if due is None else FirstTokenGuess(router, listener, rid, due, clock)
 
 
 class Release:

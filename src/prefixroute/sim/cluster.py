@@ -280,8 +280,11 @@ class ClusterSim:
             self._submit(p, rid, req)
 
     def _guess_first_token(self, request_id: str) -> None:
-        """A plain answer's first token is due (as predicted): the router moves on unseen."""
-        self._router.first_token(request_id, self._kernel.now, measured=False)
+        """A plain answer's first token is due (as predicted): the router moves on unseen, or
+        says when to guess again (requests ahead of it are not through: core/plain_answers.py)."""
+        again = self._router.guess_first_token(request_id, self._kernel.now)
+        if again is not None:
+            self._kernel.after(again, partial(self._guess_first_token, request_id))
 
     def _submit(self, p: _Pending, rid: ReplicaId, req: EngineRequest) -> None:
         """``req`` reaches ``rid``'s engine queue."""

@@ -63,6 +63,28 @@ def test_a_guess_waits_for_the_requests_sent_before_it() -> None:
     assert tracker.guess_first_token("b", now + 10) is None  # taken already: nothing to do
 
 
+def test_the_wait_is_the_work_still_ahead_at_the_learned_speed() -> None:
+    """Two requests ahead (both counted), a replica decoding meanwhile (each step carries a
+    decode step), part of the queue already done (credited at the learned rate)."""
+    tracker = LoadTracker(speed=SpeedConfig(fleet_prior=False))
+    now = warm(tracker)
+    speed = tracker[R0].speed
+    assert speed.decode_step_s > 0
+    send(tracker, "d", 100, now)
+    tracker.first_token("d", now + 0.02)  # decoding from here on
+    start = now + 0.1
+    send(tracker, "a", 3000, start)  # the replica starts on its queue here
+    send(tracker, "a2", 1000, start)
+    send(tracker, "b", 2000, start)
+    assert tracker.first_token_due("b") is not None
+    for elapsed in (0.0, 0.3):
+        done = speed.progress(4000, elapsed, True)
+        assert 0 < done < 4000 or elapsed == 0
+        work = 4000 - done + 2000
+        want = speed.prefill_s(work) + speed.steps(work, True) * speed.decode_step_s
+        assert tracker.guess_first_token("b", start + elapsed) == pytest.approx(want, rel=1e-9)
+
+
 def test_a_guess_with_nothing_ahead_is_taken_and_teaches_nothing() -> None:
     tracker = LoadTracker(speed=SpeedConfig(decode_step_s=0.0, fleet_prior=False))
     now = warm(tracker)

@@ -266,11 +266,10 @@ class LoadTracker:
         if req is None or req.prefilled:
             return
         self._prefilled(req, now)
-        req.prefilled_mark = req.load.prefilled_tokens
         for other in passed_unseen(req):
             self._prefilled(other, now)
-            other.prefilled_mark = req.prefilled_mark
         if measured:
+            req.prefilled_mark = req.load.prefilled_tokens  # its decode phase starts here
             req.first_token_s = now
             if req.misjudged():
                 req.ttft_obs = req.learn_ttft()
@@ -309,7 +308,6 @@ class LoadTracker:
         wait = recheck_s(req, now)
         if wait is None:
             self._prefilled(req, now)
-            req.prefilled_mark = req.load.prefilled_tokens
         return wait
 
     @staticmethod

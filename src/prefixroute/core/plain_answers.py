@@ -32,6 +32,7 @@ prefilling, as a stream's own first token may come out of order.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the load view imports this module
@@ -43,40 +44,32 @@ if TYPE_CHECKING:  # the load view imports this module
 MIN_RECHECK_S = 0.001
 
 
+def waiting_before(req: InFlight) -> list[InFlight]:
+    """The requests sent to ``req``'s replica before it that have no first token yet, oldest
+    first. Drops the prefilled ones at the front of the replica's order on the way."""
+    ahead = req.load.unprefilled
+    while ahead and ahead[0].prefilled:
+        ahead.popleft()
+    before = itertools.takewhile(lambda other: other.seq < req.seq, ahead)
+    return [other for other in before if not other.prefilled]
+
+
 def passed_unseen(seen: InFlight) -> list[InFlight]:
     """The requests sent to ``seen``'s replica before it, still without a first token, whose
     first token nobody will see: ``seen``'s first token came, so theirs did (module
-    docstring). Drops the prefilled ones at the front of the replica's order on the way."""
-    ahead = seen.load.unprefilled
-    while ahead and ahead[0].prefilled:
-        ahead.popleft()
-    passed = []
-    for other in ahead:
-        if other.seq >= seen.seq:
-            break
-        if other.unseen and not other.prefilled:
-            passed.append(other)
-    return passed
+    docstring)."""
+    return [other for other in waiting_before(seen) if other.unseen]
 
 
 def recheck_s(req: InFlight, now: float) -> float | None:
     """None when ``req``'s guessed first token can be taken at ``now``; else how long the work
     still ahead of it on its replica should take, from ``now``, at the replica's learned speed
     (at least ``MIN_RECHECK_S``), seconds: when to ask again (module docstring)."""
-    load = req.load
-    ahead = load.unprefilled
-    while ahead and ahead[0].prefilled:
-        ahead.popleft()
-    tokens = 0
-    waiting = False
-    for other in ahead:
-        if other.seq >= req.seq:
-            break
-        if not other.prefilled:
-            waiting = True
-            tokens += other.uncached_tokens
+    waiting = waiting_before(req)
     if not waiting:
         return None
+    tokens = sum(other.uncached_tokens for other in waiting)
+    load = req.load
     speed = load.speed
     elapsed = now - load.busy_since
     work, steps = speed.queue_work(tokens, elapsed, load.decoding > 0, req.uncached_tokens)

@@ -138,3 +138,10 @@ def test_bad_secret_file_in_the_config_file(
 def test_secrets_stay_out_of_the_config_repr() -> None:
     config = GatewayConfig(admin_token=TOKEN, upstream_api_key=KEY)
     assert TOKEN not in repr(config) and KEY not in repr(config)
+
+
+def test_a_redis_password_stays_out_of_the_config_repr() -> None:
+    """The sync URL may carry Redis's password (redis://:PASSWORD@host/0)."""
+    config = GatewayConfig(sync_redis="redis://:hunter2-redis@127.0.0.1:6379/0")
+    assert "hunter2-redis" not in repr(config)
+    assert config.sync_redis == "redis://:hunter2-redis@127.0.0.1:6379/0"

@@ -50,11 +50,13 @@ def setting(
     env: str | None = None,
     choices: Callable[[], Sequence[str]] | None = None,
     shown_default: str | None = None,
+    in_repr: bool = True,
 ) -> T:
     """A config field: its default, help and flag (typed as the default for mypy). A secret
-    (``env`` given) stays out of the config's repr."""
+    (``env`` given) stays out of the config's repr, as does a field with ``in_repr=False`` (a
+    URL that may carry a password)."""
     meta = {"setting": Setting(help, flag, metavar, env, choices, shown_default)}
-    return field(default=default, metadata=meta, repr=env is None)
+    return field(default=default, metadata=meta, repr=env is None and in_repr)
 
 
 def setting_factory(
@@ -223,7 +225,7 @@ class GatewayConfig:
     sync_redis: str | None = setting(
         None, "several instances: share routing decisions and load through this Redis "
         "(redis://HOST:PORT/DB); Redis down means local-only routing, not errors",
-        "--sync-redis", metavar="URL",
+        "--sync-redis", metavar="URL", in_repr=False,  # redis://:PASSWORD@...: shown nowhere
     )  # fmt: skip
     sync_channel: str = setting(
         "prefixroute:routed", "Redis PUB/SUB channel of the decisions, one per gateway fleet"

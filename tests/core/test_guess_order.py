@@ -146,3 +146,18 @@ def test_half_plain_answers_on_equal_replicas_never_misjudge_a_speed() -> None:
     for sample in res.speed_trace:
         ratio = sample.learned_prefill_tokens_per_s / sample.prefill_tokens_per_s
         assert 1 / 1.5 <= ratio <= 1.5, sample
+
+
+def test_the_order_stays_small_behind_a_request_that_never_prefills() -> None:
+    """A stream that hangs (or another instance's request whose end was lost) holds the front
+    of the order: the requests that pass behind it must not pile up there until it ends."""
+    tracker = LoadTracker()
+    send(tracker, "stuck", 500, 0.0)
+    for i in range(1000):
+        send(tracker, f"r{i}", 500, i * 0.1)
+        tracker.first_token(f"r{i}", i * 0.1 + 0.05)
+        tracker.complete(f"r{i}", i * 0.1 + 0.08, 10)
+    load = tracker[R0]
+    assert load.prefilling == 1
+    assert len(load.unprefilled) <= 2 * load.prefilling + 8 + 1
+    assert load.unprefilled[0] is not None and not load.unprefilled[0].prefilled

@@ -42,7 +42,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from prefixroute.core.inflight import InFlight
-from prefixroute.core.plain_answers import passed_unseen, recheck_s
+from prefixroute.core.plain_answers import in_order, passed_unseen, recheck_s
 from prefixroute.core.queue_fixes import QueueFixes
 from prefixroute.core.speed import REFIT_EVERY, ReplicaSpeed, SpeedConfig
 from prefixroute.core.types import Decision, ReplicaId, RequestView
@@ -68,8 +68,8 @@ class ReplicaLoad:
     fixes: QueueFixes = field(default_factory=QueueFixes)  # dispatch count, queue corrections
     prefilled_tokens: int = 0  # uncached tokens whose first token came back, since registration
     dispatched_tokens: int = 0  # predicted uncached tokens dispatched here, since registration
-    # Its requests in dispatch order, from the oldest without a first token (the rest of the
-    # prefilled ones leave as it does): what a guessed first token waits behind.
+    # Its requests in dispatch order, from the oldest without a first token (prefilled ones
+    # leave lazily: core/plain_answers.py, in_order): what a guessed first token waits behind.
     unprefilled: deque[InFlight] = field(default_factory=deque)
     _tokens_acc: float = 0.0  # decayed sum of tokens processed, tokens
     _tokens_at: float = 0.0  # time of the last decay, seconds
@@ -245,9 +245,7 @@ class LoadTracker:
             # queue seen ahead may hold requests long past their prefill (inflight.learn_whole).
             queue_known=not load.queued_prefill_tokens or load.speed.warmed_up,
         )  # fmt: skip
-        while load.unprefilled and load.unprefilled[0].prefilled:
-            load.unprefilled.popleft()
-        load.unprefilled.append(self._requests[request_id])
+        in_order(load, self._requests[request_id])
         load.in_flight += 1
         load.prefilling += 1
         load.queued_prefill_tokens += uncached

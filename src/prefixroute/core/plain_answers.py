@@ -33,15 +33,30 @@ prefilling, as a stream's own first token may come out of order.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the load view imports this module
     from prefixroute.core.inflight import InFlight
-    from prefixroute.core.load import LoadTracker
+    from prefixroute.core.load import LoadTracker, ReplicaLoad
 
 # The shortest wait before guessing again, seconds: when the work ahead is all cached and the
 # replica is not decoding, the prediction is zero, and asking again at once would spin.
 MIN_RECHECK_S = 0.001
+
+
+def in_order(load: ReplicaLoad, req: InFlight) -> None:
+    """``req`` was just sent to the replica whose load is ``load``: it joins the order. The
+    prefilled requests leave from the front as they pass, and all at once when they outnumber
+    the requests still waiting: behind one that never gets a first token (a stream that hangs,
+    another instance's request whose end was lost), the order would grow with every request
+    sent there until it ends, or expires ten minutes later."""
+    ahead = load.unprefilled
+    while ahead and ahead[0].prefilled:
+        ahead.popleft()
+    if len(ahead) > 2 * load.prefilling + 8:
+        load.unprefilled = ahead = deque(other for other in ahead if not other.prefilled)
+    ahead.append(req)
 
 
 def waiting_before(req: InFlight) -> list[InFlight]:

@@ -17,8 +17,10 @@ learned for each replica, beside the true one.
 
 Run: ``.venv/bin/python benchmarks/foreign_fleet.py [-w multi-turn] [--set sessions=100]
 [--fleet 10000,10000,2500,2500] [-p round_robin,least_loaded,cache_aware,predicted_ttft]
-[--replica-arg=--no-cached-report]``. Each policy takes 1–7 minutes on a 2-vCPU machine, whose
-client, gateway and replicas share the cores: compare policies of one run only.
+[--replica-arg=--no-cached-report] [--plain SHARE]``. With ``--plain``, that share of the
+requests asks for no stream: TTFT is over the streamed ones, the learned rates over all. Each
+policy takes 1–7 minutes on a 2-vCPU machine, whose client, gateway and replicas share the
+cores: compare policies of one run only.
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ def run_policy(policy: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
                  "--label", policy, "-w", args.workload, "--seed", str(args.seed)]  # fmt: skip
         for kv in args.set:
             bench += ["--set", kv]
+        if args.plain:
+            bench += ["--plain", str(args.plain)]
         out = subprocess.run(bench, check=False, capture_output=True, text=True)
         if out.returncode not in (0, 1):  # 1: some requests failed, still a row
             raise SystemExit(f"foreign_fleet: bench failed: {out.stderr.strip()[-400:]}")
@@ -130,6 +134,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--fleet", type=_speeds, default=_speeds("10000,10000,2500,2500"),
                    help="each replica's prefill rate, tokens/s (default 10000,10000,2500,2500)")
     p.add_argument("-p", "--policies", default=",".join((*BASELINES, DEFAULT_POLICY)))
+    p.add_argument("--plain", type=float, default=0.0, metavar="SHARE",
+                   help="share of the requests sent without a stream (bench --plain)")
     p.add_argument("--replica-arg", action="append", default=[],
                    help="passed to every replica (e.g. --replica-arg=--no-cached-report)")
     args = p.parse_args(argv)
@@ -137,7 +143,9 @@ def main(argv: list[str]) -> None:
     rows, rates = {}, {}
     for policy in policies:
         rows[policy], rates[policy] = run_policy(policy, args)
-    print(f"## {args.workload} on foreign replicas at {args.fleet} tokens/s, seed {args.seed}")
+    plain = f", {args.plain:.0%} plain" if args.plain else ""
+    where = f"foreign replicas at {args.fleet} tokens/s, seed {args.seed}{plain}"
+    print(f"## {args.workload} on {where}")
     print("policy            x floor  hit %   p50 ms   p90 ms   p99 ms  errors")
     for policy, r in rows.items():
         floor = r["floor_ratio"]

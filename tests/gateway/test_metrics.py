@@ -106,18 +106,22 @@ def test_precise_mode_reports_its_speculative_entries_when_it_keeps_them(
 
 
 def test_usage_is_judged_exact_over_or_under() -> None:
-    m, _, _ = gateway_metrics()
+    """Exact: less than one KV block (16 tokens here) apart; over or under: a block or more."""
+    m, router, _ = gateway_metrics()
+    assert router.kv_block_size() == 16
     m.observe_usage(A, predicted=10, actual=10, prompt=50)
-    m.observe_usage(A, predicted=30, actual=20)
-    m.observe_usage(A, predicted=0, actual=5, prompt=40)
+    m.observe_usage(A, predicted=36, actual=20)  # a block over: a stale decision
+    m.observe_usage(A, predicted=0, actual=16, prompt=40)
     m.observe_usage(A, predicted=7, actual=None)
+    m.observe_usage(A, predicted=35, actual=20)  # 15 tokens over: the unit, not staleness
+    m.observe_usage(A, predicted=5, actual=20)
     outcomes = {
         o: value(m, "prefixroute_cache_predictions_total", replica=A, outcome=o)
         for o in ("exact", "over", "under")
     }
-    assert outcomes == {"exact": 1, "over": 1, "under": 1}
-    assert value(m, "prefixroute_predicted_cached_tokens_total", replica=A) == 40
-    assert value(m, "prefixroute_actual_cached_tokens_total", replica=A) == 35
+    assert outcomes == {"exact": 3, "over": 1, "under": 1}
+    assert value(m, "prefixroute_predicted_cached_tokens_total", replica=A) == 86
+    assert value(m, "prefixroute_actual_cached_tokens_total", replica=A) == 86
     assert value(m, "prefixroute_prompt_tokens_total", replica=A) == 90
     assert value(m, "prefixroute_usage_missing_total", replica=A) == 1
     m.count_request(A, 200, "prefix_match")

@@ -1,4 +1,5 @@
-"""One streamed completion, timed: first token, gaps between tokens, end, and the usage block."""
+"""One completion, timed: streamed (first token, gaps between tokens, end and the usage block) or
+plain (its end and usage only: a plain answer shows no first token)."""
 
 from __future__ import annotations
 
@@ -32,10 +33,12 @@ class Outcome:
     # e.g. a replica asked directly)
     predicted_cached_tokens: int | None = None
     error: str | None = None  # set when the request failed
+    plain: bool = False  # asked without a stream: no first token to time
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.status == 200 and self.ttft_s is not None
+        seen = self.ttft_s is not None or (self.plain and self.e2e_s is not None)
+        return self.error is None and self.status == 200 and seen
 
 
 async def stream_completion(
@@ -48,10 +51,7 @@ async def stream_completion(
     try:
         data = json.dumps(body).encode()
         async with await send(session, "POST", url, lambda: data, _nothing, headers=_JSON) as resp:
-            out.status = resp.status
-            out.replica = resp.headers.get("x-prefixroute-replica", "")
-            out.reason = resp.headers.get("x-prefixroute-reason", "")
-            out.predicted_cached_tokens = _count(resp.headers.get(PREDICTED_HEADER))
+            _answered(out, resp)
             if resp.status != 200:
                 out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return out
@@ -73,16 +73,54 @@ async def stream_completion(
                     else:
                         out.itl_s.append(now - last)
                     last = now
-                usage = chunk.get("usage")
-                if usage:
-                    out.prompt_tokens = usage.get("prompt_tokens")
-                    out.completion_tokens = usage.get("completion_tokens")
-                    details = usage.get("prompt_tokens_details") or {}
-                    out.cached_tokens = details.get("cached_tokens")
+                _usage(out, chunk.get("usage"))
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"
     out.e2e_s = time.perf_counter() - t0
     return out
+
+
+async def plain_completion(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+) -> Outcome:
+    """POST ``body`` (with no stream) to ``url`` and time its answer, read whole."""
+    out = Outcome(plain=True)
+    t0 = time.perf_counter()
+    try:
+        data = json.dumps(body).encode()
+        async with await send(session, "POST", url, lambda: data, _nothing, headers=_JSON) as resp:
+            _answered(out, resp)
+            if resp.status != 200:
+                out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                return out
+            answer = json.loads(await resp.read())
+            if not isinstance(answer, dict) or "error" in answer:
+                error = answer.get("error") if isinstance(answer, dict) else answer
+                out.error = f"not an answer: {str(error)[:200]}"
+                return out
+            _usage(out, answer.get("usage"))
+            out.e2e_s = time.perf_counter() - t0
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def _answered(out: Outcome, resp: aiohttp.ClientResponse) -> None:
+    """The status and the gateway's headers (its choice, why, and its prediction)."""
+    out.status = resp.status
+    out.replica = resp.headers.get("x-prefixroute-replica", "")
+    out.reason = resp.headers.get("x-prefixroute-reason", "")
+    out.predicted_cached_tokens = _count(resp.headers.get(PREDICTED_HEADER))
+
+
+def _usage(out: Outcome, usage: Any) -> None:
+    """The answer's ``usage`` block, when it has one."""
+    if not isinstance(usage, dict) or not usage:
+        return
+    out.prompt_tokens = usage.get("prompt_tokens")
+    out.completion_tokens = usage.get("completion_tokens")
+    details = usage.get("prompt_tokens_details")
+    out.cached_tokens = details.get("cached_tokens") if isinstance(details, dict) else None
 
 
 def _nothing() -> None:

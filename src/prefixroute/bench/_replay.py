@@ -4,11 +4,17 @@ Each session runs as a task: its first turn is sent at ``start_s``, each later t
 after the previous answer ended, exactly as the simulator schedules them. Wall-clock times are
 divided by ``time_scale`` so a run against emulated replicas sped up by the same factor reports
 times in the workload's own seconds, comparable with ``simulate`` line by line.
+
+With ``plain`` (a share, 0..1) that share of the requests asks for no stream, as clients that
+do not stream do (batch jobs, SDK defaults), drawn per request from ``seed`` as ``simulate
+--plain`` draws them. A plain answer shows no first token: its record has an end and usage but
+no TTFT, so TTFT percentiles and the SLO are over the streamed requests only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -18,7 +24,7 @@ import aiohttp
 import numpy as np
 
 from prefixroute._pool import upstream_connector
-from prefixroute.bench._client import Outcome, stream_completion
+from prefixroute.bench._client import Outcome, plain_completion, stream_completion
 from prefixroute.sim import ReplicaRecord, RequestRecord, RunResult, Session, Turn, Workload
 
 
@@ -29,6 +35,8 @@ class ReplayConfig:
     time_scale: float = 1.0  # wall seconds per workload second
     timeout_s: float = 300.0  # per request, wall seconds
     max_connections: int = 1024
+    plain: float = 0.0  # share of the requests sent without a stream (module docstring)
+    seed: int = 0  # draws which requests are plain
 
 
 def prompt_text(turn: Turn) -> str:
@@ -100,6 +108,12 @@ class _Replay:
         self.cached_reported = 0  # answers that said how many of their tokens were cached
         self.t_start = time.perf_counter()
 
+    def is_plain(self, request_id: str) -> bool:
+        """Whether the request asks for no stream: drawn from the seed and its id, so a
+        request is plain or not whatever order the sessions' tasks run in."""
+        share = self.cfg.plain
+        return share > 0 and random.Random(f"{self.cfg.seed}/{request_id}").random() < share
+
     def clock(self) -> float:
         """Workload seconds since the replay started."""
         return (time.perf_counter() - self.t_start) / self.cfg.time_scale
@@ -130,7 +144,12 @@ class _Replay:
         )
         self.records.append(rec)
         url = self.cfg.url.rstrip("/") + "/v1/completions"
-        out = await stream_completion(http, url, body)
+        if self.is_plain(rec.request_id):
+            rec.plain = True
+            del body["stream"], body["stream_options"]
+            out = await plain_completion(http, url, body)
+        else:
+            out = await stream_completion(http, url, body)
         if out.prompt_tokens is not None:
             self.counted_tokens += len(turn.tokens)
             self.reported_tokens += out.prompt_tokens
@@ -167,8 +186,9 @@ def _fill(rec: RequestRecord, out: Outcome, scale: float) -> None:
     rec.cached_reported = out.ok and out.cached_tokens is not None
     if out.prompt_tokens is not None:
         rec.prompt_tokens = out.prompt_tokens  # what the replica counted
-    if out.ok and out.ttft_s is not None and out.e2e_s is not None:
-        rec.first_token_s = rec.arrival_s + out.ttft_s / scale
+    if out.ok and out.e2e_s is not None:
+        if out.ttft_s is not None:  # a plain answer's is not seen
+            rec.first_token_s = rec.arrival_s + out.ttft_s / scale
         rec.finish_s = rec.arrival_s + out.e2e_s / scale
         rec.cached_tokens = out.cached_tokens or 0
 

@@ -96,6 +96,11 @@ def add_parser(sub: Any) -> None:
         "run 10x faster too, so reported times stay in workload seconds)",
     )  # fmt: skip
     p.add_argument("--timeout", type=float, default=300.0, help="per request, seconds")
+    p.add_argument(
+        "--plain", type=float, default=0.0, metavar="SHARE",
+        help="share of the requests sent without a stream, 0..1, drawn per request from "
+        "--seed (their TTFT is not seen: TTFT and the SLO are over the streamed ones)",
+    )  # fmt: skip
     add_slo_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="write a TTFT CDF and load plot")
@@ -127,9 +132,15 @@ async def _reachable(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         raise ConfigError(f"cannot reach {url}: {why}") from None
 
 
+def _replay_config(args: argparse.Namespace, url: str) -> ReplayConfig:
+    return ReplayConfig(
+        url, args.model, args.time_scale, args.timeout, plain=args.plain, seed=args.seed
+    )
+
+
 async def _run_url(args: argparse.Namespace, workload: Workload) -> list[ReplayResult]:
     await _reachable(args.url)
-    cfg = ReplayConfig(args.url, args.model, args.time_scale, args.timeout)
+    cfg = _replay_config(args, args.url)
     bar = LazyProgress(workload.num_requests, f"{workload.name} -> {args.url}", True)
     try:
         return [await replay(workload, cfg, args.label, bar.update)]
@@ -161,7 +172,7 @@ async def _run_emulated(
                 policy_params=params.get(policy, {}),
             )
             async with Gateway(gw_cfg) as gw:
-                cfg = ReplayConfig(gw.url, args.model, args.time_scale, args.timeout)
+                cfg = _replay_config(args, gw.url)
                 bar = LazyProgress(workload.num_requests, f"{workload.name} / {policy}", True)
                 try:
                     result = await replay(workload, cfg, policy, bar.update)
@@ -205,6 +216,8 @@ def _check(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     if args.time_scale <= 0:
         raise ConfigError("--time-scale must be positive")
     check_positive(args.timeout, "--timeout")  # else every request would time out at once
+    if not 0.0 <= args.plain <= 1.0:
+        raise ConfigError(f"--plain must be a share between 0 and 1, got {args.plain}")
     check_slo(args)
     if args.plot:  # else a format matplotlib lacks fails once the whole replay is over
         check_plot_path(args.plot)
@@ -273,7 +286,7 @@ def _print(metrics: list[PolicyMetrics], results: list[ReplayResult], title: str
             stale = "-" if m.stale_rate is None else f"{100 * m.stale_rate:.1f}%"
             console.print(
                 f"{m.policy}: the gateway predicted {m.predicted_cached_tokens:,} cached "
-                f"tokens; stale (fewer found than predicted): {stale}"
+                f"tokens; stale (a KV block or more fewer found than predicted): {stale}"
             )
     for r in results:
         if r.run.records and not r.cached_reported:
@@ -289,6 +302,13 @@ def _print(metrics: list[PolicyMetrics], results: list[ReplayResult], title: str
             "token: the oracle floor is scaled to their tokens (approximately: their "
             "blocks do not fall where the workload's do)"
         )
+    for r in results:
+        plain = sum(1 for rec in r.run.records if rec.plain)
+        if plain:
+            console.print(
+                f"{r.run.policy}: {plain:,} requests asked for no stream: their first tokens "
+                "are not seen, so TTFT and the SLO are over the streamed ones"
+            )
     for r in results:
         for err in r.errors[:3]:
             console.print(f"  {r.run.policy}: {err}")

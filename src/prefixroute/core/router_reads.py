@@ -37,6 +37,11 @@ class RouterReads:
         starts, at the replica's learned speed, seconds."""
         return self.loads.get(replica).queued_prefill_s(now)
 
+    def kv_block_size(self) -> int:
+        """The engines' KV block, tokens: the smallest step in which a cached prefix is
+        counted, by the router's predictions and by the engines alike."""
+        return self.loads.block_size
+
     def indexed_blocks(self, replica: ReplicaId) -> int:
         """Blocks the index says ``replica`` holds."""
         return self.index.blocks_of(replica)

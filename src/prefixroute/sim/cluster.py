@@ -240,7 +240,7 @@ class ClusterSim:
             tenant=session.tenant,
             known=known,
         )
-        plain = self.plain > 0 and self._plain_draws.random() < self.plain
+        plain = rec.plain = self.plain > 0 and self._plain_draws.random() < self.plain
         self._pending[rec.request_id] = _Pending(rec, view, session, turn, plain)
         self._dispatch(self._pending[rec.request_id])
 

@@ -105,10 +105,14 @@ def summarize(
     done = [r for r in recs if r.finish_s is not None]
     ttfts = [r.ttft_s for r in recs if r.ttft_s is not None]
     prompt = sum(r.prompt_tokens for r in recs)
-    cached = sum(r.cached_tokens for r in recs if r.first_token_s is not None)
-    prefill = sum(r.prompt_tokens - r.cached_tokens for r in recs if r.first_token_s is not None)
+    # Served: a first token, or an end (a plain answer in a live run shows no first token).
+    served = [r for r in recs if r.first_token_s is not None or r.finish_s is not None]
+    cached = sum(r.cached_tokens for r in served)
+    prefill = sum(r.prompt_tokens - r.cached_tokens for r in served)
     duration = result.duration_s or 1e-9
-    good = sum(1 for r in done if (r.ttft_s or 0.0) <= ttft_slo_s)
+    good = sum(1 for r in done if r.ttft_s is not None and r.ttft_s <= ttft_slo_s)
+    # The SLO is judged where a TTFT can be: not on a live run's plain answers.
+    judged = sum(1 for r in recs if not (r.plain and r.first_token_s is None))
     return PolicyMetrics(
         policy=result.policy,
         workload=result.workload,
@@ -121,14 +125,14 @@ def summarize(
         floor_ratio=prefill / floor if floor else None,
         hit_rate=cached / prompt if prompt else 0.0,
         predicted_cached_tokens=_predicted(recs),
-        stale_rate=_stale_rate(recs),
+        stale_rate=_stale_rate(recs, result.block_size),
         ttft_ms=_percentiles(ttfts),
         e2e_ms=_percentiles([r.e2e_s for r in done if r.e2e_s is not None]),
         ttft_total_ms=sum(ttfts) * 1000.0,
         throughput_tok_s=sum(r.output_tokens for r in done) / duration,
         requests_per_s=len(done) / duration,
         goodput_rps=good / duration,
-        slo_attainment=good / len(recs) if recs else 0.0,
+        slo_attainment=good / judged if judged else 0.0,
         ttft_slo_ms=ttft_slo_s * 1000.0,
         duration_s=result.duration_s,
         per_replica_requests={rep.replica: rep.requests for rep in result.replicas},
@@ -147,9 +151,11 @@ def _predicted(recs: list[RequestRecord]) -> int | None:
     return sum(told) if told or not recs else None
 
 
-def _stale_rate(recs: list[RequestRecord]) -> float | None:
+def _stale_rate(recs: list[RequestRecord], block: int) -> float | None:
     """Of the requests with both a prediction and the replica's count, the fraction that found
-    fewer cached tokens than predicted (None: requests, none with both)."""
+    at least one KV block (``block`` tokens) fewer cached tokens than predicted, as the
+    gateway's ``prefixroute_cache_predictions_total`` judges ``over`` (None: requests, none
+    with both)."""
     judged = [
         (r.cached_tokens, r.predicted_cached_tokens)
         for r in recs
@@ -157,7 +163,7 @@ def _stale_rate(recs: list[RequestRecord]) -> float | None:
     ]
     if not judged:
         return None if recs else 0.0
-    return sum(1 for actual, predicted in judged if actual < predicted) / len(judged)
+    return sum(1 for actual, predicted in judged if predicted - actual >= block) / len(judged)
 
 
 def _decision_us(recs: list[RequestRecord]) -> dict[str, float]:

@@ -25,6 +25,7 @@ class RequestRecord:
     first_token_s: float | None = None
     finish_s: float | None = None
     rerouted: int = 0  # times it was moved off a removed replica
+    plain: bool = False  # its answer was plain: a live run sees no first token of it
 
     @property
     def ttft_s(self) -> float | None:

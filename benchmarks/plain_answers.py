@@ -11,9 +11,12 @@ Printed per run: p50 and p99 TTFT, prefill against the oracle floor, and the wor
 replica's prefill rate as the router holds it at the end against its true one.
 The baseline of the same run is the streamed default (share 0). ``--fleet`` runs another fleet
 (``prefixroute simulate --fleet``'s spec), e.g. ``4:prefill=10000`` for four equal replicas.
+``--scrape S``: the router also reads the engines' prefill metrics every ``S`` seconds, as a
+gateway in front of vLLM does (sim/scrape.py; the only speed source of a fleet whose answers
+are all plain).
 
-Run: ``.venv/bin/python benchmarks/plain_answers.py [--seeds 0,1] [--fleet SPEC]`` (about four
-minutes).
+Run: ``.venv/bin/python benchmarks/plain_answers.py [--seeds 0,1] [--fleet SPEC] [--scrape S]``
+(about four minutes).
 """
 
 from __future__ import annotations
@@ -48,11 +51,20 @@ def rate_error(result: RunResult) -> float:
 
 
 def row(
-    workload: str, seed: int, label: str, policy: str, share: float, spec: str = FLEET
+    workload: str,
+    seed: int,
+    label: str,
+    policy: str,
+    share: float,
+    spec: str = FLEET,
+    scrape_s: float = 0.0,
 ) -> list[str]:
     wl = make_workload(workload, seed, {})
     fleet = parse_fleet(spec, ReplicaConfig())
-    res = ClusterSim(wl, make_policy(policy), fleet=fleet, seed=seed, plain=share).run()
+    sim = ClusterSim(
+        wl, make_policy(policy), fleet=fleet, seed=seed, plain=share, scrape_s=scrape_s
+    )
+    res = sim.run()
     metrics = summarize(res, oracle_floor(wl, res.block_size))
     ttfts = sorted(r.ttft_s for r in res.records if r.ttft_s is not None)
     p99 = ttfts[int(0.99 * (len(ttfts) - 1))] * 1000
@@ -69,21 +81,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_seeds(ap, "0,1")
     ap.add_argument("--fleet", default=FLEET, help=f"the fleet (default {FLEET})")
+    ap.add_argument(
+        "--scrape",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds between engine-metric scrapes (default 0: none)",
+    )
     args = ap.parse_args()
     try:
         parse_fleet(args.fleet, ReplicaConfig())
     except ConfigError as exc:
         ap.error(str(exc))
+    if not 0.0 <= args.scrape < float("inf"):
+        ap.error(f"--scrape is 0 or a number of seconds, got {args.scrape}")
     print("| workload | seed | router | p50 ms | p99 ms | x floor | worst rate error |")
     print("|---|---:|---|---:|---:|---:|---:|")
     for workload in WORKLOADS:
         for seed in args.seeds:
             for share in SHARES:
                 label = f"{DEFAULT_POLICY}, {share:.0%} plain"
-                cells = row(workload, seed, label, DEFAULT_POLICY, share, args.fleet)
+                cells = row(workload, seed, label, DEFAULT_POLICY, share, args.fleet, args.scrape)
                 print("| " + " | ".join(cells) + " |", flush=True)
             for name in BASELINES:
-                cells = row(workload, seed, name, name, 0.0, args.fleet)
+                cells = row(workload, seed, name, name, 0.0, args.fleet, args.scrape)
                 print("| " + " | ".join(cells) + " |", flush=True)
 
 

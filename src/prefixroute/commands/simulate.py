@@ -89,6 +89,11 @@ def add_parser(sub: Any) -> None:
     plain = "share of the answers that are plain, not streamed (0 to 1; default 0): the router "
     plain += "sees no first token of those, only their end, as a gateway does"
     p.add_argument("--plain", type=float, default=0.0, metavar="SHARE", help=plain)
+    p.add_argument(
+        "--scrape", type=float, default=0.0, metavar="SECONDS",
+        help="the router reads each engine's prefill metrics this often, as a gateway's health "
+        "round does (default 0: never)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed for workload and routing")
     add_slo_argument(p)
     output = p.add_mutually_exclusive_group()  # each replaces the tables on stdout
@@ -123,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
     check_slo(args)
     if not 0.0 <= args.plain <= 1.0:  # nan too
         raise ConfigError(f"--plain is a share between 0 and 1, got {args.plain}")
+    if not 0.0 <= args.scrape < float("inf"):  # nan too
+        raise ConfigError(f"--scrape is 0 (never) or a number of seconds, got {args.scrape}")
     if args.plot:
         check_plot_path(args.plot)
     overrides = parse_pairs(args.overrides, "--set")
@@ -182,6 +189,7 @@ def _run_workload(
         fleet=fleet,
         learn_overhead=args.learn_ttft_overhead,
         plain=args.plain,
+        scrape_s=args.scrape,
     )
     title = (
         f"{workload.name}: {workload.num_requests:,} requests, {replicas} replicas, "

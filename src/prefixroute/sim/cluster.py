@@ -30,6 +30,7 @@ from prefixroute.sim.fleet import Fleet, SpeedChange
 from prefixroute.sim.kernel import ARRIVAL, URGENT, Kernel
 from prefixroute.sim.records import ReplicaRecord, RequestRecord, RunResult, SpeedSample
 from prefixroute.sim.replica import EngineRequest, ReplicaConfig, ReplicaModel, StepResult
+from prefixroute.sim.scrape import EngineScrapes
 from prefixroute.sim.stepper import ReplicaStepper
 from prefixroute.sim.workload import ClusterEvent, Session, Workload
 
@@ -60,6 +61,7 @@ class ClusterSim:
         index_capacity: IndexCapacityConfig | None = None,
         speed: SpeedConfig | None = None,
         plain: float = 0.0,
+        scrape_s: float = 0.0,
     ) -> None:
         self.workload = workload
         self.policy = policy
@@ -82,6 +84,11 @@ class ClusterSim:
         if not 0.0 <= plain <= 1.0:
             raise ConfigError(f"plain must be a share between 0 and 1, got {plain}")
         self.plain = plain
+        # Every ``scrape_s`` seconds the router reads each engine's prefill metrics, as a
+        # gateway's health round does (sim/scrape.py); 0: never.
+        if not 0.0 <= scrape_s < float("inf"):
+            raise ConfigError(f"scrape_s must be 0 (no scraping) or positive, got {scrape_s}")
+        self.scrape_s = scrape_s
 
     def run(self) -> RunResult:
         wall0 = time.perf_counter()
@@ -100,6 +107,7 @@ class ClusterSim:
         self._stats: dict[ReplicaId, ReplicaRecord] = {}
         self._records: list[RequestRecord] = []
         self._plain_draws = random.Random(self.seed)  # which answers are plain
+        self._scrapes = EngineScrapes() if self.scrape_s > 0 else None
         self._pending: dict[str, _Pending] = {}
         self._done = 0
         self._accepting_ids: list[ReplicaId] | None = None  # cache of _candidates()
@@ -117,6 +125,8 @@ class ClusterSim:
             self._kernel.at(ev.at_s, partial(self._cluster_event, ev), URGENT)
         for change in self.fleet.changes:
             self._kernel.at(change.at_s, partial(self._speed_change, change), URGENT)
+        if self._scrapes is not None:
+            self._kernel.after(self.scrape_s, self._scrape)
         self._kernel.run()
         for rid, live in self._live.items():
             self._close_stats(rid, live.model)
@@ -136,6 +146,14 @@ class ClusterSim:
             wall_s=time.perf_counter() - wall0,
             speed_trace=self._trace,
         )
+
+    def _scrape(self) -> None:
+        """A scrape round (sim/scrape.py); the next one, unless nothing else is left to run."""
+        assert self._scrapes is not None
+        replicas = [rid for rid in self._live if self._router.has_replica(rid)]
+        self._scrapes.scrape(self._router, replicas)
+        if self._kernel.peek() != float("inf"):
+            self._kernel.after(self.scrape_s, self._scrape)
 
     # --- cluster membership ---------------------------------------------------------------
     def _add_replica(self, rid: ReplicaId) -> None:
@@ -314,6 +332,8 @@ class ClusterSim:
             if not pending.plain:  # a plain answer's first token goes unseen (its guess: _dispatch)
                 self._router.first_token(req.request_id, now)
         for req in result.finished:
+            if self._scrapes is not None:
+                self._scrapes.finished(rid, req)
             p = self._pending.pop(req.request_id)
             p.record.finish_s = now
             # What a gateway hears at the end of a response: usage, then the end itself.

@@ -86,13 +86,15 @@ def compare_policies(
     fleet: Fleet | None = None,
     learn_overhead: bool = False,
     plain: float = 0.0,
+    scrape_s: float = 0.0,
 ) -> Comparison:
     """Simulate ``workload`` once per policy, each on a fresh cluster with the same seed.
 
     ``fleet`` gives each replica its own settings (and speed changes); it replaces ``replicas``.
     ``learn_overhead``: the router learns each replica's fixed first-token overhead too (as
     the gateway's ``learn_ttft_overhead``; worth it where the fleet's overheads differ).
-    ``plain``: the share of answers that are plain, not streamed (``ClusterSim``).
+    ``plain``: the share of answers that are plain, not streamed; ``scrape_s``: the router
+    reads the engines' prefill metrics this often, seconds (0: never; both ``ClusterSim``'s).
     """
     cfg = replica_config or ReplicaConfig(block_size=workload.block_size)
     if fleet is not None:
@@ -105,8 +107,9 @@ def compare_policies(
         bar = LazyProgress(workload.num_requests, f"{workload.name} / {name}", progress)
         try:
             sim = ClusterSim(
-                workload, policy, replicas, cfg, seed, bar.update, fleet, speed=speed, plain=plain
-            )
+                workload, policy, replicas, cfg, seed, bar.update, fleet,
+                speed=speed, plain=plain, scrape_s=scrape_s,
+            )  # fmt: skip
             result = sim.run()
         finally:
             bar.close()

@@ -86,14 +86,7 @@ def add_parser(sub: Any) -> None:
         help="the router learns each replica's fixed first-token overhead too (the gateway's "
         "learn_ttft_overhead; see --fleet's overhead_ms)",
     )
-    plain = "share of the answers that are plain, not streamed (0 to 1; default 0): the router "
-    plain += "sees no first token of those, only their end, as a gateway does"
-    p.add_argument("--plain", type=float, default=0.0, metavar="SHARE", help=plain)
-    p.add_argument(
-        "--scrape", type=float, default=0.0, metavar="SECONDS",
-        help="the router reads each engine's prefill metrics this often, as a gateway's health "
-        "round does (default 0: never)",
-    )  # fmt: skip
+    _add_what_the_router_sees(p)
     p.add_argument("--seed", type=int, default=0, help="seed for workload and routing")
     add_slo_argument(p)
     output = p.add_mutually_exclusive_group()  # each replaces the tables on stdout
@@ -102,6 +95,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="write TTFT CDF and load plot")
     p.add_argument("--list", action="store_true", help="list workloads and their parameters")
     p.set_defaults(run=run)
+
+
+def _add_what_the_router_sees(p: argparse.ArgumentParser) -> None:
+    """``--plain`` and ``--scrape``: what the router is told of the answers and the engines."""
+    plain = "share of the answers that are plain, not streamed (0 to 1; default 0): the router "
+    plain += "sees no first token of those, only their end, as a gateway does"
+    p.add_argument("--plain", type=float, default=0.0, metavar="SHARE", help=plain)
+    p.add_argument(
+        "--scrape", type=float, default=0.0, metavar="SECONDS",
+        help="the router reads each engine's prefill metrics this often, as a gateway's health "
+        "round does (default 0: never)",
+    )  # fmt: skip
 
 
 def fleet_from(args: argparse.Namespace, base: ReplicaConfig) -> Fleet | None:

@@ -45,46 +45,21 @@ async def stream_completion(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any]
 ) -> Outcome:
     """POST ``body`` (with ``stream`` on) to ``url`` and time the SSE stream it returns."""
-    out = Outcome()
-    t0 = time.perf_counter()
-    last = t0
-    try:
-        data = json.dumps(body).encode()
-        async with await send(session, "POST", url, lambda: data, _nothing, headers=_JSON) as resp:
-            _answered(out, resp)
-            if resp.status != 200:
-                out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
-                return out
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    out.error = str(chunk["error"].get("message", chunk["error"]))
-                    break
-                now = time.perf_counter()
-                if _has_content(chunk):
-                    if out.ttft_s is None:
-                        out.ttft_s = now - t0
-                    else:
-                        out.itl_s.append(now - last)
-                    last = now
-                _usage(out, chunk.get("usage"))
-    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
-        out.error = f"{type(exc).__name__}: {exc}"
-    out.e2e_s = time.perf_counter() - t0
-    return out
+    return await _completion(session, url, body, Outcome())
 
 
 async def plain_completion(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any]
 ) -> Outcome:
     """POST ``body`` (with no stream) to ``url`` and time its answer, read whole."""
-    out = Outcome(plain=True)
+    return await _completion(session, url, body, Outcome(plain=True))
+
+
+async def _completion(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], out: Outcome
+) -> Outcome:
+    """One request, answered into ``out``: its stream read as it comes, or (``out.plain``) its
+    answer read whole."""
     t0 = time.perf_counter()
     try:
         data = json.dumps(body).encode()
@@ -93,16 +68,45 @@ async def plain_completion(
             if resp.status != 200:
                 out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return out
-            answer = json.loads(await resp.read())
-            if not isinstance(answer, dict) or "error" in answer:
-                error = answer.get("error") if isinstance(answer, dict) else answer
-                out.error = f"not an answer: {str(error)[:200]}"
-                return out
-            _usage(out, answer.get("usage"))
-            out.e2e_s = time.perf_counter() - t0
+            await (_read_whole(out, resp) if out.plain else _read_stream(out, resp, t0))
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"
+    out.e2e_s = time.perf_counter() - t0
     return out
+
+
+async def _read_stream(out: Outcome, resp: aiohttp.ClientResponse, t0: float) -> None:
+    """The SSE events: the first content's time, the gaps after it, errors and usage."""
+    last = t0
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:
+            out.error = str(chunk["error"].get("message", chunk["error"]))
+            break
+        now = time.perf_counter()
+        if _has_content(chunk):
+            if out.ttft_s is None:
+                out.ttft_s = now - t0
+            else:
+                out.itl_s.append(now - last)
+            last = now
+        _usage(out, chunk.get("usage"))
+
+
+async def _read_whole(out: Outcome, resp: aiohttp.ClientResponse) -> None:
+    """A plain answer: an error in its body, or its usage."""
+    answer = json.loads(await resp.read())
+    if not isinstance(answer, dict) or "error" in answer:
+        error = answer.get("error") if isinstance(answer, dict) else answer
+        out.error = f"not an answer: {str(error)[:200]}"
+        return
+    _usage(out, answer.get("usage"))
 
 
 def _answered(out: Outcome, resp: aiohttp.ClientResponse) -> None:

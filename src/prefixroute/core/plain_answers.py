@@ -51,20 +51,24 @@ def in_order(load: ReplicaLoad, req: InFlight) -> None:
     the requests still waiting: behind one that never gets a first token (a stream that hangs,
     another instance's request whose end was lost), the order would grow with every request
     sent there until it ends, or expires ten minutes later."""
-    ahead = load.unprefilled
-    while ahead and ahead[0].prefilled:
-        ahead.popleft()
+    ahead = _from_first_waiting(load)
     if len(ahead) > 2 * load.prefilling + 8:
         load.unprefilled = ahead = deque(other for other in ahead if not other.prefilled)
     ahead.append(req)
 
 
-def waiting_before(req: InFlight) -> list[InFlight]:
-    """The requests sent to ``req``'s replica before it that have no first token yet, oldest
-    first. Drops the prefilled ones at the front of the replica's order on the way."""
-    ahead = req.load.unprefilled
+def _from_first_waiting(load: ReplicaLoad) -> deque[InFlight]:
+    """``load``'s order, its prefilled requests at the front dropped."""
+    ahead = load.unprefilled
     while ahead and ahead[0].prefilled:
         ahead.popleft()
+    return ahead
+
+
+def waiting_before(req: InFlight) -> list[InFlight]:
+    """The requests sent to ``req``'s replica before it that have no first token yet, oldest
+    first."""
+    ahead = _from_first_waiting(req.load)
     before = itertools.takewhile(lambda other: other.seq < req.seq, ahead)
     return [other for other in before if not other.prefilled]
 

@@ -12,6 +12,7 @@ from prefixroute.core import (
     BlockHasher,
     Decision,
     DecisionReason,
+    LoadTracker,
     ReplicaId,
     RequestView,
     Router,
@@ -113,3 +114,9 @@ def busy_each(router: Router, queues: dict[ReplicaId, int]) -> None:
     """``busy`` with each replica's number of in-flight requests."""
     for replica, n in queues.items():
         busy(router, replica, n)
+
+
+def send(tracker: LoadTracker, rid: str, prompt: int, output: int, now: float) -> None:
+    """Request ``rid`` (``prompt`` tokens, none predicted cached) dispatched to r0 at ``now``."""
+    view = RequestView(rid, (), 16, prompt, prompt, output)
+    tracker.dispatch(view, Decision(R0, DecisionReason.LEAST_LOADED, 0), now)

@@ -12,24 +12,18 @@ from __future__ import annotations
 import pytest
 
 from prefixroute.core import (
-    Decision,
-    DecisionReason,
     LoadTracker,
     ReplicaId,
-    RequestView,
     Router,
     SpeedConfig,
     make_policy,
 )
 from prefixroute.sim import ClusterSim, make_workload
 
+from .helpers import send
+
 R0 = ReplicaId("r0")
 RATE = 5_000.0  # the replica's true prefill rate, tokens/s
-
-
-def send(tracker: LoadTracker, rid: str, prompt: int, now: float, output: int = 10) -> None:
-    view = RequestView(rid, (), 16, prompt, prompt, output)
-    tracker.dispatch(view, Decision(R0, DecisionReason.LEAST_LOADED, 0), now)
 
 
 def warm(tracker: LoadTracker) -> float:
@@ -37,7 +31,7 @@ def warm(tracker: LoadTracker) -> float:
     now = 0.0
     for i in range(20):
         prompt = 500 + 100 * (i % 5)
-        send(tracker, f"w{i}", prompt, now)
+        send(tracker, f"w{i}", prompt, 10, now)
         tracker.first_token(f"w{i}", now + prompt / RATE)
         tracker.complete(f"w{i}", now + prompt / RATE + 0.2, 10)
         now += 1.0
@@ -48,8 +42,8 @@ def warm(tracker: LoadTracker) -> float:
 def test_a_guess_waits_for_the_requests_sent_before_it() -> None:
     tracker = LoadTracker(speed=SpeedConfig(decode_step_s=0.0, fleet_prior=False))
     now = warm(tracker)
-    send(tracker, "a", 3000, now)  # a stream, its first token late
-    send(tracker, "b", 2000, now)  # a plain answer behind it
+    send(tracker, "a", 3000, 10, now)  # a stream, its first token late
+    send(tracker, "b", 2000, 10, now)  # a plain answer behind it
     due = tracker.first_token_due("b")
     assert due is not None
     rate = tracker[R0].speed.prefill_tokens_per_s
@@ -70,12 +64,12 @@ def test_the_wait_is_the_work_still_ahead_at_the_learned_speed() -> None:
     now = warm(tracker)
     speed = tracker[R0].speed
     assert speed.decode_step_s > 0
-    send(tracker, "d", 100, now)
+    send(tracker, "d", 100, 10, now)
     tracker.first_token("d", now + 0.02)  # decoding from here on
     start = now + 0.1
-    send(tracker, "a", 3000, start)  # the replica starts on its queue here
-    send(tracker, "a2", 1000, start)
-    send(tracker, "b", 2000, start)
+    send(tracker, "a", 3000, 10, start)  # the replica starts on its queue here
+    send(tracker, "a2", 1000, 10, start)
+    send(tracker, "b", 2000, 10, start)
     assert tracker.first_token_due("b") is not None
     for elapsed in (0.0, 0.3):
         done = speed.progress(4000, elapsed, True)
@@ -90,7 +84,7 @@ def test_a_guess_with_nothing_ahead_is_taken_and_teaches_nothing() -> None:
     now = warm(tracker)
     speed = tracker[R0].speed
     seen = speed.prefill_observations
-    send(tracker, "a", 1000, now)
+    send(tracker, "a", 1000, 10, now)
     assert tracker.first_token_due("a") is not None
     assert tracker.guess_first_token("a", now + 0.2) is None
     assert tracker[R0].prefilling == 0 and tracker[R0].queued_prefill_tokens == 0
@@ -102,11 +96,11 @@ def test_a_guess_with_nothing_ahead_is_taken_and_teaches_nothing() -> None:
 def test_a_later_stream_passes_the_plain_answers_before_it_only() -> None:
     """Cold (no guess is made), the plain answer would count as queued until its end."""
     tracker = LoadTracker(speed=SpeedConfig(fleet_prior=False))
-    send(tracker, "early", 700, 0.0)  # a stream, its first token not seen yet
-    send(tracker, "plain", 1000, 0.0)
+    send(tracker, "early", 700, 10, 0.0)  # a stream, its first token not seen yet
+    send(tracker, "plain", 1000, 10, 0.0)
     assert tracker.first_token_due("plain") is None  # cold: no guess, but now known unseen
-    send(tracker, "late", 400, 0.0)
-    send(tracker, "plain-after", 900, 0.0)
+    send(tracker, "late", 400, 10, 0.0)
+    send(tracker, "plain-after", 900, 10, 0.0)
     assert tracker.first_token_due("plain-after") is None
     tracker.first_token("late", 0.5)
     load = tracker[R0]
@@ -118,9 +112,9 @@ def test_a_later_stream_passes_the_plain_answers_before_it_only() -> None:
 def test_heard_first_tokens_pass_plain_answers_too() -> None:
     """Another instance's first token (heard, not measured) is a first token all the same."""
     tracker = LoadTracker(speed=SpeedConfig(fleet_prior=False))
-    send(tracker, "plain", 1000, 0.0)
+    send(tracker, "plain", 1000, 10, 0.0)
     tracker.first_token_due("plain")
-    send(tracker, "remote", 400, 0.0)
+    send(tracker, "remote", 400, 10, 0.0)
     tracker.first_token("remote", 0.5, measured=False)
     assert tracker[R0].prefilling == 0
 
@@ -152,10 +146,10 @@ def test_the_order_stays_small_behind_a_request_that_never_prefills() -> None:
     """A stream that hangs (or another instance's request whose end was lost) holds the front
     of the order: the requests that pass behind it must not pile up there until it ends."""
     tracker = LoadTracker()
-    send(tracker, "stuck", 500, 0.0)
+    send(tracker, "stuck", 500, 10, 0.0)
     longest = 0
     for i in range(1000):
-        send(tracker, f"r{i}", 500, i * 0.1)
+        send(tracker, f"r{i}", 500, 10, i * 0.1)
         longest = max(longest, len(tracker[R0].unprefilled))
         tracker.first_token(f"r{i}", i * 0.1 + 0.05)
         tracker.complete(f"r{i}", i * 0.1 + 0.08, 10)

@@ -27,13 +27,10 @@ from prefixroute.core import (
 from prefixroute.core.speed import ReplicaSpeed
 from prefixroute.sim import ClusterSim, ReplicaConfig, make_workload, parse_fleet
 
+from .helpers import send
+
 R0 = ReplicaId("r0")
 RATE, STEP = 5_000.0, 0.02  # the replica's true prefill rate (tokens/s) and decode step (s)
-
-
-def send(tracker: LoadTracker, rid: str, prompt: int, output: int, now: float) -> None:
-    view = RequestView(rid, (), 16, prompt, prompt, output)
-    tracker.dispatch(view, Decision(R0, DecisionReason.LEAST_LOADED, 0), now)
 
 
 def answers(

@@ -3,6 +3,7 @@
 # The simulator's KV block pool in C (core/_native/kvcache.c), or None when it is not built or
 # PREFIXROUTE_PURE_PYTHON is set: sim/kv_cache.py holds its reference and chooses.
 from prefixroute.core._native import KVCache as CompiledKVCache
+from prefixroute.core.cache_prediction import Judgement, judge_prediction
 from prefixroute.core.errors import (
     ConfigError,
     ErrorSpec,
@@ -56,6 +57,7 @@ __all__ = [
     "Endpoint",
     "ErrorSpec",
     "IndexCapacityConfig",
+    "Judgement",
     "InvalidPrompt",
     "LoadTracker",
     "ModelNotFound",
@@ -83,5 +85,6 @@ __all__ = [
     "parse_policy_list",
     "policy_names",
     "spec_along_mro",
+    "judge_prediction",
     "speed_priors_of",
 ]

@@ -13,10 +13,7 @@ Per request (updated as requests end):
 * ``prefixroute_cache_predictions_total{replica, outcome}``: each of those responses judged
   ``exact`` (predicted and reported less than one KV block apart), ``over`` (predicted a block
   or more beyond what the replica had: a stale decision) or ``under``; the stale-decision rate
-  is ``over / sum``. Within a block is exact: a text key's blocks do not fall where the
-  engine's do, and a hit is capped at ``prompt - 1`` tokens, so a few tokens either way are
-  the unit, not staleness (before 2026-12-03, 44 of 48 "over" answers of a healthy bench run
-  were 5 or 11 tokens over).
+  is ``over / sum`` (``core/cache_prediction.py`` says why within a block is exact).
 * ``prefixroute_decision_seconds``: time to hash the prompt and decide, seconds.
 * ``prefixroute_tokenize_seconds`` and ``prefixroute_tokenize_failures_total`` (with a
   tokenizer): the cost of one prompt's tokenization in its worker thread, seconds.
@@ -59,7 +56,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from prefixroute.core import Router
+from prefixroute.core import Router, judge_prediction
 from prefixroute.events import StreamState
 from prefixroute.gateway._registry import ReplicaRegistry
 
@@ -188,14 +185,6 @@ class GatewayMetrics:
     def watch_precise(self, precise: PreciseMode) -> None:
         """Report precise mode's event streams (read at scrape)."""
         self.registry.register(_EventCollector(precise))
-
-
-def judge_prediction(predicted: int, actual: int, block: int) -> str:
-    """``exact``, ``over`` or ``under``: the predicted cached tokens against the replica's
-    count, less than one KV block (``block`` tokens) apart being exact (module docstring)."""
-    if abs(predicted - actual) < block:
-        return "exact"
-    return "over" if predicted > actual else "under"
 
 
 def _counter(registry: CollectorRegistry, name: str, doc: str, *labels: str) -> Counter:

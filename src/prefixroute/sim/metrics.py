@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from prefixroute.core import BlockHash, BlockHasher
+from prefixroute.core import BlockHash, BlockHasher, judge_prediction
 from prefixroute.sim.records import RequestRecord, RunResult
 from prefixroute.sim.workload import Workload
 
@@ -157,13 +157,13 @@ def _stale_rate(recs: list[RequestRecord], block: int) -> float | None:
     gateway's ``prefixroute_cache_predictions_total`` judges ``over`` (None: requests, none
     with both)."""
     judged = [
-        (r.cached_tokens, r.predicted_cached_tokens)
+        judge_prediction(r.predicted_cached_tokens, r.cached_tokens, block)
         for r in recs
         if r.predicted_cached_tokens is not None and r.cached_reported
     ]
     if not judged:
         return None if recs else 0.0
-    return sum(1 for actual, predicted in judged if predicted - actual >= block) / len(judged)
+    return judged.count("over") / len(judged)
 
 
 def _decision_us(recs: list[RequestRecord]) -> dict[str, float]:

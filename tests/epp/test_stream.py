@@ -325,6 +325,25 @@ async def test_an_answer_served_by_a_fallback_counts_against_the_primary(served_
     assert requests == 1
 
 
+async def test_a_fallback_passes_no_plain_answer_on_the_primary() -> None:
+    """The primary never served the request, so no first token came from it: the plain answers
+    sent there before it (first tokens nobody sees) still wait their turn there
+    (core/plain_answers.py: only a first token that came passes them)."""
+    s = shared("round_robin", FOUR, fallbacks=1)
+    for endpoint in FOUR:  # one plain answer already in flight on every replica
+        rid = f"plain-{endpoint}"
+        s.router.loads.count_dispatch(
+            rid, f"http://{endpoint}", prompt_tokens=500, output_tokens=10,
+            predicted_cached_tokens=0, now=s.clock(),
+        )  # fmt: skip
+        s.router.first_token_due(rid)  # as the picker's timer marks a plain answer
+    stream = PickStream(s)
+    primary, fallback = destinations(await pick(stream, completion(10)))
+    await answer_served_by(stream, fallback)
+    assert s.router.replica_load(f"http://{primary}").prefilling == 1  # the plain answer
+    assert s.router.replica_load(f"http://{primary}").in_flight == 1
+
+
 def test_fallbacks_is_a_count() -> None:
     with pytest.raises(Exception, match="fallbacks"):
         EppConfig(GatewayConfig(), fallbacks=-1)

@@ -310,9 +310,9 @@ class PickStream:
 
     def _move_to(self, replica: ReplicaId) -> None:
         """A fallback served the request: the primary's accounting ends, learning nothing; the
-        request is routed again to the fallback, as the gateway retries (its times untaught)."""
+        request is routed again to the fallback, as the gateway retries (its times untaught).
+        No first token there: one would pass plain answers sent before it (plain_answers.py)."""
         s, now, view = self.s, self.s.clock(), self._view
-        s.router.first_token(self.rid, now, measured=False)
         s.router.complete(self.rid, now)
         if s.sync is not None:
             s.sync.completed(self.rid)

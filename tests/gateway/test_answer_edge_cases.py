@@ -27,7 +27,7 @@ from prefixroute.gateway._state import STATE
 
 from .fakes import ClosingReplica, completion_body
 from .helpers import FakeFactory, GatewayFactory
-from .test_precise import metric, metrics, unset
+from .test_precise import metric, metrics
 
 
 async def _json(request: web.Request) -> Any:
@@ -100,7 +100,7 @@ async def test_a_stream_that_reports_an_error_teaches_no_first_token_and_is_no_s
     assert record.outcomes and not any(ok for _, ok in record.outcomes)
     text = await metrics(session, gw.url)
     assert metric(text, "prefixroute_upstream_failures_total", kind="error_event") == 3
-    assert unset(text, "prefixroute_usage_missing")  # an error is no usage missing
+    assert metric(text, "prefixroute_usage_missing_total") == 0  # an error is no usage missing
 
 
 # --- 3 -------------------------------------------------------------------------------------

@@ -29,6 +29,29 @@ def value(m: GatewayMetrics, name: str, **labels: str) -> float:
     return found
 
 
+USAGE_SERIES = (
+    ("prefixroute_predicted_cached_tokens_total", {}),
+    ("prefixroute_actual_cached_tokens_total", {}),
+    ("prefixroute_prompt_tokens_total", {}),
+    ("prefixroute_usage_missing_total", {}),
+    *(("prefixroute_cache_predictions_total", {"outcome": o}) for o in ("exact", "over", "under")),
+)
+
+
+def test_each_replicas_usage_series_exist_at_zero_from_its_registration() -> None:
+    """Prometheus' advice: a series that appears only at its first count leaves rate() and
+    alerts on it without data until then. Replicas known at the start and added later alike."""
+    m, _, registry = gateway_metrics()
+    c = ReplicaId("http://c:3")
+    registry.add(c)  # as the admin API and discovery add one
+    for replica in (A, B, c):
+        for name, labels in USAGE_SERIES:
+            assert value(m, name, replica=replica, **labels) == 0
+    m.observe_usage(c, predicted=64, actual=0, prompt=100)  # counting still counts
+    assert value(m, "prefixroute_cache_predictions_total", replica=c, outcome="over") == 1
+    assert value(m, "prefixroute_cache_predictions_total", replica=c, outcome="exact") == 0
+
+
 def test_the_live_numbers_are_the_routers_and_the_registrys() -> None:
     m, router, registry = gateway_metrics(index_capacity_blocks=3)
     view = router.view("q1", tokens=list(range(200)), output_tokens=5)

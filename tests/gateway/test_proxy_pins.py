@@ -369,7 +369,7 @@ async def test_only_completions_and_chat_answers_feed_the_cache_prediction_metri
     async with session.post(gw.url + "/v1/embeddings", json={"input": "hi"}) as resp:
         assert resp.status == 200
     labels = {"replica": fake.url, "outcome": "exact"}
-    assert _sample(metrics, "prefixroute_cache_predictions_total", **labels) is None
+    assert _sample(metrics, "prefixroute_cache_predictions_total", **labels) == 0
     reply = await send(session, gw.url, "/v1/completions", {"prompt": "x"})
     assert reply.status == 200
     assert _sample(metrics, "prefixroute_cache_predictions_total", **labels) == 1

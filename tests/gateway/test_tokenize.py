@@ -19,6 +19,7 @@ from prefixroute.gateway._tokenize import TokenizerPool
 from prefixroute.sim.replica import ReplicaConfig
 
 from .helpers import STEADY, ClusterFactory, GatewayFactory, send
+from .test_precise import metric
 
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny-tokenizer"  # the real-vLLM model's
 
@@ -121,5 +122,6 @@ async def test_with_a_tokenizer_approximate_predictions_are_token_exact(
     assert cached == [0, 96, 144]
     async with session.get(gw.url + "/metrics") as resp:
         text = await resp.text()
-    assert 'prefixroute_cache_predictions_total{outcome="exact"' in text
-    assert 'outcome="over"' not in text and 'outcome="under"' not in text
+    assert metric(text, "prefixroute_cache_predictions_total", outcome="exact") == 3
+    assert metric(text, "prefixroute_cache_predictions_total", outcome="over") == 0
+    assert metric(text, "prefixroute_cache_predictions_total", outcome="under") == 0

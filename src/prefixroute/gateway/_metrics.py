@@ -50,13 +50,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from prefixroute.core import Router, judge_prediction
+from prefixroute.core import Judgement, Router, judge_prediction
 from prefixroute.events import StreamState
 from prefixroute.gateway._registry import ReplicaRegistry
 
@@ -75,6 +75,9 @@ class GatewayMetrics:
     def __init__(self, router: Router, replicas: ReplicaRegistry) -> None:
         self.kv_block = router.kv_block_size()  # a prediction within one block is exact
         self.registry = r = CollectorRegistry(auto_describe=True)
+        # Labelled children by (metric, labels): ``labels()`` takes a lock and builds a key on
+        # every call; these are looked up once per request, so keep them.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         counter = partial(_counter, r)
         self.requests = counter(
             "prefixroute_requests",
@@ -82,6 +85,30 @@ class GatewayMetrics:
             "answer ended) and routing reason.",
             "replica", "status", "reason",
         )  # fmt: skip
+        self._usage_families(counter, replicas)
+        self.tokenize_seconds = Histogram(
+            "prefixroute_tokenize_seconds",
+            "Time to tokenize one prompt (chat template included) in a worker thread, seconds.",
+            buckets=TOKENIZE_BUCKETS,
+            registry=r,
+        )
+        self.tokenize_failures = counter(
+            "prefixroute_tokenize_failures",
+            "Prompts that could not be tokenized (routed on their text instead).",
+        )
+        self.decision_seconds = Histogram(
+            "prefixroute_decision_seconds",
+            "Time to hash a request and choose its replica, seconds.",
+            buckets=DECISION_BUCKETS,
+            registry=r,
+        )
+        self._failure_families(counter)
+        r.register(_LiveCollector(router, replicas))
+
+    def _usage_families(self, counter: Callable[..., Counter], replicas: ReplicaRegistry) -> None:
+        """What the replicas' usage reports say of the cache predictions. Each replica's series
+        exist at 0 from its registration: a series that appears only at its first count leaves
+        rate() and alerts on it without data until then."""
         self.predicted_cached = counter(
             "prefixroute_predicted_cached_tokens",
             "Prompt tokens the router predicted cached (responses that reported usage).",
@@ -109,27 +136,9 @@ class GatewayMetrics:
             "replica's report.",
             "replica", "outcome",
         )  # fmt: skip
-        self.tokenize_seconds = Histogram(
-            "prefixroute_tokenize_seconds",
-            "Time to tokenize one prompt (chat template included) in a worker thread, seconds.",
-            buckets=TOKENIZE_BUCKETS,
-            registry=r,
-        )
-        self.tokenize_failures = counter(
-            "prefixroute_tokenize_failures",
-            "Prompts that could not be tokenized (routed on their text instead).",
-        )
-        self.decision_seconds = Histogram(
-            "prefixroute_decision_seconds",
-            "Time to hash a request and choose its replica, seconds.",
-            buckets=DECISION_BUCKETS,
-            registry=r,
-        )
-        self._failure_families(counter)
-        r.register(_LiveCollector(router, replicas))
-        # Labelled children by (metric, labels): ``labels()`` takes a lock and builds a key on
-        # every call; these are looked up once per request, so keep them.
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        for record in replicas:
+            self._zero_series(record.id)
+        replicas.on_added(self._zero_series)
 
     def _failure_families(self, counter: Callable[..., Counter]) -> None:
         """Retries, failures and streams cut short."""
@@ -158,6 +167,14 @@ class GatewayMetrics:
             "Responses the gateway ended early: slow_client (not reading) or shutdown (drain).",
             "reason",
         )
+
+    def _zero_series(self, replica: str) -> None:
+        """Create ``replica``'s usage and cache-prediction series, at 0."""
+        for metric in (self.predicted_cached, self.actual_cached, self.prompt_tokens,
+                       self.usage_missing):  # fmt: skip
+            self._child(metric, replica)
+        for outcome in get_args(Judgement):
+            self._child(self.cache_predictions, replica, outcome)
 
     def _child(self, metric: Counter, *labels: str) -> Any:
         key = (id(metric), labels)

@@ -121,6 +121,7 @@ class ReplicaRegistry:
         # Callbacks of requests waiting on a replica's first byte, fired when it is taken out.
         self._waiting: dict[ReplicaId, set[Callable[[], None]]] = {}
         self._adapters: frozenset[str] = frozenset()  # adapter names any replica lists
+        self._on_added: list[Callable[[ReplicaId], None]] = []  # hooks for each new replica
 
     # --- membership -----------------------------------------------------------------------
     def add(self, url: str) -> ReplicaRecord:
@@ -130,7 +131,14 @@ class ReplicaRegistry:
         record = self._records[rid] = ReplicaRecord(rid, name=replica_name(rid))
         self.router.add_replica(rid)
         log.info("replica %s added", rid)
+        for callback in self._on_added:
+            callback(rid)
         return record
+
+    def on_added(self, callback: Callable[[ReplicaId], None]) -> None:
+        """Call ``callback`` with each replica registered from now on, however it came
+        (configuration, the admin API, discovery)."""
+        self._on_added.append(callback)
 
     def remove(self, rid: ReplicaId) -> ReplicaRecord:
         """Forget ``rid`` (no new requests; the ones in flight finish and are accounted)."""

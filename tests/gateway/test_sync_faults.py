@@ -251,3 +251,33 @@ async def test_a_hung_redis_is_a_lost_subscription(
         os.kill(pid, signal.SIGCONT)
         await pub.stop()
         await sub.stop()
+
+
+async def test_stop_ends_a_task_that_lost_its_cancellation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shutdown must not hang on the sync (a CI run once waited ten minutes on a
+    subscription that went on after its cancellation). The subscriber here swallows the first
+    cancellation, as a client library that turns it into a timeout would: stop() still ends."""
+    import prefixroute.sync._redis as sync_redis
+
+    monkeypatch.setattr(sync_redis, "STOP_WAIT_S", 0.05)
+    sync = instance("stubborn", "redis://127.0.0.1:1/0")  # nothing is ever asked of it
+    swallowed = 0
+
+    async def stubborn(client: object, up: object) -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                swallowed += 1
+                if swallowed > 1:
+                    raise
+
+    monkeypatch.setattr(sync, "_subscribe", stubborn)
+    await sync.start()
+    await asyncio.sleep(0.01)  # both tasks under way
+    await asyncio.wait_for(sync.stop(), timeout=5)
+    assert swallowed == 2  # the first cancellation lost, the second taken
+    assert not sync.connected

@@ -66,6 +66,7 @@ POLL_S = 1.0  # longest wait for one subscriber message, seconds
 HEARTBEAT_S = 5.0  # a subscription quiet this long is PINGed (_listen), seconds
 HISTORY = 4096  # decisions kept in Redis for instances that (re)connect later
 HISTORY_CHUNK = 256  # history entries applied between yields to the event loop
+STOP_WAIT_S = 1.0  # a task still running this long after its cancellation is cancelled again
 
 
 # One connection's work: runs until Redis fails; calls its argument once the link is up.
@@ -104,6 +105,7 @@ class RouteSync:
         # (payload, kept in the history): decisions are, progress messages are not
         self._queue: asyncio.Queue[tuple[bytes, bool]] = asyncio.Queue(QUEUE_SIZE)
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False  # stop() was called: the loops end at their next turn
         self._connected = False
         self._unsent: list[tuple[bytes, bool]] = []  # a batch whose connection failed
         self._history_refused = False  # Redis refuses the history's writes (logged once)
@@ -152,16 +154,27 @@ class RouteSync:
         self._queue.put_nowait((payload, keep))
 
     async def start(self) -> None:
+        self._stopping = False
         self._tasks = [
             asyncio.create_task(self._forever(self._publish_some), name="sync-publisher"),
             asyncio.create_task(self._forever(self._subscribe), name="sync-subscriber"),
         ]
 
     async def stop(self) -> None:
+        """End both tasks; returns once they have ended. A cancellation can be lost inside
+        the client (seen once in CI: a shutdown waited on a subscription that went on PINGing
+        for ten minutes), so the loops also end on ``_stopping``, and a task still running after
+        ``STOP_WAIT_S`` is cancelled again."""
+        self._stopping = True
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        pending = set(tasks)
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=STOP_WAIT_S)
+        for task in tasks:  # retrieved, as gather did: no "exception never retrieved" noise
+            if not task.cancelled():
+                task.exception()
         self._set_connected(False)
         self.remote.forget()
 
@@ -183,7 +196,7 @@ class RouteSync:
             nonlocal delay
             delay = BACKOFF_MIN_S
 
-        while True:
+        while not self._stopping:
             client = None
             try:
                 # Built inside the try: a URL redis-py rejects raised here, outside it, and
@@ -208,7 +221,7 @@ class RouteSync:
             delay = min(delay * 2, BACKOFF_MAX_S)
 
     async def _publish_some(self, client: aioredis.Redis, up: Callable[[], None]) -> None:
-        while True:
+        while not self._stopping:
             batch, self._unsent = self._unsent or [await self._queue.get()], []
             while len(batch) < BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
@@ -273,7 +286,7 @@ class RouteSync:
         others' requests stayed counted in flight, their ends never heard."""
         heard = time.monotonic()  # last reply of any kind on this connection
         pinged_at: float | None = None  # our PING still unanswered since
-        while True:
+        while not self._stopping:
             message = await pubsub.get_message(timeout=POLL_S)
             now = time.monotonic()
             if message is not None:  # a PONG too

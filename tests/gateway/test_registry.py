@@ -178,3 +178,15 @@ def test_adapters_are_the_models_listed_with_a_parent() -> None:
     assert reg.adapter_of("e") is None
     reg.remove(ReplicaId(A))
     assert reg.adapter_of("sql") is None
+
+
+def test_each_hook_hears_every_replica_added_after_it() -> None:
+    reg = _registry()
+    reg.add("http://before:1")
+    heard: list[list[str]] = [[], []]
+    reg.on_added(heard[0].append)
+    reg.on_added(heard[1].append)
+    reg.add("http://A:2/")
+    with pytest.raises(Conflict):
+        reg.add("http://a:2")  # not added: nobody hears of it
+    assert heard == [["http://a:2"], ["http://a:2"]]  # the id, normalised

@@ -105,7 +105,6 @@ class RouteSync:
         # (payload, kept in the history): decisions are, progress messages are not
         self._queue: asyncio.Queue[tuple[bytes, bool]] = asyncio.Queue(QUEUE_SIZE)
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopping = False  # stop() was called: the loops end at their next turn
         self._connected = False
         self._unsent: list[tuple[bytes, bool]] = []  # a batch whose connection failed
         self._history_refused = False  # Redis refuses the history's writes (logged once)
@@ -154,7 +153,6 @@ class RouteSync:
         self._queue.put_nowait((payload, keep))
 
     async def start(self) -> None:
-        self._stopping = False
         self._tasks = [
             asyncio.create_task(self._forever(self._publish_some), name="sync-publisher"),
             asyncio.create_task(self._forever(self._subscribe), name="sync-subscriber"),
@@ -163,9 +161,8 @@ class RouteSync:
     async def stop(self) -> None:
         """End both tasks; returns once they have ended. A cancellation can be lost inside
         the client (seen once in CI: a shutdown waited on a subscription that went on PINGing
-        for ten minutes), so the loops also end on ``_stopping``, and a task still running after
-        ``STOP_WAIT_S`` is cancelled again."""
-        self._stopping = True
+        for ten minutes), so a task still running ``STOP_WAIT_S`` after its cancellation is
+        cancelled again."""
         tasks, self._tasks = self._tasks, []
         pending = set(tasks)
         while pending:
@@ -196,7 +193,7 @@ class RouteSync:
             nonlocal delay
             delay = BACKOFF_MIN_S
 
-        while not self._stopping:
+        while True:
             client = None
             try:
                 # Built inside the try: a URL redis-py rejects raised here, outside it, and
@@ -221,7 +218,7 @@ class RouteSync:
             delay = min(delay * 2, BACKOFF_MAX_S)
 
     async def _publish_some(self, client: aioredis.Redis, up: Callable[[], None]) -> None:
-        while not self._stopping:
+        while True:
             batch, self._unsent = self._unsent or [await self._queue.get()], []
             while len(batch) < BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
@@ -286,7 +283,7 @@ class RouteSync:
         others' requests stayed counted in flight, their ends never heard."""
         heard = time.monotonic()  # last reply of any kind on this connection
         pinged_at: float | None = None  # our PING still unanswered since
-        while not self._stopping:
+        while True:
             message = await pubsub.get_message(timeout=POLL_S)
             now = time.monotonic()
             if message is not None:  # a PONG too

@@ -49,3 +49,68 @@ async def test_every_waits_one_interval_before_the_first_tick() -> None:
         await asyncio.sleep(0)
     await cancel_and_wait(task)
     assert ticks == []
+
+
+async def test_cancel_and_wait_cancels_again_a_task_that_lost_its_cancellation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client library can swallow a cancellation (turning it into a timeout, say): the
+    task is cancelled again until it ends, so a shutdown cannot hang on it."""
+    import prefixroute._tasks as tasks
+
+    monkeypatch.setattr(tasks, "STOP_WAIT_S", 0.01)
+    swallowed = 0
+
+    async def stubborn() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                swallowed += 1
+                if swallowed == 3:
+                    raise
+
+    task = asyncio.get_running_loop().create_task(stubborn())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(cancel_and_wait(task), timeout=5)
+    assert task.cancelled() and swallowed == 3
+
+
+async def test_cancel_and_wait_raises_what_the_task_ended_with() -> None:
+    """As ``await task`` did: a task that had already failed is not a clean stop."""
+
+    async def broken() -> None:
+        raise ValueError("a bug")
+
+    task = asyncio.get_running_loop().create_task(broken())
+    await asyncio.sleep(0)
+    with pytest.raises(ValueError, match="a bug"):
+        await cancel_and_wait(task)
+    await cancel_and_wait(None)  # nothing to stop: no error
+
+
+async def test_cancel_and_wait_passes_on_its_own_caller_cancellation() -> None:
+    """The stopper being cancelled is not the task's cancellation: it must not be swallowed."""
+
+    hearing = False
+
+    async def deaf() -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if hearing:
+                    raise
+
+    task = asyncio.get_running_loop().create_task(deaf())
+    stopper = asyncio.get_running_loop().create_task(cancel_and_wait(task))
+    await asyncio.sleep(0.01)
+    stopper.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopper
+    assert not task.done()
+    hearing = True  # now let it end, or the loop's teardown would wait on it for ever
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+STOP_WAIT_S = 1.0  # a task still running this long after its cancellation is cancelled again
+
 
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
-    """Cancel ``task`` (None: nothing to do) and wait until it has really ended.
+    """Cancel ``task`` (None: nothing to do) and wait until it has really ended; an exception
+    it ended with, other than its cancellation, is raised here, as ``await task`` would.
 
     Waiting matters: a task cancelled but not awaited may still be closing sockets or touching
-    its owner's state after ``stop()`` returned.
+    its owner's state after ``stop()`` returned. A cancellation can also be lost inside a
+    client library (seen once in CI: a shutdown waited on a Redis subscription that went on
+    PINGing for ten minutes), so a task still running ``STOP_WAIT_S`` after its cancellation
+    is cancelled again, until it ends.
     """
     if task is None:
         return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    while not task.done():
+        task.cancel()
+        await asyncio.wait((task,), timeout=STOP_WAIT_S)
+    if not task.cancelled():
+        task.result()
 
 
 def every(

@@ -259,9 +259,9 @@ async def test_stop_ends_a_task_that_lost_its_cancellation(
     """A shutdown must not hang on the sync (a CI run once waited ten minutes on a
     subscription that went on after its cancellation). The subscriber here swallows the first
     cancellation, as a client library that turns it into a timeout would: stop() still ends."""
-    import prefixroute.sync._redis as sync_redis
+    import prefixroute._tasks as tasks
 
-    monkeypatch.setattr(sync_redis, "STOP_WAIT_S", 0.05)
+    monkeypatch.setattr(tasks, "STOP_WAIT_S", 0.05)
     sync = instance("stubborn", "redis://127.0.0.1:1/0")  # nothing is ever asked of it
     swallowed = 0
 

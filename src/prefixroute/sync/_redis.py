@@ -49,6 +49,7 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
+from prefixroute._tasks import cancel_and_wait
 from prefixroute.core import Decision, RequestView, Router
 from prefixroute.sync._metrics import SyncMetrics
 from prefixroute.sync._remote import RemoteRequests, without_withdrawn
@@ -66,7 +67,6 @@ POLL_S = 1.0  # longest wait for one subscriber message, seconds
 HEARTBEAT_S = 5.0  # a subscription quiet this long is PINGed (_listen), seconds
 HISTORY = 4096  # decisions kept in Redis for instances that (re)connect later
 HISTORY_CHUNK = 256  # history entries applied between yields to the event loop
-STOP_WAIT_S = 1.0  # a task still running this long after its cancellation is cancelled again
 
 
 # One connection's work: runs until Redis fails; calls its argument once the link is up.
@@ -159,19 +159,11 @@ class RouteSync:
         ]
 
     async def stop(self) -> None:
-        """End both tasks; returns once they have ended. A cancellation can be lost inside
-        the client (seen once in CI: a shutdown waited on a subscription that went on PINGing
-        for ten minutes), so a task still running ``STOP_WAIT_S`` after its cancellation is
-        cancelled again."""
+        """End both tasks; returns once they have ended (:func:`cancel_and_wait`, which also
+        outlasts a cancellation lost inside the client)."""
         tasks, self._tasks = self._tasks, []
-        pending = set(tasks)
-        while pending:
-            for task in pending:
-                task.cancel()
-            _, pending = await asyncio.wait(pending, timeout=STOP_WAIT_S)
-        for task in tasks:  # retrieved, as gather did: no "exception never retrieved" noise
-            if not task.cancelled():
-                task.exception()
+        # return_exceptions: a task that had failed must not keep the other running
+        await asyncio.gather(*map(cancel_and_wait, tasks), return_exceptions=True)
         self._set_connected(False)
         self.remote.forget()
 

@@ -137,3 +137,7 @@ def test_the_command_line_flag_and_port_offsets() -> None:
     specs = [r.config.kv_events_endpoint for r in cluster.replicas]
     assert [s.address for s in specs if s] == ["tcp://*:5600", "tcp://*:5601", "tcp://*:5602"]
     assert [s.replay for s in specs if s] == ["tcp://*:5700", "tcp://*:5701", "tcp://*:5702"]
+    assert not config.kv_events_positional  # vLLM's map form unless asked
+    args = parser.parse_args(["emulate", "--kv-events-endpoint", "tcp://*:1", "--kv-events-form",
+                              "array"])  # fmt: skip
+    assert config_from_args(args).kv_events_positional

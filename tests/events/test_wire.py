@@ -99,8 +99,15 @@ def test_round_trip_of_each_event_type() -> None:
 
 @pytest.mark.parametrize(
     "payload",
-    [b"", b"\xc1", msgspec.msgpack.encode([1.0, [{"type": "Nope"}]]), msgspec.msgpack.encode({})],
-    ids=["empty", "invalid", "unknown-tag", "not-an-array"],
+    [
+        b"",
+        b"\xc1",
+        msgspec.msgpack.encode({}),
+        msgspec.msgpack.encode([1.0, [{"type": "BlockStored"}]]),  # a known type, no fields
+        msgspec.msgpack.encode([1.0, [["BlockRemoved"]]]),  # the same, positional
+        msgspec.msgpack.encode([1.0, [7]]),  # an event with no type at all
+    ],
+    ids=["empty", "invalid", "not-an-array", "known-type-bad", "known-type-bad-array", "untyped"],
 )
 def test_a_bad_payload_is_our_error(payload: bytes) -> None:
     with pytest.raises(EventDecodeError) as info:

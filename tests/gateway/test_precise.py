@@ -55,18 +55,28 @@ async def precise_cluster(
     n: int,
     gateway_binds: bool,
     time_scale: float = 0.01,
+    positional: bool = False,
     **settings: Any,
 ) -> tuple[list[EmulatedReplica], Gateway]:
-    """``n`` replicas and a precise gateway whose event streams are connected and in step."""
+    """``n`` replicas and a precise gateway whose event streams are connected and in step;
+    ``positional``: the replicas send each event as an array, as SGLang does."""
     if gateway_binds:  # the replicas connect to ports the gateway binds
         ports = [free_port() for _ in range(n)]
         replicas = []
         for p in ports:
-            config = replica_config(kv_events=f"connect:tcp://127.0.0.1:{p}", time_scale=time_scale)
+            config = replica_config(
+                kv_events=f"connect:tcp://127.0.0.1:{p}",
+                time_scale=time_scale,
+                kv_events_positional=positional,
+            )
             replicas += (await make_cluster(1, config)).replicas
         specs = [f"{r.url}=bind:tcp://127.0.0.1:{p}" for r, p in zip(replicas, ports, strict=True)]
     else:  # the replicas bind; the gateway connects
-        config = replica_config(kv_events="bind:tcp://127.0.0.1:*", time_scale=time_scale)
+        config = replica_config(
+            kv_events="bind:tcp://127.0.0.1:*",
+            time_scale=time_scale,
+            kv_events_positional=positional,
+        )
         replicas = (await make_cluster(n, config)).replicas
         specs = [f"{r.url}=connect:{r.kv_events_address}" for r in replicas]
     gw = await make_gateway(
@@ -128,6 +138,27 @@ async def test_the_conversation_follows_the_engines_events(
     assert metric(text, "prefixroute_tokenize_seconds_count") == len(TURNS)
     assert gw.router.index.entries > 0
     assert gw.router.speculative is not None
+
+
+async def test_an_engine_that_sends_events_as_arrays_is_followed_as_well(
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+) -> None:
+    """SGLang (and vLLM before its events became maps) sends each event as an array: the
+    gateway reads those streams as it reads vLLM's, so predictions still equal what the
+    replicas report."""
+    _, gw = await precise_cluster(
+        make_cluster, make_gateway, session, 3, False, positional=True, speculative_ttl_s=0.001
+    )
+    replies, _ = await heard_conversation(session, [gw])
+    assert len({r.headers["x-prefixroute-replica"] for r in replies}) == 1
+    cached = [r.usage["prompt_tokens_details"]["cached_tokens"] for r in replies if r.usage]
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:])
+    assert [int(r.headers["x-prefixroute-predicted-cached-tokens"]) for r in replies] == cached
+    text = await metrics(session, gw.url)
+    assert metric(text, "prefixroute_kv_event_decode_errors_total") == 0
+    assert metric(text, "prefixroute_kv_event_unknown_total") == 0
 
 
 async def test_a_burst_sharing_a_prefix_lands_on_one_replica_before_any_event(

@@ -81,6 +81,13 @@ def _add_protocol_args(p: argparse.ArgumentParser) -> None:
         "(tcp://*:5557 binds, tcp://host:5557 connects), optionally ,replay=ADDR; with --count, "
         "replica i uses port + i",
     )
+    p.add_argument(
+        "--kv-events-form",
+        choices=("map", "array"),
+        default="map",
+        help="each KV event a named-field map, as vLLM sends (default), or an array, as SGLang "
+        "and vLLM before its events became maps send",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
@@ -101,6 +108,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         port=args.port,
         hash_seed=args.seed,
         kv_events=args.kv_events_endpoint,
+        kv_events_positional=args.kv_events_form == "array",
         force_usage=not args.usage_when_asked,
     )
 

@@ -58,7 +58,8 @@ def build_app(config: EmulatorConfig) -> web.Application:
     model = ReplicaModel(config.engine, config.hash_seed, record_events=endpoint is not None)
     engine = EngineLoop(model, config.time_scale, speed_changes=config.speed_changes)
     if endpoint is not None:
-        bridge = app[EVENTS] = KVEventBridge(model, EventPublisher(endpoint), config.adapters)
+        publisher = EventPublisher(endpoint, positional=config.kv_events_positional)
+        bridge = app[EVENTS] = KVEventBridge(model, publisher, config.adapters)
         engine.after_step = bridge.flush
     app[CONFIG] = config
     app[ENGINE] = engine

@@ -26,6 +26,9 @@ class EmulatorConfig:
     # Publish KV events as vLLM does: "bind:tcp://127.0.0.1:*", "connect:tcp://host:5557", or a
     # bare vLLM-style address (a wildcard host binds); optional ",replay=ADDR". None: no events.
     kv_events: str | None = None
+    # Each KV event an array (SGLang's publisher, vLLM before its events became maps), not a
+    # named-field map as vLLM 0.32 sends.
+    kv_events_positional: bool = False
     # The engine's speed changes at these model times after it starts (their ``replica`` names
     # are not checked here: an :class:`EmulatedCluster` hands each replica its own).
     speed_changes: tuple[SpeedChange, ...] = ()

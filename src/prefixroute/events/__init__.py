@@ -1,14 +1,16 @@
 """KV events from inference engines: vLLM's wire format, a subscriber per replica, the indexer.
 
 The adapter between engines and the routing core (STYLE rule 12). Engines publish what their
-prefix caches store and evict; this package decodes it (``decode_batch``), follows each
-replica's stream (``EventSubscriber``: sequence numbers, replay, resync) and tells the router
-through its engine-event methods (``PreciseIndexer``; a bare
+prefix caches store and evict; this package decodes it (``read_batch``: vLLM's map form, or
+the positional form of SGLang and earlier vLLMs), follows each replica's stream
+(``EventSubscriber``: sequence numbers, replay, resync) and tells the router through its
+engine-event methods (``PreciseIndexer``; a bare
 :class:`~prefixroute.core.PrefixIndex` through ``IndexTarget``), keyed by our own hashes of
 the token ids the events carry. The core never sees a socket, a frame or an engine hash.
 ``EventPublisher`` speaks the same protocol for emulated engines.
 """
 
+from prefixroute.events._decode import decode_batch, read_batch
 from prefixroute.events._endpoint import EventEndpoint
 from prefixroute.events._errors import BadEndpoint, EventDecodeError, EventStreamError
 from prefixroute.events._indexer import EngineBlocks, IndexerStats, IndexTarget, PreciseIndexer
@@ -25,7 +27,6 @@ from prefixroute.events._wire import (
     KVCacheEvent,
     KVEvent,
     KVEventBatch,
-    decode_batch,
     encode_batch,
     pack_frames,
     unpack_frames,
@@ -58,5 +59,6 @@ __all__ = [
     "decode_batch",
     "encode_batch",
     "pack_frames",
+    "read_batch",
     "unpack_frames",
 ]

@@ -6,6 +6,9 @@ number it wants, and gets every buffered ``[topic, seq, payload]`` from there, t
 ``[b"", -1, b""]`` (vLLM 0.32's frames, checked against a real engine's replay socket). The
 endpoint is seen from the publisher's side: ``bind:`` means we bind.
 
+``positional=True`` sends each event as an array, as SGLang's publisher and vLLM's before its
+events became maps do (``_wire_other``), to emulate such an engine.
+
 ``publish`` never blocks: a PUB socket drops messages nobody is connected to receive, or that
 exceed the high-water mark, which is exactly what the subscriber's gap handling is for.
 """
@@ -32,6 +35,7 @@ from prefixroute.events._wire import (
     encode_batch,
     pack_frames,
 )
+from prefixroute.events._wire_other import encode_array_batch
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +52,10 @@ class EventPublisher:
         context: zmq.asyncio.Context | None = None,
         *,
         buffer_steps: int = BUFFER_STEPS,
+        positional: bool = False,
     ) -> None:
         self.endpoint = endpoint
+        self.positional = positional  # each event an array, as SGLang sends (``_wire_other``)
         self.context = context  # None: the publisher makes its own at start, terms it at stop
         self._owns_context = context is None
         self.address: str | None = None  # bound or connected address, once started
@@ -116,7 +122,11 @@ class EventPublisher:
         if self._pub is None:
             raise RuntimeError("the KV-event publisher is not started")
         seq = next(self._seq)
-        payload = encode_batch(KVEventBatch(time.time() if ts is None else ts, list(events)))
+        ts = time.time() if ts is None else ts
+        if self.positional:
+            payload = encode_array_batch(ts, list(events))
+        else:
+            payload = encode_batch(KVEventBatch(ts, list(events)))
         self._buffer.append((seq, payload))
         if not drop:
             self._pub.send_multipart(pack_frames(self._topic, seq, payload), flags=zmq.NOBLOCK)

@@ -19,10 +19,11 @@ State: ``waiting`` until the first batch; ``live`` while the stream is known to 
 blocks it told us about before we listened. Those entries are rebuilt as the engine stores them
 again; an AllBlocksCleared or a fresh engine (sequence 0) makes the replica ``live`` again.
 
-A payload that does not decode is counted and skipped; the stream goes on. Any other error
-while handling a message is logged (one line) and clears the replica (cause ``error``): the
-stream goes on then too. The socket and the
-replay socket come from one ``zmq.asyncio.Context`` owned by whoever starts subscribers.
+A payload that does not decode is counted and skipped; the stream goes on. An event of a type
+we do not know (a newer engine's) is counted and skipped, its type logged once, and the rest
+of its batch applies. Any other error while handling a message is logged (one line) and clears
+the replica (cause ``error``): the stream goes on then too. The socket and the replay socket
+come from one ``zmq.asyncio.Context`` owned by whoever starts subscribers.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import zmq.asyncio
 
 from prefixroute._tasks import cancel_and_wait
 from prefixroute.core import ReplicaId
+from prefixroute.events._decode import read_batch
 from prefixroute.events._endpoint import EventEndpoint
 from prefixroute.events._errors import BadEndpoint, EventDecodeError
 from prefixroute.events._indexer import PreciseIndexer
@@ -45,7 +47,6 @@ from prefixroute.events._wire import (
     END_SEQ,
     AllBlocksCleared,
     KVEventBatch,
-    decode_batch,
     decode_seq,
     unpack_frames,
 )
@@ -75,6 +76,7 @@ class StreamStats:
     restarts: int = 0  # sequence resets (publisher restarted)
     resyncs: dict[str, int] = field(default_factory=dict)  # entries cleared, by cause
     decode_errors: int = 0  # messages that were not KV-event batches
+    unknown_events: int = 0  # events of types we do not know, skipped (a newer engine's)
 
 
 class EventSubscriber:
@@ -98,6 +100,7 @@ class EventSubscriber:
         self.address: str | None = None  # the bound or connected address, once started
         self._socket: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
+        self._unknown_seen: set[str] = set()  # unknown event types already logged
 
     @property
     def replica(self) -> ReplicaId:
@@ -149,7 +152,7 @@ class EventSubscriber:
     async def receive(self, frames: list[bytes]) -> None:
         """Handle one published message (sequence check, replay or resync, then apply)."""
         _, seq, payload = unpack_frames(frames)
-        batch = decode_batch(payload)  # a bad payload leaves the sequence untouched
+        batch = self._decode(payload)  # a bad payload leaves the sequence untouched
         missing = self.sequence.missing(seq)
         outcome = self.sequence.observe(seq)
         if outcome is SeqOutcome.FIRST:
@@ -167,6 +170,19 @@ class EventSubscriber:
             if seq == 0:
                 self.state = StreamState.LIVE
         self._apply(batch)
+
+    def _decode(self, payload: bytes) -> KVEventBatch:
+        """The payload's batch; events of types we do not know are counted, each type logged
+        once, and left out (``_decode``: their batch's other events still apply)."""
+        batch, unknown = read_batch(payload)
+        if unknown:
+            self.stats.unknown_events += len(unknown)
+            for kind in set(unknown) - self._unknown_seen:
+                self._unknown_seen.add(kind)
+                log.warning(
+                    "KV events of %s: skipping events of unknown type %r", self.replica, kind
+                )
+        return batch
 
     def _apply(self, batch: KVEventBatch) -> None:
         self.stats.batches += 1
@@ -208,7 +224,7 @@ class EventSubscriber:
                 self.stats.replay_failures += 1
                 return False
             for seq in missing:
-                self._apply(decode_batch(got[seq]))
+                self._apply(self._decode(got[seq]))
         except (zmq.ZMQError, EventDecodeError) as exc:
             self.stats.replay_failures += 1
             log.warning("KV events of %s: replay failed: %s", self.replica, exc)

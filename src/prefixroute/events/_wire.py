@@ -8,6 +8,8 @@ what vLLM sends and our emulated replica sends what vLLM's own decoder reads:
 * Events are a tagged union (``tag=True``): each is a msgpack map whose ``"type"`` key holds the
   class name, ``"BlockStored"``, ``"BlockRemoved"`` or ``"AllBlocksCleared"``; ``omit_defaults``
   leaves out fields still at their defaults. Unknown keys (fields newer vLLMs add) are ignored.
+  Engines that send each event as an array instead (SGLang, vLLM before maps) are read too
+  (``_wire_other``), and events of types we do not know are skipped (``_decode``).
 * Block hashes are ``ExternalBlockHash = bytes | int``: vLLM sends the low 64 bits of its hash as
   an int unless ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``. We never interpret them: they are
   opaque keys, mapped to our own hashes of the token ids (see ``_indexer``).
@@ -78,16 +80,7 @@ class KVEventBatch(EventBatch):
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
-_decoder = msgspec.msgpack.Decoder(KVEventBatch)  # stateless and reusable: a constant
-_encoder = msgspec.msgpack.Encoder()
-
-
-def decode_batch(payload: bytes) -> KVEventBatch:
-    """The batch in a msgpack payload; raises EventDecodeError."""
-    try:
-        return _decoder.decode(payload)
-    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
-        raise EventDecodeError(f"not a vLLM KV-event batch: {exc}") from exc
+_encoder = msgspec.msgpack.Encoder()  # stateless and reusable: a constant
 
 
 def encode_batch(batch: KVEventBatch) -> bytes:

@@ -41,7 +41,8 @@ In precise mode also ``prefixroute_speculative_entries`` and, per replica, the K
 ``prefixroute_kv_event_batches_total``, ``prefixroute_kv_events_total{type}``,
 ``prefixroute_kv_event_gaps_total``, ``prefixroute_kv_event_replayed_total``,
 ``prefixroute_kv_event_resyncs_total{cause}`` (gap, restart, cleared, error),
-``prefixroute_kv_event_decode_errors_total``, ``prefixroute_kv_event_blocks_total{kind}``
+``prefixroute_kv_event_decode_errors_total``, ``prefixroute_kv_event_unknown_total`` (events
+of types we do not know, skipped), ``prefixroute_kv_event_blocks_total{kind}``
 (stored, removed, orphan, skipped) and ``prefixroute_kv_event_stream_state{state}`` (1 for the
 current one of waiting, live, resyncing).
 """
@@ -338,6 +339,9 @@ class _EventCollector(Collector):
             "prefixroute_kv_event_resyncs", "Replica entries cleared, by cause.", "cause"
         )
         errors = counter("prefixroute_kv_event_decode_errors", "Undecodable messages.")
+        unknown = counter(
+            "prefixroute_kv_event_unknown", "Events of types we do not know, skipped."
+        )
         blocks = counter("prefixroute_kv_event_blocks", "Blocks in KV events, by fate.", "kind")
         state = GaugeMetricFamily(
             "prefixroute_kv_event_stream_state",
@@ -356,13 +360,14 @@ class _EventCollector(Collector):
             for cause in ("gap", "restart", "cleared", "error"):
                 resyncs.add_metric([replica, cause], st.resyncs.get(cause, 0))
             errors.add_metric([replica], st.decode_errors)
+            unknown.add_metric([replica], st.unknown_events)
             blocks.add_metric([replica, "stored"], ix.stored_blocks)
             blocks.add_metric([replica, "removed"], ix.removed_blocks)
             blocks.add_metric([replica, "orphan"], ix.orphan_blocks)
             blocks.add_metric([replica, "skipped"], ix.skipped_blocks)
             for s in StreamState:
                 state.add_metric([replica, s.value], 1.0 if sub.state is s else 0.0)
-        yield from (batches, events, gaps, replayed, resyncs, errors, blocks, state)
+        yield from (batches, events, gaps, replayed, resyncs, errors, unknown, blocks, state)
         if speculative is not None:
             yield GaugeMetricFamily(
                 "prefixroute_speculative_entries",

@@ -45,6 +45,7 @@ demo: install
 test: install
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy src
+	$(BIN)/mypy benchmarks
 	$(BIN)/python -m pytest -q
 
 # Mutation testing (docs/mutation.md): mutmut, one group of modules at a time, each against its

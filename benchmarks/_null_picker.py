@@ -54,7 +54,7 @@ class NullPicker(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
     async def Process(self, requests: Any, context: Any) -> None:  # noqa: N802 (gRPC's name)
         held: list[bytes] = []  # the request body, until its end (the headers answer first)
-        while (req := await context.read()) is not grpc.aio.EOF:
+        while (req := await context.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
             kind = req.WhichOneof("request")
             if kind == "request_body":
                 held.append(req.request_body.body)

@@ -80,7 +80,7 @@ class Samples:
 def _consecutive_free_ports(n: int) -> int:
     """A first port whose next ``n - 1`` are free too (emulate --count binds them in a row)."""
     for _ in range(50):
-        first = free_port()
+        first: int = free_port()
         try:
             for port in range(first, first + n):
                 with socket.socket() as s:

@@ -63,7 +63,7 @@ def one(job: tuple[str, int]) -> tuple[str, int, dict[str, float]]:
         "cold_p50": float(np.median(ttft[cold])),
         "tail_cold": float(cold[ttft >= np.percentile(ttft, 99)].mean()),
         "bound": float(np.percentile(np.where(cold, bare, ttft), 99)),
-        "cold_ttfts": cold_ttfts.tolist(),  # type: ignore[dict-item]
+        "cold_ttfts": cold_ttfts.tolist(),
     }
 
 

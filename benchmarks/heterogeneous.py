@@ -93,7 +93,7 @@ def one(job: tuple[str, int, str]) -> Row:
     return Row(
         workload_name, seed, label, m.ttft_ms["p99"], m.floor_ratio or 0.0,
         m.per_replica_requests,
-        {r: s["learned_prefill_tokens_per_s"] for r, s in m.per_replica_speed.items()},
+        {r: s["learned_prefill_tokens_per_s"] for r, s in (m.per_replica_speed or {}).items()},
     )  # fmt: skip
 
 

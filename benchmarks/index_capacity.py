@@ -17,6 +17,7 @@ Run: ``.venv/bin/python benchmarks/index_capacity.py [--seeds 0,1]`` (under a mi
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
@@ -47,8 +48,10 @@ def one(job: tuple[str, int, float, bool, int]) -> tuple[str, float, bool, int, 
         for r in result.replicas
     ]
     return name, scale, learn, seed, {
-        "over": m.stale_rate,
-        "ratio": m.predicted_cached_tokens / max(1, m.cached_tokens),
+        # the router predicts every request here, so neither is None (nan if one ever is)
+        "over": math.nan if m.stale_rate is None else m.stale_rate,
+        "ratio": math.nan if m.predicted_cached_tokens is None
+        else m.predicted_cached_tokens / max(1, m.cached_tokens),
         "hit": m.hit_rate,
         "floor": m.floor_ratio or 0.0,
         "p99": m.ttft_ms["p99"],

@@ -26,7 +26,8 @@ import sys
 import time
 
 import aiohttp
-from gateway_overhead import Samples, _free_port, _pct, _round, _spawn, _wait_ready
+from _procs import pct, spawn, wait_ready
+from gateway_overhead import Samples, _free_port, _round
 
 RECEIVER = """
 import sys, time
@@ -69,10 +70,10 @@ async def _tracing(session: aiohttp.ClientSession, plain: str, traced: str, roun
     print(f"\n## tracing, concurrency 1, plain requests ({off.count} each, {rounds} rounds)")
     print(f"{'':20}{'off':>10}{'on':>10}{'added µs':>10}{'ratio':>8}")
     for q, label in ((0.5, "p50"), (0.99, "p99")):
-        a, b = _pct(off.latency, q), _pct(on.latency, q)
+        a, b = pct(off.latency, q), pct(on.latency, q)
         print(f"{'latency ' + label + ' (µs)':20}{a * 1e6:10.0f}{b * 1e6:10.0f}"
               f"{(b - a) * 1e6:10.0f}{b / a:8.2f}")  # fmt: skip
-    added = (_pct(on.latency, 0.5) - _pct(off.latency, 0.5)) * 1e6
+    added = (pct(on.latency, 0.5) - pct(off.latency, 0.5)) * 1e6
     print(f"target: p50 added <= 50 µs: {'met' if added <= 50 else 'NOT met'} ({added:.0f} µs)")
 
 
@@ -96,8 +97,8 @@ async def _dashboard(session: aiohttp.ClientSession, plain: str, rounds: int, n:
 async def _bench(plain: str, traced: str, quick: bool) -> None:
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as s:
-        await _wait_ready(s, plain)
-        await _wait_ready(s, traced)
+        await wait_ready(s, plain + "/health")
+        await wait_ready(s, traced + "/health")
         for url in (plain, traced):  # warm up connections and caches
             await _round(s, url, 100, 8, False, Samples())
         rounds = 2 if quick else 6
@@ -115,10 +116,10 @@ def main(argv: list[str] | None = None) -> None:
     receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, str(oport)])
     procs = [
         receiver,
-        _spawn(["emulate", "--port", str(rport), "--prefill-rate", "1e9", "--decode-step", "0",
+        spawn(["emulate", "--port", str(rport), "--prefill-rate", "1e9", "--decode-step", "0",
                 "--max-running", "1024"]),
-        _spawn(["serve", "--port", str(pport), "--replica", replica_url]),
-        _spawn(["serve", "--port", str(tport), "--replica", replica_url,
+        spawn(["serve", "--port", str(pport), "--replica", replica_url]),
+        spawn(["serve", "--port", str(tport), "--replica", replica_url,
                 "--otlp-endpoint", f"http://127.0.0.1:{oport}"]),
     ]  # fmt: skip
     print("# observability cost: tracing on vs off, dashboard open vs closed, same run")

@@ -91,7 +91,7 @@ async def _loop_stall(tok: HFTokenizer) -> None:
             last = now
 
     async def measure(label: str, work: object) -> None:
-        stop, gaps = asyncio.Event(), []
+        stop, gaps = asyncio.Event(), list[float]()
         task = asyncio.create_task(ticker(stop, gaps))
         t = time.perf_counter()
         await work()  # type: ignore[operator]
@@ -127,11 +127,11 @@ def batch_payload(n_batches: int, blocks: int = 16) -> list[bytes]:
     out = []
     parent: int | None = None
     for b in range(n_batches):
-        hashes = [b * blocks + i + 1 for i in range(blocks)]
+        hashes: list[bytes | int] = [b * blocks + i + 1 for i in range(blocks)]
         tokens = [(b * blocks * BLOCK + j) % 50_000 for j in range(blocks * BLOCK)]
         event = BlockStored(hashes, parent, tokens, BLOCK, None, "GPU", None)
         out.append(encode_batch(KVEventBatch(1.0, [event])))
-        parent = hashes[-1]
+        parent = b * blocks + blocks
     return out
 
 

@@ -1,6 +1,6 @@
 """Kill, freeze and shutdown against real processes, at CI size (each about 10-25 s).
 
-The targets are the benchmark's (``benchmarks/chaos.py`` runs the same scenarios full size);
+The targets are the benchmark's (``benchmarks/chaos_bench.py`` runs the same scenarios full size);
 a failure prints the scenario's row of the table and the gateway's log.
 """
 

@@ -106,11 +106,13 @@ def test_round_trip_of_each_event_type() -> None:
         msgspec.msgpack.encode([1.0, [{"type": "BlockStored"}]]),  # a known type, no fields
         msgspec.msgpack.encode([1.0, [["BlockRemoved"]]]),  # the same, positional
         msgspec.msgpack.encode([1.0, [7]]),  # an event with no type at all
+        msgspec.msgpack.encode([1.0, [{"type": 5}]]),  # a type that is no name
     ],
-    ids=["empty", "invalid", "not-an-array", "known-type-bad", "known-type-bad-array", "untyped"],
+    ids=["empty", "invalid", "not-an-array", "known-type-bad", "known-type-bad-array", "untyped",
+         "type-not-a-name"],  # fmt: skip
 )
 def test_a_bad_payload_is_our_error(payload: bytes) -> None:
-    with pytest.raises(EventDecodeError) as info:
+    with pytest.raises(EventDecodeError, match="^not a vLLM KV-event batch: ") as info:
         decode_batch(payload)
     assert isinstance(info.value.__cause__, msgspec.DecodeError)
 

@@ -60,6 +60,20 @@ def test_sglang_batches_read_as_vllm_events() -> None:
     ]
 
 
+def test_a_positional_batch_keeps_every_field_the_indexer_reads() -> None:
+    """lora_id (a block the indexer must skip without lora_name), extra_keys (likewise),
+    group_idx (a removal of another group's copy must not remove ours), and the batch's
+    data-parallel rank."""
+    stored = ["BlockStored", [9], None, [1, 2, 3, 4], 4, 3, "GPU", None, [["mm", 1]], 2]
+    removed = ["BlockRemoved", [9], "GPU", 1]
+    batch, _ = read_batch(msgspec.msgpack.encode([1.0, [stored, removed], 1]))
+    got_stored, got_removed = batch.events
+    assert isinstance(got_stored, BlockStored) and isinstance(got_removed, BlockRemoved)
+    assert (got_stored.lora_id, got_stored.extra_keys, got_stored.group_idx) == (3, [("mm", 1)], 2)
+    assert got_removed.group_idx == 1
+    assert batch.data_parallel_rank == 1
+
+
 def test_a_positional_event_with_more_fields_keeps_them_and_ignores_newer_ones() -> None:
     """vLLM's array-like BlockStored carried medium and lora_name after lora_id; a field that
     a newer engine appends past the ones we know is ignored, as the map form ignores keys."""
@@ -88,16 +102,29 @@ def test_an_event_of_an_unknown_type_is_skipped_and_named(positional: bool) -> N
         encode_array_batch(0.0, [known]) if positional else payload(known)
     )
     raw[1] = [newer, raw[1][0], newer]
+    raw[2:] = [3]  # a data-parallel rank
+    raw[0] = 4.5
     batch, unknown = read_batch(msgspec.msgpack.encode(raw))
-    assert batch.events == [known]
+    assert batch == KVEventBatch(4.5, [known], 3)
     assert unknown == ["BlockPinned", "BlockPinned"]
 
 
+def test_sglang_map_events_beside_an_unknown_type_are_still_read() -> None:
+    """The event-by-event path tries every form, SGLang's map last."""
+    raw = msgspec.msgpack.decode(msgspec.msgpack.encode(
+        SglMapBatch(0.0, [SglMapStored([1], None, [1, 2, 3, 4], 4, None, "GPU")])))  # fmt: skip
+    raw[1].append({"type": "BlockPinned"})
+    batch, unknown = read_batch(msgspec.msgpack.encode(raw))
+    assert batch.events == [BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", None)]
+    assert unknown == ["BlockPinned"]
+
+
 async def test_a_stream_with_unknown_events_keeps_its_blocks_and_its_place(
-    context: zmq.asyncio.Context,
+    context: zmq.asyncio.Context, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The known events of a batch that also carries a newer type are applied, the sequence
-    goes on without a gap, and nothing is cleared: the count is all that changes."""
+    goes on without a gap, and nothing is cleared: the count is all that changes, and the
+    type is logged once, not once per batch."""
     sub = subscriber(context)
     newer = {"type": "BlockPinned", "block_hashes": [1]}
 
@@ -109,6 +136,8 @@ async def test_a_stream_with_unknown_events_keeps_its_blocks_and_its_place(
     await sub.receive(frames_with_newer(0, block(0, None)))
     await sub.receive(frames_with_newer(1, block(1, 1)))
     assert sub.stats.unknown_events == 2
+    logged = [r for r in caplog.records if "unknown type 'BlockPinned'" in r.getMessage()]
+    assert len(logged) == 1
     assert sub.stats.gaps == 0 and sub.stats.resyncs == {} and sub.stats.decode_errors == 0
     assert sub.state is StreamState.LIVE
     assert sub.indexer.index is not None

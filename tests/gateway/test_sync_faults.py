@@ -186,6 +186,26 @@ async def test_the_redis_password_stays_out_of_the_logs(
     assert "s3cret-pw" not in caplog.text
 
 
+async def test_a_wrong_redis_password_is_named_in_the_log(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retried with backoff like any outage (Redis trouble must not stop routing), but the
+    warning says what to fix, without the password it was given."""
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.config_set("requirepass", "right-pw")
+    admin.close()
+    sync = instance("me", f"redis://:wrong-pw@127.0.0.1:{redis_server.port}/0")
+    with caplog.at_level(logging.WARNING, logger="prefixroute.sync"):
+        await sync.start()
+        try:
+            await until(lambda: "credentials" in caplog.text)
+            assert not sync.connected
+        finally:
+            await sync.stop()
+    assert "Redis refused the URL's credentials" in caplog.text
+    assert "wrong-pw" not in caplog.text
+
+
 async def test_serve_logs_its_sync_url_without_the_password() -> None:
     from .helpers import read_until
 

@@ -46,7 +46,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from prometheus_client.registry import CollectorRegistry
 from redis.asyncio.client import PubSub
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from prefixroute._tasks import cancel_and_wait
@@ -195,7 +195,10 @@ class RouteSync:
                 await work(client, up)
             except (RedisError, OSError) as exc:
                 self.metrics.errors.labels("redis").inc()
-                log.log(_level(delay), "sync through Redis failed (%s); routing local-only", exc)
+                # A wrong password is no outage that passes: say so in words an operator acts on.
+                why = "Redis refused the URL's credentials" if isinstance(
+                    exc, AuthenticationError) else "sync through Redis failed"  # fmt: skip
+                log.log(_level(delay), "%s (%s); routing local-only", why, exc)
             except Exception:  # a bug must not end the sharing for good: log it, start over
                 self.metrics.errors.labels("internal").inc()
                 level = _level(delay, logging.ERROR)  # a traceback per spell, not per retry

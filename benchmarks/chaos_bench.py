@@ -1,4 +1,4 @@
-"""Chaos and abuse, full size: ``.venv/bin/python benchmarks/chaos.py [--duration 90]
+"""Chaos and abuse, full size: ``.venv/bin/python benchmarks/chaos_bench.py [--duration 90]
 [--scenario all|kill|freeze|poison|paths|slow_readers|shutdown] [--out FILE]``
 (about 3 minutes with the 90 s kill scenario).
 
@@ -36,8 +36,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The scenarios live with their tests; the package there is ``chaos`` (tests/chaos), so tests/
-# goes first on the path, ahead of this file's own folder.
+# The scenarios live with their tests: the package ``chaos`` in tests/.
 sys.path.insert(0, str(ROOT / "tests"))
 
 from chaos import abuse, faults  # noqa: E402

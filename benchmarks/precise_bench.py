@@ -32,6 +32,7 @@ from prefixroute.events import (
     decode_batch,
     encode_batch,
 )
+from prefixroute.events._wire_other import encode_array_batch
 from prefixroute.gateway import HFTokenizer, TokenizerPool, key_of, parse_body
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny-tokenizer"
@@ -122,15 +123,19 @@ async def _loop_stall(tok: HFTokenizer) -> None:
     pool.shutdown()
 
 
-def batch_payload(n_batches: int, blocks: int = 16) -> list[bytes]:
-    """A chain of batches, each storing ``blocks`` blocks after the previous batch's last."""
+def batch_payload(n_batches: int, blocks: int = 16, positional: bool = False) -> list[bytes]:
+    """A chain of batches, each storing ``blocks`` blocks after the previous batch's last;
+    ``positional``: each event an array, as SGLang and vLLM before maps send it."""
     out = []
     parent: int | None = None
     for b in range(n_batches):
         hashes: list[bytes | int] = [b * blocks + i + 1 for i in range(blocks)]
         tokens = [(b * blocks * BLOCK + j) % 50_000 for j in range(blocks * BLOCK)]
         event = BlockStored(hashes, parent, tokens, BLOCK, None, "GPU", None)
-        out.append(encode_batch(KVEventBatch(1.0, [event])))
+        if positional:
+            out.append(encode_array_batch(1.0, [event]))
+        else:
+            out.append(encode_batch(KVEventBatch(1.0, [event])))
         parent = b * blocks + blocks
     return out
 
@@ -149,6 +154,11 @@ def bench_events() -> None:
     for p in payloads:
         ix.apply(decode_batch(p))
     apply_s = time.perf_counter() - t
+    positional = batch_payload(n, positional=True)
+    t = time.perf_counter()
+    for p in positional:
+        decode_batch(p)
+    positional_s = time.perf_counter() - t
     print("\n## KV events: batches of 16 blocks x 32 tokens (one 512-token prefill each)")
     print("| path | batches/s | blocks/s | µs/batch | vs decode only |")
     print("|---|---|---|---|---|")
@@ -156,6 +166,9 @@ def bench_events() -> None:
           f"{decode_s / n * 1e6:.1f} | 1.0x |")  # fmt: skip
     print(f"| decode + index | {n / apply_s:,.0f} | {16 * n / apply_s:,.0f} | "
           f"{apply_s / n * 1e6:.1f} | {apply_s / decode_s:.1f}x |")  # fmt: skip
+    print(f"| decode only, positional form (SGLang) | {n / positional_s:,.0f} | "
+          f"{16 * n / positional_s:,.0f} | {positional_s / n * 1e6:.1f} | "
+          f"{positional_s / decode_s:.1f}x |")  # fmt: skip
     zmq_s = asyncio.run(_over_zmq(payloads))
     print(f"| ZMQ loopback, publish -> index | {n / zmq_s:,.0f} | {16 * n / zmq_s:,.0f} | "
           f"{zmq_s / n * 1e6:.1f} | {zmq_s / decode_s:.1f}x |")  # fmt: skip

@@ -8,7 +8,10 @@ and seed runs the default policy with 0, half and all of its answers plain, besi
 least_loaded and cache_aware, which read no first token, so their results hold for any share.
 
 Printed per run: p50 and p99 TTFT, prefill against the oracle floor, and the worst error of a
-replica's prefill rate as the router holds it at the end against its true one.
+replica's prefill rate as the router holds it at the end against its true one. One more row
+per workload and seed has every answer plain and each replica's true speed given to the router
+as its own priors (``ClusterSim(tell_speeds=True)``, what ``--replica-speed`` does in a
+gateway).
 The baseline of the same run is the streamed default (share 0). ``--fleet`` runs another fleet
 (``prefixroute simulate --fleet``'s spec), e.g. ``4:prefill=10000`` for four equal replicas.
 ``--scrape S``: the router also reads the engines' prefill metrics every ``S`` seconds, as a
@@ -58,12 +61,14 @@ def row(
     share: float,
     spec: str = FLEET,
     scrape_s: float = 0.0,
+    told: bool = False,
 ) -> list[str]:
     wl = make_workload(workload, seed, {})
     fleet = parse_fleet(spec, ReplicaConfig())
     sim = ClusterSim(
-        wl, make_policy(policy), fleet=fleet, seed=seed, plain=share, scrape_s=scrape_s
-    )
+        wl, make_policy(policy), fleet=fleet, seed=seed, plain=share, scrape_s=scrape_s,
+        tell_speeds=told,
+    )  # fmt: skip
     res = sim.run()
     metrics = summarize(res, oracle_floor(wl, res.block_size))
     ttfts = sorted(r.ttft_s for r in res.records if r.ttft_s is not None)
@@ -103,6 +108,10 @@ def main() -> None:
                 label = f"{DEFAULT_POLICY}, {share:.0%} plain"
                 cells = row(workload, seed, label, DEFAULT_POLICY, share, args.fleet, args.scrape)
                 print("| " + " | ".join(cells) + " |", flush=True)
+            # Each replica's true speed given as its own priors (--replica-speed).
+            label = f"{DEFAULT_POLICY}, 100% plain, speeds told"
+            cells = row(workload, seed, label, DEFAULT_POLICY, 1.0, args.fleet, args.scrape, True)
+            print("| " + " | ".join(cells) + " |", flush=True)
             for name in BASELINES:
                 cells = row(workload, seed, name, name, 0.0, args.fleet, args.scrape)
                 print("| " + " | ".join(cells) + " |", flush=True)

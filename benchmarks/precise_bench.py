@@ -30,9 +30,9 @@ from prefixroute.events import (
     KVEventBatch,
     PreciseIndexer,
     decode_batch,
+    encode_array_batch,
     encode_batch,
 )
-from prefixroute.events._wire_other import encode_array_batch
 from prefixroute.gateway import HFTokenizer, TokenizerPool, key_of, parse_body
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny-tokenizer"

@@ -47,7 +47,7 @@ def test_every_flag_sets_its_field(monkeypatch: pytest.MonkeyPatch) -> None:
         if kind is bool:
             assert getattr(serve(flag), f.name) is True
             assert getattr(serve(), f.name) is False
-        elif f.name in ("replicas", "kv_events", "policy_params", "policy"):
+        elif f.name in ("replicas", "kv_events", "replica_speeds", "policy_params", "policy"):
             continue  # repeatable or checked values: their own tests below
         else:
             value = SAMPLE[scalar_type(kind)]

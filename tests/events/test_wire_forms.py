@@ -13,9 +13,9 @@ from prefixroute.events import (
     BlockStored,
     KVEventBatch,
     StreamState,
+    encode_array_batch,
     read_batch,
 )
-from prefixroute.events._wire_other import encode_array_batch
 
 from .helpers import HASHER, R, block, indexed, payload, subscriber
 

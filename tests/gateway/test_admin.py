@@ -136,3 +136,49 @@ async def test_a_replica_url_with_v1_is_a_400_that_says_why(
         "got 'http://127.0.0.1:18001/v1'"
     )
     assert len(gw.registry) == 1
+
+
+async def test_a_replica_s_own_speed_priors_from_the_config_and_the_admin_api(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A replica whose operator says it prefills 40,000 tokens/s predicts with that from the
+    start: idle beside one at the fleet's 10,000, it gets a long prompt (0.2 s against 0.8 s
+    of predicted TTFT), whichever is listed first. The admin API takes the same priors."""
+    cluster = await make_cluster(3)
+    slow, fast, added = cluster.urls
+    gw = await make_gateway(
+        [slow, fast], admin_token=TOKEN,
+        replica_speeds=(f"{fast}/=prefill_tokens_per_s=40000",),  # written unlike --replica
+    )  # fmt: skip
+    api = gw.url + "/admin/replicas"
+    async with session.get(api, headers=AUTH) as resp:
+        priors = {r["url"]: r["speed"]["prior_prefill_tokens_per_s"]
+                  for r in (await resp.json())["replicas"]}  # fmt: skip
+    assert priors == {slow: 10_000.0, fast: 40_000.0}
+    reply = await send(session, gw.url, "/v1/completions", {"prompt": "word " * 4000})
+    assert reply.headers["x-prefixroute-replica"] == fast
+
+    body = {"url": added, "prefill_tokens_per_s": 2_500, "decode_step_s": 0.05}
+    async with session.post(api, json=body, headers=AUTH) as resp:
+        assert resp.status == 201
+        speed = (await resp.json())["replica"]["speed"]
+    assert (speed["prior_prefill_tokens_per_s"], speed["prior_decode_step_s"]) == (2_500.0, 0.05)
+    for bad in ({"prefill_tokens_per_s": "fast"}, {"prefill_tokens_per_s": 0},
+                {"decode_step_s": True}, {"weight": 2}):  # fmt: skip
+        async with session.post(api, json={"url": "http://127.0.0.1:9", **bad},
+                                headers=AUTH) as resp:  # fmt: skip
+            assert resp.status == 400
+            assert (await resp.json())["error"]["type"] == "invalid_request_error"
+    assert len(gw.registry) == 3
+
+
+async def test_speed_priors_for_a_replica_not_configured_are_refused(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory
+) -> None:
+    import pytest
+
+    from prefixroute.core import ConfigError
+
+    cluster = await make_cluster(1)
+    with pytest.raises(ConfigError, match="not a configured replica"):
+        await make_gateway(cluster.urls, replica_speeds=("http://127.0.0.1:9=decode_step_s=0",))

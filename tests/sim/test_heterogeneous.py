@@ -146,3 +146,26 @@ def test_a_fleet_faster_than_the_constants_uses_every_replica(seed: int) -> None
     served = summarize(result, None).per_replica_requests
     assert len(served) == 5
     assert min(served.values()) >= len(result.records) / 20, served
+
+
+def test_told_speeds_are_each_replica_s_priors_and_pay_where_no_first_token_is_seen() -> None:
+    """``tell_speeds``: the router starts from each replica's true speed (as a gateway given
+    --replica-speed), so with every answer plain, where nothing else teaches it early, the
+    slow half is not sent what the fast half can do: the p99 TTFT is lower than untold."""
+    from prefixroute.core import SpeedConfig
+
+    fleet = parse_fleet(HALF_SLOW, CFG)
+    w = make_workload("hot-prefix", 0, {"requests": "400"})
+    fixed = SpeedConfig(learn=False)  # the priors stay: they are what was told
+    told = ClusterSim(w, make_policy(DEFAULT_POLICY), fleet=fleet, speed=fixed,
+                      tell_speeds=True).run()  # fmt: skip
+    rates = sorted(r.learned_prefill_tokens_per_s or 0.0 for r in told.replicas)
+    assert rates == [5_000.0, 5_000.0, 20_000.0, 20_000.0]
+
+    def p99(told: bool) -> float:
+        sim = ClusterSim(w, make_policy(DEFAULT_POLICY), fleet=fleet, plain=1.0,
+                         tell_speeds=told)  # fmt: skip
+        ttfts = sorted(r.ttft_s for r in sim.run().records if r.ttft_s is not None)
+        return ttfts[int(0.99 * (len(ttfts) - 1))]
+
+    assert p99(True) < 0.5 * p99(False)

@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     if config.kv_events and not config.replicas:
         why = "no replica is given (the emulated replicas publish no KV events)"
         raise ConfigError(f"kv_events name replicas, but {why}")
+    if config.replica_speeds and not config.replicas:
+        raise ConfigError("replica_speeds name replicas, but no replica is given")
     run_on_uvloop(_serve(config, args.emulate, args.emulate_time_scale))
     return 0
 

@@ -32,7 +32,7 @@ from prefixroute.core.request_key import EMPTY_KEY, Endpoint, RouteKey, key_of
 from prefixroute.core.router import Router
 from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.speed import ReplicaSpeed
-from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
+from prefixroute.core.speed_config import SpeedConfig, SpeedPrior, speed_priors_of
 from prefixroute.core.token_count import CharsPerToken, TokenCountConfig, TokenCounts
 from prefixroute.core.types import (
     CandidateScore,
@@ -76,6 +76,7 @@ __all__ = [
     "RoutingContext",
     "SpeculativeEntries",
     "SpeedConfig",
+    "SpeedPrior",
     "TokenCountConfig",
     "TokenCounts",
     "TokenIds",

@@ -45,6 +45,7 @@ from prefixroute.core.inflight import InFlight
 from prefixroute.core.plain_answers import in_order, passed_unseen, recheck_s
 from prefixroute.core.queue_fixes import QueueFixes
 from prefixroute.core.speed import REFIT_EVERY, ReplicaSpeed, SpeedConfig
+from prefixroute.core.speed_config import SpeedPrior
 from prefixroute.core.types import Decision, ReplicaId, RequestView
 
 THROUGHPUT_WINDOW_S = 10.0  # seconds; time constant of the decaying throughput estimate
@@ -64,6 +65,7 @@ class ReplicaLoad:
     num_waiting: int | None = None  # requests queued inside the engine
     num_running: int | None = None  # requests in the engine's running batch
     speed: ReplicaSpeed = field(default_factory=ReplicaSpeed)  # learned prefill rate, decode step
+    told: bool = False  # its own priors were given (SpeedPrior): known from the start
     busy_since: float = 0.0  # when it started on its current prefill queue, seconds
     fixes: QueueFixes = field(default_factory=QueueFixes)  # dispatch count, queue corrections
     prefilled_tokens: int = 0  # uncached tokens whose first token came back, since registration
@@ -76,6 +78,10 @@ class ReplicaLoad:
     _arrivals_acc: float = 0.0  # decayed count of requests dispatched here, requests
     _uncached_acc: float = 0.0  # decayed sum of their predicted uncached tokens, tokens
     _arrivals_at: float = 0.0  # time of the last decay, seconds
+
+    @property
+    def speed_known(self) -> bool:  # its own: learned (warmed up), or given by who knows it
+        return self.told or self.speed.warmed_up
 
     @property
     def decoding(self) -> int:
@@ -142,23 +148,25 @@ class LoadTracker:
     _fleet: tuple[float, float, float, float] | None = None  # the fleet's median estimates
     _learned: int = 0  # requests learned from since the fleet's estimates were last taken
 
-    def add_replica(self, replica: ReplicaId) -> None:
-        self.get(replica)
+    def add_replica(self, replica: ReplicaId, prior: SpeedPrior | None = None) -> None:
+        self.get(replica, prior)  # a no-op if known; ``prior``: its own speed priors
 
-    def remove_replica(self, replica: ReplicaId) -> None:
-        """Forget ``replica``; its in-flight requests stay tracked until they complete."""
+    def remove_replica(self, replica: ReplicaId) -> None:  # in-flight requests stay tracked
         self._loads.pop(replica, None)
         self._cold.pop(replica, None)
 
     def __getitem__(self, replica: ReplicaId) -> ReplicaLoad:
         return self._loads[replica]
 
-    def get(self, replica: ReplicaId) -> ReplicaLoad:
-        """The load of ``replica``, registering it on first sight."""
+    def get(self, replica: ReplicaId, prior: SpeedPrior | None = None) -> ReplicaLoad:
+        """The load of ``replica``, registering it on first sight (``prior``: its own speed
+        priors then, which it predicts with until warmed up instead of its fleet's)."""
         load = self._loads.get(replica)
         if load is None:
-            load = self._loads[replica] = ReplicaLoad(speed=ReplicaSpeed(self.speed))
-            if self.speed.learn and self.speed.fleet_prior:
+            config = self.speed if prior is None else prior.applied_to(self.speed)
+            load = self._loads[replica] = ReplicaLoad(speed=ReplicaSpeed(config))
+            load.told = prior is not None
+            if self.speed.learn and self.speed.fleet_prior and prior is None:
                 self._cold[replica] = load
                 if self._fleet is not None:
                     load.speed.start_from(self._fleet)
@@ -243,7 +251,7 @@ class LoadTracker:
             dispatched_mark=load.dispatched_tokens + uncached,
             # Before its speed is its own, no first token is guessed (first_token_due), so the
             # queue seen ahead may hold requests long past their prefill (inflight.learn_whole).
-            queue_known=not load.queued_prefill_tokens or load.speed.warmed_up,
+            queue_known=not load.queued_prefill_tokens or load.speed_known,
         )  # fmt: skip
         in_order(load, self._requests[request_id])
         load.in_flight += 1
@@ -282,17 +290,19 @@ class LoadTracker:
         and a first token seen on a request sent after it takes it as come
         (``core/plain_answers.py``).
 
-        None too while the replica's speed is not its own (priors, or its fleet's): a guess at
-        a speed nobody measured on it empties its queue too soon where it is slower, and more is
-        sent there than it can do. Half the replicas 4x slower and every answer plain, the
+        None too while the replica's speed is not its own (the fleet's priors or its learned
+        median; priors given for this very replica, ``told``, are its own): a guess at a speed
+        nobody measured on it empties its queue too soon where it is slower, and more is sent
+        there than it can do. Half the replicas 4x slower and every answer plain, the
         simulator's hot-prefix p99 TTFT went from 4.1 s (no guess) to 16 s with guesses at the
         priors; with half the answers plain, guesses at the speeds learned from the streams
-        took it from 1.2 s to 0.65-0.87 s (docs/results.md)."""
+        took it from 1.2 s to 0.65-0.87 s; with every answer plain and each replica's true
+        speed given as its priors, from 4.1 and 2.7 s to 0.31 and 0.25 s (docs/results.md)."""
         req = self._requests.get(request_id)
         if req is None or req.prefilled:
             return None
         req.unseen = True  # the caller will not see it (core/plain_answers.py)
-        return req.predicted_ttft() if req.load.speed.warmed_up else None
+        return req.predicted_ttft() if req.load.speed_known else None
 
     def guess_first_token(self, request_id: str, now: float) -> float | None:
         """The request's first token, which nobody will see, is due (``first_token_due``):

@@ -36,14 +36,13 @@ entry instead, which covers the requests routed before their events arrive (see
 :mod:`prefixroute.core.speculative`).
 
 Every change to what the router believes goes through a method here, whoever hears of it: its
-own decisions (:meth:`route` and the calls after it), another router instance's decisions
-(:meth:`remote_routed`, :meth:`remote_dispatch`), an engine's KV events (:meth:`engine_stored`,
-:meth:`engine_removed`, :meth:`engine_cleared`) and the numbers a replica reports about itself
-(:meth:`observe_replica`, :meth:`observe_engine_prefill`). The index, the load view and the
-speculative entries are the router's own: code outside ``core`` reads them through the methods
-of :class:`~prefixroute.core.router_reads.RouterReads`, which the Router is
-(``tests/test_router_ownership.py`` holds it to that), so a newcomer finds every change to the
-routing state in this file.
+own decisions (:meth:`route` and the calls after it), other instances' (:meth:`remote_routed`,
+:meth:`remote_dispatch`), an engine's KV events (:meth:`engine_stored`, :meth:`engine_removed`,
+:meth:`engine_cleared`) and a replica's own numbers (:meth:`observe_replica`,
+:meth:`observe_engine_prefill`). The index, the load view and the speculative entries are the
+router's own: code outside ``core`` reads them through :class:`~prefixroute.core.router_reads.
+RouterReads`, which the Router is (``tests/test_router_ownership.py`` holds it to that), so
+every change to the routing state is in this file.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ from prefixroute.core.policies import Policy, RoutingContext
 from prefixroute.core.routed_blocks import RoutedBlocks
 from prefixroute.core.router_reads import RouterReads
 from prefixroute.core.speculative import SpeculativeEntries
-from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
+from prefixroute.core.speed_config import SpeedConfig, SpeedPrior, speed_priors_of
 from prefixroute.core.token_count import TokenCountConfig, TokenCounts
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 
@@ -98,24 +97,25 @@ class Router(RouterReads, PlainAnswerCalls):
         self.rng = random.Random(seed)
         self.insert_on_route = insert_on_route  # False: the index is fed by engine events
         self.routed = RoutedBlocks()  # what each decision added to the index, while in flight
-        self.speculative = (
-            SpeculativeEntries(speculative_ttl_s) if speculative_ttl_s is not None else None
-        )
+        ttl = speculative_ttl_s
+        self.speculative = SpeculativeEntries(ttl) if ttl is not None else None
         self._replicas: list[ReplicaId] = []  # in order of addition: the default candidates
         self._registered: set[ReplicaId] = set()  # the same, for O(1) membership
 
     # --- replicas -------------------------------------------------------------------------
-    def add_replica(self, replica: ReplicaId, capacity_blocks: int | None = None) -> None:
-        """Register a replica; a new one has an empty index entry (cold start)."""
+    def add_replica(
+        self, replica: ReplicaId, capacity_blocks: int | None = None,
+        speed: SpeedPrior | None = None,
+    ) -> None:  # fmt: skip
+        """Register a replica, a new one cold (an empty index entry); ``speed``: its own priors."""
         self.index.add_replica(replica, capacity_blocks)
         if replica not in self._registered:
             self._registered.add(replica)
             self._replicas.append(replica)
             # Precise mode's index follows the engines' own evictions: nothing to learn.
-            self.capacity.track(
-                replica, self.index.capacity_of(replica) if self.insert_on_route else None
-            )
-        self.loads.add_replica(replica)
+            held = self.index.capacity_of(replica) if self.insert_on_route else None
+            self.capacity.track(replica, held)
+        self.loads.add_replica(replica, speed)
 
     def remove_replica(self, replica: ReplicaId) -> None:
         """Stop routing to ``replica`` and forget what it cached."""

@@ -3,6 +3,8 @@ and the priors a policy's own config implies."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from prefixroute.core.errors import ConfigError
@@ -55,6 +57,33 @@ class SpeedConfig:
         step = min(max(step, lo), d0 * self.bound) if d0 > 0 else max(step, lo)
         most = self.bound * self.overhead_scale_s
         return rate, step, min(max(engine, 0.0), most), min(max(first, 0.0), most)
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedPrior:
+    """One replica's own priors, where its operator knows them (a GPU generation other than
+    the fleet's, say); None keeps the fleet's. A replica with its own priors predicts with them
+    until its estimates are its own, not with the fleet's learned median (core/load.py), and
+    its estimates are pulled towards them and bounded around them."""
+
+    prefill_tokens_per_s: float | None = None  # tokens/s
+    decode_step_s: float | None = None  # seconds
+
+    def __post_init__(self) -> None:
+        rate, step = self.prefill_tokens_per_s, self.decode_step_s
+        if rate is not None and not (math.isfinite(rate) and rate > 0):
+            raise ConfigError(f"a replica's prefill_tokens_per_s must be positive, got {rate}")
+        if step is not None and not (math.isfinite(step) and step >= 0):
+            raise ConfigError(f"a replica's decode_step_s must be 0 or more, got {step}")
+
+    def applied_to(self, config: SpeedConfig) -> SpeedConfig:
+        """``config`` with these priors in place of its own."""
+        rate, step = self.prefill_tokens_per_s, self.decode_step_s
+        return dataclasses.replace(
+            config,
+            prefill_tokens_per_s=config.prefill_tokens_per_s if rate is None else rate,
+            decode_step_s=config.decode_step_s if step is None else step,
+        )
 
 
 def speed_priors_of(policy: object) -> SpeedConfig:

@@ -31,6 +31,7 @@ from prefixroute.events._wire import (
     pack_frames,
     unpack_frames,
 )
+from prefixroute.events._wire_other import encode_array_batch
 
 __all__ = [
     "MEDIUM_GPU",
@@ -57,6 +58,7 @@ __all__ = [
     "StreamState",
     "StreamStats",
     "decode_batch",
+    "encode_array_batch",
     "encode_batch",
     "pack_frames",
     "read_batch",

@@ -39,7 +39,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from prefixroute.core import ConfigError, Decision, Endpoint
+from prefixroute.core import ConfigError, Decision, Endpoint, SpeedPrior
 from prefixroute.gateway import _dashboard
 from prefixroute.gateway._admission import (
     add_catch_all,
@@ -155,12 +155,26 @@ async def add_replica(request: web.Request) -> web.Response:
     if not isinstance(body, Mapping) or not isinstance(body.get("url"), str):
         raise BadRequest('the body must be {"url": "http://host:port"}')
     try:
-        record = state.registry.add(body["url"])
+        record = state.registry.add(body["url"], _speed_prior(body))
     except ConfigError as exc:
         raise BadRequest(str(exc)) from exc
     if state.health is not None:
         await state.health.check(record, first=True)
     return web.json_response({"replica": state.registry.describe(record)}, status=201)
+
+
+def _speed_prior(body: Mapping[str, Any]) -> SpeedPrior | None:
+    """The replica's own speed priors in an add request's body (None: it gives none);
+    raises ConfigError."""
+    keys = ("prefill_tokens_per_s", "decode_step_s")
+    unknown = sorted(set(body) - {"url", *keys})
+    if unknown:
+        raise ConfigError(f"a replica takes url, {', '.join(keys)}; not {unknown}")
+    given = {k: body[k] for k in keys if k in body}
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+    return SpeedPrior(**given) if given else None
 
 
 async def drain_replica(request: web.Request) -> web.Response:

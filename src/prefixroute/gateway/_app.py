@@ -45,6 +45,7 @@ from prefixroute.core import (
     ConfigError,
     ReplicaId,
     Router,
+    SpeedPrior,
     make_policy,
     speed_priors_of,
 )
@@ -146,8 +147,9 @@ def gateway_state(config: GatewayConfig, tokenizer: PromptTokenizer | None) -> G
         ),
     )
     registry = ReplicaRegistry(router, config)
+    speeds = _speed_priors(config)
     for url in config.replicas:
-        registry.add(url)
+        registry.add(url, speeds.get(normalize_url(url)))
     metrics = GatewayMetrics(router, registry)
     state = GatewayState(
         config, router, registry, metrics,
@@ -204,6 +206,18 @@ def _add_routes(app: web.Application, config: GatewayConfig) -> None:
     if _dashboard.mounted_on_main(config):  # /dashboard: who may see it, see _dashboard
         _dashboard.add_routes(app)
     add_catch_all(app)
+
+
+def _speed_priors(config: GatewayConfig) -> dict[ReplicaId, SpeedPrior]:
+    """``replica_speeds`` by replica id; raises ConfigError for a replica not configured."""
+    known = {normalize_url(url) for url in config.replicas}
+    out: dict[ReplicaId, SpeedPrior] = {}
+    for url, prior in config.replica_speed_priors().items():
+        rid = normalize_url(url)
+        if rid not in known:
+            raise ConfigError(f"speed priors given for {url}, which is not a configured replica")
+        out[rid] = prior
+    return out
 
 
 def _event_endpoints(

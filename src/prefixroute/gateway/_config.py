@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from prefixroute._pool import IDLE_TIMEOUT_S
-from prefixroute.core import DEFAULT_POLICY, ConfigError, make_policy, policy_names
+from prefixroute.core import DEFAULT_POLICY, ConfigError, SpeedPrior, make_policy, policy_names
 from prefixroute.events import EventEndpoint
 from prefixroute.gateway._tenant_config import TenancyConfig
 from prefixroute.sync import check_url
@@ -212,6 +212,12 @@ class GatewayConfig:
         "requests by the engines' token ids in --kv-block-size blocks (never downloads)",
         "--tokenizer", metavar="DIR",
     )  # fmt: skip
+    replica_speeds: tuple[str, ...] = setting(
+        (), "a replica's own speed priors, where it differs from the fleet's (another GPU): "
+        "URL=prefill_tokens_per_s=N[,decode_step_s=S]; once per replica (file: those keys in "
+        "its [[replicas]] entry); each replica's real speed is still learned",
+        "--replica-speed", metavar="URL=PRIORS", shown_default="none",
+    )  # fmt: skip
     kv_events: tuple[str, ...] = setting(
         (), "precise mode: follow this replica's KV events; SPEC is bind:ADDR (engines connect "
         "to us: vLLM endpoint tcp://GATEWAY:PORT) or connect:ADDR (vLLM binds tcp://*:PORT), "
@@ -261,6 +267,30 @@ class GatewayConfig:
             out[url.strip()] = EventEndpoint.parse(spec)
         return out
 
+    def replica_speed_priors(self) -> dict[str, SpeedPrior]:
+        """``replica_speeds`` parsed: replica URL (as written) -> its priors; raises
+        ConfigError."""
+        out: dict[str, SpeedPrior] = {}
+        for item in self.replica_speeds:
+            url, _, spec = (part.strip() for part in item.partition("="))
+            values: dict[str, float] = {}
+            for pair in spec.split(","):
+                key, sep, value = (part.strip() for part in pair.partition("="))
+                if not sep or key not in ("prefill_tokens_per_s", "decode_step_s"):
+                    raise ConfigError(
+                        "--replica-speed takes URL=prefill_tokens_per_s=N[,decode_step_s=S], "
+                        f"got {item!r}"
+                    )
+                try:
+                    values[key] = float(value)
+                except ValueError:
+                    why = f"--replica-speed: {key} must be a number, got {value!r}"
+                    raise ConfigError(why) from None
+            if not url or url in out:
+                raise ConfigError(f"--replica-speed: one entry per replica URL, got {item!r}")
+            out[url] = SpeedPrior(**values)
+        return out
+
     def check_precise(self, has_tokenizer: bool) -> None:
         """Precise mode needs a tokenizer: KV events carry token ids. Not a ``__post_init__``
         check, since an app may be given a tokenizer object apart from the config (tests);
@@ -305,6 +335,7 @@ class GatewayConfig:
         if not self.speculative_ttl_s > 0:
             raise ConfigError("speculative_ttl_s must be positive")
         self.kv_event_endpoints()  # malformed specs fail here, at start
+        self.replica_speed_priors()
         if self.sync_redis is not None:
             check_url(self.sync_redis)  # a URL redis-py cannot use fails here, at start
             if not self.sync_channel:

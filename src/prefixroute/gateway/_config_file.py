@@ -51,6 +51,7 @@ the policy's parameters. Flags given on the command line override the file.
 
     [[replicas]]
     url = "http://10.0.0.12:8000"
+    prefill_tokens_per_s = 40000.0     # optional: its own speed priors (a faster GPU, say)
 
 Tenants, API keys, limits and isolation (docs/security.md has the whole reference; the
 admin API can listen on its own address: admin_host, admin_port):
@@ -107,7 +108,11 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key == "replicas":
-            out["replicas"] = tuple(_replica_url(path, item) for item in _listed(path, key, value))
+            items = _listed(path, key, value)
+            out["replicas"] = tuple(_replica_url(path, item) for item in items)
+            speeds = tuple(s for s in (_replica_speed(path, item) for item in items) if s)
+            if speeds:
+                out["replica_speeds"] = speeds
         elif key == "tenancy":
             out[key] = tenancy_from_toml(value, str(path))
         elif key == "kv_events":
@@ -166,12 +171,33 @@ def _strings(path: str | Path, key: str, value: object) -> list[str]:
     return items
 
 
+_REPLICA_KEYS = ("url", "prefill_tokens_per_s", "decode_step_s")
+
+
 def _replica_url(path: str | Path, item: object) -> str:
     if isinstance(item, str):
         return item
     if isinstance(item, Mapping) and isinstance(item.get("url"), str):
+        unknown = sorted(set(item) - set(_REPLICA_KEYS))
+        if unknown:
+            keys = ", ".join(_REPLICA_KEYS)
+            raise ConfigError(f"config file {path}: [[replicas]] takes {keys}; not {unknown}")
         return str(item["url"])
     raise ConfigError(f"config file {path}: each [[replicas]] entry needs a url")
+
+
+def _replica_speed(path: str | Path, item: object) -> str | None:
+    """A [[replicas]] entry's speed priors as a ``replica_speeds`` spec (None: it has none)."""
+    if not isinstance(item, Mapping):
+        return None
+    pairs = []
+    for key in _REPLICA_KEYS[1:]:
+        if key in item:
+            value = item[key]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"config file {path}: {key} must be a number, got {value!r}")
+            pairs.append(f"{key}={value!r}")
+    return f"{item['url']}={','.join(pairs)}" if pairs else None
 
 
 def build_config(file_settings: Mapping[str, Any], **overrides: Any) -> GatewayConfig:
@@ -185,7 +211,7 @@ def build_config(file_settings: Mapping[str, Any], **overrides: Any) -> GatewayC
             continue
         if key in SECRET_FILES:
             settings[SECRET_FILES[key]] = read_secret(value, SECRET_FILES[key].replace("_", " "))
-        elif key in ("replicas", "kv_events"):
+        elif key in ("replicas", "kv_events", "replica_speeds"):
             settings[key] = tuple(settings.get(key, ())) + tuple(value)
         elif key == "policy_params":  # flags override the file field by field
             settings[key] = {**settings.get(key, {}), **value}

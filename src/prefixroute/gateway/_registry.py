@@ -36,7 +36,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from prefixroute.core import ConfigError, NoReplicaAvailable, ReplicaId, Router
+from prefixroute.core import ConfigError, NoReplicaAvailable, ReplicaId, Router, SpeedPrior
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import Conflict, ModelNotFound, NotFound, Overloaded
 
@@ -124,12 +124,13 @@ class ReplicaRegistry:
         self._on_added: list[Callable[[ReplicaId], None]] = []  # hooks for each new replica
 
     # --- membership -----------------------------------------------------------------------
-    def add(self, url: str) -> ReplicaRecord:
+    def add(self, url: str, speed: SpeedPrior | None = None) -> ReplicaRecord:
+        """Register the replica at ``url`` (``speed``: its own speed priors, if known)."""
         rid = normalize_url(url)
         if rid in self._records:
             raise Conflict(f"replica {rid} is already registered")
         record = self._records[rid] = ReplicaRecord(rid, name=replica_name(rid))
-        self.router.add_replica(rid)
+        self.router.add_replica(rid, speed=speed)
         log.info("replica %s added", rid)
         for callback in self._on_added:
             callback(rid)

@@ -25,6 +25,7 @@ from prefixroute.core import (
     RequestView,
     Router,
     SpeedConfig,
+    SpeedPrior,
 )
 from prefixroute.sim.fleet import Fleet, SpeedChange
 from prefixroute.sim.kernel import ARRIVAL, URGENT, Kernel
@@ -62,6 +63,7 @@ class ClusterSim:
         speed: SpeedConfig | None = None,
         plain: float = 0.0,
         scrape_s: float = 0.0,
+        tell_speeds: bool = False,
     ) -> None:
         self.workload = workload
         self.policy = policy
@@ -89,6 +91,9 @@ class ClusterSim:
         if not 0.0 <= scrape_s < float("inf"):
             raise ConfigError(f"scrape_s must be 0 (no scraping) or positive, got {scrape_s}")
         self.scrape_s = scrape_s
+        # The router is given each replica's true prefill rate and decode step as its own
+        # priors (SpeedPrior), as an operator who knows the fleet gives --replica-speed.
+        self.tell_speeds = tell_speeds
 
     def run(self) -> RunResult:
         wall0 = time.perf_counter()
@@ -162,7 +167,9 @@ class ClusterSim:
         self._live[rid] = _Live(model, ReplicaStepper(self._kernel, model, partial(self._end, rid)))
         self._accepting_ids = None
         self._stats[rid] = ReplicaRecord(rid, added_s=self._kernel.now)
-        self._router.add_replica(rid, self._told(config.kv_capacity_blocks))
+        told = SpeedPrior(config.prefill_tokens_per_s, config.decode_step_s)
+        speed = told if self.tell_speeds else None
+        self._router.add_replica(rid, self._told(config.kv_capacity_blocks), speed=speed)
         self._stats[rid].kv_capacity_blocks = config.kv_capacity_blocks
 
     def _told(self, kv_blocks: int) -> int:

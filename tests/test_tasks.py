@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from stubborn import Stubborn
 
 from prefixroute._tasks import cancel_and_wait, every
 
@@ -59,22 +60,11 @@ async def test_cancel_and_wait_cancels_again_a_task_that_lost_its_cancellation(
     import prefixroute._tasks as tasks
 
     monkeypatch.setattr(tasks, "STOP_WAIT_S", 0.01)
-    swallowed = 0
-
-    async def stubborn() -> None:
-        nonlocal swallowed
-        while True:
-            try:
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                swallowed += 1
-                if swallowed == 3:
-                    raise
-
-    task = asyncio.get_running_loop().create_task(stubborn())
+    stubborn = Stubborn(takes=3)
+    task = asyncio.get_running_loop().create_task(stubborn.run())
     await asyncio.sleep(0)
     await asyncio.wait_for(cancel_and_wait(task), timeout=5)
-    assert task.cancelled() and swallowed == 3
+    assert task.cancelled() and stubborn.swallowed == 3
 
 
 async def test_cancel_and_wait_raises_what_the_task_ended_with() -> None:

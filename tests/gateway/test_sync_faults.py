@@ -17,6 +17,7 @@ import pytest
 import redis
 from polling import until
 from prometheus_client.registry import CollectorRegistry
+from stubborn import Stubborn
 
 from prefixroute.core import (
     ConfigError,
@@ -283,21 +284,10 @@ async def test_stop_ends_a_task_that_lost_its_cancellation(
 
     monkeypatch.setattr(tasks, "STOP_WAIT_S", 0.05)
     sync = instance("stubborn", "redis://127.0.0.1:1/0")  # nothing is ever asked of it
-    swallowed = 0
-
-    async def stubborn(client: object, up: object) -> None:
-        nonlocal swallowed
-        while True:
-            try:
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                swallowed += 1
-                if swallowed > 1:
-                    raise
-
-    monkeypatch.setattr(sync, "_subscribe", stubborn)
+    stubborn = Stubborn(takes=2)
+    monkeypatch.setattr(sync, "_subscribe", stubborn.run)
     await sync.start()
     await asyncio.sleep(0.01)  # both tasks under way
     await asyncio.wait_for(sync.stop(), timeout=5)
-    assert swallowed == 2  # the first cancellation lost, the second taken
+    assert stubborn.swallowed == 2  # the first cancellation lost, the second taken
     assert not sync.connected

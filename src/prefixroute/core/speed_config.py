@@ -6,8 +6,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from prefixroute.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_Speeds = TypeVar("_Speeds", bound="DataclassInstance")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +82,13 @@ class SpeedPrior:
         if step is not None and not (math.isfinite(step) and step >= 0):
             raise ConfigError(f"a replica's decode_step_s must be 0 or more, got {step}")
 
-    def applied_to(self, config: SpeedConfig) -> SpeedConfig:
-        """``config`` with these priors in place of its own."""
-        rate, step = self.prefill_tokens_per_s, self.decode_step_s
-        return dataclasses.replace(
-            config,
-            prefill_tokens_per_s=config.prefill_tokens_per_s if rate is None else rate,
-            decode_step_s=config.decode_step_s if step is None else step,
-        )
+    def applied_to(self, config: _Speeds) -> _Speeds:
+        """``config`` (a :class:`SpeedConfig`, or any dataclass with these two fields: the
+        simulator's replica, whose speed changes mid-run) with these speeds in place of its
+        own, where they are given."""
+        given = (("prefill_tokens_per_s", self.prefill_tokens_per_s),
+                 ("decode_step_s", self.decode_step_s))  # fmt: skip
+        return dataclasses.replace(config, **{k: v for k, v in given if v is not None})
 
 
 def speed_priors_of(policy: object) -> SpeedConfig:

@@ -21,30 +21,18 @@ import msgspec
 
 from prefixroute.events._errors import EventDecodeError
 from prefixroute.events._wire import KVEvent, KVEventBatch
-from prefixroute.events._wire_other import (
-    ArrayEvent,
-    ArrayEventBatch,
-    LooseEvent,
-    LooseEventBatch,
-    to_vllm,
-)
+from prefixroute.events._wire_other import ArrayEvent, LooseEvent, OtherBatch, to_vllm
 
 KNOWN_TYPES = frozenset({"BlockStored", "BlockRemoved", "AllBlocksCleared"})
-
-
-class _RawBatch(msgspec.Struct, array_like=True, gc=False):
-    ts: float
-    events: list[msgspec.Raw]
-    data_parallel_rank: int | None = None
 
 
 # Stateless and reusable: constants.
 _vllm_batch = msgspec.msgpack.Decoder(KVEventBatch)
 _other_batches = (
-    msgspec.msgpack.Decoder(ArrayEventBatch),
-    msgspec.msgpack.Decoder(LooseEventBatch),
+    msgspec.msgpack.Decoder(OtherBatch[ArrayEvent]),
+    msgspec.msgpack.Decoder(OtherBatch[LooseEvent]),
 )
-_raw_batch = msgspec.msgpack.Decoder(_RawBatch)
+_raw_batch = msgspec.msgpack.Decoder(OtherBatch[msgspec.Raw])
 _vllm_event = msgspec.msgpack.Decoder(KVEvent)
 _other_events = (msgspec.msgpack.Decoder(ArrayEvent), msgspec.msgpack.Decoder(LooseEvent))
 _any = msgspec.msgpack.Decoder()

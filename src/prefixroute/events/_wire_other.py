@@ -21,7 +21,7 @@ turns a twin into vLLM's class, so nothing past the decoder knows which form cam
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -32,6 +32,8 @@ from prefixroute.events._wire import (
     ExternalBlockHash,
     KVEvent,
 )
+
+_E = TypeVar("_E")
 
 
 # --- positional -------------------------------------------------------------------------------
@@ -71,43 +73,25 @@ class _ArrayAllBlocksCleared(_ArrayEvent, tag="AllBlocksCleared"):
 ArrayEvent = _ArrayBlockStored | _ArrayBlockRemoved | _ArrayAllBlocksCleared
 
 
-class ArrayEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+class OtherBatch(msgspec.Struct, Generic[_E], array_like=True, omit_defaults=True, gc=False):
+    """vLLM's ``EventBatch`` (unchanged in every form) of events of another form."""
+
     ts: float
-    events: list[ArrayEvent]
+    events: list[_E]
     data_parallel_rank: int | None = None
 
 
 # --- SGLang's map -----------------------------------------------------------------------------
-class _LooseEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    """Base of the map twins whose fields after ``block_size`` may all be missing."""
-
-
-class _LooseBlockStored(_LooseEvent, tag="BlockStored"):
-    block_hashes: list[ExternalBlockHash]
-    parent_block_hash: ExternalBlockHash | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
+# The positional twins' fields, by name: every field after ``block_size`` may be missing.
+class _LooseBlockStored(_ArrayBlockStored, array_like=False):
     cache_salt: str | None = None
 
 
-class _LooseBlockRemoved(_LooseEvent, tag="BlockRemoved"):
-    block_hashes: list[ExternalBlockHash]
-    medium: str | None = None
-    group_idx: int | None = None
+class _LooseBlockRemoved(_ArrayBlockRemoved, array_like=False):
+    pass
 
 
 LooseEvent = _LooseBlockStored | _LooseBlockRemoved | AllBlocksCleared
-
-
-class LooseEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[LooseEvent]
-    data_parallel_rank: int | None = None
 
 
 def to_vllm(event: ArrayEvent | LooseEvent) -> KVEvent:
@@ -144,4 +128,4 @@ def encode_array_batch(ts: float, events: list[KVEvent]) -> bytes:
             twins.append(_ArrayBlockRemoved(**msgspec.structs.asdict(e)))
         else:
             twins.append(_ArrayAllBlocksCleared())
-    return _encoder.encode(ArrayEventBatch(ts, twins))
+    return _encoder.encode(OtherBatch(ts, twins))

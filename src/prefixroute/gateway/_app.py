@@ -33,7 +33,8 @@ import asyncio
 import dataclasses
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -162,7 +163,7 @@ def gateway_state(config: GatewayConfig, tokenizer: PromptTokenizer | None) -> G
             metrics.tokenize_failures.inc,
         )  # fmt: skip
     if config.precise:
-        state.precise = PreciseMode(router, _event_endpoints(config, registry))
+        state.precise = PreciseMode(router, _event_endpoints(config))
         metrics.watch_precise(state.precise)
     if config.sync_redis is not None:
         state.sync = RouteSync(
@@ -208,29 +209,28 @@ def _add_routes(app: web.Application, config: GatewayConfig) -> None:
     add_catch_all(app)
 
 
-def _speed_priors(config: GatewayConfig) -> dict[ReplicaId, SpeedPrior]:
-    """``replica_speeds`` by replica id; raises ConfigError for a replica not configured."""
+_T = TypeVar("_T")
+
+
+def _per_replica(by_url: Mapping[str, _T], config: GatewayConfig, what: str) -> dict[ReplicaId, _T]:
+    """Per-replica settings by replica id (URLs written any way ``--replica`` takes them);
+    raises ConfigError for a replica that is not configured."""
     known = {normalize_url(url) for url in config.replicas}
-    out: dict[ReplicaId, SpeedPrior] = {}
-    for url, prior in config.replica_speed_priors().items():
+    out: dict[ReplicaId, _T] = {}
+    for url, value in by_url.items():
         rid = normalize_url(url)
         if rid not in known:
-            raise ConfigError(f"speed priors given for {url}, which is not a configured replica")
-        out[rid] = prior
+            raise ConfigError(f"{what} given for {url}, which is not a configured replica")
+        out[rid] = value
     return out
 
 
-def _event_endpoints(
-    config: GatewayConfig, registry: ReplicaRegistry
-) -> dict[ReplicaId, EventEndpoint]:
-    known = {record.id for record in registry}
-    out: dict[ReplicaId, EventEndpoint] = {}
-    for url, endpoint in config.kv_event_endpoints().items():
-        rid = normalize_url(url)
-        if rid not in known:
-            raise ConfigError(f"KV events given for {url}, which is not a configured replica")
-        out[rid] = endpoint
-    return out
+def _speed_priors(config: GatewayConfig) -> dict[ReplicaId, SpeedPrior]:
+    return _per_replica(config.replica_speed_priors(), config, "speed priors")
+
+
+def _event_endpoints(config: GatewayConfig) -> dict[ReplicaId, EventEndpoint]:
+    return _per_replica(config.kv_event_endpoints(), config, "KV events")
 
 
 async def _events_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prefixroute.core import ConfigError
+from prefixroute.core import ConfigError, SpeedPrior
 from prefixroute.sim.replica import ReplicaConfig, kv_blocks_needed
 
 if TYPE_CHECKING:  # at run time the workload module would load numpy into the emulator
@@ -73,12 +73,7 @@ class SpeedChange:
 
     def apply(self, config: ReplicaConfig) -> ReplicaConfig:
         """``config`` with this change's speeds."""
-        rate, step = self.prefill_tokens_per_s, self.decode_step_s
-        return dataclasses.replace(
-            config,
-            prefill_tokens_per_s=config.prefill_tokens_per_s if rate is None else rate,
-            decode_step_s=config.decode_step_s if step is None else step,
-        )
+        return SpeedPrior(self.prefill_tokens_per_s, self.decode_step_s).applied_to(config)
 
 
 @dataclass(frozen=True, slots=True)

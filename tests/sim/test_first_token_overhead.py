@@ -128,3 +128,16 @@ def test_simulate_plain_answers(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert rates("1") == [10_000.0, 10_000.0]
     assert rates("0.5") == pytest.approx([20_000.0, 20_000.0], rel=0.4)
+
+
+def test_simulate_tell_speeds(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--tell-speeds``: the router starts from each replica's true speed (serve's
+    --replica-speed), so with every answer plain, where nothing else teaches it, it still holds
+    them: 20,000 and 5,000 tokens/s, where ``--plain 1`` alone keeps the 10,000 prior."""
+    argv = ["simulate", "-w", "no-sharing", "--set", "requests=300", "-p", DEFAULT_POLICY,
+            "--fleet", "1:prefill=20000+1:prefill=5000", "--json", "--plain", "1",
+            "--tell-speeds"]  # fmt: skip
+    assert main(argv) == 0
+    speeds = json.loads(capsys.readouterr().out)["policies"][0]["per_replica_speed"]
+    rates = [s["learned_prefill_tokens_per_s"] for s in speeds.values()]
+    assert rates == pytest.approx([20_000.0, 5_000.0], rel=0.05)

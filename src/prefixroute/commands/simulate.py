@@ -98,7 +98,8 @@ def add_parser(sub: Any) -> None:
 
 
 def _add_what_the_router_sees(p: argparse.ArgumentParser) -> None:
-    """``--plain`` and ``--scrape``: what the router is told of the answers and the engines."""
+    """``--plain``, ``--scrape`` and ``--tell-speeds``: what the router is told of the answers
+    and the engines."""
     plain = "share of the answers that are plain, not streamed (0 to 1; default 0): the router "
     plain += "sees no first token of those, only their end, as a gateway does"
     p.add_argument("--plain", type=float, default=0.0, metavar="SHARE", help=plain)
@@ -106,6 +107,11 @@ def _add_what_the_router_sees(p: argparse.ArgumentParser) -> None:
         "--scrape", type=float, default=0.0, metavar="SECONDS",
         help="the router reads each engine's prefill metrics this often, as a gateway's health "
         "round does (default 0: never)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tell-speeds", action="store_true",
+        help="give the router each replica's true prefill rate and decode step as its own "
+        "priors, as serve's --replica-speed does (default: it learns them)",
     )  # fmt: skip
 
 
@@ -195,6 +201,7 @@ def _run_workload(
         learn_overhead=args.learn_ttft_overhead,
         plain=args.plain,
         scrape_s=args.scrape,
+        tell_speeds=args.tell_speeds,
     )
     title = (
         f"{workload.name}: {workload.num_requests:,} requests, {replicas} replicas, "

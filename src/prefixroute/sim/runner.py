@@ -87,6 +87,7 @@ def compare_policies(
     learn_overhead: bool = False,
     plain: float = 0.0,
     scrape_s: float = 0.0,
+    tell_speeds: bool = False,
 ) -> Comparison:
     """Simulate ``workload`` once per policy, each on a fresh cluster with the same seed.
 
@@ -94,7 +95,8 @@ def compare_policies(
     ``learn_overhead``: the router learns each replica's fixed first-token overhead too (as
     the gateway's ``learn_ttft_overhead``; worth it where the fleet's overheads differ).
     ``plain``: the share of answers that are plain, not streamed; ``scrape_s``: the router
-    reads the engines' prefill metrics this often, seconds (0: never; both ``ClusterSim``'s).
+    reads the engines' prefill metrics this often, seconds (0: never); ``tell_speeds``: the
+    router is given each replica's true speed as its own priors (all three ``ClusterSim``'s).
     """
     cfg = replica_config or ReplicaConfig(block_size=workload.block_size)
     if fleet is not None:
@@ -108,7 +110,7 @@ def compare_policies(
         try:
             sim = ClusterSim(
                 workload, policy, replicas, cfg, seed, bar.update, fleet,
-                speed=speed, plain=plain, scrape_s=scrape_s,
+                speed=speed, plain=plain, scrape_s=scrape_s, tell_speeds=tell_speeds,
             )  # fmt: skip
             result = sim.run()
         finally:

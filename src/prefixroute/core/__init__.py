@@ -32,7 +32,12 @@ from prefixroute.core.request_key import EMPTY_KEY, Endpoint, RouteKey, key_of
 from prefixroute.core.router import Router
 from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.speed import ReplicaSpeed
-from prefixroute.core.speed_config import SpeedConfig, SpeedPrior, speed_priors_of
+from prefixroute.core.speed_config import (
+    SPEED_PRIOR_KEYS,
+    SpeedConfig,
+    SpeedPrior,
+    speed_priors_of,
+)
 from prefixroute.core.token_count import CharsPerToken, TokenCountConfig, TokenCounts
 from prefixroute.core.types import (
     CandidateScore,
@@ -46,6 +51,7 @@ __all__ = [
     "DEFAULT_POLICY",
     "EMPTY_KEY",
     "POLICIES",
+    "SPEED_PRIOR_KEYS",
     "BlockHash",
     "BlockHasher",
     "CharsPerToken",

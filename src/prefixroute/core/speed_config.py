@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -75,6 +76,19 @@ class SpeedPrior:
     prefill_tokens_per_s: float | None = None  # tokens/s
     decode_step_s: float | None = None  # seconds
 
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object]) -> SpeedPrior:
+        """Priors by their field names, each a number: how a ``[[replicas]]`` entry and an
+        admin request give them; raises ConfigError naming the key at fault."""
+        unknown = sorted(set(values) - set(SPEED_PRIOR_KEYS))
+        if unknown:
+            names = ", ".join(SPEED_PRIOR_KEYS)
+            raise ConfigError(f"a replica's speed priors are {names}; not {unknown}")
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"{key} must be a number, got {value!r}")
+        return cls(**{key: float(value) for key, value in values.items()})  # type: ignore[arg-type]
+
     def __post_init__(self) -> None:
         rate, step = self.prefill_tokens_per_s, self.decode_step_s
         if rate is not None and not (math.isfinite(rate) and rate > 0):
@@ -89,6 +103,9 @@ class SpeedPrior:
         given = (("prefill_tokens_per_s", self.prefill_tokens_per_s),
                  ("decode_step_s", self.decode_step_s))  # fmt: skip
         return dataclasses.replace(config, **{k: v for k, v in given if v is not None})
+
+
+SPEED_PRIOR_KEYS = ("prefill_tokens_per_s", "decode_step_s")  # SpeedPrior's fields, by name
 
 
 def speed_priors_of(policy: object) -> SpeedConfig:

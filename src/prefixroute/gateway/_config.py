@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from prefixroute._pool import IDLE_TIMEOUT_S
-from prefixroute.core import DEFAULT_POLICY, ConfigError, SpeedPrior, make_policy, policy_names
+from prefixroute.core import (
+    DEFAULT_POLICY,
+    SPEED_PRIOR_KEYS,
+    ConfigError,
+    SpeedPrior,
+    make_policy,
+    policy_names,
+)
 from prefixroute.events import EventEndpoint
 from prefixroute.gateway._tenant_config import TenancyConfig
 from prefixroute.sync import check_url
@@ -276,7 +283,7 @@ class GatewayConfig:
             values: dict[str, float] = {}
             for pair in spec.split(","):
                 key, sep, value = (part.strip() for part in pair.partition("="))
-                if not sep or key not in ("prefill_tokens_per_s", "decode_step_s"):
+                if not sep or key not in SPEED_PRIOR_KEYS:
                     raise ConfigError(
                         "--replica-speed takes URL=prefill_tokens_per_s=N[,decode_step_s=S], "
                         f"got {item!r}"

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from prefixroute.core import ConfigError
+from prefixroute.core import ConfigError, SpeedPrior
 from prefixroute.gateway._config import GatewayConfig, config_fields
 from prefixroute.gateway._tenant_config import tenancy_from_toml
 
@@ -171,33 +171,27 @@ def _strings(path: str | Path, key: str, value: object) -> list[str]:
     return items
 
 
-_REPLICA_KEYS = ("url", "prefill_tokens_per_s", "decode_step_s")
-
-
 def _replica_url(path: str | Path, item: object) -> str:
     if isinstance(item, str):
         return item
     if isinstance(item, Mapping) and isinstance(item.get("url"), str):
-        unknown = sorted(set(item) - set(_REPLICA_KEYS))
-        if unknown:
-            keys = ", ".join(_REPLICA_KEYS)
-            raise ConfigError(f"config file {path}: [[replicas]] takes {keys}; not {unknown}")
         return str(item["url"])
     raise ConfigError(f"config file {path}: each [[replicas]] entry needs a url")
 
 
 def _replica_speed(path: str | Path, item: object) -> str | None:
-    """A [[replicas]] entry's speed priors as a ``replica_speeds`` spec (None: it has none)."""
+    """A [[replicas]] entry's other keys, its speed priors (``SpeedPrior.from_mapping``
+    checks them), as a ``replica_speeds`` spec; None: it has none."""
     if not isinstance(item, Mapping):
         return None
-    pairs = []
-    for key in _REPLICA_KEYS[1:]:
-        if key in item:
-            value = item[key]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(f"config file {path}: {key} must be a number, got {value!r}")
-            pairs.append(f"{key}={value!r}")
-    return f"{item['url']}={','.join(pairs)}" if pairs else None
+    given = {key: value for key, value in item.items() if key != "url"}
+    if not given:
+        return None
+    try:
+        SpeedPrior.from_mapping(given)
+    except ConfigError as exc:
+        raise ConfigError(f"config file {path}: [[replicas]] {item['url']}: {exc}") from None
+    return f"{item['url']}={','.join(f'{k}={v!r}' for k, v in given.items())}"
 
 
 def build_config(file_settings: Mapping[str, Any], **overrides: Any) -> GatewayConfig:

@@ -86,3 +86,16 @@ def test_a_plain_answer_s_first_token_is_guessed_at_given_priors_from_the_start(
     assert tracker[COLD].queued_prefill_tokens == 8000
     tracker.complete(f"p-{KNOWN}", 0.5, output_tokens=10, whole=True)
     assert tracker[KNOWN].speed.whole_observations == 1
+
+
+def test_reports_say_whose_priors_a_replica_predicts_with() -> None:
+    """Until a replica learned its own speed, the admin API and the fleet page say what its
+    estimates are: the priors given for it ("given"), or the fleet's ("prior"), or the fleet's
+    learned median ("fleet")."""
+    tracker = warm_fleet()
+    tracker.add_replica(KNOWN, SpeedPrior(prefill_tokens_per_s=40_000.0))
+    assert tracker[KNOWN].speed_report()["estimates_from"] == "given"
+    assert tracker[KNOWN].speed_report()["prior_prefill_tokens_per_s"] == 40_000.0
+    learned_requests(tracker, 20)
+    assert tracker[COLD].speed_report()["estimates_from"] == "fleet"
+    assert tracker[KNOWN].speed_report()["estimates_from"] == "given"  # not the fleet's median

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
 import pytest
 from polling import until
 
-from prefixroute.core import ConfigError
-from prefixroute.epp import EndpointSet, FileEndpoints, endpoint_of, read_endpoints_file, replica_of
+from prefixroute.commands.epp import add_parser, config_from_args
+from prefixroute.core import ConfigError, SpeedPrior
+from prefixroute.epp import (
+    EndpointPicker,
+    EndpointSet,
+    FileEndpoints,
+    endpoint_of,
+    read_endpoints_file,
+    replica_of,
+)
 
 from .support import shared
 
@@ -127,3 +136,47 @@ async def test_an_unexpected_error_is_logged_and_the_watch_goes_on(
         await until(lambda: s.router.replicas == ["http://10.0.0.2:8000"])
     finally:
         await watcher.stop()
+
+
+def test_an_endpoint_s_speed_priors_come_with_it_or_from_the_config(tmp_path: Path) -> None:
+    """Priors the config gives for an address apply when an endpoint at that address joins,
+    from whichever source (here, the first file that lists it); priors its source brings (a
+    pod's annotations) are its own and win; an endpoint given none predicts at the fleet's."""
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    path = tmp_path / "endpoints"
+    path.write_text("")
+    args = parser.parse_args([
+        "epp", "--endpoints-file", str(path),
+        "--replica-speed", "10.0.0.9:80=prefill_tokens_per_s=20000",
+        "--replica-speed", "http://10.0.0.1:80=prefill_tokens_per_s=1000",
+    ])  # fmt: skip
+    epp = EndpointPicker(config_from_args(args))  # not started: nothing is probed
+    assert len(epp.registry) == 0
+    epp.endpoints.apply({
+        "10.0.0.9:80": None,
+        "10.0.0.1:80": SpeedPrior(prefill_tokens_per_s=40_000.0),
+        "10.0.0.2:80": None,
+    })  # fmt: skip
+    rates = {
+        endpoint_of(rid): epp.router.replica_load(rid).speed.config.prefill_tokens_per_s
+        for rid in epp.router.replicas
+    }
+    fleet = epp.router.loads.speed.prefill_tokens_per_s
+    assert rates == {"10.0.0.9:80": 20_000.0, "10.0.0.1:80": 40_000.0, "10.0.0.2:80": fleet}
+    assert fleet not in (20_000.0, 40_000.0, 1_000.0)
+
+
+def test_priors_for_an_endpoint_no_source_can_bring_are_refused(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    speed = ["--replica-speed", "10.0.0.2:80=prefill_tokens_per_s=20000"]
+    args = parser.parse_args(["epp", "--endpoint", "10.0.0.1:80", *speed])
+    with pytest.raises(ConfigError, match="10.0.0.2:80, which is not an --endpoint"):
+        config_from_args(args)
+    listed = parser.parse_args(["epp", "--endpoint", "10.0.0.2:80", *speed])
+    picker = EndpointPicker(config_from_args(listed))
+    only = picker.router.replicas[0]
+    assert picker.router.replica_load(only).speed.config.prefill_tokens_per_s == 20_000.0
+    filed = parser.parse_args(["epp", "--endpoints-file", str(tmp_path / "x"), *speed])
+    assert config_from_args(filed).endpoints_file is not None  # the file may bring it later

@@ -8,29 +8,39 @@ stream of JSON watch events), so the adapter is checked against the client, not 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from prefixroute.core import ConfigError
+from prefixroute.core import ConfigError, SpeedPrior
 from prefixroute.epp import PodEndpoints, pod_info
 from prefixroute.epp._kube import KubernetesPods, WatchExpired
 
 client = pytest.importorskip("kubernetes.client")
 
 
-def pod(name: str, ip: str | None = "10.1.0.1", ready: bool = True, deleting: bool = False) -> Any:
+def pod(
+    name: str, ip: str | None = "10.1.0.1", ready: bool = True, deleting: bool = False,
+    annotations: dict[str, str] | None = None,
+) -> Any:  # fmt: skip
     return client.V1Pod(
         metadata=client.V1ObjectMeta(
-            name=name, deletion_timestamp=datetime(2026, 1, 1, tzinfo=UTC) if deleting else None
+            name=name, deletion_timestamp=datetime(2026, 1, 1, tzinfo=UTC) if deleting else None,
+            annotations=annotations,
         ),
         status=client.V1PodStatus(
             pod_ip=ip,
             conditions=[client.V1PodCondition(type="Ready", status="True" if ready else "False")],
         ),
     )
+
+
+def addresses(published: list[list[str]]) -> Callable[[dict[str, SpeedPrior | None]], None]:
+    """A publish callback that keeps each endpoint set's addresses, in order."""
+    return lambda endpoints: published.append(list(endpoints))
 
 
 class FakeSource:
@@ -63,7 +73,7 @@ def test_only_ready_networked_live_pods_count() -> None:
         [[]],
     )  # fmt: skip
     published: list[list[str]] = []
-    PodEndpoints(source, 8000, published.append).cycle()
+    PodEndpoints(source, 8000, addresses(published)).cycle()
     assert published == [["10.1.0.1:8000"]]
 
 
@@ -76,7 +86,7 @@ def test_watch_events_update_the_endpoints() -> None:
           ("DELETED", pod("a", "10.1.0.1"))]],
     )  # fmt: skip
     published: list[list[str]] = []
-    PodEndpoints(source, 9000, published.append).cycle()
+    PodEndpoints(source, 9000, addresses(published)).cycle()
     assert published == [["10.1.0.1:9000"], ["10.1.0.1:9000", "10.1.0.2:9000"], ["10.1.0.2:9000"]]
     assert source.versions == ["0"]  # watched from the list's resourceVersion
 
@@ -88,7 +98,7 @@ def test_an_expired_watch_and_a_resync_relist() -> None:
         [[WatchExpired("too old")], []],
     )
     published: list[list[str]] = []
-    watcher = PodEndpoints(source, 80, published.append)
+    watcher = PodEndpoints(source, 80, addresses(published))
     watcher.cycle()
     watcher.cycle()
     assert watcher.lists == 2
@@ -105,7 +115,7 @@ def test_the_thread_survives_api_failures() -> None:
 
     source = Flaky([[pod("a")]], [[]])
     published: list[list[str]] = []
-    watcher = PodEndpoints(source, 80, published.append, backoff_s=0.0)
+    watcher = PodEndpoints(source, 80, addresses(published), backoff_s=0.0)
     watcher._stop.set()  # one _run pass would loop; drive it by hand instead
     with pytest.raises(ConnectionError):
         watcher.cycle()
@@ -161,7 +171,7 @@ def test_the_real_client_watch_over_a_fake_api_server() -> None:
     ])  # fmt: skip
     source = KubernetesPods("inference", "app=vllm", api=api)
     published: list[list[str]] = []
-    PodEndpoints(source, 8000, published.append, resync_s=30).cycle()
+    PodEndpoints(source, 8000, addresses(published), resync_s=30).cycle()
     assert published == [["10.1.0.1:8000"], ["10.1.0.1:8000", "10.1.0.2:8000"]]
     # With timeout_seconds the client ends the watch at a 410 (no retry of its own): the
     # cycle returns and the next one lists again.
@@ -189,3 +199,28 @@ def test_no_usable_cluster_config_is_a_config_error(
     with pytest.raises(ConfigError, match="^--k8s-selector: not in a pod") as refused:
         KubernetesPods("default", "app=vllm")
     assert "\n" not in str(refused.value)
+
+
+def test_a_pod_s_annotations_give_its_own_speed_priors(caplog: pytest.LogCaptureFixture) -> None:
+    """A pool mixing GPU generations: the faster pods say so in annotations, and the endpoint
+    set carries their priors; a pod whose annotation is no speed serves at the fleet's, and
+    why is logged once, not at every event."""
+    fast = {"prefixroute.io/prefill-tokens-per-s": "40000", "prefixroute.io/decode-step-s": "0.01"}
+    bad = {"prefixroute.io/prefill-tokens-per-s": "fast"}
+    source = FakeSource(
+        [[pod("a", "10.1.0.1", annotations=fast), pod("b", "10.1.0.2"),
+          pod("c", "10.1.0.3", annotations=bad)]],
+        [[("MODIFIED", pod("c", "10.1.0.3", annotations=bad))]],
+    )  # fmt: skip
+    published: list[dict[str, SpeedPrior | None]] = []
+    with caplog.at_level(logging.WARNING, logger="prefixroute.epp._kube"):
+        PodEndpoints(source, 8000, published.append).cycle()
+    assert published == [{
+        "10.1.0.1:8000": SpeedPrior(prefill_tokens_per_s=40_000.0, decode_step_s=0.01),
+        "10.1.0.2:8000": None,
+        "10.1.0.3:8000": None,
+    }]  # fmt: skip
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "pod c" in warned[0] and "fast" in warned[0]
+    zero = {"prefixroute.io/prefill-tokens-per-s": "0"}  # a number, but no speed
+    assert pod_info(pod("d", annotations=zero)).speed is None

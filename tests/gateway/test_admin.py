@@ -152,9 +152,10 @@ async def test_a_replica_s_own_speed_priors_from_the_config_and_the_admin_api(
     )  # fmt: skip
     api = gw.url + "/admin/replicas"
     async with session.get(api, headers=AUTH) as resp:
-        priors = {r["url"]: r["speed"]["prior_prefill_tokens_per_s"]
-                  for r in (await resp.json())["replicas"]}  # fmt: skip
+        speeds = {r["url"]: r["speed"] for r in (await resp.json())["replicas"]}
+    priors = {url: s["prior_prefill_tokens_per_s"] for url, s in speeds.items()}
     assert priors == {slow: 10_000.0, fast: 40_000.0}
+    assert {url: s["estimates_from"] for url, s in speeds.items()} == {slow: "prior", fast: "given"}
     reply = await send(session, gw.url, "/v1/completions", {"prompt": "word " * 4000})
     assert reply.headers["x-prefixroute-replica"] == fast
 

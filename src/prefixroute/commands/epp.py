@@ -9,6 +9,8 @@ from ``$PREFIXROUTE_UPSTREAM_API_KEY`` or ``upstream_api_key_file``), token-exac
 (``--tokenizer``) and precise mode (``--kv-events``). ``--fallbacks N`` names up to N more
 endpoints after the primary, for proxies that retry down the protocol's list.
 ``--print-envoy-config`` prints an Envoy bootstrap to run it behind, and exits.
+``--replica-speed IP:PORT=prefill_tokens_per_s=N`` gives an endpoint's own speed priors, as
+serve's does, whichever source brings it; a pod's annotations give its own (docs/kubernetes.md).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from prefixroute._serving import run_on_uvloop, wait_for_signal
 from prefixroute.commands._args import flags
 from prefixroute.commands._settings import add_setting_flags
-from prefixroute.core import ConfigError, ReplicaId
+from prefixroute.core import ConfigError, ReplicaId, SpeedPrior
 from prefixroute.epp import (
     MAX_REQUESTS,
     EndpointPicker,
@@ -48,6 +50,7 @@ ROUTING_FLAGS = (
     "speculative_ttl_s",
     "sync_redis",
     "sync_history",
+    "replica_speeds",
 )
 
 
@@ -139,6 +142,8 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
     )
     if args.k8s_selector and args.k8s_target_port is None:
         raise ConfigError("--k8s-selector needs --k8s-target-port (the pool's target port)")
+    if not (args.endpoints_file or args.k8s_selector):  # no endpoint can join later
+        _check_named(routing.replica_speed_priors(), {replica_of(r) for r in routing.replicas})
     return EppConfig(
         routing=routing,
         full_duplex=not args.buffered,
@@ -146,6 +151,14 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
             args, "grpc_host", "grpc_port", "http_host", "http_port", "endpoints_file", "fallbacks"
         ),
     )
+
+
+def _check_named(priors: dict[str, Any], endpoints: set[ReplicaId]) -> None:
+    """Speed priors for an endpoint that is not listed are a typo when the list is all there
+    will be (without a file or pods to bring it later): refused, as serve refuses them."""
+    for endpoint in priors:
+        if replica_of(endpoint) not in endpoints:
+            raise ConfigError(f"speed priors given for {endpoint}, which is not an --endpoint")
 
 
 def envoy_config_of(
@@ -189,7 +202,7 @@ async def _serve(config: EppConfig, pods: tuple[KubernetesPods, int] | None, res
         if pods is not None:
             loop = asyncio.get_running_loop()
 
-            def publish(endpoints: list[str]) -> None:
+            def publish(endpoints: dict[str, SpeedPrior | None]) -> None:
                 loop.call_soon_threadsafe(epp.endpoints.apply, endpoints)
 
             watcher = PodEndpoints(pods[0], pods[1], publish, resync_s=resync_s)

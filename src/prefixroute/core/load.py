@@ -46,6 +46,7 @@ from prefixroute.core.plain_answers import in_order, passed_unseen, recheck_s
 from prefixroute.core.queue_fixes import QueueFixes
 from prefixroute.core.speed import REFIT_EVERY, ReplicaSpeed, SpeedConfig
 from prefixroute.core.speed_config import SpeedPrior
+from prefixroute.core.speed_snapshot import snapshot
 from prefixroute.core.types import Decision, ReplicaId, RequestView
 
 THROUGHPUT_WINDOW_S = 10.0  # seconds; time constant of the decaying throughput estimate
@@ -83,6 +84,9 @@ class ReplicaLoad:
     def speed_known(self) -> bool:  # its own: learned (warmed up), or given by who knows it
         return self.told or self.speed.warmed_up
 
+    def speed_report(self) -> dict[str, float | int | str | None]:  # given priors named so
+        return snapshot(self.speed, given=self.told)  # estimates, evidence: speed_snapshot.py
+
     @property
     def decoding(self) -> int:
         """In-flight requests past their prefill."""
@@ -101,9 +105,8 @@ class ReplicaLoad:
 
     def throughput(self, now: float) -> float:
         """Recent tokens processed per second (prefill + output), exponentially decayed."""
-        return self._tokens_acc * math.exp(-(now - self._tokens_at) / THROUGHPUT_WINDOW_S) / (
-            THROUGHPUT_WINDOW_S
-        )
+        decay = math.exp(-(now - self._tokens_at) / THROUGHPUT_WINDOW_S)
+        return self._tokens_acc * decay / THROUGHPUT_WINDOW_S
 
     def arrival_rate(self, now: float) -> float:
         """Recent requests dispatched here per second, exponentially decayed."""
@@ -266,8 +269,7 @@ class LoadTracker:
 
         ``measured=False`` says ``now`` is not the token's own time (heard late through another
         instance, or read from a buffered answer): the load view moves on, but the speed model
-        does not learn from it. A first token nobody saw is guessed: :meth:`guess_first_token`.
-        """
+        does not learn from it. A first token nobody saw is guessed: :meth:`guess_first_token`."""
         req = self._requests.get(request_id)
         if req is None or req.prefilled:
             return
@@ -358,8 +360,7 @@ class LoadTracker:
         (prefill rate), and with ``output_tokens`` given, its decode phase (decode step).
         ``whole``: the answer arrived whole at ``now`` (a plain response, read to its end):
         without a measured first token, its time from dispatch, with ``output_tokens``, teaches
-        both at once (``ReplicaSpeed.observe_first_token``'s ``after``).
-        """
+        both at once (``ReplicaSpeed.observe_first_token``'s ``after``)."""
         req = self._requests.pop(request_id, None)
         if req is None:
             return

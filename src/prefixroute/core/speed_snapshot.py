@@ -10,12 +10,14 @@ if TYPE_CHECKING:  # the speed model imports this module
     from prefixroute.core.speed import ReplicaSpeed
 
 
-def snapshot(speed: ReplicaSpeed) -> dict[str, float | int | str | None]:
+def snapshot(speed: ReplicaSpeed, given: bool = False) -> dict[str, float | int | str | None]:
     """``speed``'s estimates and their evidence: ``ttft_error_p50`` is the median
     ``|predicted / measured - 1|`` of the last ``window`` TTFTs predicted past the warm-up,
     ``ttft_ratio_p50`` the median ratio (above 1: too long); None before any.
     ``whole_observations``: plain answers, which arrive whole and teach prefill and decode in
-    one observation (they are in ``prefill_observations`` too)."""
+    one observation (they are in ``prefill_observations`` too). ``given``: its priors are its
+    own, given for this replica (``SpeedPrior``), not the fleet's; until it has learned, its
+    estimates then say "given" where they would say "prior"."""
     ratios = speed.ttft_ratios()
     return {
         "prefill_tokens_per_s": speed.prefill_tokens_per_s,
@@ -27,11 +29,19 @@ def snapshot(speed: ReplicaSpeed) -> dict[str, float | int | str | None]:
         "engine_observations": speed.engine_observations,
         "whole_observations": speed.whole_observations,
         "ttft_predictions": speed.ttft_predictions,
-        # "learned" (its own fit), "fleet" (its fleet's, until it warms up) or "prior".
-        "estimates_from": "learned" if speed.warmed_up
-        else "fleet" if speed.from_fleet else "prior",
+        # "learned" (its own fit), "fleet" (its fleet's, until it warms up), "given" (priors
+        # given for this replica) or "prior" (the fleet's configured priors).
+        "estimates_from": _source(speed, given),
         "ttft_error_p50": statistics.median(abs(r - 1) for r in ratios) if ratios else None,
         "ttft_ratio_p50": statistics.median(ratios) if ratios else None,
         "prior_prefill_tokens_per_s": speed.config.prefill_tokens_per_s,
         "prior_decode_step_s": speed.config.decode_step_s,
     }
+
+
+def _source(speed: ReplicaSpeed, given: bool) -> str:
+    if speed.warmed_up:
+        return "learned"
+    if speed.from_fleet:
+        return "fleet"
+    return "given" if given else "prior"

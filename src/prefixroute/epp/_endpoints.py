@@ -5,6 +5,11 @@ added to the registry (and probed at once, as the gateway probes a replica added
 API), vanished ones removed (their requests in flight still finish and are accounted). So the
 registry, the router and the metrics see one membership, however it was discovered.
 
+An endpoint's own speed priors (another GPU than the fleet's) come from its source where it
+has them (a pod's annotations, ``_kube``), else from the priors the config gives for its
+address (``--replica-speed``: ``registry.priors``). They are read when it joins: a pod's
+annotations come from its template, so new priors come with new pods.
+
 The file source reads one ``ip:port`` (or URL) per line, ``#`` comments allowed, and is re-read
 when its modification time changes: a ConfigMap mounted as a file updates without a restart.
 """
@@ -14,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from prefixroute._tasks import cancel_and_wait, every
-from prefixroute.core import ConfigError, ReplicaId
+from prefixroute.core import ConfigError, ReplicaId, SpeedPrior
 from prefixroute.epp._candidates import replica_of
 from prefixroute.gateway import ReplicaRecord, ReplicaRegistry
 
@@ -34,12 +39,16 @@ class EndpointSet:
         self.registry = registry
         self.on_added = on_added  # e.g. probe it now
 
-    def apply(self, endpoints: Iterable[str]) -> tuple[list[ReplicaId], list[ReplicaId]]:
-        """Make the registry hold exactly ``endpoints``; returns (added, removed)."""
-        wanted: dict[ReplicaId, str] = {}
+    def apply(
+        self, endpoints: Iterable[str] | Mapping[str, SpeedPrior | None]
+    ) -> tuple[list[ReplicaId], list[ReplicaId]]:
+        """Make the registry hold exactly ``endpoints`` (a mapping: each one's own speed
+        priors, None where it has none); returns (added, removed)."""
+        given = endpoints if isinstance(endpoints, Mapping) else {}
+        wanted: dict[ReplicaId, SpeedPrior | None] = {}
         for endpoint in endpoints:
             try:
-                wanted[replica_of(endpoint)] = endpoint
+                wanted[replica_of(endpoint)] = given.get(endpoint)
             except ConfigError as exc:
                 log.warning("endpoint %r skipped: %s", endpoint, exc)
         have = {record.id for record in self.registry}
@@ -48,7 +57,7 @@ class EndpointSet:
         for rid in removed:
             self.registry.remove(rid)
         for rid in added:
-            record = self.registry.add(rid)
+            record = self.registry.add(rid, wanted[rid])
             if self.on_added is not None:
                 self.on_added(record)
         if added or removed:

@@ -13,10 +13,15 @@ members. The loop is the usual informer's, by hand:
 A pod counts when it has an IP, its ``Ready`` condition is ``True`` and it is not being deleted
 (``deletionTimestamp`` set: it is draining, new requests must go elsewhere).
 
+A pod may say its own speed priors in annotations, for a pool that mixes GPU generations (a
+Deployment per generation, one selector over both): ``prefixroute.io/prefill-tokens-per-s``
+and ``prefixroute.io/decode-step-s``, numbers as ``SpeedPrior`` takes them. A value that is no
+such number is logged once per pod and ignored (the pod still serves, at the fleet's priors).
+
 The ``kubernetes`` client is an optional extra (``pip install 'prefixroute[kubernetes]'``),
 imported only by :class:`KubernetesPods`; the loop itself talks to a two-method
 :class:`PodSource`, so tests drive it with a fake API. The client blocks, so the loop runs in a
-thread and hands each new endpoint list to ``publish`` (the picker posts it onto its event loop).
+thread and hands each new endpoint set to ``publish`` (the picker posts it onto its event loop).
 """
 
 from __future__ import annotations
@@ -27,9 +32,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prefixroute.core import ConfigError
+from prefixroute.core import ConfigError, SpeedPrior
 
 log = logging.getLogger(__name__)
+
+# A pod's own speed priors, by annotation: SpeedPrior's fields.
+SPEED_ANNOTATIONS = {
+    "prefixroute.io/prefill-tokens-per-s": "prefill_tokens_per_s",
+    "prefixroute.io/decode-step-s": "decode_step_s",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +49,8 @@ class PodInfo:
     ip: str | None  # status.podIP; None until scheduled and networked
     ready: bool  # the Ready condition is True
     deleting: bool  # metadata.deletionTimestamp is set
+    speed: SpeedPrior | None = None  # its own speed priors, from its annotations
+    speed_problem: str | None = None  # why its speed annotations were ignored
 
 
 def pod_info(pod: Any) -> PodInfo:
@@ -45,12 +58,27 @@ def pod_info(pod: Any) -> PodInfo:
     meta, status = pod.metadata, pod.status
     conditions = (status.conditions if status is not None else None) or []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    speed, problem = annotated_speed(meta.annotations or {})
     return PodInfo(
         name=meta.name,
         ip=status.pod_ip if status is not None else None,
         ready=ready,
         deleting=meta.deletion_timestamp is not None,
+        speed=speed,
+        speed_problem=problem,
     )
+
+
+def annotated_speed(annotations: dict[str, str]) -> tuple[SpeedPrior | None, str | None]:
+    """The speed priors a pod's annotations give (None: none), and what was wrong with them
+    (None: nothing; the priors are then None too). Annotation values are strings."""
+    given = {key: annotations[a] for a, key in SPEED_ANNOTATIONS.items() if a in annotations}
+    if not given:
+        return None, None
+    try:
+        return SpeedPrior(**{key: float(value) for key, value in given.items()}), None
+    except (ValueError, ConfigError) as exc:
+        return None, f"speed annotations {given} ignored: {exc}"
 
 
 class WatchExpired(Exception):
@@ -132,6 +160,10 @@ def _default_api() -> Any:
     return client.CoreV1Api()
 
 
+def _address(pod: PodInfo) -> str:  # endpoints sort by pod IP (one port for all)
+    return pod.ip or ""
+
+
 class PodEndpoints:
     """Ready pods of a selector as ``ip:port`` endpoints, kept current (see the module doc)."""
 
@@ -139,38 +171,43 @@ class PodEndpoints:
         self,
         source: PodSource,
         target_port: int,
-        publish: Callable[[list[str]], None],
+        publish: Callable[[dict[str, SpeedPrior | None]], None],
         resync_s: int = 60,
         backoff_s: float = 1.0,
     ) -> None:
         self.source = source
         self.target_port = target_port
-        self.publish = publish  # called with the whole endpoint list after each change
+        self.publish = publish  # called with the whole endpoint set after each change
         self.resync_s = resync_s  # watch timeout: a full list at least this often, seconds
         self.backoff_s = backoff_s  # wait after a failure, seconds
         self.pods: dict[str, PodInfo] = {}
         self.lists = 0  # full lists done (start, resyncs, recoveries)
-        self._published: list[str] | None = None
+        self._published: dict[str, SpeedPrior | None] | None = None
+        self._warned: set[str] = set()  # pods whose bad speed annotations were logged
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def endpoints(self) -> list[str]:
-        return sorted(
-            f"{p.ip}:{self.target_port}"
-            for p in self.pods.values()
-            if p.ip and p.ready and not p.deleting
-        )
+    def endpoints(self) -> dict[str, SpeedPrior | None]:
+        """The ready pods' endpoints, sorted, each with its own speed priors (None: none)."""
+        ready = [p for p in self.pods.values() if p.ip and p.ready and not p.deleting]
+        return {f"{p.ip}:{self.target_port}": p.speed for p in sorted(ready, key=_address)}
+
+    def _seen(self, info: PodInfo) -> PodInfo:
+        if info.speed_problem is not None and info.name not in self._warned:
+            self._warned.add(info.name)
+            log.warning("pod %s: %s", info.name, info.speed_problem)
+        return info
 
     def relist(self) -> str:
         """List every pod again (dropping ones gone unseen); returns the resourceVersion."""
         items, version = self.source.list()
         self.lists += 1
-        self.pods = {info.name: info for info in map(pod_info, items)}
+        self.pods = {info.name: self._seen(info) for info in map(pod_info, items)}
         self._publish()
         return version
 
     def apply(self, kind: str, pod: Any) -> None:
-        info = pod_info(pod)
+        info = self._seen(pod_info(pod))
         if kind == "DELETED":
             self.pods.pop(info.name, None)
         elif kind in ("ADDED", "MODIFIED"):

@@ -51,6 +51,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prefixroute._serving import listen
 from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.epp import _protocol as proto
+from prefixroute.epp._candidates import replica_of
 from prefixroute.epp._endpoints import EndpointSet, FileEndpoints
 from prefixroute.epp._envoy_config import MAX_REQUESTS
 from prefixroute.epp._shared import PickShared
@@ -140,7 +141,9 @@ class EndpointPicker:
         if tokenizer is None and rc.tokenizer is not None:
             tokenizer = HFTokenizer(rc.tokenizer)
         rc.check_precise(tokenizer is not None)
-        self.state = gateway_state(rc, tokenizer)  # router, registry, metrics, sync, precise
+        # Speed priors may name endpoints a file or the pods bring later: kept until they join.
+        speeds = {replica_of(url): prior for url, prior in rc.replica_speed_priors().items()}
+        self.state = gateway_state(rc, tokenizer, speeds)  # router, registry, metrics, sync...
         self.router = self.state.router
         self.registry = self.state.registry
         self.metrics = self.state.metrics

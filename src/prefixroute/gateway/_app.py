@@ -128,9 +128,15 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
     return app
 
 
-def gateway_state(config: GatewayConfig, tokenizer: PromptTokenizer | None) -> GatewayState:
+def gateway_state(
+    config: GatewayConfig,
+    tokenizer: PromptTokenizer | None,
+    speeds: Mapping[ReplicaId, SpeedPrior] | None = None,
+) -> GatewayState:
     """The router and everything around it that lives as long as the app: the gateway's, and
-    the endpoint picker's (which runs on the same wiring)."""
+    the endpoint picker's (which runs on the same wiring). ``speeds``: speed priors by replica,
+    for replicas that may join later (the picker's discovered endpoints); by default
+    ``config.replica_speeds``, each of which must name a configured replica."""
     policy = make_policy(config.policy, **config.policy_params)
     router = Router(
         policy,
@@ -148,9 +154,9 @@ def gateway_state(config: GatewayConfig, tokenizer: PromptTokenizer | None) -> G
         ),
     )
     registry = ReplicaRegistry(router, config)
-    speeds = _speed_priors(config)
+    registry.priors.update(_speed_priors(config) if speeds is None else speeds)
     for url in config.replicas:
-        registry.add(url, speeds.get(normalize_url(url)))
+        registry.add(url)
     metrics = GatewayMetrics(router, registry)
     state = GatewayState(
         config, router, registry, metrics,

@@ -220,7 +220,7 @@ def _replica_row(
         **numbers,
         "prefilling": load.prefilling,
         "queued_prefill_tokens": load.queued_prefill_tokens,
-        "speed": load.speed.snapshot(),
+        "speed": load.speed_report(),
         "index_blocks": router.indexed_blocks(record.id),
         "kv_usage": load.kv_usage,
         "num_waiting": load.num_waiting,

@@ -122,15 +122,19 @@ class ReplicaRegistry:
         self._waiting: dict[ReplicaId, set[Callable[[], None]]] = {}
         self._adapters: frozenset[str] = frozenset()  # adapter names any replica lists
         self._on_added: list[Callable[[ReplicaId], None]] = []  # hooks for each new replica
+        # Speed priors given by replica, for one that joins without its own (the picker's
+        # endpoints from a file or pods: named in the config before they appear).
+        self.priors: dict[ReplicaId, SpeedPrior] = {}
 
     # --- membership -----------------------------------------------------------------------
     def add(self, url: str, speed: SpeedPrior | None = None) -> ReplicaRecord:
-        """Register the replica at ``url`` (``speed``: its own speed priors, if known)."""
+        """Register the replica at ``url`` (``speed``: its own speed priors, if known; else
+        those given for it in ``priors``)."""
         rid = normalize_url(url)
         if rid in self._records:
             raise Conflict(f"replica {rid} is already registered")
         record = self._records[rid] = ReplicaRecord(rid, name=replica_name(rid))
-        self.router.add_replica(rid, speed=speed)
+        self.router.add_replica(rid, speed=speed if speed is not None else self.priors.get(rid))
         log.info("replica %s added", rid)
         for callback in self._on_added:
             callback(rid)
@@ -320,7 +324,7 @@ class ReplicaRegistry:
             "models": sorted(record.models) if record.models is not None else None,
             "in_flight": self.in_flight(record.id),
             "name": record.name,
-            "speed": self.router.replica_load(record.id).speed.snapshot(),
+            "speed": self.router.replica_load(record.id).speed_report(),
             "consecutive_failures": record.failures,
             "total_failures": record.total_failures,
             "ejections": record.ejections,

@@ -37,6 +37,7 @@ function cell(row, text, cls) {
 const UNLEARNED_TITLE = {
   fleet: "its fleet's learned speed: too few of its own requests timed yet",
   prior: "the configured prior: too few of its own requests timed yet",
+  given: "the priors given for this replica: too few of its own requests timed yet",
 };
 
 function unlearned(speed) {

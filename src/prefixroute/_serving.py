@@ -375,6 +375,8 @@ async def listen(
         await runner.cleanup()
         raise
     bound_host, bound_port = runner.addresses[0][:2]
+    if ":" in bound_host:  # IPv6: bracketed in a URL (http://[::1]:8000)
+        bound_host = f"[{bound_host}]"
     return runner, f"http://{bound_host}:{bound_port}"
 
 

@@ -55,6 +55,7 @@ def test_every_flag_sets_its_field(monkeypatch: pytest.MonkeyPatch) -> None:
             value = {
                 "sync_redis": "redis://h:1/0", "otlp_endpoint": "http://h:4317",
                 "health_path": "/ping",  # a path (checked at start)
+                "kv_events_each": "connect:tcp://{host}:5557",  # a template (checked too)
             }.get(f.name, value)  # fmt: skip
             cfg = serve(flag, value, *NEEDS.get(f.name, []))
             assert getattr(cfg, f.name) == scalar_type(kind)(value), f.name

@@ -9,18 +9,20 @@ played over gRPC (``grpc_envoy``); each picked request really goes to the replic
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from gateway.helpers import FAST_GATEWAY, STEADY, TURNS, article_chat, reset_until_live
-from gateway.test_precise import BS, replica_config
+from gateway.test_precise import BS, free_port, replica_config
 from polling import until
 
 from prefixroute.cli import build_parser
 from prefixroute.commands.epp import config_from_args
-from prefixroute.core import ConfigError
+from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.emulate import EmulatedCluster, EmulatedTokenizer, start_replicas
 from prefixroute.epp import EndpointPicker, EppConfig
 
@@ -116,3 +118,35 @@ def test_precise_settings_are_serves_flags() -> None:
     assert config.routing.precise and config.routing.tokenizer == "/models/tok"
     assert config.routing.kv_block_size == 32 and config.routing.speculative_ttl_s == 0.5
     assert config.fallbacks == 2
+
+
+async def test_discovered_endpoints_are_followed_by_the_template(
+    start_picker: PickerStarter, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """``--kv-events-each``: endpoints the file brings later get their event stream as they
+    join, and lose it as they leave (as pods would: one port, each on its own address)."""
+    port = free_port()
+    cluster = []
+    for host in ("127.0.0.2", "127.0.0.3"):
+        config = replica_config(kv_events=f"bind:tcp://{host}:{port}")
+        cluster.append(await start_replicas(1, dataclasses.replace(config, host=host)))
+    try:
+        first, later = (c.urls[0] for c in cluster)
+        listed = tmp_path / "endpoints"
+        listed.write_text(first.removeprefix("http://") + "\n")
+        routing = dataclasses.replace(
+            FAST_GATEWAY, kv_events_each=f"connect:tcp://{{host}}:{port}", kv_block_size=BS
+        )
+        config = EppConfig(routing, grpc_port=0, http_port=None, endpoints_file=str(listed))
+        epp = await start_picker(config, EmulatedTokenizer())
+        assert set(epp.event_streams) == {ReplicaId(first)}
+        listed.write_text(first.removeprefix("http://") + "\n" + later.removeprefix("http://"))
+        os.utime(listed, (1, 1))  # a new mtime, however coarse the clock
+        await until(lambda: ReplicaId(later) in epp.event_streams, timeout_s=5)
+        await reset_until_live(session, [first, later], lambda rid: [epp.event_streams[rid]])
+        listed.write_text(later.removeprefix("http://") + "\n")
+        os.utime(listed, (2, 2))
+        await until(lambda: set(epp.event_streams) == {ReplicaId(later)}, timeout_s=5)
+    finally:
+        for c in cluster:
+            await c.stop()

@@ -9,16 +9,18 @@ depends on the engine's hashes, only on the token ids the events carry.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
 from polling import until
 
-from prefixroute.core import ConfigError
+from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.emulate import EmulatedReplica, EmulatedTokenizer, EmulatorConfig
 from prefixroute.gateway import Gateway, GatewayConfig, load_toml
 from prefixroute.sim.replica import ReplicaConfig
@@ -274,3 +276,63 @@ def test_precise_settings_from_toml_and_flags(tmp_path: Path) -> None:
     assert list(endpoints) == ["http://a:1", "http://b:1"]
     assert endpoints["http://b:1"].replay == "tcp://b:5702"
     assert load_toml(path)["kv_events"] == ("http://a:1=bind:tcp://0.0.0.0:5601",)
+
+
+async def test_a_template_follows_each_replica_however_it_joins(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """``kv_events_each``: every replica publishes on one port of its own host, as vLLM's
+    default (``tcp://*:5557``) does on each pod; here three loopback addresses. The gateway
+    follows the two it starts with and a third added through the admin API, and stops
+    following one removed through it."""
+    port = free_port()
+    replicas = []
+    for host in ("127.0.0.2", "127.0.0.3", "127.0.0.4"):
+        config = dataclasses.replace(
+            replica_config(kv_events=f"bind:tcp://{host}:{port}"), host=host
+        )
+        replicas += (await make_cluster(1, config)).replicas
+    first, second, later = (r.url for r in replicas)
+    token = "s3cret-admin-token"
+    auth = {"Authorization": f"Bearer {token}"}
+    gw = await make_gateway(
+        [first, second], kv_events_each=f"connect:tcp://{{host}}:{port}", admin_token=token,
+        kv_block_size=BS, tokenizer_object=EmulatedTokenizer(),
+    )  # fmt: skip
+    assert {str(gw.event_streams[ReplicaId(u)].endpoint) for u in (first, second)} == {
+        f"connect:tcp://127.0.0.2:{port}", f"connect:tcp://127.0.0.3:{port}"
+    }  # fmt: skip
+    async with session.post(gw.url + "/admin/replicas", json={"url": later}, headers=auth) as resp:
+        assert resp.status == 201
+    assert str(gw.event_streams[ReplicaId(later)].endpoint) == f"connect:tcp://127.0.0.4:{port}"
+    await reset_until_live(session, (first, second, later), lambda rid: [gw.event_streams[rid]])
+    async with session.delete(
+        gw.url + "/admin/replicas/" + quote(second, safe=""), headers=auth
+    ) as resp:
+        assert resp.status == 200
+    assert ReplicaId(second) not in gw.event_streams
+    assert set(gw.event_streams) == {ReplicaId(first), ReplicaId(later)}
+
+
+def test_a_template_that_names_no_host_is_refused() -> None:
+    with pytest.raises(ConfigError, match="names no \\{host\\}"):
+        GatewayConfig(kv_events_each="connect:tcp://10.0.0.1:5557")
+    with pytest.raises(ConfigError):
+        GatewayConfig(kv_events_each="tcp://{host}:5557")  # neither bind: nor connect:
+
+
+async def test_a_template_follows_a_replica_at_an_ipv6_address(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A pod network may be IPv6: ``{host}`` becomes ``[::1]``, and both ends turn on ZMQ's
+    IPv6 option, which is off by default (a bracketed address is refused without it)."""
+    port = free_port()
+    config = dataclasses.replace(replica_config(kv_events=f"bind:tcp://[::1]:{port}"), host="::1")
+    replica = (await make_cluster(1, config)).replicas[0]
+    assert replica.url.startswith("http://[::1]:")
+    gw = await make_gateway(
+        [replica.url], kv_events_each=f"connect:tcp://{{host}}:{port}", kv_block_size=BS,
+        tokenizer_object=EmulatedTokenizer(),
+    )  # fmt: skip
+    assert str(gw.event_streams[ReplicaId(replica.url)].endpoint) == f"connect:tcp://[::1]:{port}"
+    await reset_until_live(session, [replica.url], lambda rid: [gw.event_streams[rid]])

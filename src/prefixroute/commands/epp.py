@@ -47,6 +47,7 @@ ROUTING_FLAGS = (
     "health_interval_s",
     "tokenizer",
     "kv_events",
+    "kv_events_each",
     "speculative_ttl_s",
     "sync_redis",
     "sync_history",

@@ -61,6 +61,17 @@ class EventEndpoint:
             spec = f"{'bind' if bind else 'connect'}:{spec}"
         return cls.parse(spec)
 
+    @classmethod
+    def for_host(cls, template: str, host: str) -> EventEndpoint:
+        """The endpoint a ``template`` spec names for a replica at ``host`` (``{host}`` in it
+        replaced: ``connect:tcp://{host}:5557`` is vLLM's default publisher on that host).
+        Raises BadEndpoint for a template without ``{host}`` (every replica would share one
+        address) or that is no spec. An IPv6 host is bracketed, as ZMQ addresses write it."""
+        if "{host}" not in template:
+            why = "it names no {host}, so every replica would share one address"
+            raise BadEndpoint(f"a KV-event template like connect:tcp://{{host}}:5557: {why}")
+        return cls.parse(template.replace("{host}", f"[{host}]" if ":" in host else host))
+
     def with_port_offset(self, offset: int) -> EventEndpoint:
         """The same endpoint ``offset`` TCP ports further on (replica ``i`` of a group), as vLLM
         offsets its endpoint by the data-parallel rank. Wildcard or port-0 binds are unchanged."""
@@ -92,3 +103,9 @@ def _offset(address: str, offset: int) -> str:
     if not address.startswith("tcp://") or not sep or not port.isdigit() or port == "0":
         return address
     return f"{base}:{int(port) + offset}"
+
+
+def is_ipv6(address: str) -> bool:
+    """An address with a bracketed host (``tcp://[fd00::1]:5557``): its socket needs ZMQ's
+    IPV6 option, off by default."""
+    return address.startswith("tcp://[")

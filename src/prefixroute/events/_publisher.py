@@ -26,7 +26,7 @@ import zmq
 import zmq.asyncio
 
 from prefixroute._tasks import cancel_and_wait
-from prefixroute.events._endpoint import EventEndpoint
+from prefixroute.events._endpoint import EventEndpoint, is_ipv6
 from prefixroute.events._errors import BadEndpoint
 from prefixroute.events._wire import (
     END_SEQ,
@@ -77,6 +77,7 @@ class EventPublisher:
         pub: zmq.Socket[bytes] = zmq.Context.shadow(self.context.underlying).socket(zmq.PUB)
         pub.setsockopt(zmq.SNDHWM, SND_HWM)
         pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.IPV6, int(is_ipv6(self.endpoint.address)))
         try:
             if self.endpoint.bind:
                 pub.bind(self.endpoint.address)
@@ -87,6 +88,7 @@ class EventPublisher:
             if self.endpoint.replay is not None:
                 router = self.context.socket(zmq.ROUTER)
                 router.setsockopt(zmq.LINGER, 0)
+                router.setsockopt(zmq.IPV6, int(is_ipv6(self.endpoint.replay)))
                 self._router = router
                 router.bind(self.endpoint.replay)
                 self.replay_address = _last_endpoint(router)

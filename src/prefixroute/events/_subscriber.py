@@ -39,7 +39,7 @@ import zmq.asyncio
 from prefixroute._tasks import cancel_and_wait
 from prefixroute.core import ReplicaId
 from prefixroute.events._decode import read_batch
-from prefixroute.events._endpoint import EventEndpoint
+from prefixroute.events._endpoint import EventEndpoint, is_ipv6
 from prefixroute.events._errors import BadEndpoint, EventDecodeError
 from prefixroute.events._indexer import PreciseIndexer
 from prefixroute.events._sequence import SeqOutcome, SequenceTracker
@@ -109,6 +109,11 @@ class EventSubscriber:
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
         """Bind or connect, and start reading. Raises BadEndpoint if the address is unusable."""
+        self.open()
+
+    def open(self) -> None:
+        """:meth:`start`, from a plain function on the running loop (ZMQ binds and connects
+        at once): a replica's stream starts as the registry adds it, in the same step."""
         if self._task is not None:
             return
         sock = self.context.socket(zmq.SUB)
@@ -209,6 +214,7 @@ class EventSubscriber:
         sock.setsockopt(zmq.LINGER, 0)
         got: dict[int, bytes] = {}
         try:
+            sock.setsockopt(zmq.IPV6, int(is_ipv6(self.endpoint.replay)))
             sock.connect(self.endpoint.replay)
             await sock.send_multipart([b"", missing.start.to_bytes(8, "big")])
             while True:
@@ -255,6 +261,8 @@ def _replay_reply(frames: list[bytes]) -> tuple[int, bytes] | None:
 def _attach(sock: zmq.asyncio.Socket, address: str, bind: bool) -> str:
     """Bind or connect; returns the address in use (a bound ``*`` port resolved)."""
     try:
+        if is_ipv6(address):
+            sock.setsockopt(zmq.IPV6, 1)
         if not bind:
             sock.connect(address)
             return address

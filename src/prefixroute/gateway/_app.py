@@ -16,15 +16,15 @@ accounting rides on the router's dispatch / first token / complete calls.
 
 Modes: by default the router keys requests on characters and its index records its own
 decisions (approximate). ``--tokenizer`` keys them on the engine's token ids in blocks of
-``kv_block_size``. ``--kv-events`` (precise mode) also leaves the index to the replicas' KV
-events (``_precise``) and covers fresh decisions with speculative entries. ``--sync-redis``
-shares approximate-mode decisions with other instances (``_sync``). One ``ClientSession``
-lives in ``cleanup_ctx`` with explicit timeouts: connect, and ``sock_read`` (the longest silence
-between two upstream reads) but no total, which would cut long streams. On shutdown
-(``Gateway.stop``) the listener keeps accepting and answers new requests with a 503 and
-``Connection: close``, in-flight requests finish up to ``shutdown_timeout_s``, and those still
-running then are cut with an explicit error (an SSE error event, or a 503); only then is the
-session closed.
+``kv_block_size``. ``--kv-events`` or ``--kv-events-each`` (precise mode) also leaves the index
+to the replicas' KV events (``_precise``) and covers fresh decisions with speculative entries.
+``--sync-redis`` shares approximate-mode decisions with other instances (``_sync``). One
+``ClientSession`` lives in ``cleanup_ctx`` with explicit timeouts: connect, and ``sock_read``
+(the longest silence between two upstream reads) but no total, which would cut long streams.
+On shutdown (``Gateway.stop``) the listener keeps accepting and answers new requests with a 503
+and ``Connection: close``, in-flight requests finish up to ``shutdown_timeout_s``, and those
+still running then are cut with an explicit error (an SSE error event, or a 503); only then is
+the session closed.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
-from typing import TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -43,7 +42,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prefixroute._pool import upstream_connector
 from prefixroute.core import (
     BlockHasher,
-    ConfigError,
     ReplicaId,
     Router,
     SpeedPrior,
@@ -71,7 +69,7 @@ from prefixroute.gateway._openapi import OPENAPI_PATH, make_openapi_handler
 from prefixroute.gateway._paths import PASSTHROUGH_PATHS, is_model_call, make_path_middleware
 from prefixroute.gateway._precise import PreciseMode
 from prefixroute.gateway._proxy import OUTCOME, Proxy
-from prefixroute.gateway._registry import ReplicaRegistry, normalize_url
+from prefixroute.gateway._registry import ReplicaRegistry, by_replica
 from prefixroute.gateway._requests import (
     Admitted,
     Endpoint,
@@ -129,10 +127,9 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
 
 
 def gateway_state(
-    config: GatewayConfig,
-    tokenizer: PromptTokenizer | None,
+    config: GatewayConfig, tokenizer: PromptTokenizer | None,
     speeds: Mapping[ReplicaId, SpeedPrior] | None = None,
-) -> GatewayState:
+) -> GatewayState:  # fmt: skip
     """The router and everything around it that lives as long as the app: the gateway's, and
     the endpoint picker's (which runs on the same wiring). ``speeds``: speed priors by replica,
     for replicas that may join later (the picker's discovered endpoints); by default
@@ -169,7 +166,8 @@ def gateway_state(
             metrics.tokenize_failures.inc,
         )  # fmt: skip
     if config.precise:
-        state.precise = PreciseMode(router, _event_endpoints(config))
+        state.precise = PreciseMode(router, _event_endpoints(config), config.kv_events_each)
+        state.precise.follow(registry)  # kv_events_each: streams follow the membership
         metrics.watch_precise(state.precise)
     if config.sync_redis is not None:
         state.sync = RouteSync(
@@ -215,28 +213,12 @@ def _add_routes(app: web.Application, config: GatewayConfig) -> None:
     add_catch_all(app)
 
 
-_T = TypeVar("_T")
-
-
-def _per_replica(by_url: Mapping[str, _T], config: GatewayConfig, what: str) -> dict[ReplicaId, _T]:
-    """Per-replica settings by replica id (URLs written any way ``--replica`` takes them);
-    raises ConfigError for a replica that is not configured."""
-    known = {normalize_url(url) for url in config.replicas}
-    out: dict[ReplicaId, _T] = {}
-    for url, value in by_url.items():
-        rid = normalize_url(url)
-        if rid not in known:
-            raise ConfigError(f"{what} given for {url}, which is not a configured replica")
-        out[rid] = value
-    return out
-
-
 def _speed_priors(config: GatewayConfig) -> dict[ReplicaId, SpeedPrior]:
-    return _per_replica(config.replica_speed_priors(), config, "speed priors")
+    return by_replica(config.replica_speed_priors(), config.replicas, "speed priors")
 
 
 def _event_endpoints(config: GatewayConfig) -> dict[ReplicaId, EventEndpoint]:
-    return _per_replica(config.kv_event_endpoints(), config, "KV events")
+    return by_replica(config.kv_event_endpoints(), config.replicas, "KV events")
 
 
 async def _events_ctx(app: web.Application) -> AsyncIterator[None]:

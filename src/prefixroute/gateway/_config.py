@@ -231,6 +231,13 @@ class GatewayConfig:
         "optionally ,replay=ADDR; once per replica; needs --tokenizer",
         "--kv-events", metavar="URL=SPEC", shown_default="none",
     )  # fmt: skip
+    kv_events_each: str | None = setting(
+        None, "precise mode for every replica without its own --kv-events, however it joins "
+        "(--replica, the admin API, the picker's file or pods): SPEC with {host} for the "
+        "replica's host; connect:tcp://{host}:5557 follows vLLM's default publisher "
+        "(tcp://*:5557) on each; needs --tokenizer",
+        "--kv-events-each", metavar="SPEC",
+    )  # fmt: skip
     speculative_ttl_s: float = setting(
         2.0, "precise mode: seconds a routing decision counts as cached before its events "
         "arrive", "--speculative-ttl",
@@ -260,7 +267,7 @@ class GatewayConfig:
     @property
     def precise(self) -> bool:
         """Precise mode: the prefix index follows the replicas' KV events."""
-        return bool(self.kv_events)
+        return bool(self.kv_events) or self.kv_events_each is not None
 
     def kv_event_endpoints(self) -> dict[str, EventEndpoint]:
         """``kv_events`` parsed: replica URL (as written) -> endpoint; raises ConfigError."""
@@ -303,8 +310,8 @@ class GatewayConfig:
         check, since an app may be given a tokenizer object apart from the config (tests);
         ``serve`` calls it before it starts anything (emulated replicas included)."""
         if self.precise and not has_tokenizer:
-            why = "events carry token ids"
-            raise ConfigError(f"precise mode (--kv-events) needs --tokenizer: {why}")
+            mode, why = "precise mode (--kv-events, --kv-events-each)", "events carry token ids"
+            raise ConfigError(f"{mode} needs --tokenizer: {why}")
 
     def __post_init__(self) -> None:
         positive = {
@@ -342,6 +349,8 @@ class GatewayConfig:
         if not self.speculative_ttl_s > 0:
             raise ConfigError("speculative_ttl_s must be positive")
         self.kv_event_endpoints()  # malformed specs fail here, at start
+        if self.kv_events_each is not None:
+            EventEndpoint.for_host(self.kv_events_each, "127.0.0.1")  # a bad one fails here
         self.replica_speed_priors()
         if self.sync_redis is not None:
             check_url(self.sync_redis)  # a URL redis-py cannot use fails here, at start

@@ -30,10 +30,10 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from prefixroute.core import ConfigError, NoReplicaAvailable, ReplicaId, Router, SpeedPrior
@@ -111,6 +111,22 @@ def normalize_url(url: str) -> ReplicaId:
     return ReplicaId(f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}")
 
 
+_T = TypeVar("_T")
+
+
+def by_replica(by_url: Mapping[str, _T], known: Iterable[str], what: str) -> dict[ReplicaId, _T]:
+    """Per-replica settings by replica id (URLs written any way ``--replica`` takes them);
+    raises ConfigError for a replica not among the ``known`` URLs."""
+    ids = {normalize_url(url) for url in known}
+    out: dict[ReplicaId, _T] = {}
+    for url, value in by_url.items():
+        rid = normalize_url(url)
+        if rid not in ids:
+            raise ConfigError(f"{what} given for {url}, which is not a configured replica")
+        out[rid] = value
+    return out
+
+
 class ReplicaRegistry:
     """Replicas by id, kept in step with the router's replica set."""
 
@@ -122,6 +138,7 @@ class ReplicaRegistry:
         self._waiting: dict[ReplicaId, set[Callable[[], None]]] = {}
         self._adapters: frozenset[str] = frozenset()  # adapter names any replica lists
         self._on_added: list[Callable[[ReplicaId], None]] = []  # hooks for each new replica
+        self._on_removed: list[Callable[[ReplicaId], None]] = []  # and each one removed
         # Speed priors given by replica, for one that joins without its own (the picker's
         # endpoints from a file or pods: named in the config before they appear).
         self.priors: dict[ReplicaId, SpeedPrior] = {}
@@ -145,6 +162,10 @@ class ReplicaRegistry:
         (configuration, the admin API, discovery)."""
         self._on_added.append(callback)
 
+    def on_removed(self, callback: Callable[[ReplicaId], None]) -> None:
+        """Call ``callback`` with each replica removed from now on, after the router forgot it."""
+        self._on_removed.append(callback)
+
     def remove(self, rid: ReplicaId) -> ReplicaRecord:
         """Forget ``rid`` (no new requests; the ones in flight finish and are accounted)."""
         record = self.get(rid)
@@ -153,6 +174,8 @@ class ReplicaRegistry:
         self._adapters = frozenset().union(*(r.adapters for r in self._records.values()))
         self.router.remove_replica(rid)
         log.info("replica %s removed (%d requests still in flight)", rid, in_flight)
+        for callback in self._on_removed:
+            callback(rid)
         return record
 
     def drain(self, rid: ReplicaId) -> ReplicaRecord:

@@ -190,3 +190,14 @@ def test_each_hook_hears_every_replica_added_after_it() -> None:
     with pytest.raises(Conflict):
         reg.add("http://a:2")  # not added: nobody hears of it
     assert heard == [["http://a:2"], ["http://a:2"]]  # the id, normalised
+
+
+def test_each_hook_hears_of_each_replica_removed_after_the_router_forgot_it() -> None:
+    """Precise mode stops a replica's event stream on this hook: it hears the id, and the
+    router no longer has the replica (so late events for it are dropped)."""
+    reg = _registry()
+    reg.add("http://gone:1")
+    heard: list[tuple[str, bool]] = []
+    reg.on_removed(lambda rid: heard.append((rid, rid in reg.router.replicas)))
+    reg.remove(ReplicaId("http://gone:1"))
+    assert heard == [("http://gone:1", False)]

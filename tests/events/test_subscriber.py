@@ -34,11 +34,12 @@ async def make_pair(context: zmq.asyncio.Context) -> AsyncIterator[MakePair]:
     started: list[Any] = []
 
     async def make(
-        publisher_binds: bool = True, replay: bool = False, replay_timeout_s: float = 1.0
-    ) -> Pair:
+        publisher_binds: bool = True, replay: bool = False, replay_timeout_s: float = 1.0,
+        host: str = "127.0.0.1",
+    ) -> Pair:  # fmt: skip
         index = indexed()
         if publisher_binds:
-            spec = "bind:tcp://127.0.0.1:*" + (",replay=tcp://127.0.0.1:*" if replay else "")
+            spec = f"bind:tcp://{host}:*" + (f",replay=tcp://{host}:*" if replay else "")
             pub = EventPublisher(EventEndpoint.parse(spec), context)
             await pub.start()
             started.append(pub)
@@ -48,7 +49,8 @@ async def make_pair(context: zmq.asyncio.Context) -> AsyncIterator[MakePair]:
             await sub.start()
             started.append(sub)
         else:
-            sub = subscriber(context, BIND_ANY, index, replay_timeout_s=replay_timeout_s)
+            bind = EventEndpoint(f"tcp://{host}:*", True) if host != "127.0.0.1" else BIND_ANY
+            sub = subscriber(context, bind, index, replay_timeout_s=replay_timeout_s)
             await sub.start()
             started.append(sub)
             assert sub.address is not None
@@ -88,6 +90,20 @@ async def test_a_gap_is_closed_by_replay(make_pair: MakePair) -> None:
     assert (sub.stats.gaps, sub.stats.replayed, sub.stats.replay_failures) == (1, 1, 0)
     assert sub.state is StreamState.LIVE
     assert "gap" not in sub.stats.resyncs
+
+
+@pytest.mark.parametrize("publisher_binds", [True, False], ids=["engine-binds", "gateway-binds"])
+async def test_events_and_replays_over_ipv6(make_pair: MakePair, publisher_binds: bool) -> None:
+    """A bracketed address (``tcp://[::1]:5557``, an IPv6 pod network) needs ZMQ's IPV6 option
+    on every socket that uses it, off by default: the stream, and the replay socket."""
+    pub, sub, index = await make_pair(publisher_binds, replay=publisher_binds, host="[::1]")
+    assert sub.address is not None and sub.address.startswith("tcp://[::1]:")
+    pub.publish([AllBlocksCleared(), stored(list(range(4)), None, [1])])
+    if publisher_binds:  # a lost batch, fetched again from the engine's replay socket
+        pub.publish([stored(list(range(4, 8)), 1, [2])], drop=True)
+    pub.publish([stored(list(range(8, 12)), 2 if publisher_binds else None, [3])])
+    await until(lambda: index.blocks_of(R) == (3 if publisher_binds else 2))
+    assert sub.stats.replayed == (1 if publisher_binds else 0)
 
 
 async def test_a_gap_without_replay_clears_and_resyncs(make_pair: MakePair) -> None:

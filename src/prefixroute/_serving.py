@@ -374,10 +374,8 @@ async def listen(
     except BaseException:
         await runner.cleanup()
         raise
-    bound_host, bound_port = runner.addresses[0][:2]
-    if ":" in bound_host:  # IPv6: bracketed in a URL (http://[::1]:8000)
-        bound_host = f"[{bound_host}]"
-    return runner, f"http://{bound_host}:{bound_port}"
+    bound, bound_port = runner.addresses[0][:2]  # an IPv6 host is bracketed in a URL
+    return runner, f"http://{f'[{bound}]' if ':' in bound else bound}:{bound_port}"
 
 
 async def wait_for_signal() -> None:

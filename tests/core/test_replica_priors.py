@@ -99,3 +99,34 @@ def test_reports_say_whose_priors_a_replica_predicts_with() -> None:
     learned_requests(tracker, 20)
     assert tracker[COLD].speed_report()["estimates_from"] == "fleet"
     assert tracker[KNOWN].speed_report()["estimates_from"] == "given"  # not the fleet's median
+
+
+def test_priors_told_after_registration_count_while_its_speed_is_not_its_own() -> None:
+    """``LoadTracker.tell``: a cold replica told its priors later (a Ray replica's routing
+    stats) predicts with them, not the fleet's median, from then on; a replica that already
+    has its own speed, given or learned, and one never registered, are left as they are."""
+    tracker = warm_fleet()
+    learned_requests(tracker, 20)
+    fleet_rate = tracker[COLD].speed.prefill_tokens_per_s
+    assert tracker.tell(COLD, SpeedPrior(prefill_tokens_per_s=40_000.0))
+    assert tracker[COLD].speed.prefill_tokens_per_s == 40_000.0 != fleet_rate
+    assert tracker[COLD].speed_known
+    learned_requests(tracker, 20)  # the fleet's median is taken again: COLD keeps its own
+    assert tracker[COLD].speed.prefill_tokens_per_s == 40_000.0
+    assert not tracker.tell(COLD, SpeedPrior(prefill_tokens_per_s=1_000.0))  # given already
+    warmed = tracker[ReplicaId("mid")].speed
+    assert warmed.warmed_up
+    before = warmed.prefill_tokens_per_s
+    assert not tracker.tell(ReplicaId("mid"), SpeedPrior(prefill_tokens_per_s=1_000.0))
+    assert tracker[ReplicaId("mid")].speed.prefill_tokens_per_s == before
+    assert not tracker.tell(ReplicaId("nobody"), SpeedPrior(prefill_tokens_per_s=1_000.0))
+    assert ReplicaId("nobody") not in tracker.replicas
+
+
+def test_the_router_takes_priors_told_late_once() -> None:
+    router = Router(make_policy("predicted_ttft"))
+    router.add_replica(KNOWN)
+    assert router.tell_speed(KNOWN, SpeedPrior(prefill_tokens_per_s=40_000.0))
+    assert router.replica_load(KNOWN).speed.prefill_tokens_per_s == 40_000.0
+    assert not router.tell_speed(KNOWN, SpeedPrior(prefill_tokens_per_s=1_000.0))
+    assert router.replica_load(KNOWN).speed_report()["estimates_from"] == "given"

@@ -153,6 +153,31 @@ def test_replica_stats_reach_the_load_view() -> None:
     assert ReplicaId("unknown") not in led.router.replicas
 
 
+def test_a_replica_s_own_speed_priors_from_its_routing_stats(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A deployment that knows its GPU reports its priors beside its load; the router takes
+    them as if given at registration (its estimates say "given"), once: later reports, and
+    reports after its speed is its own, change nothing. A replica Ray reports before the router
+    has it gets them at the next poll; bad priors are logged and ignored."""
+    led, _ = ledger()
+    fleet = led.router.loads.speed.prefill_tokens_per_s
+    c = ReplicaId("c")
+    led.observe(c, {"prefill_tokens_per_s": 40_000})  # not the router's yet
+    led.sync([A, B, c])
+    led.observe(c, {"prefill_tokens_per_s": 40_000, "num_running": 1})
+    led.observe(c, {"prefill_tokens_per_s": 5_000})  # the first report holds
+    speed = led.router.loads.get(c).speed_report()
+    assert (speed["prior_prefill_tokens_per_s"], speed["estimates_from"]) == (40_000.0, "given")
+    assert led.router.loads.get(c).num_running == 1  # the load still read beside them
+    with caplog.at_level("WARNING", logger="prefixroute.ray_serve._ledger"):
+        led.observe(A, {"prefill_tokens_per_s": "fast", "decode_step_s": 0.01})
+        led.observe(A, {"prefill_tokens_per_s": "fast"})
+    assert len(caplog.records) == 1 and "fast" in caplog.records[0].getMessage()
+    assert led.router.loads.get(A).speed_report()["prior_prefill_tokens_per_s"] == fleet
+    assert led.router.loads.get(B).speed_report()["estimates_from"] != "given"
+
+
 def test_settings_are_the_gateway_defaults_and_reject_unknown_keys() -> None:
     from prefixroute.core import ConfigError, UnknownPolicy
 

@@ -1,17 +1,17 @@
 """The router's view of each replica's load, kept by one bookkeeping path.
 
 The simulator and the gateway both call :meth:`LoadTracker.dispatch` when a request is sent,
-:meth:`first_token` when its first output token comes back (prefill is over), and
-:meth:`complete` when it ends (success, failure or cancellation alike). Numbers scraped from a
-replica's metrics endpoint arrive through :meth:`observe` and are kept beside, never mixed in.
+:meth:`first_token` when its first output token comes back (prefill is over), and :meth:`complete`
+when it ends (success, failure or cancellation alike). Numbers a replica reports (its metrics)
+arrive through :meth:`observe`, kept beside, never mixed in.
 
 The same three calls teach each replica's :class:`~prefixroute.core.speed.ReplicaSpeed` its
 prefill rate and decode step: a request's time to first token against the work queued ahead of
 it plus its own uncached tokens, and its decode phase against the steps it took. Only a first
 token the caller measured counts (``first_token(..., measured=True)``, the default); the one
-:meth:`complete` implies for a request that never reported one (a failure, a plain response
-that arrives whole) is bookkeeping only. So the load view can say how long each replica's queue
-takes at that replica's own speed (:meth:`ReplicaLoad.queued_prefill_s`).
+:meth:`complete` implies for a request that never reported one (a failure, a plain answer
+read whole) is bookkeeping only. So the load view says how long each replica's queue takes at
+its own speed (:meth:`ReplicaLoad.queued_prefill_s`).
 
 A replica that has not warmed up yet (a fresh one, or one the others outpaced) predicts with the
 fleet's learned speed, not the configured constants (:meth:`ReplicaSpeed.start_from`): the
@@ -19,9 +19,8 @@ estimates of the fleet's median warmed-up replica. The constants are a guess abo
 nobody measured. In the simulator, with every replica 3x faster than them, the replicas that
 warmed up first looked 3x faster than the rest, which stayed at the constants and were sent
 nothing for the whole run (two of four, and a fifth that joined later); started from the
-fleet, all five served. The median is taken again every so many learned requests while any
-replica is cold, every ``max(REFIT_EVERY, replicas)``: a fleet of a thousand spends a sort of a
-thousand per thousand requests on it.
+fleet, all five served. The median is taken again every ``max(REFIT_EVERY, replicas)`` learned
+requests while any replica is cold (a fleet of a thousand: a sort of a thousand per thousand).
 
 While a replica warms up, a measured first token more than ``MISJUDGED`` (2x) sooner or later
 than predicted teaches its speed model at once, with the predicted uncached tokens, rather than
@@ -41,6 +40,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from prefixroute.core.fleet_speed import fleet_median
 from prefixroute.core.inflight import InFlight
 from prefixroute.core.plain_answers import in_order, passed_unseen, recheck_s
 from prefixroute.core.queue_fixes import QueueFixes
@@ -129,16 +129,6 @@ class ReplicaLoad:
         self._tokens_at = now
 
 
-def fleet_median(speeds: list[ReplicaSpeed]) -> tuple[float, float, float, float]:
-    """The estimates of the median replica of ``speeds`` (non-empty), ranked by how long one
-    full batch step of prefill takes at each: one replica's own estimates, so they fit
-    together (a median of each separately could pair one replica's rate with another's
-    overhead)."""
-    cfg = speeds[0].config
-    ranked = sorted(speeds, key=lambda s: s.ttft_s(cfg.step_tokens, 1.0))
-    return ranked[(len(ranked) - 1) // 2].estimates()
-
-
 @dataclass(slots=True)
 class LoadTracker:
     """Per-replica load, updated by dispatch / first token / completion."""
@@ -160,6 +150,16 @@ class LoadTracker:
 
     def __getitem__(self, replica: ReplicaId) -> ReplicaLoad:
         return self._loads[replica]
+
+    def tell(self, replica: ReplicaId, prior: SpeedPrior) -> bool:
+        """``replica``'s own speed priors, given after it registered (a Ray replica's routing
+        stats): as if given then, while its speed is not its own yet; else False, no change."""
+        load = self._loads.get(replica)
+        if load is None or load.speed_known:
+            return False
+        load.speed, load.told = ReplicaSpeed(prior.applied_to(self.speed)), True
+        self._cold.pop(replica, None)
+        return True
 
     def get(self, replica: ReplicaId, prior: SpeedPrior | None = None) -> ReplicaLoad:
         """The load of ``replica``, registering it on first sight (``prior``: its own speed

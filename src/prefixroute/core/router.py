@@ -376,19 +376,19 @@ class Router(RouterReads, PlainAnswerCalls):
 
     # --- what a replica reports about itself ----------------------------------------------
     def observe_replica(
-        self,
-        replica: ReplicaId,
-        *,
-        kv_usage: float | None = None,
-        num_waiting: int | None = None,
-        num_running: int | None = None,
-    ) -> None:
+        self, replica: ReplicaId, *, kv_usage: float | None = None,
+        num_waiting: int | None = None, num_running: int | None = None,
+    ) -> None:  # fmt: skip
         """Numbers ``replica`` reported (a metrics scrape, a simulator step, Ray's routing
         stats): KV usage (0..1), requests waiting and running in the engine. Kept beside the
         router's own accounting, never mixed in; None leaves the last report standing."""
         self.loads.observe(
             replica, kv_usage=kv_usage, num_waiting=num_waiting, num_running=num_running
         )
+
+    def tell_speed(self, replica: ReplicaId, prior: SpeedPrior) -> bool:
+        """Own priors reported after it registered (Ray's stats): :meth:`LoadTracker.tell`."""
+        return self.loads.tell(replica, prior)
 
     def observe_engine_prefill(
         self, replica: ReplicaId, *, tokens: float, requests: int, seconds: float

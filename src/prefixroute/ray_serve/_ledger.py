@@ -53,6 +53,7 @@ made: the Redis sync (``_sync``) shares them with the other routers, as the gate
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -60,7 +61,18 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from prefixroute.core import Decision, ReplicaId, RequestView, RouteKey, Router
+from prefixroute.core import (
+    SPEED_PRIOR_KEYS,
+    ConfigError,
+    Decision,
+    ReplicaId,
+    RequestView,
+    RouteKey,
+    Router,
+    SpeedPrior,
+)
+
+log = logging.getLogger(__name__)
 
 
 class Stage(StrEnum):
@@ -114,6 +126,7 @@ class Ledger:
         self._flights: dict[str, Flight] = {}
         self._lock = threading.Lock()
         self._acceptances = False  # an attempt was accepted: Ray runs the rejection protocol
+        self._told: set[ReplicaId] = set()  # replicas whose reported speed priors were read
 
     @property
     def lock(self) -> threading.Lock:
@@ -127,6 +140,7 @@ class Ledger:
             wanted = set(replicas)
             for gone in [r for r in self.router.replicas if r not in wanted]:
                 self.router.remove_replica(gone)
+                self._told.discard(gone)
             for replica in replicas:
                 self.router.add_replica(replica)
 
@@ -134,9 +148,12 @@ class Ledger:
         """Forget a replica whose actor died, and what it cached."""
         with self._lock:
             self.router.remove_replica(replica)
+            self._told.discard(replica)
 
     def observe(self, replica: ReplicaId, stats: Mapping[str, object]) -> None:
-        """Numbers a replica reports about itself (``record_routing_stats``), when it does."""
+        """Numbers a replica reports about itself (``record_routing_stats``), when it does:
+        its load, and its own speed priors (``prefill_tokens_per_s``, ``decode_step_s``: a
+        deployment that knows its GPU), taken while its speed is not its own yet."""
 
         def number(name: str) -> float | None:
             value = stats.get(name)
@@ -144,6 +161,7 @@ class Ledger:
                 return None
             return float(value)
 
+        self._tell_speed(replica, {k: stats[k] for k in SPEED_PRIOR_KEYS if k in stats})
         running, waiting, usage = number("num_running"), number("num_waiting"), number("kv_usage")
         if running is None and waiting is None and usage is None:
             return
@@ -155,6 +173,19 @@ class Ledger:
                     num_waiting=None if waiting is None else round(waiting),
                     num_running=None if running is None else round(running),
                 )
+
+    def _tell_speed(self, replica: ReplicaId, given: Mapping[str, object]) -> None:
+        """Read once per replica (it repeats them at every poll), once the router has it."""
+        if not given or replica in self._told:
+            return
+        with self._lock:
+            if not self.router.has_replica(replica):
+                return  # reported before Ray's update_replicas reached us: at the next poll
+            self._told.add(replica)
+            try:
+                self.router.tell_speed(replica, SpeedPrior.from_mapping(given))
+            except ConfigError as exc:
+                log.warning("replica %s: speed priors %s ignored: %s", replica, given, exc)
 
     # --- requests -------------------------------------------------------------------------
     def route(self, request_id: str, key: RouteKey, candidates: Sequence[ReplicaId]) -> Decision:

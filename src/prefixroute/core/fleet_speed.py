@@ -1,0 +1,16 @@
+"""The fleet's speed as one replica's estimates: what a cold replica starts from
+(``LoadTracker``, core/load.py's module docstring)."""
+
+from __future__ import annotations
+
+from prefixroute.core.speed import ReplicaSpeed
+
+
+def fleet_median(speeds: list[ReplicaSpeed]) -> tuple[float, float, float, float]:
+    """The estimates of the median replica of ``speeds`` (non-empty), ranked by how long one
+    full batch step of prefill takes at each: one replica's own estimates, so they fit
+    together (a median of each separately could pair one replica's rate with another's
+    overhead)."""
+    cfg = speeds[0].config
+    ranked = sorted(speeds, key=lambda s: s.ttft_s(cfg.step_tokens, 1.0))
+    return ranked[(len(ranked) - 1) // 2].estimates()

@@ -10,6 +10,7 @@ import pytest
 
 from prefixroute.core import (
     ConfigError,
+    LoadTracker,
     ReplicaId,
     Router,
     SpeedConfig,
@@ -130,3 +131,12 @@ def test_the_router_takes_priors_told_late_once() -> None:
     assert router.replica_load(KNOWN).speed.prefill_tokens_per_s == 40_000.0
     assert not router.tell_speed(KNOWN, SpeedPrior(prefill_tokens_per_s=1_000.0))
     assert router.replica_load(KNOWN).speed_report()["estimates_from"] == "given"
+
+
+def test_priors_told_late_where_no_replica_starts_from_the_fleet() -> None:
+    """With the fleet's median off, no replica waits in the cold set: telling one its priors
+    still takes (it must not fail on a replica the cold set never held)."""
+    tracker = LoadTracker(speed=SpeedConfig(fleet_prior=False))
+    tracker.add_replica(KNOWN)
+    assert tracker.tell(KNOWN, SpeedPrior(prefill_tokens_per_s=40_000.0))
+    assert tracker[KNOWN].speed.prefill_tokens_per_s == 40_000.0

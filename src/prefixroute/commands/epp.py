@@ -36,7 +36,13 @@ from prefixroute.epp import (
     envoy_bootstrap,
     replica_of,
 )
-from prefixroute.gateway import ADMIN_TOKEN_ENV, UPSTREAM_API_KEY_ENV, build_config, load_toml
+from prefixroute.gateway import (
+    ADMIN_TOKEN_ENV,
+    UPSTREAM_API_KEY_ENV,
+    build_config,
+    by_replica,
+    load_toml,
+)
 from prefixroute.sync import redacted
 
 log = logging.getLogger("prefixroute.epp")
@@ -144,7 +150,12 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
     if args.k8s_selector and args.k8s_target_port is None:
         raise ConfigError("--k8s-selector needs --k8s-target-port (the pool's target port)")
     if not (args.endpoints_file or args.k8s_selector):  # no endpoint can join later
-        _check_named(routing.replica_speed_priors(), {replica_of(r) for r in routing.replicas})
+        # Priors for an address that is not listed are a typo when the list is all there will
+        # be: refused, as serve refuses them.
+        by_replica(
+            routing.replica_speed_priors(), routing.replicas, "speed priors",
+            id_of=replica_of, known_as="an --endpoint",
+        )
     return EppConfig(
         routing=routing,
         full_duplex=not args.buffered,
@@ -152,14 +163,6 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
             args, "grpc_host", "grpc_port", "http_host", "http_port", "endpoints_file", "fallbacks"
         ),
     )
-
-
-def _check_named(priors: dict[str, Any], endpoints: set[ReplicaId]) -> None:
-    """Speed priors for an endpoint that is not listed are a typo when the list is all there
-    will be (without a file or pods to bring it later): refused, as serve refuses them."""
-    for endpoint in priors:
-        if replica_of(endpoint) not in endpoints:
-            raise ConfigError(f"speed priors given for {endpoint}, which is not an --endpoint")
 
 
 def envoy_config_of(

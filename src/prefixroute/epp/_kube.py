@@ -76,7 +76,7 @@ def annotated_speed(annotations: dict[str, str]) -> tuple[SpeedPrior | None, str
     if not given:
         return None, None
     try:
-        return SpeedPrior(**{key: float(value) for key, value in given.items()}), None
+        return SpeedPrior.from_mapping({key: float(v) for key, v in given.items()}), None
     except (ValueError, ConfigError) as exc:
         return None, f"speed annotations {given} ignored: {exc}"
 

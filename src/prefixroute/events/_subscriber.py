@@ -261,8 +261,7 @@ def _replay_reply(frames: list[bytes]) -> tuple[int, bytes] | None:
 def _attach(sock: zmq.asyncio.Socket, address: str, bind: bool) -> str:
     """Bind or connect; returns the address in use (a bound ``*`` port resolved)."""
     try:
-        if is_ipv6(address):
-            sock.setsockopt(zmq.IPV6, 1)
+        sock.setsockopt(zmq.IPV6, int(is_ipv6(address)))
         if not bind:
             sock.connect(address)
             return address

@@ -40,6 +40,7 @@ from prefixroute.gateway._registry import (
     ReplicaRecord,
     ReplicaRegistry,
     ReplicaStatus,
+    by_replica,
     normalize_url,
 )
 from prefixroute.gateway._requests import encode_body, key_of, parse_body
@@ -98,6 +99,7 @@ __all__ = [
     "admin_listener",
     "build_app",
     "build_config",
+    "by_replica",
     "config_fields",
     "encode_body",
     "error_body",

@@ -114,15 +114,22 @@ def normalize_url(url: str) -> ReplicaId:
 _T = TypeVar("_T")
 
 
-def by_replica(by_url: Mapping[str, _T], known: Iterable[str], what: str) -> dict[ReplicaId, _T]:
-    """Per-replica settings by replica id (URLs written any way ``--replica`` takes them);
-    raises ConfigError for a replica not among the ``known`` URLs."""
-    ids = {normalize_url(url) for url in known}
+def by_replica(
+    by_url: Mapping[str, _T],
+    known: Iterable[str],
+    what: str,
+    id_of: Callable[[str], ReplicaId] = normalize_url,
+    known_as: str = "a configured replica",
+) -> dict[ReplicaId, _T]:
+    """Per-replica settings by replica id (addresses written any way ``id_of`` takes them:
+    ``--replica`` URLs for serve, the picker's ``--endpoint`` addresses); raises ConfigError
+    for a replica not among the ``known`` ones."""
+    ids = {id_of(url) for url in known}
     out: dict[ReplicaId, _T] = {}
     for url, value in by_url.items():
-        rid = normalize_url(url)
+        rid = id_of(url)
         if rid not in ids:
-            raise ConfigError(f"{what} given for {url}, which is not a configured replica")
+            raise ConfigError(f"{what} given for {url}, which is not {known_as}")
         out[rid] = value
     return out
 

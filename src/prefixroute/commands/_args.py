@@ -104,6 +104,21 @@ def add_slo_argument(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_jobs_argument(p: argparse.ArgumentParser) -> None:
+    """``--jobs``: how many policies ``simulate`` and ``demo`` run at once."""
+    p.add_argument(
+        "--jobs", "-j", type=int, default=0, metavar="N",
+        help="policies simulated at once, each in its own process (default 0: one per usable "
+        "CPU; 1: one after the other in this process). The results are the same either way",
+    )  # fmt: skip
+
+
+def check_jobs(args: argparse.Namespace) -> None:
+    """``--jobs`` counts processes: 0 (as many as CPUs) or more."""
+    if args.jobs < 0:
+        raise ConfigError(f"--jobs must be 0 (one per CPU) or more, got {args.jobs}")
+
+
 def check_slo(args: argparse.Namespace) -> None:
     """``--slo-ttft-ms`` must be a positive time: no request meets a target of zero or less."""
     check_positive(args.slo_ttft_ms, "--slo-ttft-ms")

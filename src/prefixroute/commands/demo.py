@@ -10,7 +10,12 @@ from typing import Any
 
 from rich.rule import Rule
 
-from prefixroute.commands._args import add_replica_arguments, replica_config_from
+from prefixroute.commands._args import (
+    add_jobs_argument,
+    add_replica_arguments,
+    check_jobs,
+    replica_config_from,
+)
 from prefixroute.core import DEFAULT_POLICY
 from prefixroute.sim import compare_policies, make_console, make_workload, print_report, write_plot
 
@@ -27,6 +32,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--large", default="multi-turn", help="the larger workload (default multi-turn)")
     p.add_argument("--plot", type=Path, default=Path("out/demo.png"), help="plot of the large run")
     p.add_argument("--seed", type=int, default=0, help="seed for workloads and routing")
+    add_jobs_argument(p)  # the large run's policies; the worked examples take milliseconds
     p.set_defaults(run=run, replicas=5)
 
 
@@ -36,6 +42,7 @@ def _say(console: Any, title: str, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_jobs(args)
     console = make_console()
     _conversation(args, console)
     _shared_prompt(args, console)
@@ -99,7 +106,9 @@ both as predicted time to first token.
 """,
     )
     cfg = replica_config_from(args, large.block_size)
-    cmp = compare_policies(large, LARGE_POLICIES, replicas=args.replicas, replica_config=cfg)
+    cmp = compare_policies(
+        large, LARGE_POLICIES, replicas=args.replicas, replica_config=cfg, jobs=args.jobs
+    )
     title = f"{large.name}: {large.num_requests:,} requests, {args.replicas} replicas"
     print_report(cmp.metrics, title, console)
     write_plot(cmp.metrics, cmp.ttfts_ms, args.plot, title)

@@ -10,8 +10,10 @@ from typing import Any
 
 from prefixroute.commands._args import (
     POLICY_PARAM_HELP,
+    add_jobs_argument,
     add_replica_arguments,
     add_slo_argument,
+    check_jobs,
     check_slo,
     checked_policy_params,
     parse_pairs,
@@ -88,6 +90,7 @@ def add_parser(sub: Any) -> None:
     )
     _add_what_the_router_sees(p)
     p.add_argument("--seed", type=int, default=0, help="seed for workload and routing")
+    add_jobs_argument(p)
     add_slo_argument(p)
     output = p.add_mutually_exclusive_group()  # each replaces the tables on stdout
     output.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -137,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     names = policy_names() if args.policy == "all" else parse_policy_list(args.policy)
     params = checked_policy_params(args.policy_param, names)  # fails before any run
     check_slo(args)
+    check_jobs(args)
     if not 0.0 <= args.plain <= 1.0:  # nan too
         raise ConfigError(f"--plain is a share between 0 and 1, got {args.plain}")
     if not 0.0 <= args.scrape < float("inf"):  # nan too
@@ -202,6 +206,7 @@ def _run_workload(
         plain=args.plain,
         scrape_s=args.scrape,
         tell_speeds=args.tell_speeds,
+        jobs=args.jobs,
     )
     title = (
         f"{workload.name}: {workload.num_requests:,} requests, {replicas} replicas, "

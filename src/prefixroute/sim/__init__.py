@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     )
     from prefixroute.sim.kernel import Kernel
     from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S, PolicyMetrics, oracle_floor, summarize
+    from prefixroute.sim.progress import LazyProgress
     from prefixroute.sim.realtime import FellBehind, RealtimeKernel
     from prefixroute.sim.replica import (
         EngineRequest,
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
         write_json,
         write_plot,
     )
-    from prefixroute.sim.runner import Comparison, LazyProgress, compare_policies
+    from prefixroute.sim.runner import Comparison, PolicyRun, compare_policies
     from prefixroute.sim.stepper import ReplicaStepper
     from prefixroute.sim.workload import ClusterEvent, Session, SessionSource, Turn, Workload
     from prefixroute.sim.workloads import (
@@ -88,6 +89,7 @@ __all__ = [
     "Kernel",
     "LazyProgress",
     "PolicyMetrics",
+    "PolicyRun",
     "RealtimeKernel",
     "ReplicaConfig",
     "ReplicaModel",
@@ -126,7 +128,7 @@ __all__ = [
 # The modules, lightest first. A name is looked up in this order, so the replica model alone
 # (what the emulator needs) never loads numpy, rich or the workloads.
 _MODULES = ("kernel", "realtime", "replica", "stepper", "fleet", "workload", "cluster", "metrics",
-            "workloads", "runner", "report")  # fmt: skip
+            "workloads", "progress", "parallel", "runner", "report")  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

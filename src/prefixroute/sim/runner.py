@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from prefixroute.core import make_policy, speed_priors_of
 from prefixroute.sim.cluster import ClusterSim, RunResult
 from prefixroute.sim.fleet import Fleet
 from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S, PolicyMetrics, oracle_floor, summarize
+from prefixroute.sim.parallel import simulate_each, usable_cpus
+from prefixroute.sim.progress import LazyProgress
 from prefixroute.sim.replica import ReplicaConfig
 from prefixroute.sim.workload import Workload
-
-PROGRESS_AFTER_S = 1.0  # a progress bar appears only on runs longer than this, seconds
 
 
 @dataclass(slots=True)
@@ -38,38 +34,31 @@ class Comparison:
         }
 
 
-class LazyProgress:
-    """A rich progress bar on stderr that appears only once a run has taken a second."""
+@dataclass(frozen=True, slots=True)
+class PolicyRun:
+    """One policy's simulation with everything it needs: picklable, so that a worker process
+    can run it (:mod:`prefixroute.sim.parallel`)."""
 
-    def __init__(self, total: int, label: str, enabled: bool) -> None:
-        self.total, self.label, self.enabled = total, label, enabled
-        self._t0 = time.perf_counter()
-        self._bar: Progress | None = None
-        self._task: Any = None
+    workload: Workload
+    policy: str
+    params: dict[str, Any]
+    replicas: int
+    config: ReplicaConfig
+    seed: int
+    fleet: Fleet | None = None
+    learn_overhead: bool = False
+    plain: float = 0.0
+    scrape_s: float = 0.0
+    tell_speeds: bool = False
 
-    def update(self, done: int) -> None:
-        if not self.enabled or done % 50:
-            return
-        if self._bar is None:
-            if time.perf_counter() - self._t0 < PROGRESS_AFTER_S:
-                return
-            from rich.console import Console
-
-            self._bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(file=sys.stderr),
-                transient=True,
-            )
-            self._bar.start()
-            self._task = self._bar.add_task(self.label, total=self.total)
-        self._bar.update(self._task, completed=done)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+    def simulate(self, progress: Callable[[int], None] | None = None) -> RunResult:
+        policy = make_policy(self.policy, **self.params)
+        speed = dataclasses.replace(speed_priors_of(policy), learn_overhead=self.learn_overhead)
+        sim = ClusterSim(
+            self.workload, policy, self.replicas, self.config, self.seed, progress, self.fleet,
+            speed=speed, plain=self.plain, scrape_s=self.scrape_s, tell_speeds=self.tell_speeds,
+        )  # fmt: skip
+        return sim.run()
 
 
 def compare_policies(
@@ -88,6 +77,7 @@ def compare_policies(
     plain: float = 0.0,
     scrape_s: float = 0.0,
     tell_speeds: bool = False,
+    jobs: int = 1,
 ) -> Comparison:
     """Simulate ``workload`` once per policy, each on a fresh cluster with the same seed.
 
@@ -97,24 +87,22 @@ def compare_policies(
     ``plain``: the share of answers that are plain, not streamed; ``scrape_s``: the router
     reads the engines' prefill metrics this often, seconds (0: never); ``tell_speeds``: the
     router is given each replica's true speed as its own priors (all three ``ClusterSim``'s).
+    ``jobs``: policies simulated at once, each in a worker process (0: one per usable CPU);
+    the results are the same as one at a time, and come (``on_result``) in policy order.
     """
     cfg = replica_config or ReplicaConfig(block_size=workload.block_size)
     if fleet is not None:
         cfg = dataclasses.replace(cfg, block_size=fleet.configs[0].block_size)
     floor = oracle_floor(workload, cfg.block_size)
+    base = PolicyRun(workload, "", {}, replicas, cfg, seed, fleet, learn_overhead, plain,
+                     scrape_s, tell_speeds)  # fmt: skip
+    params = policy_params or {}
+    runs = [dataclasses.replace(base, policy=n, params=params.get(n, {})) for n in policies]
+    for run in runs:  # a bad name or parameter fails before any run starts
+        make_policy(run.policy, **run.params)
+    jobs = min(jobs if jobs > 0 else usable_cpus(), len(runs))
     out = Comparison(workload, [])
-    for name in policies:
-        policy = make_policy(name, **(policy_params or {}).get(name, {}))
-        speed = dataclasses.replace(speed_priors_of(policy), learn_overhead=learn_overhead)
-        bar = LazyProgress(workload.num_requests, f"{workload.name} / {name}", progress)
-        try:
-            sim = ClusterSim(
-                workload, policy, replicas, cfg, seed, bar.update, fleet,
-                speed=speed, plain=plain, scrape_s=scrape_s, tell_speeds=tell_speeds,
-            )  # fmt: skip
-            result = sim.run()
-        finally:
-            bar.close()
+    for name, result in zip(policies, _results(runs, jobs, progress), strict=True):
         metrics = summarize(result, floor, ttft_slo_s)
         out.metrics.append(metrics)
         out.results.append(result)
@@ -122,3 +110,18 @@ def compare_policies(
         if on_result is not None:
             on_result(metrics)
     return out
+
+
+def _results(runs: list[PolicyRun], jobs: int, progress: bool) -> Iterator[RunResult]:
+    """Each run's result in order: here one at a time, or ``jobs`` at a time in workers."""
+    labels = [f"{run.workload.name} / {run.policy}" for run in runs]
+    total = runs[0].workload.num_requests if runs else 0
+    if jobs > 1:
+        yield from simulate_each(runs, jobs, labels, total, progress)
+        return
+    for run, label in zip(runs, labels, strict=True):
+        bar = LazyProgress(total, label, progress)
+        try:
+            yield run.simulate(bar.update)
+        finally:
+            bar.close()

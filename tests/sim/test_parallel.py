@@ -132,3 +132,33 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return "zombie" not in status
+
+
+def test_with_other_threads_running_the_workers_are_spawned_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fork copies no thread but every lock: with a thread of the caller's running, the
+    workers are spawned, and the results are the same."""
+    import multiprocessing
+    import threading
+
+    methods: list[str | None] = []
+    real = multiprocessing.get_context
+
+    def recorded(method: str | None = None) -> object:
+        methods.append(method)
+        return real(method)
+
+    monkeypatch.setattr("prefixroute.sim.parallel.multiprocessing.get_context", recorded)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert _each([_Run(0.2), _Run(0.0)]) == ["slept 0.2", "slept 0.0"]
+    finally:
+        stop.set()
+        other.join()
+    assert methods == ["spawn"]
+    if sys.platform.startswith("linux") and threading.active_count() == 1:  # alone: forked
+        assert _each([_Run(0.0)], jobs=1) == ["slept 0.0"]
+        assert methods == ["spawn", "fork"]

@@ -5,12 +5,14 @@ a run's result does not depend on the process it runs in (the simulator sorts wh
 could leak in). So on N cores N policies take about the time of one. The simulator itself stays
 one process: its events depend on each other, and splitting one run would change its results.
 
-Workers are forked on Linux: a forked worker starts at once with the
-modules already imported, and it does not run the caller's main module again, as a spawned one
-does (a script that calls :func:`prefixroute.sim.compare_policies` without an ``if __name__ ==
-"__main__"`` guard would start itself over in every worker). No progress bar's thread is running
-when they fork (the bars start after). Elsewhere they are spawned (macOS's system libraries
-are not safe to fork, which is why Python spawns there by default).
+Workers are forked on Linux when this process runs one thread: a forked worker starts at once
+with the modules already imported, and it does not run the caller's main module again, as a
+spawned one does (a script that calls :func:`prefixroute.sim.compare_policies` without an
+``if __name__ == "__main__"`` guard would start itself over in every worker). No progress bar's
+thread is running when they fork (the bars start after). With other threads running (a caller's
+own), a fork could copy a lock that one of them holds, so the workers are spawned, as they are
+on other systems (macOS's system libraries are not safe to fork, which is why Python spawns
+there by default).
 
 Each worker ignores Ctrl-C, so only the parent reacts to it (one message, no traceback per
 worker), and the parent stops the workers whenever it stops waiting for them
@@ -25,7 +27,8 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol, TypeVar
@@ -79,12 +82,13 @@ def simulate_each(
     labels: Sequence[str],
     total: int,
     progress: bool,
-) -> Iterator[_R]:
+) -> Generator[_R, None, None]:
     """Each run's result, in the order of ``runs``, running ``jobs`` of them at a time in
     worker processes. ``labels`` name the runs' progress bars (on stderr, ``total`` requests
     each, shown when ``progress`` and the runs take over a second). Raises what a run raised;
-    PrefixrouteError when a worker died."""
-    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    PrefixrouteError when a worker died. Closing the generator early stops the workers."""
+    fork = sys.platform.startswith("linux") and threading.active_count() == 1
+    ctx = multiprocessing.get_context("fork" if fork else "spawn")
     done = ctx.Array("q", len(runs), lock=False)  # each worker writes only its own slot
     pool = ProcessPoolExecutor(
         min(jobs, len(runs)), mp_context=ctx, initializer=_start_worker, initargs=(runs, done)

@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from prefixroute.core import PrefixrouteError
-from prefixroute.sim import PolicyMetrics, compare_policies, make_workload
+from prefixroute.sim import (
+    PolicyMetrics,
+    compare_policies,
+    make_workload,
+    plan_comparison,
+    run_comparisons,
+)
 from prefixroute.sim.parallel import simulate_each
 
 TIMED = {"decision_us"}  # measured wall time, so it differs between any two runs
@@ -59,7 +65,9 @@ class _Run:
 
 
 def _each(runs: list[_Run], jobs: int = 2) -> list[str]:
-    return list(simulate_each(runs, jobs, [f"run {i}" for i in range(len(runs))], 1, False))
+    return list(
+        simulate_each(runs, jobs, [f"run {i}" for i in range(len(runs))], [1] * len(runs), False)
+    )
 
 
 def test_results_come_in_order_even_when_a_later_run_ends_first() -> None:
@@ -79,7 +87,7 @@ def test_a_dead_worker_is_an_error_not_a_wait() -> None:
 
 
 def test_workers_stop_when_the_caller_stops_waiting() -> None:
-    results = simulate_each([_Run(0.0), _Run(120.0)], 2, ["a", "b"], 1, False)
+    results = simulate_each([_Run(0.0), _Run(120.0)], 2, ["a", "b"], [1, 1], False)
     assert next(results) == "slept 0.0"
     t0 = time.monotonic()
     results.close()  # the caller gives up (an interrupt, its own error) with a run still going
@@ -162,3 +170,20 @@ def test_with_other_threads_running_the_workers_are_spawned_alike(
     if sys.platform.startswith("linux") and threading.active_count() == 1:  # alone: forked
         assert _each([_Run(0.0)], jobs=1) == ["slept 0.0"]
         assert methods == ["spawn", "fork"]
+
+
+def test_runs_of_several_workloads_share_one_pool_and_each_comparison_is_its_own() -> None:
+    """run_comparisons: every plan's runs in one pool, each plan's Comparison as it would be
+    alone (same scores, its own oracle floor), in plan order."""
+    plans = [
+        plan_comparison(make_workload("multi-turn", 1, {"sessions": "20"}), ["round_robin"]),
+        plan_comparison(
+            make_workload("no-sharing", 1, {"requests": "150"}), ["round_robin", "cache_aware"]
+        ),
+    ]
+    alone = [next(run_comparisons([plan], progress=False)) for plan in plans]
+    pooled = list(run_comparisons(plans, progress=False, jobs=3))
+    assert [c.workload.name for c in pooled] == ["multi-turn", "no-sharing"]
+    for a, b in zip(alone, pooled, strict=True):
+        assert [_scores(m) for m in a.metrics] == [_scores(m) for m in b.metrics]
+    assert pooled[0].metrics[0].oracle_floor != pooled[1].metrics[0].oracle_floor

@@ -137,7 +137,7 @@ def test_every_workload_is_checked_before_the_first_runs(
     def no_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("a workload ran before every one was checked")
 
-    monkeypatch.setattr("prefixroute.commands.simulate.compare_policies", no_run)
+    monkeypatch.setattr("prefixroute.commands.simulate.run_comparisons", no_run)
     assert main(["simulate", "-w", "all", "--kv-tokens", "2000", "--json"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "of multi-turn needs 134 KV blocks" in err and err.count("\n") == 1

@@ -23,18 +23,21 @@ from prefixroute.core import DEFAULT_POLICY, ConfigError, parse_policy_list, pol
 from prefixroute.sim import (
     CHANGE_HELP,
     FLEET_HELP,
+    Comparison,
+    ComparisonPlan,
     Fleet,
     PolicyMetrics,
     ReplicaConfig,
     Workload,
     check_fits,
     check_plot_path,
-    compare_policies,
     fleet_from_flags,
     make_console,
     make_workload,
     markdown_table,
+    plan_comparison,
     print_report,
+    run_comparisons,
     workload_names,
     workload_params,
     write_json,
@@ -153,10 +156,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--set applies to one workload; name it with --workload")
     # Every workload is built and checked against its replicas before the first one runs.
     setups = [_setup(args, make_workload(name, args.seed, overrides)) for name in workloads]
+    plans = [_plan(args, setup, names, params) for setup in setups]
+    comparisons = run_comparisons(
+        plans,
+        ttft_slo_s=args.slo_ttft_ms / 1000.0,
+        progress=sys.stderr.isatty() or not (args.json or args.markdown),
+        jobs=args.jobs,
+    )
     docs = []
     rows: list[PolicyMetrics] = []
-    for setup in setups:
-        doc = _run_workload(args, setup, names, params, console, len(workloads) > 1)
+    for setup, cmp in zip(setups, comparisons, strict=True):  # each as its runs are done
+        doc = _report(args, setup, cmp, console, len(workloads) > 1)
         rows.extend(doc["policies"])
         docs.append(doc)
     if args.json:
@@ -179,35 +189,37 @@ def _setup(args: argparse.Namespace, workload: Workload) -> _Setup:
     return workload, base, fleet
 
 
-def _run_workload(
+def _plan(
     args: argparse.Namespace,
     setup: _Setup,
     names: list[str],
     params: dict[str, dict[str, Any]],
-    console: Any,
-    several: bool,
-) -> dict[str, Any]:
-    """Every policy on one workload: its report (or plot), and its JSON document."""
+) -> ComparisonPlan:
+    """Every policy's run on one workload."""
     workload, base, fleet = setup
-    name, block_size = workload.name, base.block_size
-    replicas = args.replicas if fleet is None else fleet.size
-    tables = not (args.json or args.markdown)
-    cmp = compare_policies(
+    return plan_comparison(
         workload,
         names,
-        replicas=replicas,
+        replicas=args.replicas if fleet is None else fleet.size,
         replica_config=base,
         seed=args.seed,
-        ttft_slo_s=args.slo_ttft_ms / 1000.0,
         policy_params=params,
-        progress=sys.stderr.isatty() or tables,
         fleet=fleet,
         learn_overhead=args.learn_ttft_overhead,
         plain=args.plain,
         scrape_s=args.scrape,
         tell_speeds=args.tell_speeds,
-        jobs=args.jobs,
     )
+
+
+def _report(
+    args: argparse.Namespace, setup: _Setup, cmp: Comparison, console: Any, several: bool
+) -> dict[str, Any]:
+    """One workload's comparison: its report (or plot), and its JSON document."""
+    workload, base, fleet = setup
+    name, block_size = workload.name, base.block_size
+    replicas = args.replicas if fleet is None else fleet.size
+    tables = not (args.json or args.markdown)
     title = (
         f"{workload.name}: {workload.num_requests:,} requests, {replicas} replicas, "
         f"block {block_size}, seed {args.seed}"

@@ -65,7 +65,14 @@ if TYPE_CHECKING:
         write_json,
         write_plot,
     )
-    from prefixroute.sim.runner import Comparison, PolicyRun, compare_policies
+    from prefixroute.sim.runner import (
+        Comparison,
+        ComparisonPlan,
+        PolicyRun,
+        compare_policies,
+        plan_comparison,
+        run_comparisons,
+    )
     from prefixroute.sim.stepper import ReplicaStepper
     from prefixroute.sim.workload import ClusterEvent, Session, SessionSource, Turn, Workload
     from prefixroute.sim.workloads import (
@@ -83,6 +90,7 @@ __all__ = [
     "ClusterEvent",
     "ClusterSim",
     "Comparison",
+    "ComparisonPlan",
     "EngineRequest",
     "FellBehind",
     "Fleet",
@@ -116,7 +124,9 @@ __all__ = [
     "oracle_floor",
     "parse_fleet",
     "parse_speed_change",
+    "plan_comparison",
     "print_report",
+    "run_comparisons",
     "summarize",
     "summary_table",
     "workload_names",

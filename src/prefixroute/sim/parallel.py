@@ -80,34 +80,34 @@ def simulate_each(
     runs: Sequence[Simulation[_R]],
     jobs: int,
     labels: Sequence[str],
-    total: int,
+    totals: Sequence[int],
     progress: bool,
 ) -> Generator[_R, None, None]:
     """Each run's result, in the order of ``runs``, running ``jobs`` of them at a time in
-    worker processes. ``labels`` name the runs' progress bars (on stderr, ``total`` requests
-    each, shown when ``progress`` and the runs take over a second). Raises what a run raised;
-    PrefixrouteError when a worker died. Closing the generator early stops the workers."""
+    worker processes. ``labels`` name the runs' progress bars (on stderr, ``totals`` requests
+    each, shown for the runs in progress when ``progress`` and they take over a second).
+    Raises what a run raised; PrefixrouteError when a worker died. Closing the generator
+    early stops the workers."""
     fork = sys.platform.startswith("linux") and threading.active_count() == 1
     ctx = multiprocessing.get_context("fork" if fork else "spawn")
     done = ctx.Array("q", len(runs), lock=False)  # each worker writes only its own slot
     pool = ProcessPoolExecutor(
         min(jobs, len(runs)), mp_context=ctx, initializer=_start_worker, initargs=(runs, done)
     )
-    bars = Bars(labels, total, progress)
-    finished = False
+    bars = Bars(labels, totals, progress)
+    futures: list[Future[_R]] = []
     try:
         futures = [pool.submit(_simulate, i) for i in range(len(runs))]
         for i, future in enumerate(futures):
             result = _wait(future, lambda: bars.show(done))
-            done[i] = total  # its bar full, not at its last multiple of 50
+            done[i] = totals[i]  # its bar ends full, not at its last multiple of 50
             yield result
-        finished = True
     except BrokenProcessPool as exc:
         why = f"a simulation's worker process died ({exc}); try --jobs 1"
         raise PrefixrouteError(why) from exc
     finally:
         bars.close()
-        if not finished:
+        if not all(f.done() for f in futures):  # the caller stopped waiting, or a run failed
             _stop(pool)
         pool.shutdown(wait=True, cancel_futures=True)
 

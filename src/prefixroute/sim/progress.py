@@ -51,14 +51,15 @@ class LazyProgress:
 
 
 class Bars:
-    """One bar per run, for runs in worker processes that report their completed requests
-    (``show``'s ``done``), appearing once the runs have taken a second."""
+    """Bars for runs in worker processes that report their completed requests (``show``'s
+    ``done``): one per run in progress, appearing once the runs have taken a second and gone
+    when the run is done, so that a hundred runs on a few cores take a few lines."""
 
-    def __init__(self, labels: Sequence[str], total: int, enabled: bool) -> None:
-        self.labels, self.total, self.enabled = labels, total, enabled
+    def __init__(self, labels: Sequence[str], totals: Sequence[int], enabled: bool) -> None:
+        self.labels, self.totals, self.enabled = labels, totals, enabled
         self._t0 = time.perf_counter()
         self._bar: Any = None
-        self._tasks: list[Any] = []
+        self._tasks: dict[int, Any] = {}  # run -> its bar's task, while it shows
 
     def show(self, done: Sequence[int]) -> None:
         if not self.enabled or time.perf_counter() - self._t0 < PROGRESS_AFTER_S:
@@ -66,9 +67,14 @@ class Bars:
         if self._bar is None:
             self._bar = _progress()
             self._bar.start()
-            self._tasks = [self._bar.add_task(label, total=self.total) for label in self.labels]
-        for task, completed in zip(self._tasks, done, strict=True):
-            self._bar.update(task, completed=completed)
+        for run, (completed, total) in enumerate(zip(done, self.totals, strict=True)):
+            task = self._tasks.get(run)
+            if completed >= total and task is not None:
+                self._bar.remove_task(self._tasks.pop(run))
+            elif 0 < completed < total:
+                if task is None:
+                    task = self._tasks[run] = self._bar.add_task(self.labels[run], total=total)
+                self._bar.update(task, completed=completed)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,79 @@ class PolicyRun:
         return sim.run()
 
 
+@dataclass(frozen=True, slots=True)
+class ComparisonPlan:
+    """The runs of one workload's comparison, checked and ready (:func:`plan_comparison`)."""
+
+    workload: Workload
+    block_size: int  # the replicas' KV block size, tokens (the oracle floor's unit)
+    runs: list[PolicyRun]
+
+
+def plan_comparison(
+    workload: Workload,
+    policies: Sequence[str],
+    *,
+    replicas: int = 4,
+    replica_config: ReplicaConfig | None = None,
+    seed: int = 0,
+    policy_params: dict[str, dict[str, Any]] | None = None,
+    fleet: Fleet | None = None,
+    learn_overhead: bool = False,
+    plain: float = 0.0,
+    scrape_s: float = 0.0,
+    tell_speeds: bool = False,
+) -> ComparisonPlan:
+    """One run per policy of ``workload``, each on a fresh cluster with the same seed (the
+    arguments as :func:`compare_policies` takes them); ConfigError for a bad policy name or
+    parameter, before anything runs."""
+    cfg = replica_config or ReplicaConfig(block_size=workload.block_size)
+    if fleet is not None:
+        cfg = dataclasses.replace(cfg, block_size=fleet.configs[0].block_size)
+    base = PolicyRun(workload, "", {}, replicas, cfg, seed, fleet, learn_overhead, plain,
+                     scrape_s, tell_speeds)  # fmt: skip
+    params = policy_params or {}
+    runs = [dataclasses.replace(base, policy=n, params=params.get(n, {})) for n in policies]
+    for run in runs:
+        make_policy(run.policy, **run.params)
+    return ComparisonPlan(workload, cfg.block_size, runs)
+
+
+def run_comparisons(
+    plans: Sequence[ComparisonPlan],
+    *,
+    ttft_slo_s: float = DEFAULT_TTFT_SLO_S,
+    progress: bool = True,
+    on_result: Callable[[PolicyMetrics], None] | None = None,
+    jobs: int = 1,
+) -> Iterator[Comparison]:
+    """Each plan's :class:`Comparison`, in order, each as soon as its own runs are done. Every
+    run of every plan goes to one pool of ``jobs`` worker processes (0: one per usable CPU; 1:
+    one after the other here), so a few policies on many workloads keep the cores as busy as
+    many policies on one. The results are the same either way; ``on_result`` gets each run's
+    scores in plan and policy order."""
+    runs = [run for plan in plans for run in plan.runs]
+    jobs = min(jobs if jobs > 0 else usable_cpus(), len(runs))
+    results = _results(runs, jobs, progress)
+    try:
+        for plan in plans:
+            floor = oracle_floor(plan.workload, plan.block_size)
+            out = Comparison(plan.workload, [])
+            # Not strict: ``results`` goes on into the next plans' runs.
+            for run, result in zip(plan.runs, results, strict=False):
+                metrics = summarize(result, floor, ttft_slo_s)
+                out.metrics.append(metrics)
+                out.results.append(result)
+                out.ttfts_ms[run.policy] = [
+                    r.ttft_s * 1000.0 for r in result.records if r.ttft_s is not None
+                ]
+                if on_result is not None:
+                    on_result(metrics)
+            yield out
+    finally:
+        results.close()  # a caller that stops early stops the workers too
+
+
 def compare_policies(
     workload: Workload,
     policies: Sequence[str],
@@ -90,37 +163,27 @@ def compare_policies(
     ``jobs``: policies simulated at once, each in a worker process (0: one per usable CPU);
     the results are the same as one at a time, and come (``on_result``) in policy order.
     """
-    cfg = replica_config or ReplicaConfig(block_size=workload.block_size)
-    if fleet is not None:
-        cfg = dataclasses.replace(cfg, block_size=fleet.configs[0].block_size)
-    floor = oracle_floor(workload, cfg.block_size)
-    base = PolicyRun(workload, "", {}, replicas, cfg, seed, fleet, learn_overhead, plain,
-                     scrape_s, tell_speeds)  # fmt: skip
-    params = policy_params or {}
-    runs = [dataclasses.replace(base, policy=n, params=params.get(n, {})) for n in policies]
-    for run in runs:  # a bad name or parameter fails before any run starts
-        make_policy(run.policy, **run.params)
-    jobs = min(jobs if jobs > 0 else usable_cpus(), len(runs))
-    out = Comparison(workload, [])
-    for name, result in zip(policies, _results(runs, jobs, progress), strict=True):
-        metrics = summarize(result, floor, ttft_slo_s)
-        out.metrics.append(metrics)
-        out.results.append(result)
-        out.ttfts_ms[name] = [r.ttft_s * 1000.0 for r in result.records if r.ttft_s is not None]
-        if on_result is not None:
-            on_result(metrics)
-    return out
+    plan = plan_comparison(
+        workload, policies, replicas=replicas, replica_config=replica_config, seed=seed,
+        policy_params=policy_params, fleet=fleet, learn_overhead=learn_overhead, plain=plain,
+        scrape_s=scrape_s, tell_speeds=tell_speeds,
+    )  # fmt: skip
+    comparisons = run_comparisons(
+        [plan], ttft_slo_s=ttft_slo_s, progress=progress, on_result=on_result, jobs=jobs
+    )
+    (comparison,) = comparisons
+    return comparison
 
 
-def _results(runs: list[PolicyRun], jobs: int, progress: bool) -> Iterator[RunResult]:
+def _results(runs: list[PolicyRun], jobs: int, progress: bool) -> Generator[RunResult, None, None]:
     """Each run's result in order: here one at a time, or ``jobs`` at a time in workers."""
     labels = [f"{run.workload.name} / {run.policy}" for run in runs]
-    total = runs[0].workload.num_requests if runs else 0
     if jobs > 1:
-        yield from simulate_each(runs, jobs, labels, total, progress)
+        totals = [run.workload.num_requests for run in runs]
+        yield from simulate_each(runs, jobs, labels, totals, progress)
         return
     for run, label in zip(runs, labels, strict=True):
-        bar = LazyProgress(total, label, progress)
+        bar = LazyProgress(run.workload.num_requests, label, progress)
         try:
             yield run.simulate(bar.update)
         finally:

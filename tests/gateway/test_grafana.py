@@ -57,9 +57,12 @@ def test_every_panel_has_a_query_and_a_unique_id() -> None:
             assert e.count("(") == e.count(")") and e.count("{") == e.count("}"), e
 
 
-async def test_every_queried_series_exists_in_a_live_metrics_page(
+async def live_series(
     make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
-) -> None:
+) -> tuple[set[str], set[str]]:
+    """The series a live gateway's /metrics samples, and the families it declares, after
+    traffic that took every path the dashboard and the alert rules chart: streamed and plain
+    answers, a replica that stopped (refusals, retries, an ejection)."""
     cluster = await make_cluster(3)
     gw = await make_gateway(cluster.urls, **STEADY)
     await cluster.replicas[2].stop()  # registered and healthy, then gone: refusals and retries
@@ -74,6 +77,13 @@ async def test_every_queried_series_exists_in_a_live_metrics_page(
     families = {f.name: f for f in text_string_to_metric_families(page)}
     sampled = {s.name for f in families.values() for s in f.samples}
     declared = set(families) | {f"{n}_total" for n, f in families.items() if f.type == "counter"}
+    return sampled, declared
+
+
+async def test_every_queried_series_exists_in_a_live_metrics_page(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    sampled, declared = await live_series(make_cluster, make_gateway, session)
     wanted = queried_series(dashboard())
     assert len(wanted) >= 15
     missing = sorted(n for n in wanted - EVENT_ONLY if n not in sampled)

@@ -187,3 +187,12 @@ def test_runs_of_several_workloads_share_one_pool_and_each_comparison_is_its_own
     for a, b in zip(alone, pooled, strict=True):
         assert [_scores(m) for m in a.metrics] == [_scores(m) for m in b.metrics]
     assert pooled[0].metrics[0].oracle_floor != pooled[1].metrics[0].oracle_floor
+
+
+def test_workers_the_system_refuses_are_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr("prefixroute.sim.parallel.ProcessPoolExecutor.submit", refuse)
+    with pytest.raises(PrefixrouteError, match=r"cannot start worker processes .*try --jobs 1"):
+        _each([_Run(0.0), _Run(0.0)])

@@ -90,14 +90,22 @@ def simulate_each(
     early stops the workers."""
     fork = sys.platform.startswith("linux") and threading.active_count() == 1
     ctx = multiprocessing.get_context("fork" if fork else "spawn")
-    done = ctx.Array("q", len(runs), lock=False)  # each worker writes only its own slot
+    try:
+        done = ctx.Array("q", len(runs), lock=False)  # each worker writes only its own slot
+    except OSError as exc:  # no shared memory here
+        raise PrefixrouteError(
+            f"cannot share progress with worker processes ({exc}); try --jobs 1"
+        ) from exc
     pool = ProcessPoolExecutor(
         min(jobs, len(runs)), mp_context=ctx, initializer=_start_worker, initargs=(runs, done)
     )
     bars = Bars(labels, totals, progress)
     futures: list[Future[_R]] = []
     try:
-        futures = [pool.submit(_simulate, i) for i in range(len(runs))]
+        try:
+            futures = [pool.submit(_simulate, i) for i in range(len(runs))]
+        except OSError as exc:  # the system refused a process (a limit, memory)
+            raise PrefixrouteError(f"cannot start worker processes ({exc}); try --jobs 1") from exc
         for i, future in enumerate(futures):
             result = _wait(future, lambda: bars.show(done))
             done[i] = totals[i]  # its bar ends full, not at its last multiple of 50
@@ -107,7 +115,8 @@ def simulate_each(
         raise PrefixrouteError(why) from exc
     finally:
         bars.close()
-        if not all(f.done() for f in futures):  # the caller stopped waiting, or a run failed
+        # The caller stopped waiting, a run failed, or not every run could start.
+        if len(futures) < len(runs) or not all(f.done() for f in futures):
             _stop(pool)
         pool.shutdown(wait=True, cancel_futures=True)
 

@@ -13,7 +13,7 @@ HERE = Path(__file__).parent
 BENCHES = (
     "core_bench", "sim_bench", "gateway_overhead", "policy_sweep", "precise_bench", "scale_sim",
     "heterogeneous", "hotpath", "observability_cost", "epp_overhead", "index_capacity",
-    "groups_tail",
+    "groups_tail", "sim_jobs",
 )
 
 

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     )
     from prefixroute.sim.kernel import Kernel
     from prefixroute.sim.metrics import DEFAULT_TTFT_SLO_S, PolicyMetrics, oracle_floor, summarize
+    from prefixroute.sim.parallel import usable_cpus
     from prefixroute.sim.progress import LazyProgress
     from prefixroute.sim.realtime import FellBehind, RealtimeKernel
     from prefixroute.sim.replica import (
@@ -129,6 +130,7 @@ __all__ = [
     "run_comparisons",
     "summarize",
     "summary_table",
+    "usable_cpus",
     "workload_names",
     "workload_params",
     "write_json",

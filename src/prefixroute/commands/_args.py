@@ -105,11 +105,13 @@ def add_slo_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_jobs_argument(p: argparse.ArgumentParser) -> None:
-    """``--jobs``: how many policies ``simulate`` and ``demo`` run at once."""
+    """``--jobs``: how many runs (a policy on a workload) ``simulate`` and ``demo`` make at
+    once."""
     p.add_argument(
         "--jobs", "-j", type=int, default=0, metavar="N",
-        help="policies simulated at once, each in its own process (default 0: one per usable "
-        "CPU; 1: one after the other in this process). The results are the same either way",
+        help="runs (a policy on a workload) simulated at once, each in its own process (default "
+        "0: one per usable CPU; 1: one after the other in this process). The results are the "
+        "same either way",
     )  # fmt: skip
 
 

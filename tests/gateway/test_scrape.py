@@ -103,3 +103,51 @@ async def test_scraped_prefill_times_teach_the_rate_without_a_first_token(
     rate, intervals = learned[True]
     assert intervals >= 8 and rate == pytest.approx(20_000.0, rel=0.25), learned
     assert learned[False] == (10_000.0, 0)
+
+
+# vLLM's cache config as an info gauge, labels as vLLM writes them (here a version with
+# kv_cache_size_tokens), over two data-parallel engines.
+VLLM_CACHE = exposition("vllm_cache_config.prom")
+
+
+def test_the_kv_cache_size_from_vllm_and_sglang_names() -> None:
+    """The tokens an engine's KV cache holds: vLLM's kv_cache_size_tokens label, else
+    num_gpu_blocks x block_size, summed over engines; SGLang's max_total_num_tokens."""
+    assert parse_engine_load(VLLM_CACHE).kv_tokens == 2 * 10_576
+    older = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="661",engine="0"} 1.0\n'
+    assert parse_engine_load(older).kv_tokens == 661 * 16
+    sglang = 'sglang:max_total_num_tokens{name="m"} 161721.0\n'
+    assert parse_engine_load(sglang).kv_tokens == 161_721
+    # Not known yet ("None" before the engine profiled its memory), or not for every engine:
+    # a sum that leaves an engine out would be too small.
+    unknown = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n'
+    assert parse_engine_load(unknown).kv_tokens is None
+    partly = older + unknown.replace("}", ',engine="1"}')
+    assert parse_engine_load(partly).kv_tokens is None
+    assert parse_engine_load(VLLM).kv_tokens is None  # a page without it
+
+
+async def test_each_replicas_index_is_sized_from_its_engines_kv_cache(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory
+) -> None:
+    """An emulated replica with 2,048 blocks of 16 tokens (32,768 tokens of KV cache): in
+    approximate mode at the prior 4 characters a token, 64-character blocks hold 16 tokens, so
+    its index keeps 2,048 blocks, not index_capacity_blocks' 16,384; with the setting off, or
+    scraping off, 16,384 stay."""
+    engine = ReplicaConfig(kv_capacity_blocks=2048, block_size=16)
+    sizes = {}
+    for settings in ({}, {"index_capacity_from_engine": False}, {"scrape_metrics": False}):
+        cluster = await make_cluster(1, EmulatorConfig(engine))
+        gw = await make_gateway(cluster.urls, health_interval_s=0.05, **settings)
+        rid = gw.registry.find(cluster.urls[0]).id
+        load = gw.router.replica_load(rid)
+        async with asyncio.timeout(5):
+            while load.kv_usage is None and settings.get("scrape_metrics", True):
+                await asyncio.sleep(0.02)  # a scrape has come in
+        await asyncio.sleep(0.1)
+        sizes[tuple(settings)] = gw.router.index_size(rid)
+    assert sizes == {
+        (): 2048,
+        ("index_capacity_from_engine",): 16_384,
+        ("scrape_metrics",): 16_384,
+    }

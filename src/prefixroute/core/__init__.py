@@ -4,6 +4,7 @@
 # PREFIXROUTE_PURE_PYTHON is set: sim/kv_cache.py holds its reference and chooses.
 from prefixroute.core._native import KVCache as CompiledKVCache
 from prefixroute.core.cache_prediction import Judgement, judge_prediction
+from prefixroute.core.engine_kv import index_blocks_for
 from prefixroute.core.errors import (
     ConfigError,
     ErrorSpec,
@@ -87,6 +88,7 @@ __all__ = [
     "TokenCounts",
     "TokenIds",
     "UnknownPolicy",
+    "index_blocks_for",
     "judge_prediction",
     "key_of",
     "make_policy",

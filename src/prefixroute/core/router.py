@@ -39,10 +39,11 @@ Every change to what the router believes goes through a method here, whoever hea
 own decisions (:meth:`route` and the calls after it), other instances' (:meth:`remote_routed`,
 :meth:`remote_dispatch`), an engine's KV events (:meth:`engine_stored`, :meth:`engine_removed`,
 :meth:`engine_cleared`) and a replica's own numbers (:meth:`observe_replica`,
-:meth:`observe_engine_prefill`). The index, the load view and the speculative entries are the
-router's own: code outside ``core`` reads them through :class:`~prefixroute.core.router_reads.
-RouterReads`, which the Router is (``tests/test_router_ownership.py`` holds it to that), so
-every change to the routing state is in this file.
+:meth:`observe_engine_prefill`, :meth:`size_index`). The index, the load view and the
+speculative entries are the router's own: code outside ``core`` reads them through
+:class:`~prefixroute.core.router_reads.RouterReads`, which the Router is
+(``tests/test_router_ownership.py`` holds it to that), so every change to the routing state is
+in this file.
 """
 
 from __future__ import annotations
@@ -195,13 +196,9 @@ class Router(RouterReads, PlainAnswerCalls):
         )
 
     def route(
-        self,
-        request: RequestView,
-        now: float,
-        candidates: Sequence[ReplicaId] | None = None,
-        *,
-        explain: bool = False,
-    ) -> Decision:
+        self, request: RequestView, now: float, candidates: Sequence[ReplicaId] | None = None,
+        *, explain: bool = False,
+    ) -> Decision:  # fmt: skip
         """Choose a replica for ``request`` among ``candidates`` (default: all registered).
 
         The decision is recorded: the index learns that the replica now holds the prompt (until
@@ -231,14 +228,9 @@ class Router(RouterReads, PlainAnswerCalls):
         return self._decide(request, now, candidates, policy, rng, explain=True)
 
     def _decide(
-        self,
-        request: RequestView,
-        now: float,
-        candidates: Sequence[ReplicaId] | None,
-        policy: Policy,
-        rng: random.Random,
-        explain: bool,
-    ) -> Decision:
+        self, request: RequestView, now: float, candidates: Sequence[ReplicaId] | None,
+        policy: Policy, rng: random.Random, explain: bool,
+    ) -> Decision:  # fmt: skip
         pool = self._replicas if candidates is None else candidates
         if not pool:
             raise NoReplicaAvailable("no replica available to route to")
@@ -347,13 +339,9 @@ class Router(RouterReads, PlainAnswerCalls):
         load view, known by its numbers only (tokens), until :meth:`first_token` (never
         measured: it is heard late) and :meth:`complete`. A reused id ends the earlier one."""
         self.loads.count_dispatch(
-            request_id,
-            replica,
-            prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens,
-            predicted_cached_tokens=predicted_cached_tokens,
-            now=now,
-        )
+            request_id, replica, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+            predicted_cached_tokens=predicted_cached_tokens, now=now,
+        )  # fmt: skip
 
     # --- what the engines report (precise mode's KV events) -------------------------------
     def engine_stored(
@@ -373,6 +361,18 @@ class Router(RouterReads, PlainAnswerCalls):
         """``replica``'s engine dropped its whole cache (or its events can no longer be
         trusted: a gap, a restart); it stays registered."""
         self.index.clear_replica(replica)
+
+    def size_index(self, replica: ReplicaId, blocks: int) -> int | None:
+        """``replica``'s index keeps ``blocks`` blocks from now on: its engine's KV cache
+        (:mod:`prefixroute.core.engine_kv`). The entries dropped to fit; None when its index is
+        unbounded (precise mode, or no bound configured) or it is not registered."""
+        if blocks < 1:
+            raise ConfigError(f"an index keeps at least one block, got {blocks}")
+        if self.index.capacity_of(replica) is None:
+            return None
+        if self.capacity.get(replica) is not None:  # learning: from the engine's size down
+            self.capacity.track(replica, blocks)
+        return self.index.resize_replica(replica, blocks)
 
     # --- what a replica reports about itself ----------------------------------------------
     def observe_replica(

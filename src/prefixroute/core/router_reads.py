@@ -67,6 +67,10 @@ class RouterReads:
         """(replica, block) speculative entries not yet dropped; None without them."""
         return len(self.speculative) if self.speculative is not None else None
 
+    def index_size(self, replica: ReplicaId) -> int | None:
+        """``replica``'s index capacity in blocks now (None: unbounded, or not registered)."""
+        return self.index.capacity_of(replica)
+
     def index_capacity(self, replica: ReplicaId) -> ReplicaCapacity | None:
         """How much ``replica`` keeps, as learned (None: not learning, or unbounded)."""
         return self.capacity.get(replica)
@@ -74,3 +78,7 @@ class RouterReads:
     def chars_per_token(self) -> dict[str | None, CharsPerToken]:
         """Each model's characters per token as learned from usage (None: no model named)."""
         return self.tokens.models()
+
+    def chars_per_token_of(self, model: str | None) -> float:
+        """``model``'s characters per token now: learned, or the prior for a model not seen."""
+        return self.tokens.chars_per_token(model)

@@ -7,8 +7,10 @@ too: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cac
 ``vllm:generation_tokens_total``, and the histograms ``vllm:request_prefill_time_seconds``
 (admission to first token, wall seconds) and ``vllm:request_prefill_kv_computed_tokens``
 (prompt tokens less cached ones), both observed as a request finishes, as vLLM does; each
-labelled ``model_name``. The histograms carry their ``_sum`` and ``_count`` (what a scraper
-averages) and only the ``+Inf`` bucket: vLLM's bucket bounds are not reproduced.
+labelled ``model_name``; and the info gauge ``vllm:cache_config_info`` whose labels carry the KV
+cache's ``block_size`` and ``num_gpu_blocks``. The histograms carry their ``_sum`` and
+``_count`` (what a scraper averages) and only the ``+Inf`` bucket: vLLM's bucket bounds are not
+reproduced.
 
 A collector reads the model when scraped instead of updating gauges on every step: the step loop
 stays free of metrics work, and the numbers can never drift from the engine's own.
@@ -58,6 +60,14 @@ class EngineCollector(Collector):
         yield gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", model.kv_usage
         )
+        # vLLM's info gauge of its cache config: the KV cache's size is in its labels.
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"],
+        )
+        info.add_metric([str(model.config.block_size), str(model.cache.capacity), "True"], 1.0)
+        yield info
         yield counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", eng.prefix_queries
         )

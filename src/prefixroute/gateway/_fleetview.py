@@ -19,7 +19,8 @@ The document's shape (``version`` 1)::
      "totals": {"requests", "in_flight", "prompt_tokens", "predicted_cached", "actual_cached",
                 "index_entries"},
      "replicas": [{"id", "name", "status", "in_flight", "prefilling", "queued_prefill_tokens",
-                   "queued_prefill_s", "speed": {...}, "index_blocks", "requests",
+                   "queued_prefill_s", "speed": {...}, "index_blocks",
+                   "index_capacity_blocks", "requests",
                    "prompt_tokens", "predicted_cached", "actual_cached", "kv_usage",
                    "num_waiting", "num_running"}, ...],
      "decisions": [{"time", "replica", "reason", "status", "predicted_cached", "path"}, ...],
@@ -222,6 +223,8 @@ def _replica_row(
         "queued_prefill_tokens": load.queued_prefill_tokens,
         "speed": load.speed_report(),
         "index_blocks": router.indexed_blocks(record.id),
+        # None: unbounded (precise mode); else index_capacity_blocks or its engine's KV cache
+        "index_capacity_blocks": router.index_size(record.id),
         "kv_usage": load.kv_usage,
         "num_waiting": load.num_waiting,
         "num_running": load.num_running,

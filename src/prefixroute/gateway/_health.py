@@ -10,7 +10,8 @@ name a model reach only replicas that serve it. Results go to the registry, whic
 A healthy replica's ``/metrics`` is scraped in the same round for the engine's own load
 (``_scrape``); a replica without one (404) is not asked again. Where the engine exports its
 prefill times, each round's increase teaches the router that replica's prefill rate
-(``Router.observe_engine_prefill``).
+(``Router.observe_engine_prefill``); where it says its KV cache's size, the replica's index is
+sized to it (``_index_size``).
 
 A replica whose engine lost its KV cache leaves the prefix index stale: requests sent there for
 prefixes it no longer holds, predicted as cheap. In approximate mode (precise mode's KV events
@@ -33,6 +34,7 @@ import aiohttp
 
 from prefixroute._tasks import cancel_and_wait, every
 from prefixroute.gateway._config import GatewayConfig
+from prefixroute.gateway._index_size import IndexSizer
 from prefixroute.gateway._registry import ReplicaRecord, ReplicaRegistry
 from prefixroute.gateway._scrape import PrefillDeltas, parse_engine_load
 
@@ -54,6 +56,7 @@ class HealthChecker:
         self._no_health: set[str] = set()  # replicas whose health path answered 404
         self._prefill = PrefillDeltas()  # each replica's last prefill totals
         self._down: set[str] = set()  # refused connections: cleared, not answering yet
+        self._sizer = IndexSizer(registry, config)  # indexes sized from the engines' KV caches
 
     def start(self) -> None:
         if self._task is None:
@@ -108,6 +111,8 @@ class HealthChecker:
             num_waiting=load.num_waiting,
             num_running=load.num_running,
         )
+        if load.kv_tokens is not None:
+            self._sizer.observe(record, load.kv_tokens)
         delta = self._prefill.update(record.url, load.prefill)
         if delta is not None:
             router.observe_engine_prefill(

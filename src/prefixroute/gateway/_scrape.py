@@ -23,10 +23,18 @@ Both are cumulative, so one scrape interval is the difference of two scrapes
 
 A replica without these (no metrics endpoint, an older engine, another server) gives no such
 observation; its speed is learned from first tokens alone.
+
+**The KV cache's size, for the index.** In approximate and token mode the index forgets a
+replica's prefixes at a capacity; the engine knows how many tokens its KV cache holds. vLLM
+puts it in the labels of its info gauge ``vllm:cache_config_info`` (``kv_cache_size_tokens``
+where the version has it, else ``num_gpu_blocks`` x ``block_size``; one series per engine under
+data parallelism, summed), SGLang in ``sglang:max_total_num_tokens``. A label that is not a
+whole number ("None" before the engine profiled its memory) counts as absent.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -42,6 +50,8 @@ VLLM_PROMPT, VLLM_HITS = "vllm:prompt_tokens_total", "vllm:prefix_cache_hits_tot
 SGLANG_STAGES = "sglang:per_stage_req_latency_seconds"
 SGLANG_PREFILL_STAGE = "prefill_forward"
 SGLANG_PROMPT, SGLANG_CACHED = "sglang:prompt_tokens_total", "sglang:cached_tokens_total"
+VLLM_CACHE_CONFIG = "vllm:cache_config_info"
+SGLANG_KV_TOKENS = "sglang:max_total_num_tokens"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +69,18 @@ class EngineLoad:
     num_waiting: int | None  # requests queued inside the engine
     kv_usage: float | None  # fraction of the KV cache in use, 0..1
     prefill: PrefillTotals | None = None  # cumulative prefill counters, when exported
+    kv_tokens: int | None = None  # tokens the engine's KV cache holds in all, tokens
 
 
 def parse_engine_load(text: str) -> EngineLoad:
     """The numbers in a metrics page; a number the page lacks is None."""
     samples: dict[str, list[float]] = {}
+    kv_tokens: list[int] = []
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
+                if s.name == VLLM_CACHE_CONFIG:
+                    kv_tokens.append(_config_kv_tokens(s.labels))
                 # SGLang has one histogram per stage under one name: keep prefill's.
                 stage = s.labels.get("stage", SGLANG_PREFILL_STAGE)
                 if s.name.startswith(SGLANG_STAGES) and stage != SGLANG_PREFILL_STAGE:
@@ -79,12 +93,27 @@ def parse_engine_load(text: str) -> EngineLoad:
         return next((samples[n] for n in names if samples.get(n)), None)
 
     running, waiting, usage = first(RUNNING), first(WAITING), first(KV_USAGE)
+    sglang_kv = samples.get(SGLANG_KV_TOKENS)
+    if not kv_tokens and sglang_kv:
+        kv_tokens = [round(v) if math.isfinite(v) else 0 for v in sglang_kv]
     return EngineLoad(
         round(sum(running)) if running else None,
         round(sum(waiting)) if waiting else None,
         sum(usage) / len(usage) if usage else None,
         _prefill_totals(samples),
+        # Every engine's size, or none: a sum missing one engine would be too small.
+        sum(kv_tokens) if kv_tokens and min(kv_tokens) > 0 else None,
     )
+
+
+def _config_kv_tokens(labels: dict[str, str]) -> int:
+    """Tokens one vLLM engine's KV cache holds, from its cache config's labels (0: not said)."""
+
+    def whole(name: str) -> int:
+        value = labels.get(name, "")
+        return int(value) if value.isdigit() else 0
+
+    return whole("kv_cache_size_tokens") or whole("num_gpu_blocks") * whole("block_size")
 
 
 def _prefill_totals(samples: dict[str, list[float]]) -> PrefillTotals | None:

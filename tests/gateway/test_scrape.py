@@ -127,16 +127,23 @@ def test_the_kv_cache_size_from_vllm_and_sglang_names() -> None:
     assert parse_engine_load(VLLM).kv_tokens is None  # a page without it
 
 
-async def test_each_replicas_index_is_sized_from_its_engines_kv_cache(
+async def test_each_replicas_index_grows_to_its_engines_kv_cache(
     make_cluster: ClusterFactory, make_gateway: GatewayFactory
 ) -> None:
     """An emulated replica with 2,048 blocks of 16 tokens (32,768 tokens of KV cache): in
     approximate mode at the prior 4 characters a token, 64-character blocks hold 16 tokens, so
-    its index keeps 2,048 blocks, not index_capacity_blocks' 16,384; with the setting off, or
-    scraping off, 16,384 stay."""
+    2,048 index blocks hold its cache. Configured at 1,024 the index grows to 2,048; with the
+    setting off, or scraping off, 1,024 stay; configured at 4,096 (larger than the cache) it is
+    not shrunk (gateway/_index_size.py: forgetting costs more than over-claiming)."""
     engine = ReplicaConfig(kv_capacity_blocks=2048, block_size=16)
+    cases = {
+        "grown": {"index_capacity_blocks": 1024},
+        "off": {"index_capacity_blocks": 1024, "index_capacity_from_engine": False},
+        "no scrape": {"index_capacity_blocks": 1024, "scrape_metrics": False},
+        "larger kept": {"index_capacity_blocks": 4096},
+    }
     sizes = {}
-    for settings in ({}, {"index_capacity_from_engine": False}, {"scrape_metrics": False}):
+    for name, settings in cases.items():
         cluster = await make_cluster(1, EmulatorConfig(engine))
         gw = await make_gateway(cluster.urls, health_interval_s=0.05, **settings)
         rid = gw.registry.find(cluster.urls[0]).id
@@ -145,9 +152,5 @@ async def test_each_replicas_index_is_sized_from_its_engines_kv_cache(
             while load.kv_usage is None and settings.get("scrape_metrics", True):
                 await asyncio.sleep(0.02)  # a scrape has come in
         await asyncio.sleep(0.1)
-        sizes[tuple(settings)] = gw.router.index_size(rid)
-    assert sizes == {
-        (): 2048,
-        ("index_capacity_from_engine",): 16_384,
-        ("scrape_metrics",): 16_384,
-    }
+        sizes[name] = gw.router.index_size(rid)
+    assert sizes == {"grown": 2048, "off": 1024, "no scrape": 1024, "larger kept": 4096}

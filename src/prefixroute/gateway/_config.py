@@ -126,11 +126,12 @@ class GatewayConfig:
     index_capacity_blocks: int | None = setting(
         16384, "prefix-index entries per replica, blocks (none: unbounded)"
     )
-    # On by default: the engine knows its KV cache's size, one fixed figure fits no fleet
-    # (core/engine_kv.py). false: every replica keeps index_capacity_blocks.
+    # On by default: the engine knows its KV cache's size, and an index smaller than the cache
+    # forgets prefixes it still holds (gateway/_index_size.py). false: index_capacity_blocks.
     index_capacity_from_engine: bool = setting(
-        True, "size each replica's index from the KV cache its engine reports (vLLM's "
-        "cache_config_info, SGLang's max_total_num_tokens); index_capacity_blocks until then",
+        True, "grow each replica's index to the KV cache its engine reports (vLLM's "
+        "cache_config_info, SGLang's max_total_num_tokens) where that is larger than "
+        "index_capacity_blocks",
     )  # fmt: skip
     kv_block_size: int = setting(
         16, "the replicas' KV block size, tokens (load view; token-mode key blocks)",

@@ -12,14 +12,15 @@ went from 248 to 320 ms and a third of its predictions were too high (docs/resul
 "Learning how much each replica keeps").
 
 vLLM and SGLang say how many tokens their KV cache holds (gateway/_scrape.py). So a front end
-that scrapes them tells the router, and the replica's index keeps that many tokens' worth of
-blocks: :func:`index_blocks_for` converts tokens to the index's blocks (routing blocks of token
-ids, or of characters at the model's learned characters per token), and ``Router.size_index``
-resizes (the least recently used entries go first when it shrinks, counted as evictions). A
-replica whose index is unbounded is left alone: precise mode (the engine reports every
-eviction) and an operator who asked for no bound. Where learning is on
-(:mod:`prefixroute.core.index_capacity`), the engine's size becomes its upper bound and the
-learning starts again from it.
+that scrapes them tells the router: :func:`index_blocks_for` converts tokens to the index's
+blocks (routing blocks of token ids, or of characters at the model's learned characters per
+token), and ``Router.size_index`` resizes (the least recently used entries go first when it
+shrinks, counted as evictions). The gateway only grows an index this way, never below its
+configured size (gateway/_index_size.py: a too-small index costs far more than a too-large one,
+measured). A replica whose index is unbounded is left alone: precise mode (the engine reports
+every eviction) and an operator who asked for no bound. Where learning is on
+(:mod:`prefixroute.core.index_capacity`), the new size becomes its upper bound and the learning
+starts again from it.
 """
 
 from __future__ import annotations

@@ -12,13 +12,15 @@ that estimate as it is learned; it is set again when it moves by more than
 cache forgets prefixes the replica still holds, and each comes back as a whole recomputation
 elsewhere; one larger only predicts some hits the replica has evicted, whose prompts are then
 computed there as they would have been anywhere. Measured live (2026-12-03, 4 emulated
-replicas of 16,384 tokens of KV cache, multi-turn, 80 conversations): an index sized down to
-the cache (18% below it, at the prior 4 characters a token against the replicas' 4.9) computed
-2.03x the floor at a 59.9% hit rate and 214 ms p99, the configured 16,384 blocks (16x the cache)
-1.28x, 74.7% and 167 ms, with 9.8% of its predictions too high. So the engine's size only
-raises the configured one, where the cache is larger (big GPUs), and a too-small cache is left
-to the cached-token reports (``prefixroute_cache_predictions_total``). Precise mode and an
-unbounded index are left alone; so is everything with ``index_capacity_from_engine = false``.
+replicas, multi-turn, 80 conversations): with 16,384 tokens of KV cache per replica, an index
+sized at the prior 4 characters a token (a third of the cache: the workload's text runs at 12)
+computed 2.03x the floor at a 59.9% hit rate and 214 ms p99, the configured 16,384 blocks (16x
+the cache) 1.28x, 74.7% and 167 ms, with 9.8% of its predictions too high; with 65,536 tokens
+of cache and the index configured at 1,024 blocks, growing it to the cache took 1.67x, 67.1%
+and 187 ms to 1.06x, 79.1% and 104 ms. So the engine's size only raises the configured one,
+and a too-small cache is left to the cached-token reports (``prefixroute_cache_predictions_total``).
+Precise mode and an unbounded index are left alone; so is everything with
+``index_capacity_from_engine = false``.
 """
 
 from __future__ import annotations

@@ -27,10 +27,17 @@ def test_engine_tokens_in_the_index_blocks() -> None:
     assert index_blocks_for(0, 64, 4.0) == 1  # never an index of nothing
     assert index_blocks_for(24, 16, None) == 2  # to the nearest block: 1.5 rounds to 2
     assert index_blocks_for(40, 16, None) == 2  # 2.5 rounds to even
-    with pytest.raises(ConfigError):
+    # The least of each input: one token id a block; under a character a token (CJK in byte
+    # BPEs), a 64-character block holds 128 tokens at 0.5.
+    assert index_blocks_for(100, 1, None) == 100
+    assert index_blocks_for(640, 64, 0.5) == 5
+    assert index_blocks_for(640, 64, 1.0) == 10
+    with pytest.raises(ConfigError, match="block_units >= 1.*got 100, 0, None"):
         index_blocks_for(100, 0, None)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="chars_per_token > 0"):
         index_blocks_for(100, 64, 0.0)
+    with pytest.raises(ConfigError, match="kv_tokens >= 0"):
+        index_blocks_for(-1, 64, None)
 
 
 def router(**kwargs: object) -> Router:
@@ -71,8 +78,18 @@ def test_an_unbounded_index_or_an_unknown_replica_is_left_alone() -> None:
     unbounded.add_replica(R)
     assert unbounded.size_index(R, 30) is None and unbounded.index_size(R) is None
     assert router().size_index(ReplicaId("other"), 30) is None
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="at least one block, got 0"):
         router().size_index(R, 0)
+
+
+def test_a_models_characters_per_token_as_learned_or_the_prior() -> None:
+    r = router()
+    assert r.chars_per_token_of("m") == r.chars_per_token_of(None) == 4.0  # the prior
+    r.route(r.view("q", text="x" * 600, model="m"), 0.0)
+    r.observe_usage("q", prompt_tokens=100, cached_tokens=None)  # 6 characters a token
+    r.complete("q", 1.0)
+    assert 4.0 < r.chars_per_token_of("m") <= 6.0
+    assert r.chars_per_token_of(None) == 4.0  # another model's estimate, untouched
 
 
 def test_learning_starts_again_under_the_engines_size() -> None:

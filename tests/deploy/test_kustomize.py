@@ -38,8 +38,8 @@ def test_every_listed_resource_and_patch_exists(folder: Path) -> None:
         assert (folder / patch["path"]).is_file(), patch["path"]
 
 
-def test_the_overlays_are_serve_epp_and_two_pickers() -> None:
-    assert [p.name for p in OVERLAYS] == ["epp", "epp-ha", "serve"]
+def test_the_overlays_are_serve_epp_and_two_kinds_of_two_pickers() -> None:
+    assert [p.name for p in OVERLAYS] == ["epp", "epp-ha", "epp-leader", "serve"]
     ha = assemble(KUBE / "overlays" / "epp-ha")
     picker = next(d for d in ha if d["metadata"]["name"] == "prefixroute-epp" and
                   d["kind"] == "Deployment")  # fmt: skip
@@ -49,6 +49,13 @@ def test_the_overlays_are_serve_epp_and_two_pickers() -> None:
         in (picker["spec"]["template"]["spec"]["containers"][0]["args"])
     )
     assert {d["metadata"].get("namespace") for d in ha} == {"inference"}
+    leader = assemble(KUBE / "overlays" / "epp-leader")
+    picker = next(d for d in leader if d["metadata"]["name"] == "prefixroute-epp" and
+                  d["kind"] == "Deployment")  # fmt: skip
+    assert picker["spec"]["replicas"] == 2
+    args = picker["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--ha-enable-leader-election" in args and not any("redis" in a for a in args)
+    assert {d["metadata"].get("namespace") for d in leader} == {"inference"}
 
 
 def test_a_patch_of_a_missing_path_or_resource_fails() -> None:

@@ -3,7 +3,8 @@
 Each overlay is assembled (``manifests.assemble``: resources, namespace, images, patches) and
 checked as one set: Services select pods and reach their ports, the InferencePool names the
 picker's Service and port and selects the vLLM pods the picker watches, the HTTPRoute and
-Gateway point at each other, the picker's Role allows every call ``epp/_kube.py`` makes, and
+Gateway point at each other, the picker's Roles allow every call ``epp/_kube.py`` makes (and,
+where it elects a leader, every Lease call of ``epp/_leader.py`` and the client's lock), and
 the gateway's TOML loads with the gateway's own loader and lists the vLLM pods by name.
 """
 
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from prefixroute.epp import V1_GROUP
 from prefixroute.epp._protocol import HEALTH_SERVICES
 from prefixroute.gateway import GatewayConfig, build_app, build_config, load_toml
 
@@ -23,6 +26,8 @@ from .manifests import OVERLAYS, ROOT, assemble, by_kind
 
 Docs = list[dict[str, Any]]
 KUBE_SOURCE = ROOT / "src" / "prefixroute" / "epp" / "_kube.py"
+LEADER_SOURCE = ROOT / "src" / "prefixroute" / "epp" / "_leader.py"
+POOL_SOURCE = ROOT / "src" / "prefixroute" / "epp" / "_pool.py"
 WORKLOADS = ("Deployment", "StatefulSet")
 
 
@@ -131,25 +136,49 @@ def kube_calls(source: str) -> set[tuple[str, str]]:
     return calls
 
 
-def rbac_problems(docs: Docs, calls: set[tuple[str, str]]) -> list[str]:
+LEASE_CALL = re.compile(r"\b(read|create|replace|patch|delete|list)_namespaced_lease\b")
+
+
+def lease_calls(*sources: str) -> set[tuple[str, str]]:
+    """(verb, "leases") for every Lease call in ``sources`` (the election's module and the
+    client's ``LeaseLock`` it runs), as RBAC names the verbs."""
+    verbs = {"read": "get", "replace": "update"}
+    return {(verbs.get(v, v), "leases") for src in sources for v in LEASE_CALL.findall(src)}
+
+
+def rbac_problems(docs: Docs, calls: set[tuple[str, str]], group: str = "") -> list[str]:
+    """The ``calls`` (verb, resource) in API ``group`` that a picker's service account is not
+    granted by the Roles bound to it."""
+    roles, bindings = by_kind(docs, "Role"), by_kind(docs, "RoleBinding").values()
     problems = []
-    for name, role in by_kind(docs, "Role").items():
+    for name, dep in by_kind(docs, "Deployment").items():
+        pod = dep["spec"]["template"]["spec"]
+        if pod["containers"][0].get("args", [""])[0] != "epp":
+            continue
+        account = pod.get("serviceAccountName")
+        bound = {b["roleRef"]["name"] for b in bindings
+                 if any(s["kind"] == "ServiceAccount" and s["name"] == account
+                        for s in b["subjects"])}  # fmt: skip
         allowed = {
             (verb, resource)
-            for rule in role["rules"]
-            if "" in rule["apiGroups"]
+            for role in bound & roles.keys()
+            for rule in roles[role]["rules"]
+            if group in rule["apiGroups"]
             for verb in rule["verbs"]
             for resource in rule["resources"]
         }
-        problems += [f"Role {name} lacks {v} {r}" for v, r in sorted(calls - allowed)]
-        bindings = [
-            b for b in by_kind(docs, "RoleBinding").values() if b["roleRef"]["name"] == name
-        ]
-        accounts = {s["name"] for b in bindings for s in b["subjects"]}
-        picker = by_kind(docs, "Deployment").get(name)
-        if picker and picker["spec"]["template"]["spec"].get("serviceAccountName") not in accounts:
-            problems.append(f"the picker's service account is not bound to Role {name}")
+        where = f"{group}/" if group else ""
+        problems += [f"picker {name} may not {v} {where}{r}" for v, r in sorted(calls - allowed)]
     return problems
+
+
+def elects(docs: Docs) -> bool:
+    """Some picker runs with ``--ha-enable-leader-election`` (not ``=false``)."""
+    return any(
+        a in ("--ha-enable-leader-election", "--ha-enable-leader-election=true")
+        for d in by_kind(docs, "Deployment").values()
+        for a in d["spec"]["template"]["spec"]["containers"][0].get("args", [])
+    )
 
 
 @pytest.fixture(params=OVERLAYS, ids=lambda p: p.name)
@@ -171,6 +200,21 @@ def test_the_role_covers_what_the_pod_watcher_calls(overlay: Docs) -> None:
     calls = kube_calls(KUBE_SOURCE.read_text())
     assert calls == {("list", "pods"), ("watch", "pods")}  # the scan sees the watcher's calls
     assert rbac_problems(overlay, calls) == []
+
+
+def test_the_picker_may_read_its_pool(overlay: Docs) -> None:
+    source = POOL_SOURCE.read_text()
+    assert "get_namespaced_custom_object" in source and '"inferencepools"' in source
+    assert rbac_problems(overlay, {("get", "inferencepools")}, V1_GROUP) == []
+
+
+def test_an_electing_picker_may_read_create_and_update_its_lease(overlay: Docs) -> None:
+    from kubernetes.leaderelection.resourcelock import leaselock
+
+    calls = lease_calls(LEADER_SOURCE.read_text(), Path(leaselock.__file__).read_text())
+    assert calls == {("get", "leases"), ("create", "leases"), ("update", "leases")}
+    if elects(overlay):
+        assert rbac_problems(overlay, calls, "coordination.k8s.io") == []
 
 
 def test_the_pickers_probes_name_its_health_services(overlay: Docs) -> None:
@@ -206,7 +250,13 @@ def test_the_checks_catch_broken_references() -> None:
     broken = copy.deepcopy(docs)
     by_kind(broken, "Role")["prefixroute-epp"]["rules"][0]["verbs"] = ["get", "list"]
     calls = kube_calls(KUBE_SOURCE.read_text())
-    assert rbac_problems(broken, calls) == ["Role prefixroute-epp lacks watch pods"]
+    assert rbac_problems(broken, calls) == ["picker prefixroute-epp may not watch pods"]
+    elect = assemble(next(p for p in OVERLAYS if p.name == "epp-leader"))
+    assert elects(elect) and not elects(docs)
+    by_kind(elect, "RoleBinding")["prefixroute-epp-leader-election"]["subjects"][0]["name"] = "x"
+    assert rbac_problems(elect, {("update", "leases")}, "coordination.k8s.io") == [
+        "picker prefixroute-epp may not update coordination.k8s.io/leases"
+    ]
 
 
 # --- prefixroute serve ------------------------------------------------------------------

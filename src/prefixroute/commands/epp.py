@@ -1,7 +1,8 @@
 """``prefixroute epp``: the endpoint picker until SIGINT/SIGTERM (docs/kubernetes.md).
 
 Endpoints come from ``--endpoint`` flags and the config file's ``replicas``, from
-``--endpoints-file`` (re-read when it changes), or from Kubernetes pods (``--k8s-selector``).
+``--endpoints-file`` (re-read when it changes), or from Kubernetes pods (``--k8s-selector``, or
+``--pool-name``: the pods an ``InferencePool`` selects, as the reference picker finds them).
 Routing and health settings are the gateway's, from the same ``--config`` TOML file, and so
 are the Redis sync (``--sync-redis``, ``sync_channel``: several pickers, and gateways, on one
 channel share one index and load view), the tenants (the ``[tenancy]`` table; the upstream key
@@ -11,6 +12,9 @@ endpoints after the primary, for proxies that retry down the protocol's list.
 ``--print-envoy-config`` prints an Envoy bootstrap to run it behind, and exits.
 ``--replica-speed IP:PORT=prefill_tokens_per_s=N`` gives an endpoint's own speed priors, as
 serve's does, whichever source brings it; a pod's annotations give its own (docs/kubernetes.md).
+``--ha-enable-leader-election`` runs several pickers active-passive, as the Inference
+Extension's picker does: they contend for a Kubernetes Lease and only the leader reports ready
+(``prefixroute.epp._leader``).
 """
 
 from __future__ import annotations
@@ -26,14 +30,20 @@ from prefixroute.commands._args import flags
 from prefixroute.commands._settings import add_setting_flags
 from prefixroute.core import ConfigError, ReplicaId, SpeedPrior
 from prefixroute.epp import (
+    LEASE_NAME,
     MAX_REQUESTS,
+    V1_GROUP,
     EndpointPicker,
     EnvoyConfig,
     EppConfig,
+    InferencePoolPods,
     KubernetesPods,
+    LeaseElector,
     PodEndpoints,
+    PodSource,
     endpoint_of,
     envoy_bootstrap,
+    load_cluster_config,
     replica_of,
 )
 from prefixroute.gateway import (
@@ -101,13 +111,56 @@ def add_parser(subparsers: Any) -> None:
         help="assume BUFFERED request bodies when Envoy does not say (default full duplex)",
     )
     _add_envoy_args(p)
-    k = p.add_argument_group("Kubernetes discovery (needs the kubernetes extra)")
+    _add_kubernetes_args(p)
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(run=run)
+
+
+def _add_kubernetes_args(p: argparse.ArgumentParser) -> None:
+    """Pod discovery and leader election: what needs the ``kubernetes`` extra."""
+    k = p.add_argument_group("Kubernetes: discovery, leader election (the kubernetes extra)")
     k.add_argument("--k8s-selector", metavar="LABELS", help="pod label selector, e.g. app=vllm")
     k.add_argument("--k8s-namespace", default="default", help="the pods' namespace")
     k.add_argument("--k8s-target-port", type=int, help="the model servers' port on each pod")
     k.add_argument("--k8s-resync", type=int, default=60, help="full relist period, s (60)")
-    p.add_argument("-v", "--verbose", action="store_true")
-    p.set_defaults(run=run)
+    k.add_argument(
+        "--pool-name",
+        metavar="NAME",
+        help="the InferencePool whose pods to watch: its selector and target ports, re-read at "
+        "each resync (instead of --k8s-selector and --k8s-target-port)",
+    )
+    k.add_argument(
+        "--pool-namespace", metavar="NS", help="its namespace ($NAMESPACE, else --k8s-namespace)"
+    )
+    k.add_argument(
+        "--pool-group", default=V1_GROUP, help=f"the pool's API group ({V1_GROUP}; or the v1alpha2 "
+        "inference.networking.x-k8s.io)",
+    )  # fmt: skip
+    k.add_argument(
+        "--ha-enable-leader-election",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_go_bool,
+        metavar="BOOL",
+        help="contend for a Lease with the other pickers: only the leader reports ready (the "
+        "Inference Extension picker's flag; =false, as charts may pass it, is off)",
+    )
+    k.add_argument(
+        "--leader-election-id", default=LEASE_NAME, help=f"the Lease's name ({LEASE_NAME})"
+    )
+    k.add_argument(
+        "--leader-election-namespace", metavar="NS", help="the Lease's namespace (--k8s-namespace)"
+    )
+
+
+def _go_bool(value: str) -> bool:
+    """A boolean flag's value as Go's ``flag`` package reads one (``strconv.ParseBool``)."""
+    if value in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if value in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {value!r} (true or false)")
 
 
 def _add_envoy_args(p: argparse.ArgumentParser) -> None:
@@ -147,9 +200,13 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         upstream_api_key=os.environ.get(UPSTREAM_API_KEY_ENV) or None,  # the replicas' key
         **flags(args, "policy", *ROUTING_FLAGS),
     )
+    if args.k8s_selector and args.pool_name:
+        raise ConfigError("give --k8s-selector or --pool-name, not both (the pool has a selector)")
+    if args.pool_name and args.k8s_target_port is not None:
+        raise ConfigError("--pool-name takes the pool's target ports: drop --k8s-target-port")
     if args.k8s_selector and args.k8s_target_port is None:
         raise ConfigError("--k8s-selector needs --k8s-target-port (the pool's target port)")
-    if not (args.endpoints_file or args.k8s_selector):  # no endpoint can join later
+    if not (args.endpoints_file or args.k8s_selector or args.pool_name):  # none can join later
         # Priors for an address that is not listed are a typo when the list is all there will
         # be: refused, as serve refuses them.
         by_replica(
@@ -159,6 +216,7 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
     return EppConfig(
         routing=routing,
         full_duplex=not args.buffered,
+        leader_election=args.ha_enable_leader_election,
         **flags(
             args, "grpc_host", "grpc_port", "http_host", "http_port", "endpoints_file", "fallbacks"
         ),
@@ -190,17 +248,24 @@ def run(args: argparse.Namespace) -> int:
         envoy = envoy_config_of(config, args.envoy_listen, args.envoy_max_requests)
         print(envoy_bootstrap(envoy), end="")
         return 0
-    pods = None
-    if args.k8s_selector:
-        pods = (KubernetesPods(args.k8s_namespace, args.k8s_selector), args.k8s_target_port)
-    run_on_uvloop(_serve(config, pods, args.k8s_resync))  # uvloop when installed
+    pods = _pod_source(args)
+    lease = None
+    if config.leader_election:
+        load_cluster_config("--ha-enable-leader-election")  # a one-line error here, not later
+        lease = (args.leader_election_id, args.leader_election_namespace or args.k8s_namespace)
+    run_on_uvloop(_serve(config, pods, args.k8s_resync, lease))  # uvloop when installed
     return 0
 
 
-async def _serve(config: EppConfig, pods: tuple[KubernetesPods, int] | None, resync_s: int) -> None:
+async def _serve(
+    config: EppConfig,
+    pods: tuple[PodSource, int | None, str] | None,
+    resync_s: int,
+    lease: tuple[str, str] | None = None,
+) -> None:
     epp = EndpointPicker(config)
     if pods is not None:
-        epp.discovery = f"Kubernetes discovery (pods {pods[0].selector} in {pods[0].namespace})"
+        epp.discovery = f"Kubernetes discovery ({pods[2]})"
     async with epp:
         watcher = None
         if pods is not None:
@@ -211,11 +276,39 @@ async def _serve(config: EppConfig, pods: tuple[KubernetesPods, int] | None, res
 
             watcher = PodEndpoints(pods[0], pods[1], publish, resync_s=resync_s)
             watcher.start()
+        elector = _elect(epp, *lease) if lease is not None else None
         log.info("metrics on http://%s:%d/metrics", config.http_host, epp.http_port)
         if config.routing.sync_redis is not None:
             log.info("sharing decisions through %s", redacted(config.routing.sync_redis))
         try:
             await wait_for_signal()
         finally:
+            if elector is not None:  # first: a released Lease lets a standby take over at once
+                await asyncio.to_thread(elector.stop)
             if watcher is not None:
                 watcher.stop()
+
+
+def _pod_source(args: argparse.Namespace) -> tuple[PodSource, int | None, str] | None:
+    """The pods to watch (source, target port, what they are), or None: no Kubernetes."""
+    if args.pool_name:
+        namespace = args.pool_namespace or os.environ.get("NAMESPACE") or args.k8s_namespace
+        pool = InferencePoolPods(namespace, args.pool_name, args.pool_group)
+        return pool, None, f"the pods of InferencePool {namespace}/{args.pool_name}"
+    if args.k8s_selector:
+        pods = KubernetesPods(args.k8s_namespace, args.k8s_selector)
+        return pods, args.k8s_target_port, f"pods {pods.selector} in {pods.namespace}"
+    return None
+
+
+def _elect(epp: EndpointPicker, name: str, namespace: str) -> LeaseElector:
+    """Contend for the Lease; each change of leadership reaches the picker on its loop."""
+    loop = asyncio.get_running_loop()
+
+    def on_change(leading: bool) -> None:
+        asyncio.run_coroutine_threadsafe(epp.lead(leading), loop)
+
+    elector = LeaseElector(name, namespace, on_change)
+    log.info("contending for Lease %s/%s as %s", namespace, name, elector.identity)
+    elector.start()
+    return elector

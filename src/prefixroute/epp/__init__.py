@@ -24,7 +24,16 @@ or ``--k8s-selector`` with the ``kubernetes`` extra). An Envoy to run it behind:
 from prefixroute.epp._candidates import endpoint_of, fallbacks, replica_of
 from prefixroute.epp._endpoints import EndpointSet, FileEndpoints, read_endpoints_file
 from prefixroute.epp._envoy_config import MAX_REQUESTS, EnvoyConfig, envoy_bootstrap
-from prefixroute.epp._kube import KubernetesPods, PodEndpoints, PodInfo, pod_info
+from prefixroute.epp._kube import (
+    KubernetesPods,
+    PodEndpoints,
+    PodInfo,
+    PodSource,
+    load_cluster_config,
+    pod_info,
+)
+from prefixroute.epp._leader import LEASE_NAME, LeaseElector
+from prefixroute.epp._pool import V1_GROUP, InferencePoolPods, pool_members
 from prefixroute.epp._protocol import (
     DESTINATION_HEADER,
     DESTINATION_NAMESPACE,
@@ -39,24 +48,31 @@ from prefixroute.epp._stream import PickStream
 __all__ = [
     "DESTINATION_HEADER",
     "DESTINATION_NAMESPACE",
+    "LEASE_NAME",
     "MAX_REQUESTS",
     "PROTOCOL_VERSION",
     "SUBSET_KEY",
     "SUBSET_NAMESPACE",
+    "V1_GROUP",
     "EndpointPicker",
     "EndpointSet",
     "EnvoyConfig",
     "EppConfig",
     "FileEndpoints",
+    "InferencePoolPods",
     "KubernetesPods",
+    "LeaseElector",
     "PickShared",
     "PickStream",
     "PodEndpoints",
     "PodInfo",
+    "PodSource",
     "endpoint_of",
     "envoy_bootstrap",
     "fallbacks",
+    "load_cluster_config",
     "pod_info",
+    "pool_members",
     "read_endpoints_file",
     "replica_of",
 ]

@@ -81,6 +81,10 @@ def annotated_speed(annotations: dict[str, str]) -> tuple[SpeedPrior | None, str
         return None, f"speed annotations {given} ignored: {exc}"
 
 
+class DiscoveryError(Exception):
+    """A failure to say in one line (no traceback): the source's own words say it all."""
+
+
 class WatchExpired(Exception):
     """The watch's resourceVersion is too old (HTTP 410 Gone): list again."""
 
@@ -143,8 +147,18 @@ class KubernetesPods:
 
 def _default_api() -> Any:
     """In a pod: the service account; elsewhere: ~/.kube/config."""
+    from kubernetes import client
+
+    load_cluster_config("--k8s-selector")
+    return client.CoreV1Api()
+
+
+def load_cluster_config(flag: str) -> None:
+    """Make the client's default configuration this cluster's: the service account in a pod,
+    else the kubeconfig. Neither usable: a :class:`ConfigError` naming ``flag``, the option that
+    needs a cluster."""
     import yaml  # type: ignore[import-untyped]  # the client's own dependency (kubeconfig)
-    from kubernetes import client, config
+    from kubernetes import config
 
     try:
         config.load_incluster_config()
@@ -154,10 +168,9 @@ def _default_api() -> Any:
         except (config.ConfigException, OSError, yaml.YAMLError) as exc:  # none, or unreadable
             why = " ".join(str(exc).split())  # YAML's errors span lines
             raise ConfigError(
-                "--k8s-selector: not in a pod (no service account) and no usable kubeconfig "
+                f"{flag}: not in a pod (no service account) and no usable kubeconfig "
                 f"($KUBECONFIG or ~/.kube/config): {why}"
             ) from exc
-    return client.CoreV1Api()
 
 
 def _address(pod: PodInfo) -> str:  # endpoints sort by pod IP (one port for all)
@@ -170,12 +183,14 @@ class PodEndpoints:
     def __init__(
         self,
         source: PodSource,
-        target_port: int,
+        target_port: int | None,
         publish: Callable[[dict[str, SpeedPrior | None]], None],
         resync_s: int = 60,
         backoff_s: float = 1.0,
     ) -> None:
         self.source = source
+        # The port of every pod; a source that knows its own (an InferencePool's ports, as
+        # last read: ``target_ports``) overrides it.
         self.target_port = target_port
         self.publish = publish  # called with the whole endpoint set after each change
         self.resync_s = resync_s  # watch timeout: a full list at least this often, seconds
@@ -187,10 +202,17 @@ class PodEndpoints:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def ports(self) -> tuple[int, ...]:
+        """The target ports: the source's own when it has some, else ``target_port``."""
+        own: tuple[int, ...] = getattr(self.source, "target_ports", ())
+        return own or ((self.target_port,) if self.target_port is not None else ())
+
     def endpoints(self) -> dict[str, SpeedPrior | None]:
-        """The ready pods' endpoints, sorted, each with its own speed priors (None: none)."""
-        ready = [p for p in self.pods.values() if p.ip and p.ready and not p.deleting]
-        return {f"{p.ip}:{self.target_port}": p.speed for p in sorted(ready, key=_address)}
+        """The ready pods' endpoints (each pod at each port), sorted, each with its own speed
+        priors (None: none)."""
+        ready = sorted((p for p in self.pods.values() if p.ip and p.ready and not p.deleting),
+                       key=_address)  # fmt: skip
+        return {f"{p.ip}:{port}": p.speed for p in ready for port in self.ports()}
 
     def _seen(self, info: PodInfo) -> PodInfo:
         if info.speed_problem is not None and info.name not in self._warned:
@@ -240,6 +262,9 @@ class PodEndpoints:
         while not self._stop.is_set():
             try:
                 self.cycle()
+            except DiscoveryError as exc:  # e.g. the pool is missing: keep the endpoints, retry
+                log.warning("pod discovery: %s; retrying in %.1f s", exc, self.backoff_s)
+                self._stop.wait(self.backoff_s)
             except Exception:  # the API or the network: keep the last endpoints, retry
                 log.exception("pod discovery failed; retrying in %.1f s", self.backoff_s)
                 self._stop.wait(self.backoff_s)

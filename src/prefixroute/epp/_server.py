@@ -25,6 +25,12 @@ With ``tokenizer`` it keys requests on the engines' token ids; with ``kv_events`
 mode, which needs the tokenizer) the prefix index follows the replicas' KV events, one stream
 per configured endpoint, fixed at start as in ``serve``: endpoints discovered later get none.
 
+Run active-passive (``leader_election``, ``--ha-enable-leader-election``: ``_leader``), the gRPC
+health answers as the Inference Extension's picker does: ``liveness`` always serving, the rest
+(``""``, ``readiness``, the ext_proc service) only while this picker leads; ``/health`` says
+``leader`` too and is 503 on a standby, and ``prefixroute_epp_leader`` is 1 on the leader. A
+standby still answers a pick it is asked for.
+
 Fail-closed by default: the Envoy configurations we ship set ``failure_mode_allow: false``, so
 with the picker down Envoy answers 500 rather than sending requests nowhere in particular.
 """
@@ -46,7 +52,7 @@ from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 
 from prefixroute._serving import listen
 from prefixroute.core import ConfigError, ReplicaId
@@ -102,6 +108,8 @@ class EppConfig:
     # Endpoints named after the primary (the protocol's fallback list), for a proxy that goes
     # down the list on failure; 0: one endpoint, all plain Envoy's ORIGINAL_DST cluster reads.
     fallbacks: int = 0
+    # Active-passive (module docstring): ready only while leading, which ``lead`` says.
+    leader_election: bool = False
 
     def __post_init__(self) -> None:
         if self.fallbacks < 0:
@@ -162,6 +170,14 @@ class EndpointPicker:
         self._runner: web.AppRunner | None = None
         self._file: FileEndpoints | None = None
         self._probes: set[asyncio.Task[bool]] = set()
+        self.leading = not config.leader_election  # without an election every picker leads
+        self._leader_gauge = Gauge(
+            "prefixroute_epp_leader",
+            "1 while this picker leads (always, without --ha-enable-leader-election)",
+            registry=self.metrics.registry,
+        )
+        self._leader_gauge.set(int(self.leading))
+        self._health_lock = asyncio.Lock()
 
     @property
     def address(self) -> str:
@@ -186,8 +202,7 @@ class EndpointPicker:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.grpc_port = _bind_grpc(server, cfg.grpc_host, cfg.grpc_port)
         await server.start()
-        for service in proto.HEALTH_SERVICES:
-            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_health()
         if cfg.http_port is not None:
             self._runner, url = await listen(
                 self._http_app(), cfg.http_host, cfg.http_port,
@@ -220,6 +235,22 @@ class EndpointPicker:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def lead(self, leading: bool) -> None:
+        """This picker now leads (True) or stands by (False): its readiness follows."""
+        self.leading = leading
+        self._leader_gauge.set(int(leading))
+        if self._grpc is not None:
+            await self._set_health()
+
+    async def _set_health(self) -> None:
+        """Every health service as :attr:`leading` says now (``liveness`` always serving). One
+        at a time: a change that comes while one is being written is written after it."""
+        status = health_pb2.HealthCheckResponse
+        async with self._health_lock:
+            for service in proto.HEALTH_SERVICES:
+                ready = self.leading or service == proto.LIVENESS
+                await self._health.set(service, status.SERVING if ready else status.NOT_SERVING)
 
     async def _stop_state(self) -> None:
         """What the gateway's app stops with it: event streams, tokenizer threads, tracing."""
@@ -289,8 +320,11 @@ class EndpointPicker:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         healthy = sum(1 for r in self.registry if r.healthy and not r.draining)
-        status = 200 if healthy else 503
-        return web.json_response({"healthy_endpoints": healthy}, status=status)
+        status = 200 if healthy and self.leading else 503
+        body: dict[str, Any] = {"healthy_endpoints": healthy}
+        if self.config.leader_election:
+            body["leader"] = self.leading
+        return web.json_response(body, status=status)
 
 
 def _bind_grpc(server: grpc.aio.Server, host: str, port: int) -> int:

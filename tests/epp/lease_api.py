@@ -1,11 +1,14 @@
-"""A fake Kubernetes API server that keeps ``coordination.k8s.io/v1`` Leases, on 127.0.0.1.
+"""A fake Kubernetes API server on 127.0.0.1: ``coordination.k8s.io/v1`` Leases, and read-only
+``InferencePool`` objects and pods (for a picker started as the reference chart starts it).
 
 Just enough of the real one for leader election through the real ``kubernetes`` client: read
 (404 with a ``Status`` body when absent), create (409 when it exists) and replace, with
 optimistic concurrency on ``metadata.resourceVersion`` (409 when stale), as the API server
 does. Tests can refuse one candidate's writes (``refuse_holder``: that candidate can no longer
 renew, as when its node is cut off) or take the whole API down (``down``: connections refused
-at the HTTP level with a 503).
+at the HTTP level with a 503). Pools (``pools``: (namespace, name) -> the object) are read
+whole; pods (``pods``: raw ``V1Pod`` JSON) are listed by namespace and ``labelSelector``
+(``k=v,...``), and a watch of them is an empty stream that ends after ``watch_s`` seconds.
 """
 
 from __future__ import annotations
@@ -13,10 +16,16 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 _PATH = re.compile(r"\A/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/?]+))?")
+_POOL = re.compile(
+    r"\A/apis/inference\.networking\.k8s\.io/v1/namespaces/([^/]+)/inferencepools/([^/?]+)"
+)
+_PODS = re.compile(r"\A/api/v1/namespaces/([^/]+)/pods\Z")
 
 
 def _status(code: int, reason: str) -> dict[str, Any]:
@@ -33,6 +42,9 @@ class LeaseAPI:
         self.down = False
         self.refuse_holder: str | None = None
         self.writes: list[str | None] = []  # holderIdentity of each accepted write, in order
+        self.pools: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] = []
+        self.watch_s = 0.5
         self._mutex = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -70,6 +82,9 @@ class LeaseAPI:
     def _answer(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
         if self.down:
             return 503, _status(503, "ServiceUnavailable")
+        read = self._read(method, path)
+        if read is not None:
+            return read
         m = _PATH.match(path)
         if m is None:
             return 404, _status(404, "NotFound")
@@ -100,6 +115,25 @@ class LeaseAPI:
             self.writes.append(holder)
             return (201 if method == "POST" else 200), body
 
+    def _read(self, method: str, target: str) -> tuple[int, Any] | None:
+        """A pool or the pods, or None: not theirs."""
+        url = urlsplit(target)
+        if method == "GET" and (m := _POOL.match(url.path)):
+            pool = self.pools.get((m.group(1), m.group(2)))
+            return (200, pool) if pool is not None else (404, _status(404, "NotFound"))
+        if method == "GET" and (m := _PODS.match(url.path)):
+            query = parse_qs(url.query)
+            if query.get("watch") == ["true"]:
+                time.sleep(self.watch_s)
+                return 200, None  # a watch with no events, ended
+            wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",")
+                          if kv)  # fmt: skip
+            items = [p for p in self.pods if p["metadata"].get("namespace") == m.group(1)
+                     and wanted.items() <= p["metadata"].get("labels", {}).items()]  # fmt: skip
+            return 200, {"kind": "PodList", "apiVersion": "v1",
+                         "metadata": {"resourceVersion": "1"}, "items": items}  # fmt: skip
+        return None
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         api = self
 
@@ -108,7 +142,7 @@ class LeaseAPI:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 code, answer = api._answer(method, self.path, body)
-                data = json.dumps(answer).encode()
+                data = json.dumps(answer).encode() if answer is not None else b""
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

@@ -27,6 +27,7 @@ from typing import Any
 
 from prefixroute._serving import run_on_uvloop, wait_for_signal
 from prefixroute.commands._args import flags
+from prefixroute.commands._epp_reference import add_reference_args, go_bool, warn_ignored
 from prefixroute.commands._settings import add_setting_flags
 from prefixroute.core import ConfigError, ReplicaId, SpeedPrior
 from prefixroute.epp import (
@@ -111,6 +112,7 @@ def add_parser(subparsers: Any) -> None:
         help="assume BUFFERED request bodies when Envoy does not say (default full duplex)",
     )
     _add_envoy_args(p)
+    add_reference_args(p)
     _add_kubernetes_args(p)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(run=run)
@@ -133,15 +135,15 @@ def _add_kubernetes_args(p: argparse.ArgumentParser) -> None:
         "--pool-namespace", metavar="NS", help="its namespace ($NAMESPACE, else --k8s-namespace)"
     )
     k.add_argument(
-        "--pool-group", default=V1_GROUP, help=f"the pool's API group ({V1_GROUP}; or the v1alpha2 "
-        "inference.networking.x-k8s.io)",
+        "--pool-group", default=V1_GROUP, help=f"the pool's API group (default {V1_GROUP}; the "
+        "v1alpha2 pools': inference.networking.x-k8s.io)",
     )  # fmt: skip
     k.add_argument(
         "--ha-enable-leader-election",
         nargs="?",
         const=True,
         default=False,
-        type=_go_bool,
+        type=go_bool,
         metavar="BOOL",
         help="contend for a Lease with the other pickers: only the leader reports ready (the "
         "Inference Extension picker's flag; =false, as charts may pass it, is off)",
@@ -152,15 +154,6 @@ def _add_kubernetes_args(p: argparse.ArgumentParser) -> None:
     k.add_argument(
         "--leader-election-namespace", metavar="NS", help="the Lease's namespace (--k8s-namespace)"
     )
-
-
-def _go_bool(value: str) -> bool:
-    """A boolean flag's value as Go's ``flag`` package reads one (``strconv.ParseBool``)."""
-    if value in ("1", "t", "T", "TRUE", "true", "True"):
-        return True
-    if value in ("0", "f", "F", "FALSE", "false", "False"):
-        return False
-    raise argparse.ArgumentTypeError(f"not a boolean: {value!r} (true or false)")
 
 
 def _add_envoy_args(p: argparse.ArgumentParser) -> None:
@@ -202,6 +195,8 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
     )
     if args.k8s_selector and args.pool_name:
         raise ConfigError("give --k8s-selector or --pool-name, not both (the pool has a selector)")
+    if args.cert_path and not args.secure_serving:
+        raise ConfigError("--cert-path is for --secure-serving (the gRPC port is plaintext)")
     if args.pool_name and args.k8s_target_port is not None:
         raise ConfigError("--pool-name takes the pool's target ports: drop --k8s-target-port")
     if args.k8s_selector and args.k8s_target_port is None:
@@ -217,6 +212,9 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         routing=routing,
         full_duplex=not args.buffered,
         leader_election=args.ha_enable_leader_election,
+        grpc_health_port=args.grpc_health_port,
+        secure_serving=args.secure_serving,
+        cert_path=args.cert_path,
         **flags(
             args, "grpc_host", "grpc_port", "http_host", "http_port", "endpoints_file", "fallbacks"
         ),
@@ -244,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
     level = logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = config_from_args(args)
+    warn_ignored(args, log)
     if args.print_envoy_config:
         envoy = envoy_config_of(config, args.envoy_listen, args.envoy_max_requests)
         print(envoy_bootstrap(envoy), end="")

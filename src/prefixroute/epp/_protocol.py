@@ -48,9 +48,12 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 SERVED_KEY = "x-gateway-destination-endpoint-served"  # under DESTINATION_NAMESPACE
 EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"  # where Envoy puts the attributes it sends
 UPSTREAM_ADDRESS = "upstream.address"  # Envoy's attribute: the upstream host's ip:port
-# The gRPC health services the protocol names (the empty name is gRPC's "whole server").
+# The gRPC health services the protocol names (the empty name is gRPC's "whole server"), and
+# the one the reference picker's chart probes without leader election.
 LIVENESS = "liveness"  # serving while the process runs, leader or not (the others: _server)
-HEALTH_SERVICES = ("", LIVENESS, "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+HEALTH_SERVICES = (
+    "", LIVENESS, "readiness", "envoy.service.ext_proc.v3.ExternalProcessor", "inference-extension"
+)  # fmt: skip
 
 # The generated messages carry no type information (mypy sees Any): these name them in signatures.
 Request: TypeAlias = Any  # pb.ProcessingRequest

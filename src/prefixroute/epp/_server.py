@@ -62,6 +62,7 @@ from prefixroute.epp._endpoints import EndpointSet, FileEndpoints
 from prefixroute.epp._envoy_config import MAX_REQUESTS
 from prefixroute.epp._shared import PickShared
 from prefixroute.epp._stream import PickStream
+from prefixroute.epp._tls import server_credentials
 from prefixroute.events import EventSubscriber
 from prefixroute.gateway import (
     GatewayConfig,
@@ -110,6 +111,11 @@ class EppConfig:
     fallbacks: int = 0
     # Active-passive (module docstring): ready only while leading, which ``lead`` says.
     leader_election: bool = False
+    # gRPC health on a port of its own too, plaintext (the reference picker's 9003, which its
+    # chart's probes ask); None: on grpc_port only; 0: any free port.
+    grpc_health_port: int | None = None
+    secure_serving: bool = False  # TLS on grpc_port (_tls): cert_path's, else self-signed
+    cert_path: str | None = None  # a folder with tls.crt and tls.key
 
     def __post_init__(self) -> None:
         if self.fallbacks < 0:
@@ -162,8 +168,10 @@ class EndpointPicker:
         )
         self.endpoints = EndpointSet(self.registry, self._probe_new)
         self.grpc_port = 0  # bound ports, known after start
+        self.grpc_health_port = 0
         self.http_port = 0
         self._grpc: grpc.aio.Server | None = None
+        self._grpc_health: grpc.aio.Server | None = None  # the health-only listener
         self._health = HealthServicer()
         self._session: aiohttp.ClientSession | None = None
         self._checker: HealthChecker | None = None
@@ -197,11 +205,17 @@ class EndpointPicker:
             await self.state.precise.start()
         if self.sync is not None:
             await self.sync.start()  # never fails: an unreachable Redis is retried in background
+        credentials = server_credentials(cfg.cert_path) if cfg.secure_serving else None
         server = self._grpc = grpc.aio.server(options=_GRPC_SERVER_OPTIONS)
         pb_grpc.add_ExternalProcessorServicer_to_server(_Processor(self.shared), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self.grpc_port = _bind_grpc(server, cfg.grpc_host, cfg.grpc_port)
+        self.grpc_port = _bind_grpc(server, cfg.grpc_host, cfg.grpc_port, credentials)
         await server.start()
+        if cfg.grpc_health_port is not None:
+            health = self._grpc_health = grpc.aio.server(options=_GRPC_SERVER_OPTIONS)
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, health)
+            self.grpc_health_port = _bind_grpc(health, cfg.grpc_host, cfg.grpc_health_port)
+            await health.start()
         await self._set_health()
         if cfg.http_port is not None:
             self._runner, url = await listen(
@@ -220,6 +234,9 @@ class EndpointPicker:
         if self._grpc is not None:
             await self._grpc.stop(grace_s)
             self._grpc = None
+        if self._grpc_health is not None:
+            await self._grpc_health.stop(0)
+            self._grpc_health = None
         if self._file is not None:
             await self._file.stop()
         for task in list(self._probes):
@@ -327,14 +344,19 @@ class EndpointPicker:
         return web.json_response(body, status=status)
 
 
-def _bind_grpc(server: grpc.aio.Server, host: str, port: int) -> int:
-    """Bind ``server`` on ``host:port`` and return the port (0 picks one). A port that cannot be
+def _bind_grpc(
+    server: grpc.aio.Server, host: str, port: int, tls: grpc.ServerCredentials | None = None
+) -> int:
+    """Bind ``server`` on ``host:port`` (with ``tls``, if given) and return the port (0 picks
+    one). A port that cannot be
     bound is a :class:`ConfigError` naming it and why, as :func:`prefixroute._serving.listen`
     says it for HTTP. gRPC itself only says that binding failed (and logs its own line on
     stderr), so the kernel is asked first, with a plain socket bound as gRPC binds."""
     why = _bind_failure(host, port)
     if why is None:
         try:
+            if tls is not None:
+                return server.add_secure_port(f"{host}:{port}", tls)
             return server.add_insecure_port(f"{host}:{port}")
         except RuntimeError:  # taken between the two binds
             why = "the address could not be bound"

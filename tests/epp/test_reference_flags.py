@@ -74,6 +74,10 @@ def test_the_reference_serving_flags() -> None:
     assert not config_from_args(parse(*base, "--secure-serving=false")).secure_serving
     with pytest.raises(ConfigError, match="--cert-path is for --secure-serving"):
         config_from_args(parse(*base, "--cert-path", "/certs"))
+    from prefixroute.commands.epp import envoy_config_of
+
+    with pytest.raises(ConfigError, match="speaks plaintext to the picker"):
+        envoy_config_of(config_from_args(parse(*base, "--secure-serving")), "0.0.0.0:8081")
 
 
 async def check(port: int, service: str, credentials: grpc.ChannelCredentials | None = None,

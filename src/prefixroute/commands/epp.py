@@ -226,6 +226,9 @@ def envoy_config_of(
 ) -> EnvoyConfig:
     """The Envoy in front of ``config``'s picker: its pool listed only when the picker names
     fallbacks (``override_host``; else ``ORIGINAL_DST`` follows the picker's one endpoint)."""
+    if config.secure_serving:  # the bootstrap's ext_proc cluster speaks plaintext
+        raise ConfigError("--print-envoy-config prints an Envoy that speaks plaintext to the "
+                          "picker: drop --secure-serving")  # fmt: skip
     host = config.grpc_host if config.grpc_host not in ("0.0.0.0", "::") else "127.0.0.1"
     listed = config.routing.replicas if config.fallbacks else ()
     return EnvoyConfig(

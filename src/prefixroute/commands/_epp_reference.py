@@ -8,7 +8,7 @@ our image runs under such a chart, those flags parse (``--flag``, ``--flag value
 picker (its logger, its plugins, its metrics scraper) that ``prefixroute epp`` does its own way.
 The flags it does honour (``--pool-name``, ``--pool-namespace``, ``--pool-group``,
 ``--grpc-port``, ``--grpc-health-port``, ``--metrics-port``, ``--secure-serving``,
-``--cert-path``, ``--ha-enable-leader-election``) are its own options.
+``--cert-path``, ``--enable-cert-reload``, ``--ha-enable-leader-election``) are its own options.
 """
 
 from __future__ import annotations
@@ -71,6 +71,16 @@ def add_reference_args(p: argparse.ArgumentParser) -> None:
         "reference's default; off here, where Envoy speaks plaintext to the picker)",
     )
     r.add_argument("--cert-path", metavar="DIR", help="with --secure-serving: tls.crt and tls.key")
+    r.add_argument(
+        "--enable-cert-reload",
+        nargs="?",
+        const=True,
+        default=False,
+        type=go_bool,
+        metavar="BOOL",
+        help="read --cert-path again when its files change, for connections made after (a "
+        "renewed Secret is taken without a restart); default: read once at start",
+    )
     add_ignored(p)
 
 
@@ -97,6 +107,14 @@ def given(args: argparse.Namespace) -> list[str]:
 
 
 def warn_ignored(args: argparse.Namespace, log: logging.Logger) -> None:
+    """One warning naming the ignored flags given, and one if ``--enable-cert-reload`` has
+    nothing to reload (as in the reference, where it only concerns ``--cert-path``)."""
+    if args.enable_cert_reload and not (args.secure_serving and args.cert_path):
+        log.warning(
+            "--enable-cert-reload has no effect: %s",
+            "--cert-path is not given (the certificate is made at start)" if args.secure_serving
+            else "the gRPC port serves plaintext (add --secure-serving and --cert-path)",
+        )
     flags = given(args)
     if flags:
         log.warning(

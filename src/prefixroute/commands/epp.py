@@ -215,6 +215,7 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         grpc_health_port=args.grpc_health_port,
         secure_serving=args.secure_serving,
         cert_path=args.cert_path,
+        cert_reload=args.enable_cert_reload,
         **flags(
             args, "grpc_host", "grpc_port", "http_host", "http_port", "endpoints_file", "fallbacks"
         ),

@@ -116,6 +116,7 @@ class EppConfig:
     grpc_health_port: int | None = None
     secure_serving: bool = False  # TLS on grpc_port (_tls): cert_path's, else self-signed
     cert_path: str | None = None  # a folder with tls.crt and tls.key
+    cert_reload: bool = False  # read cert_path again when it changes (_tls.ReloadingCertificate)
 
     def __post_init__(self) -> None:
         if self.fallbacks < 0:
@@ -205,7 +206,9 @@ class EndpointPicker:
             await self.state.precise.start()
         if self.sync is not None:
             await self.sync.start()  # never fails: an unreachable Redis is retried in background
-        credentials = server_credentials(cfg.cert_path) if cfg.secure_serving else None
+        credentials = (
+            server_credentials(cfg.cert_path, cfg.cert_reload) if cfg.secure_serving else None
+        )
         server = self._grpc = grpc.aio.server(options=_GRPC_SERVER_OPTIONS)
         pb_grpc.add_ExternalProcessorServicer_to_server(_Processor(self.shared), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

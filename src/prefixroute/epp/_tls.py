@@ -34,7 +34,7 @@ import grpc
 
 from prefixroute.core import ConfigError
 
-log = logging.getLogger("prefixroute.epp")
+log = logging.getLogger(__name__)
 
 CERT_FILE, KEY_FILE = "tls.crt", "tls.key"  # the names the reference picker reads
 VALID_DAYS = 3650  # a self-signed certificate nobody verifies: as long as the reference's
@@ -109,8 +109,6 @@ class ReloadingCertificate:
         self._seen = self._stamp()
         cert, key = read_pair(cert_path)  # a bad pair at start is a ConfigError, as without
         self.initial = grpc.ssl_server_certificate_configuration([(key, cert)])
-        self.reloads = 0  # pairs taken into service after the first
-        self.rejected = 0  # changed pairs that did not load and were left out
 
     def _stamp(self) -> tuple[tuple[int, int, int], ...] | None:
         try:
@@ -128,10 +126,8 @@ class ReloadingCertificate:
             try:
                 cert, key = read_pair(self.cert_path)
             except ConfigError as exc:
-                self.rejected += 1
                 log.warning("TLS certificate not reloaded, the previous one stays: %s", exc)
                 return None
-            self.reloads += 1
         log.info("TLS certificate reloaded from %s", self.cert_path)
         return grpc.ssl_server_certificate_configuration([(key, cert)])
 

@@ -210,6 +210,7 @@ class IndexPair(RuleBasedStateMachine):
         for hashes in self.chains:
             assert n.match(hashes) == p.match(hashes)
             assert n.match(hashes, NAMES[1:]) == p.match(hashes, NAMES[1:])
+            assert n.match_each(hashes, NAMES) == p.match_each(hashes, NAMES)
             if p.has_holder_map:
                 for limit in (1, 3):
                     assert n.deepest_holders(hashes, limit) == p.deepest_holders(hashes, limit)
@@ -252,6 +253,46 @@ def test_long_random_runs_agree(capacity: int | None) -> None:
         assert len(native) == len(python)
     assert sorted(native.blocks()) == sorted(python.blocks())
     assert all((h in native) == (h in python) for h in pool)
+
+
+@pytest.mark.parametrize("lrus", [0, 1, 16, 64, 65, 200])
+def test_one_chain_against_many_lrus_in_one_call(lrus: int) -> None:
+    """``match_each`` (a decision's candidates at once, their binary searches side by side) is
+    ``[lru.match(chain) for lru in lrus]`` of the reference, 0 for None: past 64 LRUs too (its
+    other buffer), gapped ones walked, keys that are not block hashes never held."""
+    assert _native.LRU is not None and _native.match_each is not None
+    rng = random.Random(lrus)
+    roots = [[BlockHash(rng.getrandbits(64)) for _ in range(rng.randint(1, 40))] for _ in range(6)]
+    natives: list[object] = []
+    pythons: list[ReplicaLRU | None] = []
+    for i in range(lrus):
+        if i % 9 == 4:
+            natives.append(None)
+            pythons.append(None)
+            continue
+        capacity = rng.choice([None, 3, 50, 400])
+        native, python = _native.LRU(capacity), ReplicaLRU(capacity)
+        for _ in range(rng.randint(0, 12)):
+            chain = rng.choice(roots)[: rng.randint(1, 40)]
+            chain = chain + [BlockHash(rng.getrandbits(64)) for _ in range(rng.randint(0, 30))]
+            native.touch(chain)
+            python.touch(chain)
+        if i % 5 == 2 and len(python):
+            doomed = rng.choice(sorted(python.stamps))
+            native.discard(doomed)
+            python.discard(doomed)
+            native.gapped = python.gapped = True
+        natives.append(native)
+        pythons.append(python)
+    for _ in range(60):
+        probe: list[object] = list(rng.choice(roots)[: rng.randint(0, 40)])
+        probe += [BlockHash(rng.getrandbits(64)) for _ in range(rng.randint(0, 20))]
+        if rng.random() < 0.2:
+            probe.insert(rng.randint(0, len(probe)), rng.choice([-1, 2**64, "x", 1.0]))
+        want = [p.match(probe) if p is not None else 0 for p in pythons]  # type: ignore[arg-type]
+        assert _native.match_each(natives, probe) == want  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="compiled LRUs"):
+        _native.match_each([ReplicaLRU(None)], [BlockHash(1)])  # type: ignore[list-item]
 
 
 def test_the_compiled_lru_refuses_what_is_not_a_block_hash() -> None:

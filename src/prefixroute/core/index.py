@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from prefixroute.core import _native
 from prefixroute.core._lru import LRU, lru_factory
 from prefixroute.core._lru import held_prefix as held_prefix  # re-exported: speculative uses it
 from prefixroute.core.errors import ConfigError
@@ -57,6 +58,8 @@ class PrefixIndex:
             raise ConfigError(f"holder_stride must be at least 1 block, got {holder_stride}")
         self.default_capacity_blocks = default_capacity_blocks  # blocks; None = unbounded
         self._lru = lru_factory(compiled)  # one replica's entries
+        # A decision's matches in one compiled call, when the LRUs are the compiled ones.
+        self._match_many = _native.match_each if self._lru is _native.LRU else None
         self._replicas: dict[ReplicaId, LRU] = {}
         self.evictions = 0  # entries dropped by LRU capacity, all replicas, since creation
         self._auto_holders = holder_map is None
@@ -177,24 +180,26 @@ class PrefixIndex:
         self, block_hashes: Sequence[BlockHash], replicas: Iterable[ReplicaId] | None = None
     ) -> dict[ReplicaId, int]:
         """Longest cached prefix per replica, in blocks; replicas matching nothing are absent."""
-        result: dict[ReplicaId, int] = {}
         if not block_hashes:
-            return result
+            return {}
         pool = self._replicas if replicas is None else replicas
-        for replica in pool:
-            entries = self._replicas.get(replica)
-            if entries is not None and (m := entries.match(block_hashes)):
-                result[replica] = m
-        return result
+        return {r: m for r, m in self.match_each(block_hashes, pool).items() if m}
 
     def match_each(
         self, block_hashes: Sequence[BlockHash], replicas: Iterable[ReplicaId]
     ) -> dict[ReplicaId, int]:
         """Longest cached prefix of each of ``replicas``, in blocks, in their order, 0 included
-        (a policy's matches: one dict built once, not :meth:`match`'s then a copy with zeros)."""
+        (a policy's matches: one dict built once, not :meth:`match`'s then a copy with zeros).
+        An unknown replica matches 0."""
         if not block_hashes:
             return dict.fromkeys(replicas, 0)
         get = self._replicas.get
+        if self._match_many is not None:
+            # Compiled LRUs: one call matches them all (each block's hash read once, not once
+            # per replica); the same answers as the loop below.
+            pool = replicas if isinstance(replicas, list | tuple) else list(replicas)
+            found = self._match_many(list(map(get, pool)), block_hashes)
+            return dict(zip(pool, found, strict=True))
         result: dict[ReplicaId, int] = {}
         for replica in replicas:
             entries = get(replica)

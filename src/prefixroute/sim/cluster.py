@@ -27,6 +27,7 @@ from prefixroute.core import (
     SpeedConfig,
     SpeedPrior,
 )
+from prefixroute.sim.collector import YoungCollections
 from prefixroute.sim.fleet import Fleet, SpeedChange
 from prefixroute.sim.kernel import ARRIVAL, URGENT, Kernel
 from prefixroute.sim.records import ReplicaRecord, RequestRecord, RunResult, SpeedSample
@@ -115,6 +116,7 @@ class ClusterSim:
         self._scrapes = EngineScrapes() if self.scrape_s > 0 else None
         self._pending: dict[str, _Pending] = {}
         self._done = 0
+        self._collections = YoungCollections()
         self._accepting_ids: list[ReplicaId] | None = None  # cache of _candidates()
         self._all_accepting = False  # those are the router's replicas, in its order
         self._trace: list[SpeedSample] = []
@@ -132,7 +134,12 @@ class ClusterSim:
             self._kernel.at(change.at_s, partial(self._speed_change, change), URGENT)
         if self._scrapes is not None:
             self._kernel.after(self.scrape_s, self._scrape)
-        self._kernel.run()
+        with self._collections:  # the cyclic collector: young generations only (collector.py)
+            self._kernel.run()
+            return self._result(wall0)
+
+    def _result(self, wall0: float) -> RunResult:
+        cfg = self.replica_config
         for rid, live in self._live.items():
             self._close_stats(rid, live.model)
             if self._router.has_replica(rid):
@@ -354,6 +361,7 @@ class ClusterSim:
                 known = tuple(p.view.block_hashes)
                 self._kernel.after(think, partial(self._arrive, p.session, nxt, known))
             self._done += 1
+            self._collections.done()
             if self.on_progress is not None:
                 self.on_progress(self._done)
         if live.accepting:

@@ -4,7 +4,8 @@ equations in C (``*.c`` here).
 ``pip install -e .`` builds it (``setup.py``) when a C compiler is there; without one the
 install goes on and the pure-Python references run instead, with the same results:
 ``BlockHasher._hash_bytes`` and ``_packed`` (core/hashing.py), ``ReplicaLRU``
-(core/_lru.py) and ``add_observations(compiled=False)`` (core/_solve.py); the simulator's KV
+(core/_lru.py; ``match_each`` is a loop of its ``match``) and
+``add_observations(compiled=False)`` (core/_solve.py); the simulator's KV
 block pool (``kvcache.c``, a module of its own) has ``KVCache`` (sim/kv_cache.py).
 ``PREFIXROUTE_PURE_PYTHON=1`` switches the compiled path off (mutation testing mutates the
 Python, so its tests must run it). The choice is made once, at import, and never warned about
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ __all__ = [
     "ChainFn",
     "add_observations",
     "chain_xxh3",
+    "match_each",
     "missing",
     "pack_u32",
 ]
@@ -53,6 +55,10 @@ _ext, _why_not = _load()
 chain_xxh3: ChainFn | None = None if _ext is None else _ext.chain_xxh3
 pack_u32: Callable[[object], bytes | None] | None = None if _ext is None else _ext.pack_u32
 LRU: type[NativeLRU] | None = None if _ext is None else _ext.LRU
+# One chain against many compiled LRUs in one call (the reference: a loop of ``ReplicaLRU.match``).
+match_each: Callable[[Sequence[object], Sequence[int]], list[int]] | None = (
+    None if _ext is None else _ext.match_each
+)
 # The speed model's normal equations (solve.c; the reference is core/_solve.py's).
 add_observations: Callable[..., int | None] | None = None if _ext is None else _ext.add_observations
 

@@ -31,7 +31,9 @@ PyMODINIT_FUNC
 PyInit__hotpath(void)
 {
     PyObject *m = module_of_type(&module, "LRU", &LRU_type);
-    if (m != NULL && PyModule_AddFunctions(m, solve_methods) < 0)
+    if (m != NULL
+        && (PyModule_AddFunctions(m, solve_methods) < 0
+            || PyModule_AddFunctions(m, lru_methods) < 0))
         Py_CLEAR(m);
     return m;
 }

@@ -21,6 +21,10 @@ def add_observations(
     """``core._solve.add_observations`` (the speed model's normal equations) to the bit; None,
     with ``a`` and ``c`` unchanged, where a ratio is not a number (the reference decides)."""
 
+def match_each(lrus: Sequence[object], block_hashes: Sequence[int], /) -> list[int]:
+    """``[lru.match(block_hashes) for lru in lrus]``, 0 for None, in one call (each block's int
+    read once for all of them)."""
+
 class LRU:
     """One replica's block-hash LRU: the compiled twin of ``_lru.ReplicaLRU``."""
 

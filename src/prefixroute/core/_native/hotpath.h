@@ -7,6 +7,7 @@
 
 extern PyMethodDef chain_methods[]; /* chain_xxh3, pack_u32 */
 extern PyTypeObject LRU_type;       /* one replica's LRU */
+extern PyMethodDef lru_methods[];   /* match_each (one chain against many LRUs) */
 extern PyMethodDef solve_methods[]; /* add_observations (the speed model's normal equations) */
 
 #endif

@@ -150,23 +150,65 @@ LRU_resize(LRU *t, PyObject *arg)
     return PyLong_FromSsize_t(evict(t));
 }
 
-/* Blocks of items held, counted from the first, given the first `known` (>= 1) are held:
+/* A chain being matched: its hashes' keys, each converted on first use and kept for the next
+ * LRU. A decision matches one chain against every candidate's LRU, and their binary searches
+ * probe mostly the same blocks, so each block's int is read once, not once per replica. */
+typedef struct {
+    PyObject **items;
+    uint64_t *keys;
+    unsigned char *state; /* per block: 0 not read yet, 1 a key, 2 not a key (never held) */
+} Chain;
+
+/* 0 with MemoryError set. */
+static int
+chain_open(Chain *c, PyObject **items, Py_ssize_t n)
+{
+    size_t m = (size_t)(n ? n : 1);
+    c->items = items;
+    c->keys = PyMem_Malloc(m * (sizeof(uint64_t) + 1));
+    if (c->keys == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    c->state = (unsigned char *)(c->keys + m);
+    memset(c->state, 0, m);
+    return 1;
+}
+
+static void
+chain_close(Chain *c)
+{
+    PyMem_Free(c->keys);
+}
+
+/* Whether t holds block i of the chain; anything that is not a valid key is simply not held,
+ * as `x in dict` is False for it (holds() in oatable.h). */
+static inline int chain_key(Chain *c, Py_ssize_t i, uint64_t *key);
+
+static inline int
+chain_holds(const LRU *t, Chain *c, Py_ssize_t i)
+{
+    uint64_t key;
+    return chain_key(c, i, &key) && probe(t, key)->stamp != 0;
+}
+
+/* Blocks of the chain held, counted from the first, given the first `known` (>= 1) are held:
  * a linear walk when gapped, else binary search (the held blocks are a prefix). */
 static Py_ssize_t
-held_run(const LRU *t, PyObject **items, Py_ssize_t n, Py_ssize_t known)
+held_run(const LRU *t, Chain *c, Py_ssize_t n, Py_ssize_t known)
 {
     if (t->gapped) {
         Py_ssize_t m = known;
-        while (m < n && holds(t, items[m]))
+        while (m < n && chain_holds(t, c, m))
             m++;
         return m;
     }
-    if (holds(t, items[n - 1]))
+    if (chain_holds(t, c, n - 1))
         return n;
-    Py_ssize_t lo = known, hi = n - 1; /* items[lo - 1] is held, items[hi] is not */
+    Py_ssize_t lo = known, hi = n - 1; /* block lo - 1 is held, block hi is not */
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) >> 1;
-        if (holds(t, items[mid]))
+        if (chain_holds(t, c, mid))
             lo = mid + 1;
         else
             hi = mid;
@@ -174,19 +216,201 @@ held_run(const LRU *t, PyObject **items, Py_ssize_t n, Py_ssize_t known)
     return lo;
 }
 
+/* ReplicaLRU.match: the chain's blocks held from the first, given the first `known` are. */
+static Py_ssize_t
+chain_match(const LRU *t, Chain *c, Py_ssize_t n, Py_ssize_t known)
+{
+    if (known > n)
+        known = n;
+    if (n == 0 || (known < 1 && !chain_holds(t, c, 0)))
+        return 0;
+    return held_run(t, c, n, known >= 1 ? known : 1);
+}
+
 static PyObject *
 LRU_match(LRU *t, PyObject *args)
 {
     Hashes h;
-    Py_ssize_t known = 0, m = 0;
+    Chain c;
+    Py_ssize_t known = 0;
     if (!hashes_args(args, "O|n:match", &h, &known, NULL))
         return NULL;
-    if (known > h.n)
-        known = h.n;
-    if (h.n > 0 && (known >= 1 || holds(t, h.items[0])))
-        m = held_run(t, h.items, h.n, known >= 1 ? known : 1);
+    if (!chain_open(&c, h.items, h.n)) {
+        hashes_close(&h);
+        return NULL;
+    }
+    Py_ssize_t m = chain_match(t, &c, h.n, known);
+    chain_close(&c);
     hashes_close(&h);
     return PyLong_FromSsize_t(m);
+}
+
+/* A chain's key i, converted on first use; 0 when it is not a key (never held). */
+static inline int
+chain_key(Chain *c, Py_ssize_t i, uint64_t *key)
+{
+    if (c->state[i] == 0) {
+        if (key_of(c->items[i], &c->keys[i]))
+            c->state[i] = 1;
+        else {
+            PyErr_Clear();
+            c->state[i] = 2;
+        }
+    }
+    *key = c->keys[i];
+    return c->state[i] == 1;
+}
+
+/* One LRU's match in progress, for match_all: the block it probes next (`at`), the bounds of
+ * its binary search, and where it is in chain_match's steps. */
+typedef struct {
+    const LRU *t;
+    Py_ssize_t at, lo, hi;
+    Py_ssize_t place; /* its LRU's place in match_all's answers */
+    int step;         /* FIRST, LAST, SEARCH, then DONE with the answer in lo */
+} Search;
+
+enum { FIRST, LAST, SEARCH, DONE };
+
+/* Search s's next probe: set `at`, or DONE. */
+static inline void
+search_next(Search *s, Py_ssize_t n)
+{
+    if (s->step == SEARCH) {
+        if (s->lo < s->hi)
+            s->at = (s->lo + s->hi) >> 1;
+        else
+            s->step = DONE;
+    }
+    else if (s->step == LAST)
+        s->at = n - 1;
+}
+
+/* Search s's probe answered: held or not. */
+static inline void
+search_answer(Search *s, Py_ssize_t n, int held)
+{
+    switch (s->step) {
+    case FIRST:
+        s->step = held ? LAST : DONE;
+        s->lo = 0;
+        break;
+    case LAST:
+        if (held) {
+            s->step = DONE;
+            s->lo = n;
+        }
+        else {
+            s->step = SEARCH;
+            s->lo = 1;
+            s->hi = n - 1;
+        }
+        break;
+    default: /* SEARCH */
+        if (held)
+            s->lo = s->at + 1;
+        else
+            s->hi = s->at;
+    }
+}
+
+/* chain_match(t, c, n, 0) of every LRU in ts[k] into out[k], the binary searches run side by
+ * side: each round prefetches every search's next slot, then probes them all. The tables are
+ * megabytes each and every probe is a cache miss; run one after another, a decision at 16
+ * replicas waits for a hundred of them in a row, side by side for about one per round. */
+static void
+match_all(LRU **ts, Py_ssize_t k, Chain *c, Py_ssize_t n, Py_ssize_t *out)
+{
+    Search one[64];
+    Search *ss = k <= 64 ? one : PyMem_Malloc((size_t)k * sizeof(Search));
+    if (ss == NULL) { /* no room to run them side by side: one after another */
+        for (Py_ssize_t i = 0; i < k; i++)
+            out[i] = ts[i] == NULL ? 0 : chain_match(ts[i], c, n, 0);
+        return;
+    }
+    Py_ssize_t live = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        out[i] = 0;
+        if (ts[i] == NULL || n == 0)
+            continue;
+        if (ts[i]->gapped) { /* a linear walk: no search to interleave */
+            out[i] = chain_match(ts[i], c, n, 0);
+            continue;
+        }
+        ss[live++] = (Search){.t = ts[i], .at = 0, .place = i, .step = FIRST};
+    }
+    while (live > 0) {
+        for (Py_ssize_t j = 0; j < live; j++) {
+            uint64_t key;
+            if (chain_key(c, ss[j].at, &key))
+                __builtin_prefetch(&ss[j].t->slots[home(ss[j].t, key)]);
+        }
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t j = 0; j < live; j++) {
+            Search s = ss[j];
+            search_answer(&s, n, chain_holds(s.t, c, s.at));
+            search_next(&s, n);
+            if (s.step == DONE)
+                out[s.place] = s.lo;
+            else
+                ss[kept++] = s;
+        }
+        live = kept;
+    }
+    if (ss != one)
+        PyMem_Free(ss);
+}
+
+/* match_each(lrus, block_hashes): [lru.match(block_hashes) for lru in lrus], 0 for None, in one
+ * call: one C loop instead of a method call per replica, each block's int read once, and the
+ * replicas' searches side by side (match_all). */
+static PyObject *
+match_each(PyObject *module, PyObject *args)
+{
+    PyObject *lrus_obj, *hashes_obj;
+    if (!PyArg_ParseTuple(args, "OO:match_each", &lrus_obj, &hashes_obj))
+        return NULL;
+    PyObject *lrus = PySequence_Fast(lrus_obj, "LRUs must be a sequence");
+    if (lrus == NULL)
+        return NULL;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(lrus);
+    PyObject **each = PySequence_Fast_ITEMS(lrus);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (each[i] != Py_None && !PyObject_TypeCheck(each[i], &LRU_type)) {
+            PyErr_SetString(PyExc_TypeError, "match_each takes compiled LRUs or None");
+            Py_DECREF(lrus);
+            return NULL;
+        }
+    }
+    Hashes h;
+    Chain c;
+    PyObject *out = NULL;
+    LRU **ts = PyMem_Malloc((size_t)(k ? k : 1) * (sizeof(LRU *) + sizeof(Py_ssize_t)));
+    if (ts == NULL) {
+        Py_DECREF(lrus);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t *found = (Py_ssize_t *)(ts + k);
+    for (Py_ssize_t i = 0; i < k; i++)
+        ts[i] = each[i] == Py_None ? NULL : (LRU *)each[i];
+    if (hashes_open(&h, hashes_obj)) {
+        if (chain_open(&c, h.items, h.n)) {
+            match_all(ts, k, &c, h.n, found);
+            chain_close(&c);
+            out = PyList_New(k);
+            for (Py_ssize_t i = 0; out != NULL && i < k; i++) {
+                PyObject *v = PyLong_FromSsize_t(found[i]);
+                if (v == NULL)
+                    Py_CLEAR(out);
+                else
+                    PyList_SET_ITEM(out, i, v);
+            }
+        }
+        hashes_close(&h);
+    }
+    PyMem_Free(ts);
+    Py_DECREF(lrus);
+    return out;
 }
 
 static PyObject *
@@ -318,6 +542,12 @@ static PyGetSetDef LRU_getset[] = {
 static PySequenceMethods LRU_as_sequence = {
     .sq_length = (lenfunc)LRU_len,
     .sq_contains = (objobjproc)LRU_contains,
+};
+
+PyMethodDef lru_methods[] = {
+    {"match_each", (PyCFunction)match_each, METH_VARARGS,
+     "match_each(lrus, block_hashes): each LRU's match of the chain (0 for None), in one call."},
+    {NULL},
 };
 
 PyTypeObject LRU_type = {

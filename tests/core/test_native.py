@@ -292,7 +292,27 @@ def test_one_chain_against_many_lrus_in_one_call(lrus: int) -> None:
         want = [p.match(probe) if p is not None else 0 for p in pythons]  # type: ignore[arg-type]
         assert _native.match_each(natives, probe) == want  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="compiled LRUs"):
-        _native.match_each([ReplicaLRU(None)], [BlockHash(1)])  # type: ignore[list-item]
+        _native.match_each([ReplicaLRU(None)], [BlockHash(1)])
+
+
+def test_distinct_blocks_counts_a_block_held_by_many_once() -> None:
+    """``distinct_blocks`` (``len(PrefixIndex)`` with compiled LRUs) is the size of the union of
+    the LRUs' blocks: shared blocks once, the 64-bit edges included, empty LRUs adding nothing."""
+    assert _native.LRU is not None and _native.distinct_blocks is not None
+    rng = random.Random(7)
+    pool = [BlockHash(rng.getrandbits(64)) for _ in range(3_000)]
+    pool += [BlockHash(0), BlockHash(2**64 - 1)]
+    lrus = []
+    for i in range(40):
+        lru = _native.LRU(rng.choice([None, 10, 500]))
+        for _ in range(i % 7):
+            lru.touch(rng.sample(pool, rng.randint(1, 200)))
+        lrus.append(lru)
+    union: set[int] = set().union(*(lru.blocks() for lru in lrus))
+    assert _native.distinct_blocks(lrus) == len(union) > 0
+    assert _native.distinct_blocks([]) == 0
+    with pytest.raises(TypeError, match="compiled LRUs"):
+        _native.distinct_blocks([ReplicaLRU(None)])
 
 
 def test_the_compiled_lru_refuses_what_is_not_a_block_hash() -> None:

@@ -31,6 +31,7 @@ __all__ = [
     "ChainFn",
     "add_observations",
     "chain_xxh3",
+    "distinct_blocks",
     "match_each",
     "missing",
     "pack_u32",
@@ -58,6 +59,10 @@ LRU: type[NativeLRU] | None = None if _ext is None else _ext.LRU
 # One chain against many compiled LRUs in one call (the reference: a loop of ``ReplicaLRU.match``).
 match_each: Callable[[Sequence[object], Sequence[int]], list[int]] | None = (
     None if _ext is None else _ext.match_each
+)
+# Distinct keys of many compiled LRUs (the reference: the size of a set of their blocks).
+distinct_blocks: Callable[[Sequence[object]], int] | None = (
+    None if _ext is None else _ext.distinct_blocks
 )
 # The speed model's normal equations (solve.c; the reference is core/_solve.py's).
 add_observations: Callable[..., int | None] | None = None if _ext is None else _ext.add_observations

@@ -25,6 +25,9 @@ def match_each(lrus: Sequence[object], block_hashes: Sequence[int], /) -> list[i
     """``[lru.match(block_hashes) for lru in lrus]``, 0 for None, in one call (each block's int
     read once for all of them)."""
 
+def distinct_blocks(lrus: Sequence[object], /) -> int:
+    """How many distinct keys the compiled LRUs hold together (a key in three counts once)."""
+
 class LRU:
     """One replica's block-hash LRU: the compiled twin of ``_lru.ReplicaLRU``."""
 

@@ -29,10 +29,12 @@ setup(
     ext_modules=[
         Extension(
             "prefixroute.core._native._hotpath",
-            sources=[f"{NATIVE}/{name}.c" for name in ("_hotpath", "chain", "lru", "solve")],
+            sources=[
+                f"{NATIVE}/{name}.c" for name in ("_hotpath", "chain", "lru", "lrus", "solve")
+            ],
             depends=[
                 f"{NATIVE}/{name}.h"
-                for name in ("glue", "hotpath", "oatable", "table", "vendor/xxhash")
+                for name in ("glue", "hotpath", "match", "oatable", "table", "vendor/xxhash")
             ],
             # solve.c must add and multiply exactly as core/_solve.py does: no fused multiply-add.
             extra_compile_args=["-ffp-contract=off"],

@@ -2,8 +2,9 @@
  * speed model's normal equations (solve.c, whose reference is core/_solve.py).
  *
  * The readable reference for both is Python: BlockHasher._hash_bytes (core/hashing.py) and
- * ReplicaLRU (core/_lru.py). chain.c and lru.c must give exactly their results; the tests feed
- * both the same operations and compare every answer (tests/core/test_native.py).
+ * ReplicaLRU (core/_lru.py); lrus.c is PrefixIndex's loops over many of them. chain.c, lru.c and
+ * lrus.c must give exactly their results; the tests feed both the same operations and compare
+ * every answer (tests/core/test_native.py).
  *
  * Why C: the profile of Router.route at 8k tokens and a 1M-block index is memory-bound Python
  * work per block. Hashing spends ~150 ns per block calling xxh3 from Python and boxing each

@@ -1,5 +1,5 @@
-"""Types of the compiled hot path (``_hotpath.c``, ``chain.c``, ``lru.c``, ``solve.c``); the
-Python references they must equal are named in ``__init__.py``."""
+"""Types of the compiled hot path (``_hotpath.c``, ``chain.c``, ``lru.c``, ``lrus.c``,
+``solve.c``); the Python references they must equal are named in ``__init__.py``."""
 
 from collections.abc import Sequence
 from typing import Any

@@ -54,7 +54,7 @@ def test_the_young_generations_are_collected_every_so_many_requests(
 ) -> None:
     gc.enable()
     monkeypatch.setattr(collector, "YOUNG_EVERY", 10)
-    run = sim(45)
+    run = sim(40)
     collections.clear()  # building the workload may have collected, automatically
     run.run()
     assert collections.count(1) == 4  # after requests 10, 20, 30 and 40: young only

@@ -59,7 +59,8 @@ class PrefixIndex:
         self.default_capacity_blocks = default_capacity_blocks  # blocks; None = unbounded
         self._lru = lru_factory(compiled)  # one replica's entries
         # A decision's matches in one compiled call, when the LRUs are the compiled ones.
-        self._match_many = _native.match_each if self._lru is _native.LRU else None
+        native = self._lru is _native.LRU  # pragma: no mutate
+        self._match_many = _native.match_each if native else None  # pragma: no mutate
         self._replicas: dict[ReplicaId, LRU] = {}
         self.evictions = 0  # entries dropped by LRU capacity, all replicas, since creation
         self._auto_holders = holder_map is None
@@ -180,8 +181,6 @@ class PrefixIndex:
         self, block_hashes: Sequence[BlockHash], replicas: Iterable[ReplicaId] | None = None
     ) -> dict[ReplicaId, int]:
         """Longest cached prefix per replica, in blocks; replicas matching nothing are absent."""
-        if not block_hashes:
-            return {}
         pool = self._replicas if replicas is None else replicas
         return {r: m for r, m in self.match_each(block_hashes, pool).items() if m}
 
@@ -194,12 +193,12 @@ class PrefixIndex:
         if not block_hashes:
             return dict.fromkeys(replicas, 0)
         get = self._replicas.get
-        if self._match_many is not None:
+        if self._match_many is not None:  # pragma: no mutate
             # Compiled LRUs: one call matches them all (each block's hash read once, not once
             # per replica); the same answers as the loop below.
-            pool = replicas if isinstance(replicas, list | tuple) else list(replicas)
-            found = self._match_many(list(map(get, pool)), block_hashes)
-            return dict(zip(pool, found, strict=True))
+            pool = list(replicas)  # pragma: no mutate
+            found = self._match_many(list(map(get, pool)), block_hashes)  # pragma: no mutate
+            return dict(zip(pool, found, strict=True))  # pragma: no mutate
         result: dict[ReplicaId, int] = {}
         for replica in replicas:
             entries = get(replica)
@@ -323,10 +322,11 @@ class PrefixIndex:
         """Distinct block hashes indexed (a block held by 3 replicas counts once). O(entries)."""
         if len(self._replicas) == 1:
             return self.entries
-        if self._match_many is not None and _native.distinct_blocks is not None:
+        count = _native.distinct_blocks  # pragma: no mutate
+        if count is not None and self._match_many is not None:  # pragma: no mutate
             # Compiled LRUs: their keys sorted in one array, 8 bytes each, instead of an int
             # object and a set entry per key (at 1,000 replicas, the simulator's peak memory).
-            return _native.distinct_blocks(list(self._replicas.values()))
+            return count(list(self._replicas.values()))  # pragma: no mutate
         return len(set().union(*(e.blocks() for e in self._replicas.values())))
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from prefixroute.core import BlockHash, BlockHasher, ConfigError, PrefixIndex, ReplicaId
+from prefixroute.core._lru import ReplicaLRU
 
 HASHER = BlockHasher(block_size=1)
 X, Y, Z, W, V = (ReplicaId(n) for n in ("x", "y", "z", "w", "v"))
@@ -133,6 +134,15 @@ def test_a_cleared_replica_is_no_longer_gapped() -> None:
     assert index.gapped_replicas == frozenset()
 
 
+def test_a_removed_replica_is_no_longer_gapped() -> None:
+    # "Replicas the holder map cannot see": a replica gone is not one of them.
+    index = holder_index()
+    index.insert(X, chain(2), from_root=False)
+    index.insert(Y, chain(2), from_root=False)
+    index.remove_replica(X)
+    assert index.gapped_replicas == {Y}
+
+
 # --- configuration errors ---------------------------------------------------------------------
 
 
@@ -143,6 +153,15 @@ def test_a_capacity_under_one_block_is_refused_with_its_value() -> None:
     with pytest.raises(ConfigError) as per_replica:
         PrefixIndex().add_replica(X, capacity_blocks=-1)
     assert str(per_replica.value) == "index capacity must be at least 1 block, got -1"
+
+
+def test_resizing_a_replica_lru_says_what_is_wrong() -> None:
+    # The Python LRU's own refusals (the index checks capacities before it asks).
+    lru = ReplicaLRU(4)
+    with pytest.raises(ValueError, match="^capacity must be at least 1 block$"):
+        lru.resize(0)
+    with pytest.raises(ValueError, match="^an unbounded LRU keeps no order to resize by$"):
+        ReplicaLRU(None).resize(3)
 
 
 def test_deepest_holders_without_the_map_says_how_to_switch_it_on() -> None:

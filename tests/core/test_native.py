@@ -295,6 +295,28 @@ def test_one_chain_against_many_lrus_in_one_call(lrus: int) -> None:
         _native.match_each([ReplicaLRU(None)], [BlockHash(1)])
 
 
+@pytest.mark.parametrize("length", [511, 512, 513, 2_000])
+def test_chains_longer_than_the_stack_buffer_match_as_the_reference(length: int) -> None:
+    """A chain of up to 512 blocks is matched in a buffer on the C stack, a longer one in an
+    allocated one (``match.h``): at, around and far past that edge, ``LRU.match`` and
+    ``match_each`` answer as the reference, from the root and given ``known`` blocks held."""
+    assert _native.LRU is not None and _native.match_each is not None
+    rng = random.Random(length)
+    chain = [BlockHash(rng.getrandbits(64)) for _ in range(length)]
+    natives, pythons = [], []
+    for held in (length, length - 1, length // 2, 1, 0):
+        native, python = _native.LRU(None), ReplicaLRU(None)
+        native.touch(chain[:held])
+        python.touch(chain[:held])
+        natives.append(native)
+        pythons.append(python)
+        for known in (0, 1, held, length):
+            assert native.match(chain, known) == python.match(chain, known)
+        assert native.match(chain) == held
+    assert _native.match_each(natives, chain) == [p.match(chain) for p in pythons]
+    assert _native.match_each(natives, chain[:3]) == [p.match(chain[:3]) for p in pythons]
+
+
 def test_distinct_blocks_counts_a_block_held_by_many_once() -> None:
     """``distinct_blocks`` (``len(PrefixIndex)`` with compiled LRUs) is the size of the union of
     the LRUs' blocks: shared blocks once, the 64-bit edges included, empty LRUs adding nothing."""

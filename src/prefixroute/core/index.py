@@ -58,9 +58,11 @@ class PrefixIndex:
             raise ConfigError(f"holder_stride must be at least 1 block, got {holder_stride}")
         self.default_capacity_blocks = default_capacity_blocks  # blocks; None = unbounded
         self._lru = lru_factory(compiled)  # one replica's entries
-        # A decision's matches in one compiled call, when the LRUs are the compiled ones.
+        # The calls over many LRUs at once, when the LRUs are the compiled ones: a decision's
+        # matches, and the distinct blocks of all (None: the loops in Python below).
         native = self._lru is _native.LRU  # pragma: no mutate
         self._match_many = _native.match_each if native else None  # pragma: no mutate
+        self._count_distinct = _native.distinct_blocks if native else None  # pragma: no mutate
         self._replicas: dict[ReplicaId, LRU] = {}
         self.evictions = 0  # entries dropped by LRU capacity, all replicas, since creation
         self._auto_holders = holder_map is None
@@ -322,11 +324,10 @@ class PrefixIndex:
         """Distinct block hashes indexed (a block held by 3 replicas counts once). O(entries)."""
         if len(self._replicas) == 1:
             return self.entries
-        count = _native.distinct_blocks  # pragma: no mutate
-        if count is not None and self._match_many is not None:  # pragma: no mutate
+        if self._count_distinct is not None:  # pragma: no mutate
             # Compiled LRUs: their keys sorted in one array, 8 bytes each, instead of an int
             # object and a set entry per key (at 1,000 replicas, the simulator's peak memory).
-            return count(list(self._replicas.values()))  # pragma: no mutate
+            return self._count_distinct(list(self._replicas.values()))  # pragma: no mutate
         return len(set().union(*(e.blocks() for e in self._replicas.values())))
 
     @property

@@ -155,10 +155,11 @@ LRU_match(LRU *t, PyObject *args)
 {
     Hashes h;
     Chain c;
+    ChainBuf buf;
     Py_ssize_t known = 0;
     if (!hashes_args(args, "O|n:match", &h, &known, NULL))
         return NULL;
-    if (!chain_open(&c, h.items, h.n)) {
+    if (!chain_open(&c, h.items, h.n, &buf)) {
         hashes_close(&h);
         return NULL;
     }

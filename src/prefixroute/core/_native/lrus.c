@@ -128,6 +128,7 @@ match_each(PyObject *module, PyObject *args)
     }
     Hashes h;
     Chain c;
+    ChainBuf buf;
     PyObject *out = NULL;
     LRU **ts = PyMem_Malloc((size_t)(k ? k : 1) * (sizeof(LRU *) + sizeof(Py_ssize_t)));
     if (ts == NULL) {
@@ -138,7 +139,7 @@ match_each(PyObject *module, PyObject *args)
     for (Py_ssize_t i = 0; i < k; i++)
         ts[i] = each[i] == Py_None ? NULL : (LRU *)each[i];
     if (hashes_open(&h, hashes_obj)) {
-        if (chain_open(&c, h.items, h.n)) {
+        if (chain_open(&c, h.items, h.n, &buf)) {
             match_all(ts, k, &c, h.n, found);
             chain_close(&c);
             out = PyList_New(k);

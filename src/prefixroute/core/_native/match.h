@@ -14,20 +14,36 @@ typedef struct {
     PyObject **items;
     uint64_t *keys;
     unsigned char *state; /* per block: 0 not read yet, 1 a key, 2 not a key (never held) */
+    int owned;            /* keys and state were allocated (the chain did not fit the buffer) */
 } Chain;
 
-/* 0 with MemoryError set. */
+/* A caller's buffer on its stack for a chain of up to CHAIN_BUF_BLOCKS blocks (8k tokens in
+ * 16-token blocks, 4.5 KiB): the chains of most decisions are matched with no allocation. */
+#define CHAIN_BUF_BLOCKS 512
+typedef struct {
+    uint64_t keys[CHAIN_BUF_BLOCKS];
+    unsigned char state[CHAIN_BUF_BLOCKS];
+} ChainBuf;
+
+/* 0 with MemoryError set. A chain that fits `buf` uses it; a longer one allocates. */
 static inline int
-chain_open(Chain *c, PyObject **items, Py_ssize_t n)
+chain_open(Chain *c, PyObject **items, Py_ssize_t n, ChainBuf *buf)
 {
     size_t m = (size_t)(n ? n : 1);
     c->items = items;
-    c->keys = PyMem_Malloc(m * (sizeof(uint64_t) + 1));
-    if (c->keys == NULL) {
-        PyErr_NoMemory();
-        return 0;
+    c->owned = m > CHAIN_BUF_BLOCKS;
+    if (!c->owned) {
+        c->keys = buf->keys;
+        c->state = buf->state;
     }
-    c->state = (unsigned char *)(c->keys + m);
+    else {
+        c->keys = PyMem_Malloc(m * (sizeof(uint64_t) + 1));
+        if (c->keys == NULL) {
+            PyErr_NoMemory();
+            return 0;
+        }
+        c->state = (unsigned char *)(c->keys + m);
+    }
     memset(c->state, 0, m);
     return 1;
 }
@@ -35,7 +51,8 @@ chain_open(Chain *c, PyObject **items, Py_ssize_t n)
 static inline void
 chain_close(Chain *c)
 {
-    PyMem_Free(c->keys);
+    if (c->owned)
+        PyMem_Free(c->keys);
 }
 
 /* A chain's key i, converted on first use; 0 when it is not a key (never held). */

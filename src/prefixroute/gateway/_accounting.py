@@ -81,6 +81,18 @@ class Release:
         self._guess = guess_first_token(router, listener, rid) if plain else None
 
     def __call__(self, usage: Usage | None = None) -> None:
+        """End the accounting now (a failed attempt: the request may be routed again under the
+        same id, so its end must come before that)."""
+        self._end(usage, later=False)
+
+    def after_answer(self, usage: Usage | None = None) -> None:
+        """End it once the answer's last bytes are on their way: a client does not wait for
+        what the router learns from the answer (the speed model refits every few answers). The
+        end's time is taken now; only the router's work waits for the loop's next turn. For
+        answers that went out, never retried, so nothing is routed under this id meanwhile."""
+        self._end(usage, later=True)
+
+    def _end(self, usage: Usage | None, later: bool) -> None:
         if self.done:
             return
         self.done = True
@@ -88,7 +100,11 @@ class Release:
             self._guess.cancel()
         # A plain answer read whole, with its usage: its time covers prefill and decode.
         whole = self.plain and usage is not None
-        end(self.router, self.listener, self.rid, time.monotonic(), usage, whole)
+        args = (self.router, self.listener, self.rid, time.monotonic(), usage, whole)
+        if later:
+            asyncio.get_running_loop().call_soon(end, *args)
+        else:
+            end(*args)
 
 
 def end(

@@ -4,7 +4,9 @@ The four steps of a handler (parse, ask the core, proxy, account) are split so t
 holds the last three. Accounting goes through the router's one bookkeeping path:
 ``route`` counts the request in flight, the first SSE event with output is ``first_token``,
 and ``complete`` runs in ``finally``, so a disconnect, a cancellation or an error releases it
-the same way.
+the same way. An answer that went out is ended a loop turn after its last bytes were handed to
+the transport (``Release.after_answer``): what the router learns from it is not the client's
+wait.
 
 Retry rule: if the upstream fails before any byte reached the client (refused, reset, timed out,
 or answered 5xx), the request is routed again among the remaining candidates, once. A replica
@@ -82,7 +84,7 @@ from prefixroute.gateway._upstream_answers import (
     kind_of,
     not_for_the_client,
 )
-from prefixroute.gateway._usage import Usage, without_stream_usage
+from prefixroute.gateway._usage import without_stream_usage
 from prefixroute.gateway._verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -197,9 +199,9 @@ class Proxy:
             release = Release(self.router, self.listener, call.rid, not call.admitted.key.stream)
             try:
                 result = await self._attempt(call, decision, can_retry, release)
-                if result.status in TURNED_AWAY:  # (a stream has been released: no-op)
+                if result.status in TURNED_AWAY:  # (before the end, which waits a loop turn)
                     self._withdraw(call.rid)
-                release(result.usage)  # a plain answer's end (a stream released at its end)
+                release.after_answer(result.usage)  # a plain answer's end (a stream: its own)
             except ReplicaBusy:  # full, not failing: elsewhere, unblamed (_upstream_answers)
                 self._withdraw(call.rid)
                 failed.append(decision.replica)
@@ -259,7 +261,7 @@ class Proxy:
         call: _Call,
         decision: Decision,
         can_retry: bool,
-        release: Callable[[Usage | None], None],
+        release: Release,
     ) -> RelayResult:
         """One attempt on ``decision.replica``; a replica that refuses the ``stream_options`` we
         added gets it again as sent, and unless that fails alike (a 400: the request's own
@@ -284,7 +286,7 @@ class Proxy:
         call: _Call,
         decision: Decision,
         can_retry: bool,
-        release: Callable[[Usage | None], None],
+        release: Release,
     ) -> RelayResult:
         request, rid, admitted = call.request, call.rid, call.admitted
         stream = admitted.key.stream
@@ -328,7 +330,8 @@ class Proxy:
                             )
                             if is_event_stream(resp):
                                 ctl = StreamControl(
-                                    name, started, first_token, release, self.is_cutting,
+                                    name, started, first_token, release.after_answer,
+                                    self.is_cutting,
                                     cfg.client_buffer_bytes, cfg.client_write_timeout_s,
                                     admitted.usage_asked,
                                 )  # fmt: skip

@@ -1,0 +1,105 @@
+"""An answer's end is accounted after its bytes went out (gateway/_accounting.py ``Release``).
+
+From ``Release.after_answer``: a client does not wait for what the router learns from its answer;
+the end's time is taken when the answer ended, the router's work waits for the loop's next turn.
+From ``Release.__call__``: a failed attempt is ended at once, since the request may be routed
+again under the same id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from prefixroute.core import Router, make_policy
+from prefixroute.emulate import EmulatorConfig
+from prefixroute.gateway import _accounting
+from prefixroute.gateway._accounting import Release
+from prefixroute.sim.replica import ReplicaConfig
+
+from .helpers import ClusterFactory, GatewayFactory, words
+
+
+def _router() -> Router:
+    router = Router(make_policy("least_loaded"))
+    router.add_replica("r0")
+    return router
+
+
+async def test_an_answer_is_ended_on_the_next_loop_turn_at_the_time_it_ended(
+    monkeypatch: Any,
+) -> None:
+    router = _router()
+    router.route(router.view("a", tokens=list(range(64)), output_tokens=2), 0.0)
+    ended: list[float] = []
+    real_end = _accounting.end
+
+    def spy(*args: Any) -> None:
+        ended.append(args[3])
+        real_end(*args)
+
+    monkeypatch.setattr(_accounting, "end", spy)
+    release = Release(router, None, "a", plain=False)
+    t0 = time.monotonic()
+    release.after_answer(None)
+    t1 = time.monotonic()
+    assert ended == [] and router.replica_load("r0").in_flight == 1  # not yet
+    time.sleep(0.05)  # the loop is busy for a while before its next turn
+    await asyncio.sleep(0)
+    assert router.replica_load("r0").in_flight == 0
+    assert len(ended) == 1 and t0 <= ended[0] <= t1  # the answer's time, not the turn's
+    release(None)  # the `finally` call after it does nothing
+    await asyncio.sleep(0)
+    assert len(ended) == 1
+
+
+async def test_a_failed_attempt_is_ended_at_once_so_a_retry_under_its_id_stays_counted() -> None:
+    router = _router()
+    view = router.view("a", tokens=list(range(64)), output_tokens=2)
+    router.route(view, 0.0)
+    Release(router, None, "a", plain=False)(None)  # the attempt failed
+    assert router.replica_load("r0").in_flight == 0
+    router.route(view, 0.1)  # the retry, same id
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert router.replica_load("r0").in_flight == 1  # the first attempt's end did not end it
+
+
+def _fetch(url: str, body: dict[str, Any], seen: list[float]) -> None:
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        resp.read()
+    seen.append(time.monotonic())
+
+
+async def test_the_client_has_its_answer_before_the_router_has_learned_from_it(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory
+) -> None:
+    """The router's end of the request is made slow (it holds the gateway's loop 0.5 s): a
+    client on its own thread still has the whole answer, plain or streamed, before it is over."""
+    cluster = await make_cluster(1, EmulatorConfig(ReplicaConfig(block_size=16)))
+    gw = await make_gateway(cluster.urls)
+    complete = gw.router.complete
+    learned: list[float] = []
+
+    def slow_complete(*args: Any, **kwargs: Any) -> None:
+        complete(*args, **kwargs)
+        time.sleep(0.5)
+        learned.append(time.monotonic())
+
+    gw.router.complete = slow_complete  # type: ignore[method-assign]
+    for stream in (False, True):
+        seen: list[float] = []
+        body = {"prompt": words(100), "max_tokens": 4, "stream": stream}
+        client = threading.Thread(target=_fetch, args=(gw.url + "/v1/completions", body, seen))
+        client.start()
+        while client.is_alive():
+            await asyncio.sleep(0.01)
+        assert len(seen) == 1 and len(learned) == 1, (stream, seen, learned)
+        assert seen[0] < learned[0] - 0.3, (stream, learned[0] - seen[0])
+        learned.clear()

@@ -165,8 +165,9 @@ class EndpointPicker:
         self.sync = self.state.sync  # sync_redis: one view with the other pickers
         self.tenants = Tenants(rc.tenancy, rc.upstream_api_key, self.metrics.registry)
         self.shared = PickShared(
-            self.state, self.tenants, config.full_duplex, fallbacks=config.fallbacks
-        )
+            self.state, self.tenants, config.full_duplex, fallbacks=config.fallbacks,
+            later=lambda end: asyncio.get_running_loop().call_soon(end),
+        )  # fmt: skip
         self.endpoints = EndpointSet(self.registry, self._probe_new)
         self.grpc_port = 0  # bound ports, known after start
         self.grpc_health_port = 0

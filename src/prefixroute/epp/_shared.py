@@ -6,6 +6,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from prefixroute.core import ReplicaId, Router
 from prefixroute.gateway import (
@@ -16,6 +17,8 @@ from prefixroute.gateway import (
     GatewayState,
     ReplicaRegistry,
     Tenants,
+    Usage,
+    end_accounting,
     judge_error_event,
 )
 from prefixroute.sync import RouteSync
@@ -33,6 +36,10 @@ class PickShared:
     clock: Callable[[], float] = time.monotonic  # seconds
     ids: itertools.count[int] = field(default_factory=itertools.count)
     fleet: FleetView | None = None  # the fleet page's recent decisions, when it is mounted
+    # Where a clean end's router work runs (:meth:`end`): the picker's server passes the loop's
+    # next turn, after Envoy has the last chunk's answer (as the gateway's
+    # Release.after_answer); None: at once (PickStream on its own, as its tests drive it).
+    later: Callable[[Callable[[], None]], object] | None = None
 
     @property
     def router(self) -> Router:
@@ -51,6 +58,15 @@ class PickShared:
         """sync_redis: each decision, first token and end is also told to the other pickers
         and gateways, as the gateway's proxy tells them (its methods return at once)."""
         return self.state.sync
+
+    def end(self, rid: str, usage: Usage | None, whole: bool, later: bool = False) -> None:
+        """The accounting of ``rid`` ends now (``gateway._accounting.end``, the time taken
+        now); ``later``: a clean end, whose router work runs where :attr:`later` says."""
+        args = (self.router, self.sync, rid, self.clock(), usage, whole)
+        if later and self.later is not None:
+            self.later(partial(end_accounting, *args))
+        else:
+            end_accounting(*args)
 
 
 def judge_answer(

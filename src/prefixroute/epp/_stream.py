@@ -58,7 +58,6 @@ from prefixroute.gateway import (
     PayloadTooLarge,
     RequestTracing,
     Usage,
-    end_accounting,
     error_response,
     guess_first_token,
     is_model_call,
@@ -380,7 +379,7 @@ class PickStream:
             if s.sync is not None:
                 s.sync.withdrawn(self.rid)
         self._end_span(status)
-        self._release(usage if status == 200 else None)
+        self._release(usage if status == 200 else None, later=True)
 
     def _end_span(self, status: int) -> None:
         """End the request's span (once) with the answer's status; 0: none came."""
@@ -390,11 +389,11 @@ class PickStream:
         elif span is not None:
             RequestTracing.abandon(span)
 
-    def _release(self, usage: Usage | None) -> None:
+    def _release(self, usage: Usage | None, later: bool = False) -> None:
         if self._done or self.decision is None:
             return
         self._done = True
         if self._guess is not None:
             self._guess.cancel()
         whole = self._plain and usage is not None and not self._untimed  # a fallback: unsent
-        end_accounting(self.s.router, self.s.sync, self.rid, self.s.clock(), usage, whole)
+        self.s.end(self.rid, usage, whole, later)  # later: a clean end (PickShared.later)

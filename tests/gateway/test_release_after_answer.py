@@ -15,6 +15,8 @@ import time
 import urllib.request
 from typing import Any
 
+import aiohttp
+
 from prefixroute.core import Router, make_policy
 from prefixroute.emulate import EmulatorConfig
 from prefixroute.gateway import _accounting
@@ -22,6 +24,7 @@ from prefixroute.gateway._accounting import Release
 from prefixroute.sim.replica import ReplicaConfig
 
 from .helpers import ClusterFactory, GatewayFactory, words
+from .test_precise import metric, metrics
 
 
 def _router() -> Router:
@@ -103,3 +106,39 @@ async def test_the_client_has_its_answer_before_the_router_has_learned_from_it(
         assert len(seen) == 1 and len(learned) == 1, (stream, seen, learned)
         assert seen[0] < learned[0] - 0.3, (stream, learned[0] - seen[0])
         learned.clear()
+
+
+async def test_a_plain_answers_usage_is_read_after_the_client_has_it(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, monkeypatch: Any
+) -> None:
+    """``RelayResult.read_usage``: the body's usage is parsed once the answer went out (made
+    slow here: 0.5 s of the gateway's loop); the router and the metrics still learn from it."""
+    from prefixroute.gateway import _relay
+
+    cluster = await make_cluster(1, EmulatorConfig(ReplicaConfig(block_size=16)))
+    gw = await make_gateway(cluster.urls)
+    parsed: list[float] = []
+    real = _relay.usage_in_body
+
+    def slow_usage(body: bytes) -> Any:
+        time.sleep(0.5)
+        parsed.append(time.monotonic())
+        return real(body)
+
+    monkeypatch.setattr(_relay, "usage_in_body", slow_usage)
+    reports = gw.router.usage_reports
+    seen: list[float] = []
+    body = {"prompt": words(100), "max_tokens": 4}
+    client = threading.Thread(target=_fetch, args=(gw.url + "/v1/completions", body, seen))
+    client.start()
+    while client.is_alive() or not parsed:
+        await asyncio.sleep(0.01)
+    assert len(seen) == 1 and len(parsed) == 1
+    assert seen[0] < parsed[0] - 0.3, parsed[0] - seen[0]
+    await asyncio.sleep(0.01)
+    assert gw.router.usage_reports == reports + 1  # the replica's usage reached the router
+    async with aiohttp.ClientSession() as session:
+        text = await metrics(session, gw.url)
+    # ... and the metrics counted its cached tokens (none: a first request), not it missing.
+    assert metric(text, "prefixroute_actual_cached_tokens_total") == 0
+    assert metric(text, "prefixroute_usage_missing_total") == 0

@@ -85,26 +85,30 @@ class Release:
         same id, so its end must come before that)."""
         self._end(usage, later=False)
 
-    def after_answer(self, usage: Usage | None = None) -> None:
+    def after_answer(self, usage: Usage | Callable[[], Usage | None] | None = None) -> None:
         """End it once the answer's last bytes are on their way: a client does not wait for
         what the router learns from the answer (the speed model refits every few answers). The
-        end's time is taken now; only the router's work waits for the loop's next turn. For
-        answers that went out, never retried, so nothing is routed under this id meanwhile."""
+        end's time is taken now; only the router's work waits for the loop's next turn (with
+        ``usage`` read then, when it is given as the call that reads it). For answers that
+        went out, never retried, so nothing is routed under this id meanwhile."""
         self._end(usage, later=True)
 
-    def _end(self, usage: Usage | None, later: bool) -> None:
+    def _end(self, usage: Usage | Callable[[], Usage | None] | None, later: bool) -> None:
         if self.done:
             return
         self.done = True
         if self._guess is not None:
             self._guess.cancel()
+        if later:
+            asyncio.get_running_loop().call_soon(self._learn, usage, time.monotonic())
+        else:
+            self._learn(usage, time.monotonic())
+
+    def _learn(self, usage: Usage | Callable[[], Usage | None] | None, now: float) -> None:
+        usage = usage() if callable(usage) else usage
         # A plain answer read whole, with its usage: its time covers prefill and decode.
         whole = self.plain and usage is not None
-        args = (self.router, self.listener, self.rid, time.monotonic(), usage, whole)
-        if later:
-            asyncio.get_running_loop().call_soon(end, *args)
-        else:
-            end(*args)
+        end(self.router, self.listener, self.rid, now, usage, whole)
 
 
 def end(

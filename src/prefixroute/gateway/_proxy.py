@@ -201,7 +201,7 @@ class Proxy:
                 result = await self._attempt(call, decision, can_retry, release)
                 if result.status in TURNED_AWAY:  # (before the end, which waits a loop turn)
                     self._withdraw(call.rid)
-                release.after_answer(result.usage)  # a plain answer's end (a stream: its own)
+                release.after_answer(result.read_usage)  # a plain answer's (a stream: its own)
             except ReplicaBusy:  # full, not failing: elsewhere, unblamed (_upstream_answers)
                 self._withdraw(call.rid)
                 failed.append(decision.replica)
@@ -354,14 +354,18 @@ class Proxy:
         self, rid: str, endpoint: Endpoint, decision: Decision, result: RelayResult,
         verdict: Verdict,
     ) -> None:  # fmt: skip
-        replica = decision.replica
         if result.cut is not None:
             self.metrics.cut_streams.labels(result.cut).inc()
-        verdict.answered(replica, result)
+        verdict.answered(decision.replica, result)
+        # What its usage says, once the answer has gone out (RelayResult.read_usage).
+        asyncio.get_running_loop().call_soon(self._usage, rid, endpoint, decision, result)
+
+    def _usage(self, rid: str, endpoint: Endpoint, decision: Decision, result: RelayResult) -> None:
+        replica, usage = decision.replica, result.read_usage()
         # Usage is judged missing only of an answer that ended as the replica meant it to.
         whole = not (result.failure or result.cut or result.client_gone or result.error_status)
         if endpoint is not Endpoint.OTHER and result.status == 200 and whole:
-            prompt = result.usage.prompt_tokens if result.usage is not None else None
+            prompt = usage.prompt_tokens if usage is not None else None
             self.metrics.observe_usage(
                 replica, decision.predicted_cached_tokens, result.cached_tokens, prompt
             )

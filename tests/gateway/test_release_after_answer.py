@@ -142,3 +142,42 @@ async def test_a_plain_answers_usage_is_read_after_the_client_has_it(
     # ... and the metrics counted its cached tokens (none: a first request), not it missing.
     assert metric(text, "prefixroute_actual_cached_tokens_total") == 0
     assert metric(text, "prefixroute_usage_missing_total") == 0
+
+
+def _first_line(url: str, body: dict[str, Any], seen: list[float]) -> None:
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        while not resp.readline().startswith(b"data:"):  # the first event's data line
+            pass
+        seen.append(time.monotonic())
+        resp.read()
+
+
+async def test_a_streams_first_token_reaches_the_client_before_the_router_learns_from_it(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory
+) -> None:
+    """``Proxy._first_token``: the first token is timed when its event is relayed, and the
+    router's work on it (made slow here: 0.5 s of the gateway's loop) runs after the client
+    has the event; the router still hears it (the request stops counting as prefilling)."""
+    cluster = await make_cluster(1, EmulatorConfig(ReplicaConfig(block_size=16)))
+    gw = await make_gateway(cluster.urls)
+    real = gw.router.first_token
+    heard: list[tuple[float, float]] = []
+
+    def slow_first_token(rid: str, now: float, measured: bool = True) -> None:
+        time.sleep(0.5)
+        real(rid, now, measured)
+        heard.append((now, time.monotonic()))
+
+    gw.router.first_token = slow_first_token  # type: ignore[method-assign]
+    seen: list[float] = []
+    body = {"prompt": words(100), "max_tokens": 4, "stream": True}
+    client = threading.Thread(target=_first_line, args=(gw.url + "/v1/completions", body, seen))
+    client.start()
+    while client.is_alive():
+        await asyncio.sleep(0.01)
+    assert len(seen) == 1 and len(heard) == 1
+    timed, done = heard[0]
+    assert seen[0] < done - 0.3, done - seen[0]  # the client had it well before
+    assert timed <= seen[0]  # timed when relayed, not when the router got to it

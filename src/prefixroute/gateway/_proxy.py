@@ -302,10 +302,8 @@ class Proxy:
         loop = asyncio.get_running_loop()
         cfg = self.config
 
-        def first_token() -> None:
-            self.router.first_token(rid, time.monotonic())
-            if self.listener is not None:
-                self.listener.first_token(rid)
+        def first_token() -> None:  # timed now; the router's work once the bytes went out
+            loop.call_soon(self._first_token, rid, time.monotonic())
 
         try:
             deadline = loop.time() + self.first_byte_s(decision) if stream else None
@@ -341,6 +339,14 @@ class Proxy:
                     unwatch()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise upstream_error(exc, name) from exc
+
+    def _first_token(self, rid: str, now: float) -> None:
+        """``rid``'s first token came at ``now``. Run on the loop's turn after its first bytes
+        were written: the client's first token does not wait for what the router learns from
+        it (a misjudged prediction's observation, a refit of the speed model)."""
+        self.router.first_token(rid, now)
+        if self.listener is not None:
+            self.listener.first_token(rid)
 
     def _traced(self, call: _Call, name: str) -> AbstractContextManager[Mapping[str, str]]:
         """The upstream headers of one attempt, under its own CLIENT span when the request is

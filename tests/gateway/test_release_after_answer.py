@@ -13,6 +13,7 @@ import json
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -80,6 +81,19 @@ def _fetch(url: str, body: dict[str, Any], seen: list[float]) -> None:
     seen.append(time.monotonic())
 
 
+async def _client_thread(
+    fetch: Callable[[str, dict[str, Any], list[float]], None], url: str, body: dict[str, Any]
+) -> list[float]:
+    """``fetch`` on a thread of its own (a client the gateway's loop cannot hold up), waited
+    for without blocking the loop; returns the times it saw."""
+    seen: list[float] = []
+    client = threading.Thread(target=fetch, args=(url + "/v1/completions", body, seen))
+    client.start()
+    while client.is_alive():
+        await asyncio.sleep(0.01)
+    return seen
+
+
 async def test_the_client_has_its_answer_before_the_router_has_learned_from_it(
     make_cluster: ClusterFactory, make_gateway: GatewayFactory
 ) -> None:
@@ -97,12 +111,8 @@ async def test_the_client_has_its_answer_before_the_router_has_learned_from_it(
 
     gw.router.complete = slow_complete  # type: ignore[method-assign]
     for stream in (False, True):
-        seen: list[float] = []
         body = {"prompt": words(100), "max_tokens": 4, "stream": stream}
-        client = threading.Thread(target=_fetch, args=(gw.url + "/v1/completions", body, seen))
-        client.start()
-        while client.is_alive():
-            await asyncio.sleep(0.01)
+        seen = await _client_thread(_fetch, gw.url, body)
         assert len(seen) == 1 and len(learned) == 1, (stream, seen, learned)
         assert seen[0] < learned[0] - 0.3, (stream, learned[0] - seen[0])
         learned.clear()
@@ -127,11 +137,8 @@ async def test_a_plain_answers_usage_is_read_after_the_client_has_it(
 
     monkeypatch.setattr(_relay, "usage_in_body", slow_usage)
     reports = gw.router.usage_reports
-    seen: list[float] = []
-    body = {"prompt": words(100), "max_tokens": 4}
-    client = threading.Thread(target=_fetch, args=(gw.url + "/v1/completions", body, seen))
-    client.start()
-    while client.is_alive() or not parsed:
+    seen = await _client_thread(_fetch, gw.url, {"prompt": words(100), "max_tokens": 4})
+    while not parsed:
         await asyncio.sleep(0.01)
     assert len(seen) == 1 and len(parsed) == 1
     assert seen[0] < parsed[0] - 0.3, parsed[0] - seen[0]
@@ -171,12 +178,8 @@ async def test_a_streams_first_token_reaches_the_client_before_the_router_learns
         heard.append((now, time.monotonic()))
 
     gw.router.first_token = slow_first_token  # type: ignore[method-assign]
-    seen: list[float] = []
     body = {"prompt": words(100), "max_tokens": 4, "stream": True}
-    client = threading.Thread(target=_first_line, args=(gw.url + "/v1/completions", body, seen))
-    client.start()
-    while client.is_alive():
-        await asyncio.sleep(0.01)
+    seen = await _client_thread(_first_line, gw.url, body)
     assert len(seen) == 1 and len(heard) == 1
     timed, done = heard[0]
     assert seen[0] < done - 0.3, done - seen[0]  # the client had it well before

@@ -11,7 +11,8 @@ import asyncio
 import json
 from collections.abc import Callable
 
-from prefixroute.epp import EndpointPicker, EppConfig, PickStream
+from prefixroute.core.load import ReplicaLoad
+from prefixroute.epp import EndpointPicker, EppConfig, PickShared, PickStream
 
 from .support import completion, pick, response_body, response_headers, shared
 
@@ -21,7 +22,9 @@ USAGE = {
 FINAL = f"data: {json.dumps({'choices': [], 'usage': USAGE})}\n\ndata: [DONE]\n\n".encode()
 
 
-async def test_the_last_chunk_is_answered_before_the_router_hears_the_end() -> None:
+async def _streaming() -> tuple[PickShared, list[Callable[[], None]], PickStream, ReplicaLoad]:
+    """A picked stream whose answer has started, on a picker whose clean ends are held in the
+    returned list (``PickShared.later``); with the picked replica's load."""
     s = shared()
     held: list[Callable[[], None]] = []
     s.later = held.append
@@ -29,6 +32,11 @@ async def test_the_last_chunk_is_answered_before_the_router_hears_the_end() -> N
     await pick(stream, completion(100, stream=True))
     load = s.router.loads.get(stream.decision.replica)  # type: ignore[union-attr]
     await stream.handle(response_headers(content_type="text/event-stream"))
+    return s, held, stream, load
+
+
+async def test_the_last_chunk_is_answered_before_the_router_hears_the_end() -> None:
+    s, held, stream, load = await _streaming()
     s.clock.now = 100.5  # type: ignore[attr-defined]
     await stream.handle(response_body(b'data: {"choices":[{"text":"a"}]}\n\n'))
     s.clock.now = 101.0  # type: ignore[attr-defined]
@@ -46,13 +54,7 @@ async def test_the_last_chunk_is_answered_before_the_router_hears_the_end() -> N
 
 
 async def test_a_cut_stream_ends_at_once_even_with_a_later() -> None:
-    s = shared()
-    held: list[Callable[[], None]] = []
-    s.later = held.append
-    stream = PickStream(s)
-    await pick(stream, completion(100, stream=True))
-    load = s.router.loads.get(stream.decision.replica)  # type: ignore[union-attr]
-    await stream.handle(response_headers(content_type="text/event-stream"))
+    _, held, stream, load = await _streaming()
     stream.close()  # the gRPC stream ended mid-answer
     assert held == [] and load.in_flight == 0
 

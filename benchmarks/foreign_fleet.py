@@ -17,10 +17,10 @@ learned for each replica, beside the true one.
 
 Run: ``.venv/bin/python benchmarks/foreign_fleet.py [-w multi-turn] [--set sessions=100]
 [--fleet 10000,10000,2500,2500] [-p round_robin,least_loaded,cache_aware,predicted_ttft]
-[--replica-arg=--no-cached-report] [--plain SHARE]``. With ``--plain``, that share of the
-requests asks for no stream: TTFT is over the streamed ones, the learned rates over all. Each
-policy takes 1–7 minutes on a 2-vCPU machine, whose client, gateway and replicas share the
-cores: compare policies of one run only.
+[--replica-arg=--no-cached-report] [--plain SHARE] [--tell-max-running N]``. With ``--plain``,
+that share of the requests asks for no stream: TTFT is over the streamed ones, the learned
+rates over all. Each policy takes 1–7 minutes on a 2-vCPU machine, whose client, gateway and
+replicas share the cores: compare policies of one run only.
 """
 
 from __future__ import annotations
@@ -101,6 +101,9 @@ def run_policy(policy: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
     try:
         asyncio.run(_ready(urls))
         serve = ["serve", "--port", str(gw_port), "--policy", policy]
+        if args.tell_max_running:  # each replica's batch size, as its operator would give it
+            serve += [x for u in urls
+                      for x in ("--replica-speed", f"{u}=max_running={args.tell_max_running}")]
         procs.append(spawn(serve + [x for u in urls for x in ("--replica", u)]))
         asyncio.run(_ready([gw_url]))
         time.sleep(3.0)  # a health round: models and metrics known
@@ -138,6 +141,9 @@ def main(argv: list[str]) -> None:
                    help="share of the requests sent without a stream (bench --plain)")
     p.add_argument("--replica-arg", action="append", default=[],
                    help="passed to every replica (e.g. --replica-arg=--no-cached-report)")
+    p.add_argument("--tell-max-running", type=int, default=0, metavar="N",
+                   help="give the gateway each replica's batch size, N (--replica-speed "
+                   "URL=max_running=N; default 0: it learns it from their metrics, if it can)")
     args = p.parse_args(argv)
     policies = [x for x in args.policies.split(",") if x]
     rows, rates = {}, {}

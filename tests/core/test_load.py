@@ -17,7 +17,7 @@ from prefixroute.core import (
     ReplicaId,
     RequestView,
 )
-from prefixroute.core.load import THROUGHPUT_WINDOW_S
+from prefixroute.core.replica_load import THROUGHPUT_WINDOW_S
 
 R0, R1 = ReplicaId("r0"), ReplicaId("r1")
 

@@ -11,7 +11,7 @@ import asyncio
 import json
 from collections.abc import Callable
 
-from prefixroute.core.load import ReplicaLoad
+from prefixroute.core.replica_load import ReplicaLoad
 from prefixroute.epp import EndpointPicker, EppConfig, PickShared, PickStream
 
 from .support import completion, pick, response_body, response_headers, shared

@@ -163,23 +163,23 @@ def test_a_replica_s_own_speed_priors_from_the_file_and_the_flag(tmp_path: Path)
     from prefixroute.core import SpeedPrior
 
     path = tmp_path / "gw.toml"
-    path.write_text(TOML + "prefill_tokens_per_s = 40000\ndecode_step_s = 0.02\n")
+    path.write_text(TOML + "prefill_tokens_per_s = 40000\ndecode_step_s = 0.02\nmax_running = 64\n")
     args = build_parser().parse_args([
         "serve", "--config", str(path), "--replica", "http://10.0.0.3:8000",
-        "--replica-speed", "http://10.0.0.3:8000=prefill_tokens_per_s=2500.5",
+        "--replica-speed", "http://10.0.0.3:8000=prefill_tokens_per_s=2500.5,max_running=8",
     ])  # fmt: skip
     cfg = config_from_args(args)
     assert cfg.replica_speed_priors() == {
-        "http://10.0.0.2:8000": SpeedPrior(prefill_tokens_per_s=40_000.0, decode_step_s=0.02),
-        "http://10.0.0.3:8000": SpeedPrior(prefill_tokens_per_s=2_500.5),
+        "http://10.0.0.2:8000": SpeedPrior(40_000.0, 0.02, max_running=64),
+        "http://10.0.0.3:8000": SpeedPrior(prefill_tokens_per_s=2_500.5, max_running=8),
     }
 
 
 @pytest.mark.parametrize(
     "extra",
     ['prefill_tokens_per_s = "fast"\n', "weight = 2\n", "prefill_tokens_per_s = true\n",
-     "prefill_tokens_per_s = -1.0\n"],
-    ids=["not-a-number", "unknown-key", "a-boolean", "negative"],
+     "prefill_tokens_per_s = -1.0\n", "max_running = 0.5\n"],
+    ids=["not-a-number", "unknown-key", "a-boolean", "negative", "a-part-batch"],
 )  # fmt: skip
 def test_a_replica_entry_with_bad_speed_priors_is_refused(tmp_path: Path, extra: str) -> None:
     path = tmp_path / "gw.toml"
@@ -191,7 +191,8 @@ def test_a_replica_entry_with_bad_speed_priors_is_refused(tmp_path: Path, extra:
 @pytest.mark.parametrize(
     "spec",
     ["http://a:1", "http://a:1=", "http://a:1=prefill=5", "http://a:1=prefill_tokens_per_s=x",
-     "http://a:1=decode_step_s=-1", "=prefill_tokens_per_s=5"],
+     "http://a:1=decode_step_s=-1", "=prefill_tokens_per_s=5", "http://a:1=max_running=0",
+     "http://a:1=max_running=2.5"],
 )  # fmt: skip
 def test_a_bad_replica_speed_flag_is_refused(spec: str) -> None:
     with pytest.raises(ConfigError):

@@ -170,7 +170,7 @@ async def test_state_reports_load_speed_hits_index_and_decisions(
         assert r["status"] == "healthy" and r["in_flight"] == 0
         assert r["index_blocks"] == gw.router.index.blocks_of(r["id"])
         assert r["index_capacity_blocks"] == gw.router.index.capacity_of(r["id"])
-        assert r["speed"] == gw.router.loads.get(r["id"]).speed.snapshot()
+        assert r["speed"] == gw.router.loads.get(r["id"]).speed_report()
     assert sum(r["index_blocks"] for r in served) > 0
     # Hit rates: the Prometheus counters, per replica, with the prompt tokens as denominator.
     async with session.get(gw.url + "/metrics") as resp:

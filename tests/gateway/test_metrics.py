@@ -80,6 +80,20 @@ def test_the_live_numbers_are_the_routers_and_the_registrys() -> None:
     assert value(m, seen, replica=B, phase="decode") == 0
 
 
+def test_a_replica_s_batch_size_is_exported_once_known() -> None:
+    from prefixroute.core import SpeedPrior
+    from prefixroute.core.batch_slots import FULL_REPORTS
+
+    m, router, _ = gateway_metrics()
+    slots = "prefixroute_replica_batch_slots"
+    assert m.registry.get_sample_value(slots, {"replica": A}) is None  # not known yet
+    router.loads.tell(A, SpeedPrior(max_running=48))
+    for _ in range(FULL_REPORTS):
+        router.observe_replica(B, num_running=12, num_waiting=3)
+    assert (value(m, slots, replica=A), value(m, slots, replica=B)) == (48, 12)
+    assert router.replica_load(A).speed_report()["batch_slots"] == 48
+
+
 def test_each_ejection_is_counted_and_a_drain_is_not() -> None:
     """``prefixroute_replica_healthy`` is 0 while a replica is out *or draining*, and an
     ejection lasts only eject_s: a scrape can miss it. The counter keeps every one."""

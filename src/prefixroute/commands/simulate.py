@@ -116,8 +116,9 @@ def _add_what_the_router_sees(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument(
         "--tell-speeds", action="store_true",
-        help="give the router each replica's true prefill rate and decode step as its own "
-        "priors, as serve's --replica-speed does (default: it learns them)",
+        help="give the router each replica's true prefill rate, decode step and batch size "
+        "(max_running) as its own priors, as serve's --replica-speed does (default: it learns "
+        "them)",
     )  # fmt: skip
 
 

@@ -19,7 +19,7 @@ from prefixroute.core.errors import (
 from prefixroute.core.hashing import BlockHash, BlockHasher, TokenIds
 from prefixroute.core.index import PrefixIndex
 from prefixroute.core.index_capacity import IndexCapacityConfig, ReplicaCapacity
-from prefixroute.core.load import LoadTracker, ReplicaLoad
+from prefixroute.core.load import LoadTracker
 from prefixroute.core.policies import (
     DEFAULT_POLICY,
     POLICIES,
@@ -29,6 +29,7 @@ from prefixroute.core.policies import (
     parse_policy_list,
     policy_names,
 )
+from prefixroute.core.replica_load import ReplicaLoad
 from prefixroute.core.request_key import EMPTY_KEY, Endpoint, RouteKey, key_of
 from prefixroute.core.router import Router
 from prefixroute.core.speculative import SpeculativeEntries

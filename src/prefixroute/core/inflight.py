@@ -13,7 +13,7 @@ from prefixroute.core.types import ReplicaId
 MISJUDGED = 2.0  # a warming replica's first token this many times off its prediction teaches now
 
 if TYPE_CHECKING:  # the load view imports this module
-    from prefixroute.core.load import ReplicaLoad
+    from prefixroute.core.replica_load import ReplicaLoad
 
 
 @dataclass(slots=True)

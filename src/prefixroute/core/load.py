@@ -36,97 +36,15 @@ p99 TTFT on the hot-prefix workload from 479 and 324 ms (seeds 0, 1) to 285 and 
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from dataclasses import dataclass, field
 
 from prefixroute.core.fleet_speed import fleet_median
 from prefixroute.core.inflight import InFlight
 from prefixroute.core.plain_answers import in_order, passed_unseen, recheck_s
-from prefixroute.core.queue_fixes import QueueFixes
+from prefixroute.core.replica_load import ReplicaLoad
 from prefixroute.core.speed import REFIT_EVERY, ReplicaSpeed, SpeedConfig
 from prefixroute.core.speed_config import SpeedPrior
-from prefixroute.core.speed_snapshot import snapshot
 from prefixroute.core.types import Decision, ReplicaId, RequestView
-
-THROUGHPUT_WINDOW_S = 10.0  # seconds; time constant of the decaying throughput estimate
-
-
-@dataclass(slots=True)
-class ReplicaLoad:
-    """One replica's load as the router sees it."""
-
-    in_flight: int = 0  # requests dispatched and not completed
-    prefilling: int = 0  # of those, requests without a first token yet
-    queued_prefill_tokens: int = 0  # predicted uncached prompt tokens not yet prefilled, tokens
-    active_blocks: int = 0  # KV blocks of in-flight requests (prompt + expected output), blocks
-    completed: int = 0  # requests completed since registration
-    # Scraped from the replica's metrics (None until a scrape or a simulator step reports them).
-    kv_usage: float | None = None  # fraction of KV cache in use, 0..1
-    num_waiting: int | None = None  # requests queued inside the engine
-    num_running: int | None = None  # requests in the engine's running batch
-    speed: ReplicaSpeed = field(default_factory=ReplicaSpeed)  # learned prefill rate, decode step
-    told: bool = False  # its own priors were given (SpeedPrior): known from the start
-    busy_since: float = 0.0  # when it started on its current prefill queue, seconds
-    fixes: QueueFixes = field(default_factory=QueueFixes)  # dispatch count, queue corrections
-    prefilled_tokens: int = 0  # uncached tokens whose first token came back, since registration
-    dispatched_tokens: int = 0  # predicted uncached tokens dispatched here, since registration
-    # Its requests in dispatch order, from the oldest without a first token (prefilled ones
-    # leave lazily: core/plain_answers.py, in_order): what a guessed first token waits behind.
-    unprefilled: deque[InFlight] = field(default_factory=deque)
-    _tokens_acc: float = 0.0  # decayed sum of tokens processed, tokens
-    _tokens_at: float = 0.0  # time of the last decay, seconds
-    _arrivals_acc: float = 0.0  # decayed count of requests dispatched here, requests
-    _uncached_acc: float = 0.0  # decayed sum of their predicted uncached tokens, tokens
-    _arrivals_at: float = 0.0  # time of the last decay, seconds
-
-    @property
-    def speed_known(self) -> bool:  # its own: learned (warmed up), or given by who knows it
-        return self.told or self.speed.warmed_up
-
-    def speed_report(self) -> dict[str, float | int | str | None]:  # given priors named so
-        return snapshot(self.speed, given=self.told)  # estimates, evidence: speed_snapshot.py
-
-    @property
-    def decoding(self) -> int:
-        """In-flight requests past their prefill."""
-        return self.in_flight - self.prefilling
-
-    def queued_left(self, now: float) -> float:
-        """Queued prefill tokens not done yet: the queue less the progress the replica has made
-        on it since ``busy_since`` at its learned speed, tokens."""
-        queued = self.queued_prefill_tokens
-        return queued - self.speed.progress(queued, now - self.busy_since, self.decoding > 0)
-
-    def queued_prefill_s(self, now: float) -> float:
-        """The queued prefill work in seconds at this replica's own learned speed: how long a
-        request dispatched now waits before its own prefill starts (decode overhead aside)."""
-        return self.speed.prefill_s(self.queued_left(now))
-
-    def throughput(self, now: float) -> float:
-        """Recent tokens processed per second (prefill + output), exponentially decayed."""
-        decay = math.exp(-(now - self._tokens_at) / THROUGHPUT_WINDOW_S)
-        return self._tokens_acc * decay / THROUGHPUT_WINDOW_S
-
-    def arrival_rate(self, now: float) -> float:
-        """Recent requests dispatched here per second, exponentially decayed."""
-        decay = math.exp(-(now - self._arrivals_at) / THROUGHPUT_WINDOW_S)
-        return self._arrivals_acc * decay / THROUGHPUT_WINDOW_S
-
-    def mean_uncached(self) -> float:
-        """Mean predicted uncached tokens of recent requests dispatched here, tokens."""
-        return self._uncached_acc / self._arrivals_acc if self._arrivals_acc else 0.0
-
-    def _add_arrival(self, uncached: int, now: float) -> None:
-        decay = math.exp(-(now - self._arrivals_at) / THROUGHPUT_WINDOW_S)
-        self._arrivals_acc = self._arrivals_acc * decay + 1.0
-        self._uncached_acc = self._uncached_acc * decay + uncached
-        self._arrivals_at = now
-
-    def _add_tokens(self, tokens: int, now: float) -> None:
-        decay = math.exp(-(now - self._tokens_at) / THROUGHPUT_WINDOW_S)
-        self._tokens_acc = self._tokens_acc * decay + tokens
-        self._tokens_at = now
 
 
 @dataclass(slots=True)
@@ -155,10 +73,18 @@ class LoadTracker:
         """``replica``'s own speed priors, given after it registered (a Ray replica's routing
         stats): as if given then, while its speed is not its own yet; else False, no change."""
         load = self._loads.get(replica)
-        if load is None or load.speed_known:
-            return False
+        if load is None or load.speed_known or not prior.has_speeds:
+            return self._tell_slots(load, prior)
         load.speed, load.told = ReplicaSpeed(prior.applied_to(self.speed)), True
         self._cold.pop(replica, None)
+        return self._tell_slots(load, prior) or True
+
+    @staticmethod
+    def _tell_slots(load: ReplicaLoad | None, prior: SpeedPrior) -> bool:
+        """``prior``'s batch size, a fact whenever told, not a prior its estimates replace."""
+        if load is None or prior.max_running is None:
+            return False
+        load.slots.told = prior.max_running
         return True
 
     def get(self, replica: ReplicaId, prior: SpeedPrior | None = None) -> ReplicaLoad:
@@ -166,19 +92,19 @@ class LoadTracker:
         priors then, which it predicts with until warmed up instead of its fleet's)."""
         load = self._loads.get(replica)
         if load is None:
-            config = self.speed if prior is None else prior.applied_to(self.speed)
+            speeds = prior if prior is not None and prior.has_speeds else None
+            config = self.speed if speeds is None else speeds.applied_to(self.speed)
             load = self._loads[replica] = ReplicaLoad(speed=ReplicaSpeed(config))
-            load.told = prior is not None
-            if self.speed.learn and self.speed.fleet_prior and prior is None:
+            load.told, load.slots.told = speeds is not None, prior.max_running if prior else None
+            if self.speed.learn and self.speed.fleet_prior and speeds is None:
                 self._cold[replica] = load
                 if self._fleet is not None:
                     load.speed.start_from(self._fleet)
         return load
 
     def fleet_estimates(self) -> tuple[float, float, float, float] | None:
-        """What a cold replica starts from, as :meth:`ReplicaSpeed.estimates` orders it: the
-        median replica's estimates as last taken (None before one replica warmed up while
-        another was cold)."""
+        """What a cold replica starts from (:meth:`ReplicaSpeed.estimates`' order): the median
+        replica's estimates as last taken (None before one warmed up while another was cold)."""
         return self._fleet
 
     def _share_fleet_speed(self) -> None:
@@ -370,6 +296,7 @@ class LoadTracker:
         load.in_flight -= 1
         load.active_blocks -= req.blocks
         load.completed += 1
+        load.slots.completed(now)
         out = req.output_tokens if output_tokens is None else output_tokens
         load._add_tokens(out, now)
         if req.first_token_s is None:  # a whole answer warms nothing up: no fleet to share
@@ -392,9 +319,8 @@ class LoadTracker:
     ) -> None:
         """Record numbers reported by the replica itself (metrics scrape or simulator step)."""
         load = self.get(replica)
+        load.slots.report(num_running, num_waiting)
         if kv_usage is not None:
             load.kv_usage = kv_usage
-        if num_waiting is not None:
-            load.num_waiting = num_waiting
-        if num_running is not None:
-            load.num_running = num_running
+        load.num_waiting = load.num_waiting if num_waiting is None else num_waiting
+        load.num_running = load.num_running if num_running is None else num_running

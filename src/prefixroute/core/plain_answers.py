@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the load view imports this module
     from prefixroute.core.inflight import InFlight
-    from prefixroute.core.load import LoadTracker, ReplicaLoad
+    from prefixroute.core.load import LoadTracker
+    from prefixroute.core.replica_load import ReplicaLoad
 
 # The shortest wait before guessing again, seconds: when the work ahead is all cached and the
 # replica is not decoding, the prediction is zero, and asking again at once would spin.

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from prefixroute.core.index import PrefixIndex
 from prefixroute.core.index_capacity import IndexCapacity, ReplicaCapacity
-from prefixroute.core.load import LoadTracker, ReplicaLoad
+from prefixroute.core.load import LoadTracker
+from prefixroute.core.replica_load import ReplicaLoad
 from prefixroute.core.routed_blocks import RoutedBlocks
 from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.token_count import CharsPerToken, TokenCounts

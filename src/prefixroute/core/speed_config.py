@@ -75,19 +75,30 @@ class SpeedPrior:
 
     prefill_tokens_per_s: float | None = None  # tokens/s
     decode_step_s: float | None = None  # seconds
+    # Requests its engine runs at once (vLLM's max_num_seqs, SGLang's max_running_requests):
+    # not a speed, a fact its operator set, which no estimate replaces (core/batch_slots.py).
+    max_running: int | None = None  # requests
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object]) -> SpeedPrior:
-        """Priors by their field names, each a number: how a ``[[replicas]]`` entry and an
-        admin request give them; raises ConfigError naming the key at fault."""
+        """Priors by their field names, each a number (``max_running`` a whole one): how a
+        ``[[replicas]]`` entry and an admin request give them; raises ConfigError naming the
+        key at fault."""
         unknown = sorted(set(values) - set(SPEED_PRIOR_KEYS))
         if unknown:
             names = ", ".join(SPEED_PRIOR_KEYS)
             raise ConfigError(f"a replica's speed priors are {names}; not {unknown}")
+        given: dict[str, float | int] = {}
         for key, value in values.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"{key} must be a number, got {value!r}")
-        return cls(**{key: float(value) for key, value in values.items()})  # type: ignore[arg-type]
+            given[key] = _whole(key, value) if key == "max_running" else float(value)
+        return cls(**given)  # type: ignore[arg-type]
+
+    @property
+    def has_speeds(self) -> bool:
+        """A prefill rate or a decode step is given (not only ``max_running``)."""
+        return self.prefill_tokens_per_s is not None or self.decode_step_s is not None
 
     def __post_init__(self) -> None:
         rate, step = self.prefill_tokens_per_s, self.decode_step_s
@@ -95,6 +106,10 @@ class SpeedPrior:
             raise ConfigError(f"a replica's prefill_tokens_per_s must be positive, got {rate}")
         if step is not None and not (math.isfinite(step) and step >= 0):
             raise ConfigError(f"a replica's decode_step_s must be 0 or more, got {step}")
+        slots = self.max_running
+        if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int)
+                                  or slots < 1):  # fmt: skip
+            raise ConfigError(f"a replica's max_running must be a whole number >= 1, got {slots}")
 
     def applied_to(self, config: _Speeds) -> _Speeds:
         """``config`` (a :class:`SpeedConfig`, or any dataclass with these two fields: the
@@ -105,7 +120,14 @@ class SpeedPrior:
         return dataclasses.replace(config, **{k: v for k, v in given if v is not None})
 
 
-SPEED_PRIOR_KEYS = ("prefill_tokens_per_s", "decode_step_s")  # SpeedPrior's fields, by name
+SPEED_PRIOR_KEYS = ("prefill_tokens_per_s", "decode_step_s", "max_running")  # SpeedPrior's fields
+
+
+def _whole(key: str, value: float) -> int:
+    """``value`` as a whole number (8 or 8.0), else ConfigError naming ``key``."""
+    if not (math.isfinite(value) and value == int(value)):
+        raise ConfigError(f"{key} must be a whole number, got {value!r}")
+    return int(value)
 
 
 def speed_priors_of(policy: object) -> SpeedConfig:

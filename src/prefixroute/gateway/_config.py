@@ -228,8 +228,9 @@ class GatewayConfig:
     )  # fmt: skip
     replica_speeds: tuple[str, ...] = setting(
         (), "a replica's own speed priors, where it differs from the fleet's (another GPU): "
-        "URL=prefill_tokens_per_s=N[,decode_step_s=S]; once per replica (file: those keys in "
-        "its [[replicas]] entry); each replica's real speed is still learned",
+        "URL=prefill_tokens_per_s=N[,decode_step_s=S][,max_running=M] (M: its engine's "
+        "batch size, --max-num-seqs); once per replica (file: those keys in its [[replicas]] "
+        "entry); each replica's real speed is still learned",
         "--replica-speed", metavar="URL=PRIORS", shown_default="none",
     )  # fmt: skip
     kv_events: tuple[str, ...] = setting(
@@ -299,8 +300,8 @@ class GatewayConfig:
                 key, sep, value = (part.strip() for part in pair.partition("="))
                 if not sep or key not in SPEED_PRIOR_KEYS:
                     raise ConfigError(
-                        "--replica-speed takes URL=prefill_tokens_per_s=N[,decode_step_s=S], "
-                        f"got {item!r}"
+                        "--replica-speed takes URL=prefill_tokens_per_s=N[,decode_step_s=S]"
+                        f"[,max_running=M], got {item!r}"
                     )
                 try:
                     values[key] = float(value)
@@ -309,7 +310,7 @@ class GatewayConfig:
                     raise ConfigError(why) from None
             if not url or url in out:
                 raise ConfigError(f"--replica-speed: one entry per replica URL, got {item!r}")
-            out[url] = SpeedPrior(**values)
+            out[url] = SpeedPrior.from_mapping(values)
         return out
 
     def check_precise(self, has_tokenizer: bool) -> None:

@@ -269,6 +269,11 @@ class _LiveCollector(Collector):
             "scrape intervals of its prefill-time metrics; whole: plain answers, also in prefill).",
             "phase",
         )
+        slots = _gauge(
+            "prefixroute_replica_batch_slots",
+            "Requests the replica's engine runs at once, as told (max_running) or learned from "
+            "its reports of a full batch; absent while unknown.",
+        )
         ejections = CounterMetricFamily(
             "prefixroute_replica_ejections",
             "Times the replica was taken out (failures, or a failed first probe); an ejection "
@@ -287,7 +292,10 @@ class _LiveCollector(Collector):
             observations.add_metric([record.url, "decode"], speed.decode_observations)
             observations.add_metric([record.url, "engine"], speed.engine_observations)
             observations.add_metric([record.url, "whole"], speed.whole_observations)
-        yield from (in_flight, healthy, ejections, prefill_rate, decode_step, observations)
+            size = self.router.replica_load(record.id).slots.slots
+            if size is not None:
+                slots.add_metric([record.url], size)
+        yield from (in_flight, healthy, ejections, prefill_rate, decode_step, observations, slots)
         yield from self._predictions()
 
     def _predictions(self) -> Iterator[Metric]:

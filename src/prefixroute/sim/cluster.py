@@ -92,8 +92,8 @@ class ClusterSim:
         if not 0.0 <= scrape_s < float("inf"):
             raise ConfigError(f"scrape_s must be 0 (no scraping) or positive, got {scrape_s}")
         self.scrape_s = scrape_s
-        # The router is given each replica's true prefill rate and decode step as its own
-        # priors (SpeedPrior), as an operator who knows the fleet gives --replica-speed.
+        # The router is given each replica's true prefill rate, decode step and batch size as
+        # its own priors (SpeedPrior), as an operator who knows the fleet gives --replica-speed.
         self.tell_speeds = tell_speeds
 
     def run(self) -> RunResult:
@@ -174,7 +174,7 @@ class ClusterSim:
         self._live[rid] = _Live(model, ReplicaStepper(self._kernel, model, partial(self._end, rid)))
         self._accepting_ids = None
         self._stats[rid] = ReplicaRecord(rid, added_s=self._kernel.now)
-        told = SpeedPrior(config.prefill_tokens_per_s, config.decode_step_s)
+        told = SpeedPrior(config.prefill_tokens_per_s, config.decode_step_s, config.max_running)
         speed = told if self.tell_speeds else None
         self._router.add_replica(rid, self._told(config.kv_capacity_blocks), speed=speed)
         self._stats[rid].kv_capacity_blocks = config.kv_capacity_blocks

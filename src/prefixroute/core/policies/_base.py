@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from prefixroute.core.index import PrefixIndex
-from prefixroute.core.load import LoadTracker, ReplicaLoad
+from prefixroute.core.load import LoadTracker
+from prefixroute.core.replica_load import ReplicaLoad
 from prefixroute.core.speculative import SpeculativeEntries
 from prefixroute.core.types import (
     CandidateScore,

@@ -1,0 +1,83 @@
+"""A replica's batch slots: how many requests its engine runs at once, and the wait for one.
+
+An engine runs at most so many requests in its batch (vLLM's ``max_num_seqs``, SGLang's
+``max_running_requests``). Once every slot is taken, a request waits for running ones to finish
+before its prefill can start, however short the prefill queue ahead of it: at 8 slots that wait
+is seconds of decode, and a prediction made of queued prefill tokens and batch steps does not
+see it (docs/results.md, "Routing at few batch slots").
+
+The slot count is told (a replica's ``max_running`` prior: its operator set it) or learned from
+what the engine reports of itself, each scrape or step: the largest running count it ever
+reported, once it has reported that same count with requests still waiting ``FULL_REPORTS``
+times. A batch at its cap stays there while requests wait, report after report; a large batch
+with spare slots shows a few waiting requests too (those that arrived during a step, admitted at
+the next), but its running count then grows past any value it had held, and a count it has
+exceeded is no cap. vLLM also keeps requests waiting while a long prompt takes a step's token
+budget, with few running: the largest count, not the latest, keeps that from reading as a batch
+of one.
+
+With ``in_flight`` requests on a replica of ``slots`` slots, a request sent there now starts when
+``in_flight - slots + 1`` of them have finished: :meth:`BatchSlots.wait_s` counts that many at the
+replica's recent completion rate (a full batch finishes requests at its throughput, whatever
+their sizes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Reports at the largest running count with requests waiting that make it a full batch: as
+# many as the speed model wants observations before an estimate is its own (SpeedConfig's
+# min_observations). One was too few in the simulator: at 256 slots, requests that arrived
+# during a step made caps of a few dozen, and the wait they implied held the batch there.
+FULL_REPORTS = 8
+RATE_WINDOW_S = 10.0  # seconds; time constant of the decaying completion rate
+
+
+@dataclass(slots=True)
+class BatchSlots:
+    """One replica's batch size (told or learned) and recent completion rate."""
+
+    told: int | None = None  # slots its operator gave (None: learn them from its reports)
+    _largest: int = 0  # the largest running count it reported, requests
+    _full: int = 0  # reports at that count with requests waiting
+    _done_acc: float = 0.0  # decayed count of completions, requests
+    _done_at: float = 0.0  # time of the last decay, seconds
+
+    @property
+    def slots(self) -> int | None:
+        """Requests the engine runs at once, told or learned (None: not known)."""
+        if self.told is not None:
+            return self.told
+        return self._largest if self._full >= FULL_REPORTS else None
+
+    def report(self, running: int | None, waiting: int | None) -> None:
+        """The engine reported ``running`` requests in its batch and ``waiting`` queued."""
+        if running is None:
+            return
+        if running > self._largest:
+            self._largest, self._full = running, 0  # a count it exceeded was no cap
+        if 0 < running == self._largest and waiting:
+            self._full += 1
+
+    def completed(self, now: float) -> None:
+        """One of its requests ended at ``now``."""
+        decay = math.exp(-(now - self._done_at) / RATE_WINDOW_S) if now > self._done_at else 1.0
+        self._done_acc = self._done_acc * decay + 1.0
+        self._done_at = max(now, self._done_at)
+
+    def completion_rate(self, now: float) -> float:
+        """Recent completions per second, exponentially decayed."""
+        decay = math.exp(-(now - self._done_at) / RATE_WINDOW_S) if now > self._done_at else 1.0
+        return self._done_acc * decay / RATE_WINDOW_S
+
+    def wait_s(self, in_flight: int, now: float) -> float:
+        """Seconds a request sent now waits for a slot behind ``in_flight`` requests (0 while
+        a slot is free or the batch size is not known). A replica that finished nothing in the
+        last window counts one completion per window: slow, not stalled."""
+        slots = self.slots
+        if slots is None or in_flight < slots:
+            return 0.0
+        rate = max(self.completion_rate(now), 1.0 / RATE_WINDOW_S)
+        return (in_flight - slots + 1) / rate

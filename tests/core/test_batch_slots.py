@@ -1,0 +1,169 @@
+"""A replica's batch slots (core/batch_slots.py): the size told or learned from the engine's
+reports, the wait for a free slot, and that wait in predicted_ttft's prediction.
+
+Expected values are worked from the module docstrings: a slot frees per completion, at the
+replica's recent completion rate (completions decayed over ``RATE_WINDOW_S``, divided by it),
+at least one per window; a batch size is learned after ``FULL_REPORTS`` reports at the largest
+running count with requests waiting.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from prefixroute.core import ConfigError, SpeedPrior
+from prefixroute.core.batch_slots import FULL_REPORTS, RATE_WINDOW_S, BatchSlots
+from prefixroute.core.load import LoadTracker
+
+from .helpers import R0, R1, busy, context, make_router, prime, router_over, tokens
+
+
+def test_the_batch_size_is_learned_after_full_reports_at_the_largest_count() -> None:
+    slots = BatchSlots()
+    slots.report(running=3, waiting=0)
+    slots.report(running=8, waiting=0)  # the largest count, nobody waiting: not full
+    for _ in range(FULL_REPORTS - 1):
+        slots.report(running=8, waiting=2)
+    assert slots.slots is None
+    slots.report(running=8, waiting=1)
+    assert slots.slots == 8
+
+
+def test_a_running_count_the_engine_exceeded_is_no_cap() -> None:
+    slots = BatchSlots()
+    for _ in range(FULL_REPORTS):
+        slots.report(running=8, waiting=3)
+    assert slots.slots == 8
+    slots.report(running=9, waiting=0)
+    assert slots.slots is None
+    for _ in range(FULL_REPORTS):
+        slots.report(running=9, waiting=1)
+    assert slots.slots == 9
+
+
+def test_requests_waiting_beside_a_smaller_batch_do_not_make_a_cap() -> None:
+    # vLLM keeps requests waiting while a long prompt takes a step's budget, with few running:
+    # the largest count, not the latest, is the candidate.
+    slots = BatchSlots()
+    slots.report(running=40, waiting=0)
+    for _ in range(5 * FULL_REPORTS):
+        slots.report(running=1, waiting=1)
+        slots.report(running=0, waiting=4)
+    assert slots.slots is None
+    assert slots.wait_s(in_flight=100, now=0.0) == 0.0
+
+
+def test_a_told_size_needs_no_reports_and_outlasts_them() -> None:
+    slots = BatchSlots(told=4)
+    assert slots.slots == 4
+    slots.report(running=9, waiting=5)
+    assert slots.slots == 4
+
+
+def test_the_wait_counts_the_completions_ahead_at_the_recent_rate() -> None:
+    slots = BatchSlots(told=4)
+    for _ in range(20):
+        slots.completed(0.0)  # 20 completions: 2 per second over a 10 s window
+    rate = 20 / RATE_WINDOW_S
+    assert slots.completion_rate(0.0) == pytest.approx(rate)
+    assert slots.wait_s(in_flight=3, now=0.0) == 0.0  # a slot is free
+    assert slots.wait_s(in_flight=4, now=0.0) == pytest.approx(1 / rate)
+    assert slots.wait_s(in_flight=6, now=0.0) == pytest.approx(3 / rate)
+    # A window later the rate has decayed by e, and the wait has grown by as much.
+    assert slots.wait_s(in_flight=4, now=RATE_WINDOW_S) == pytest.approx(math.e / rate)
+
+
+def test_a_replica_that_finished_nothing_counts_one_completion_per_window() -> None:
+    slots = BatchSlots(told=2)
+    assert slots.wait_s(in_flight=2, now=5.0) == pytest.approx(RATE_WINDOW_S)
+    assert slots.wait_s(in_flight=3, now=5.0) == pytest.approx(2 * RATE_WINDOW_S)
+    assert BatchSlots().wait_s(in_flight=1000, now=5.0) == 0.0  # size unknown: no wait
+
+
+# --- the wait in predicted_ttft's prediction ---------------------------------------------------
+
+RATE, STEP, DECODE = 10_000.0, 2048, 0.015  # predicted_ttft's defaults
+
+
+def _full_r0(**params: object) -> object:
+    """A router whose r0 runs 2 slots, both taken by decoding requests, nothing completed."""
+    router = router_over("predicted_ttft", [], params=params)
+    router.add_replica(R0, speed=SpeedPrior(max_running=2))
+    router.add_replica(R1)
+    busy(router, R0, 2, prefilled=True)
+    return router
+
+
+def test_a_full_batch_adds_the_wait_for_a_slot_to_the_predicted_ttft() -> None:
+    router = _full_r0(arrivals=0.0)
+    ctx = context(router, tokens(1000))
+    # Nothing queued for prefill, so the whole slot wait counts: 1 completion at the floor of
+    # one per window; then the prompt, one step with decodes, half a step in progress.
+    expected = RATE_WINDOW_S + 1000 / RATE + 1.5 * DECODE
+    assert router.policy.predict(ctx, R0) == pytest.approx(expected)  # type: ignore[attr-defined]
+    off = _full_r0(arrivals=0.0, batch_slots=False)
+    plain = 1000 / RATE + 1.5 * DECODE
+    assert off.policy.predict(context(off, tokens(1000)), R0) == pytest.approx(plain)  # type: ignore[attr-defined]
+
+
+def test_a_prefill_queue_longer_than_the_slot_wait_is_not_counted_twice() -> None:
+    router = router_over("predicted_ttft", [], params={"arrivals": 0.0})
+    router.add_replica(R0, speed=SpeedPrior(max_running=1))
+    for _ in range(30):
+        router.loads.get(R0).slots.completed(0.0)  # 3 per second: a slot in 1/3 s
+    busy(router, R0, 1, prompt=5000)  # 0.5 s of prefill queued, longer than the slot wait
+    ctx = context(router, tokens(1000, start=90_000))
+    expected = 6000 / RATE  # the queue and ours; nothing decodes yet
+    assert router.policy.predict(ctx, R0) == pytest.approx(expected)  # type: ignore[attr-defined]
+
+
+def test_a_cached_prefix_on_a_full_batch_loses_to_a_free_slot() -> None:
+    for batch_slots, home in ((True, R1), (False, R0)):
+        router = _full_r0(batch_slots=batch_slots)
+        prime(router, R0, tokens(4000))
+        decision = router.route(router.view("q", tokens=tokens(4100)), 0.0)
+        assert decision.replica == home
+
+
+# --- told: a replica's max_running ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [8, 8.0])
+def test_max_running_is_a_whole_number_of_requests(value: float) -> None:
+    prior = SpeedPrior.from_mapping({"max_running": value})
+    assert prior.max_running == 8 and isinstance(prior.max_running, int)
+    assert not prior.has_speeds
+
+
+@pytest.mark.parametrize("value", [0, -1, 8.5, True, "8", float("inf")])
+def test_a_bad_max_running_is_a_config_error(value: object) -> None:
+    with pytest.raises(ConfigError, match="max_running"):
+        SpeedPrior.from_mapping({"max_running": value})
+
+
+def test_a_batch_size_alone_leaves_the_speed_to_be_learned() -> None:
+    tracker = LoadTracker()
+    tracker.add_replica(R0, SpeedPrior(max_running=16))
+    load = tracker[R0]
+    assert load.slots.slots == 16
+    assert not load.told and not load.speed_known  # speeds: the fleet's, then its own
+    tracker.add_replica(R1, SpeedPrior(prefill_tokens_per_s=5000.0, max_running=4))
+    assert tracker[R1].told and tracker[R1].slots.slots == 4
+
+
+def test_a_batch_size_told_after_registration_is_taken() -> None:
+    tracker = LoadTracker()
+    tracker.add_replica(R0)
+    assert tracker.tell(R0, SpeedPrior(max_running=32))
+    assert tracker[R0].slots.slots == 32 and not tracker[R0].told
+    assert not tracker.tell(R1, SpeedPrior(max_running=32))  # not registered
+
+
+def test_engine_reports_through_the_router_teach_the_batch_size() -> None:
+    router = make_router("predicted_ttft", n=2)
+    for _ in range(FULL_REPORTS):
+        router.observe_replica(R0, num_running=6, num_waiting=2)
+    assert router.replica_load(R0).slots.slots == 6
+    assert router.replica_load(R1).slots.slots is None

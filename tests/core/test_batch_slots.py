@@ -167,3 +167,29 @@ def test_engine_reports_through_the_router_teach_the_batch_size() -> None:
         router.observe_replica(R0, num_running=6, num_waiting=2)
     assert router.replica_load(R0).slots.slots == 6
     assert router.replica_load(R1).slots.slots is None
+
+
+# --- what a request sent to a full batch teaches ----------------------------------------------
+
+
+def _sent(tracker: LoadTracker, rid: str, now: float) -> None:
+    from prefixroute.core import Decision, DecisionReason, RequestView
+
+    view = RequestView(rid, (), 1, 500, 500, output_tokens=20)
+    tracker.dispatch(view, Decision(R0, DecisionReason.LEAST_LOADED, 0), now)
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_request_that_waited_for_a_slot_teaches_no_prefill_rate(whole: bool) -> None:
+    tracker = LoadTracker()
+    # Its speeds given too: a whole answer's queue ahead then counts (InFlight.queue_known).
+    tracker.add_replica(R0, SpeedPrior(10_000.0, max_running=1))
+    _sent(tracker, "a", 0.0)  # a slot is free
+    _sent(tracker, "b", 0.0)  # the only slot is a's: b waits for a to finish
+    for rid, first, end in (("a", 0.05, 0.4), ("b", 0.45, 0.8)):
+        if not whole:
+            tracker.first_token(rid, first)
+        tracker.complete(rid, end, output_tokens=20, whole=whole)
+    speed = tracker[R0].speed
+    assert speed.prefill_observations == 1  # a's only
+    assert speed.decode_observations == (0 if whole else 2)  # a decode phase is no slot wait

@@ -72,6 +72,11 @@ class BatchSlots:
         decay = math.exp(-(now - self._done_at) / RATE_WINDOW_S) if now > self._done_at else 1.0
         return self._done_acc * decay / RATE_WINDOW_S
 
+    def full(self, in_flight: int) -> bool:
+        """A request sent now behind ``in_flight`` would wait for a slot (size known)."""
+        slots = self.slots
+        return slots is not None and in_flight >= slots
+
     def wait_s(self, in_flight: int, now: float) -> float:
         """Seconds a request sent now waits for a slot behind ``in_flight`` requests (0 while
         a slot is free or the batch size is not known). A replica that finished nothing in the

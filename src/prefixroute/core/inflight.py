@@ -44,6 +44,9 @@ class InFlight:
     dispatched_mark: int = 0  # the replica's ``dispatched_tokens`` with it dispatched, tokens
     queue_known: bool = True  # its queue ahead at dispatch is no overcount (learn_whole)
     unseen: bool = False  # its first token will not be seen (a plain answer: first_token_due)
+    # Sent to a full batch: it waited for a slot as well as for the queue, a wait the speed
+    # model has no term for, so its first token teaches no prefill rate (core/batch_slots.py).
+    slot_wait: bool = False
 
     def misjudged(self) -> bool:
         """A replica still warming up whose first token came more than ``MISJUDGED`` times
@@ -51,6 +54,8 @@ class InFlight:
         docstring)."""
         speed = self.load.speed
         if speed.warmed_up or not speed.config.learn or self.first_token_s is None:
+            return False
+        if self.slot_wait:  # it waited for a slot: no measure of the speed (learn)
             return False
         predicted = self.predicted_ttft()
         measured = self.first_token_s - self.dispatched_s
@@ -88,7 +93,7 @@ class InFlight:
         phase, from ``output_tokens``."""
         assert self.first_token_s is not None
         speed = self.load.speed
-        if not self.ttft_learned:
+        if not (self.ttft_learned or self.slot_wait):
             self.learn_ttft()
         elif self.ttft_obs is not None and self.actual_uncached is not None:
             # Taught at its first token with the predicted uncached tokens: the replica's own
@@ -104,6 +109,8 @@ class InFlight:
         observation. Only of one sequence whose output is known: several sequences' tokens
         are no count of steps, and a batch's usage is every prompt's."""
         if output_tokens is None or output_tokens < 1 or self.sequences != 1 or self.batch:
+            return
+        if self.slot_wait:  # its wait for a slot would go into the rate
             return
         # A queue ahead that counts answers long past their prefill (nobody saw or guessed
         # their first tokens) looks longer than what the request waited for, and the rate

@@ -181,6 +181,7 @@ class LoadTracker:
             # Before its speed is its own, no first token is guessed (first_token_due), so the
             # queue seen ahead may hold requests long past their prefill (inflight.learn_whole).
             queue_known=not load.queued_prefill_tokens or load.speed_known,
+            slot_wait=load.slots.full(load.in_flight),
         )  # fmt: skip
         in_order(load, self._requests[request_id])
         load.in_flight += 1

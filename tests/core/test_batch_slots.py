@@ -26,21 +26,21 @@ def test_the_batch_size_is_learned_after_full_reports_at_the_largest_count() -> 
     slots.report(running=8, waiting=0)  # the largest count, nobody waiting: not full
     for _ in range(FULL_REPORTS - 1):
         slots.report(running=8, waiting=2)
-    assert slots.slots is None
+    assert slots.size is None
     slots.report(running=8, waiting=1)
-    assert slots.slots == 8
+    assert slots.size == 8
 
 
 def test_a_running_count_the_engine_exceeded_is_no_cap() -> None:
     slots = BatchSlots()
     for _ in range(FULL_REPORTS):
         slots.report(running=8, waiting=3)
-    assert slots.slots == 8
+    assert slots.size == 8
     slots.report(running=9, waiting=0)
-    assert slots.slots is None
+    assert slots.size is None
     for _ in range(FULL_REPORTS):
         slots.report(running=9, waiting=1)
-    assert slots.slots == 9
+    assert slots.size == 9
 
 
 def test_requests_waiting_beside_a_smaller_batch_do_not_make_a_cap() -> None:
@@ -51,15 +51,15 @@ def test_requests_waiting_beside_a_smaller_batch_do_not_make_a_cap() -> None:
     for _ in range(5 * FULL_REPORTS):
         slots.report(running=1, waiting=1)
         slots.report(running=0, waiting=4)
-    assert slots.slots is None
+    assert slots.size is None
     assert slots.wait_s(in_flight=100, now=0.0) == 0.0
 
 
 def test_a_told_size_needs_no_reports_and_outlasts_them() -> None:
     slots = BatchSlots(told=4)
-    assert slots.slots == 4
+    assert slots.size == 4
     slots.report(running=9, waiting=5)
-    assert slots.slots == 4
+    assert slots.size == 4
 
 
 def test_the_wait_counts_the_completions_ahead_at_the_recent_rate() -> None:
@@ -147,17 +147,17 @@ def test_a_batch_size_alone_leaves_the_speed_to_be_learned() -> None:
     tracker = LoadTracker()
     tracker.add_replica(R0, SpeedPrior(max_running=16))
     load = tracker[R0]
-    assert load.slots.slots == 16
+    assert load.slots.size == 16
     assert not load.told and not load.speed_known  # speeds: the fleet's, then its own
     tracker.add_replica(R1, SpeedPrior(prefill_tokens_per_s=5000.0, max_running=4))
-    assert tracker[R1].told and tracker[R1].slots.slots == 4
+    assert tracker[R1].told and tracker[R1].slots.size == 4
 
 
 def test_a_batch_size_told_after_registration_is_taken() -> None:
     tracker = LoadTracker()
     tracker.add_replica(R0)
     assert tracker.tell(R0, SpeedPrior(max_running=32))
-    assert tracker[R0].slots.slots == 32 and not tracker[R0].told
+    assert tracker[R0].slots.size == 32 and not tracker[R0].told
     assert not tracker.tell(R1, SpeedPrior(max_running=32))  # not registered
 
 
@@ -165,8 +165,8 @@ def test_engine_reports_through_the_router_teach_the_batch_size() -> None:
     router = make_router("predicted_ttft", n=2)
     for _ in range(FULL_REPORTS):
         router.observe_replica(R0, num_running=6, num_waiting=2)
-    assert router.replica_load(R0).slots.slots == 6
-    assert router.replica_load(R1).slots.slots is None
+    assert router.replica_load(R0).slots.size == 6
+    assert router.replica_load(R1).slots.size is None
 
 
 # --- what a request sent to a full batch teaches ----------------------------------------------

@@ -224,3 +224,10 @@ def test_a_pod_s_annotations_give_its_own_speed_priors(caplog: pytest.LogCapture
     assert len(warned) == 1 and "pod c" in warned[0] and "fast" in warned[0]
     zero = {"prefixroute.io/prefill-tokens-per-s": "0"}  # a number, but no speed
     assert pod_info(pod("d", annotations=zero)).speed is None
+
+
+def test_a_pod_s_batch_size_annotation_is_told_and_a_part_one_refused() -> None:
+    sized = {"prefixroute.io/max-running": "64"}
+    assert pod_info(pod("e", annotations=sized)).speed == SpeedPrior(max_running=64)
+    half = {"prefixroute.io/max-running": "6.5"}
+    assert pod_info(pod("f", annotations=half)).speed is None  # logged, the pod still serves

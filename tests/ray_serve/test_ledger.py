@@ -178,6 +178,16 @@ def test_a_replica_s_own_speed_priors_from_its_routing_stats(
     assert led.router.loads.get(B).speed_report()["estimates_from"] != "given"
 
 
+def test_a_replica_s_batch_size_from_its_routing_stats() -> None:
+    """``max_running`` beside the load (its engine's batch size) is told: the router waits for
+    a free slot there once the batch is full, and the speeds are still the fleet's to learn."""
+    led, _ = ledger()
+    led.observe(A, {"max_running": 16, "num_running": 3})
+    load = led.router.loads.get(A)
+    assert load.slots.size == 16 and load.speed_report()["estimates_from"] != "given"
+    assert led.router.loads.get(B).slots.size is None
+
+
 def test_settings_are_the_gateway_defaults_and_reject_unknown_keys() -> None:
     from prefixroute.core import ConfigError, UnknownPolicy
 

@@ -29,7 +29,7 @@ def _p99(sim: ClusterSim) -> float:
 def test_the_router_learns_each_full_batch_s_size_and_no_other() -> None:
     sim = _sim(SMALL_BATCHES, told=False)
     sim.run()
-    learned = [sim._router.replica_load(f"r{i}").slots.slots for i in range(4)]
+    learned = [sim._router.replica_load(f"r{i}").slots.size for i in range(4)]
     assert set(learned) <= {None, 8}, learned
     assert 8 in learned, learned
 
@@ -37,7 +37,7 @@ def test_the_router_learns_each_full_batch_s_size_and_no_other() -> None:
 def test_told_sizes_are_taken_as_given() -> None:
     sim = _sim(SMALL_BATCHES, told=True)
     sim.run()
-    assert [sim._router.replica_load(f"r{i}").slots.slots for i in range(4)] == [8] * 4
+    assert [sim._router.replica_load(f"r{i}").slots.size for i in range(4)] == [8] * 4
 
 
 def test_a_told_batch_size_keeps_the_tail_out_of_full_batches() -> None:

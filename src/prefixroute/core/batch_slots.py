@@ -40,16 +40,23 @@ class BatchSlots:
     """One replica's batch size (told or learned) and recent completion rate."""
 
     told: int | None = None  # slots its operator gave (None: learn them from its reports)
+    # Requests the engine runs at once, told or learned (None: not known); kept up to date by
+    # tell and report, an attribute because every decision reads it for every candidate.
+    size: int | None = None
     _largest: int = 0  # the largest running count it reported, requests
     _full: int = 0  # reports at that count with requests waiting
     _done_acc: float = 0.0  # decayed count of completions, requests
     _done_at: float = 0.0  # time of the last decay, seconds
 
-    @property
-    def slots(self) -> int | None:
-        """Requests the engine runs at once, told or learned (None: not known)."""
-        if self.told is not None:
-            return self.told
+    def __post_init__(self) -> None:
+        self.size = self.told
+
+    def tell(self, slots: int | None) -> None:
+        """Its operator gave the batch size (None: none given, learn it)."""
+        self.told = slots
+        self.size = slots if slots is not None else self._learned()
+
+    def _learned(self) -> int | None:
         return self._largest if self._full >= FULL_REPORTS else None
 
     def report(self, running: int | None, waiting: int | None) -> None:
@@ -60,6 +67,8 @@ class BatchSlots:
             self._largest, self._full = running, 0  # a count it exceeded was no cap
         if 0 < running == self._largest and waiting:
             self._full += 1
+        if self.told is None:
+            self.size = self._learned()
 
     def completed(self, now: float) -> None:
         """One of its requests ended at ``now``."""
@@ -74,14 +83,13 @@ class BatchSlots:
 
     def full(self, in_flight: int) -> bool:
         """A request sent now behind ``in_flight`` would wait for a slot (size known)."""
-        slots = self.slots
-        return slots is not None and in_flight >= slots
+        return self.size is not None and in_flight >= self.size
 
     def wait_s(self, in_flight: int, now: float) -> float:
         """Seconds a request sent now waits for a slot behind ``in_flight`` requests (0 while
         a slot is free or the batch size is not known). A replica that finished nothing in the
         last window counts one completion per window: slow, not stalled."""
-        slots = self.slots
+        slots = self.size
         if slots is None or in_flight < slots:
             return 0.0
         rate = max(self.completion_rate(now), 1.0 / RATE_WINDOW_S)

@@ -84,7 +84,7 @@ class LoadTracker:
         """``prior``'s batch size, a fact whenever told, not a prior its estimates replace."""
         if load is None or prior.max_running is None:
             return False
-        load.slots.told = prior.max_running
+        load.slots.tell(prior.max_running)
         return True
 
     def get(self, replica: ReplicaId, prior: SpeedPrior | None = None) -> ReplicaLoad:
@@ -95,7 +95,8 @@ class LoadTracker:
             speeds = prior if prior is not None and prior.has_speeds else None
             config = self.speed if speeds is None else speeds.applied_to(self.speed)
             load = self._loads[replica] = ReplicaLoad(speed=ReplicaSpeed(config))
-            load.told, load.slots.told = speeds is not None, prior.max_running if prior else None
+            load.told = speeds is not None
+            load.slots.tell(prior.max_running if prior else None)
             if self.speed.learn and self.speed.fleet_prior and speeds is None:
                 self._cold[replica] = load
                 if self._fleet is not None:

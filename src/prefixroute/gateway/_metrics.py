@@ -292,7 +292,7 @@ class _LiveCollector(Collector):
             observations.add_metric([record.url, "decode"], speed.decode_observations)
             observations.add_metric([record.url, "engine"], speed.engine_observations)
             observations.add_metric([record.url, "whole"], speed.whole_observations)
-            size = self.router.replica_load(record.id).slots.slots
+            size = self.router.replica_load(record.id).slots.size
             if size is not None:
                 slots.add_metric([record.url], size)
         yield from (in_flight, healthy, ejections, prefill_rate, decode_step, observations, slots)

@@ -122,7 +122,8 @@ class PredictedTTFT:
         work = load.queued_prefill_tokens + uncached
         ttft = work / rate
         in_flight, prefilling = load.in_flight, load.prefilling
-        if cfg.batch_slots:
+        slots = load.slots.size
+        if slots is not None and in_flight >= slots and cfg.batch_slots:
             # Every batch slot taken: our prefill starts when enough running requests have
             # finished, unless the prefill queue ahead takes longer still (core/batch_slots.py).
             ttft += max(0.0, load.slots.wait_s(in_flight, now) - load.queued_prefill_tokens / rate)

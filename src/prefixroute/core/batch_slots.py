@@ -51,10 +51,9 @@ class BatchSlots:
     def __post_init__(self) -> None:
         self.size = self.told
 
-    def tell(self, slots: int | None) -> None:
-        """Its operator gave the batch size (None: none given, learn it)."""
-        self.told = slots
-        self.size = slots if slots is not None else self._learned()
+    def tell(self, slots: int) -> None:
+        """Its operator gave the batch size: it holds whatever the engine reports."""
+        self.told = self.size = slots
 
     def _learned(self) -> int | None:
         return self._largest if self._full >= FULL_REPORTS else None
@@ -72,14 +71,19 @@ class BatchSlots:
 
     def completed(self, now: float) -> None:
         """One of its requests ended at ``now``."""
-        decay = math.exp(-(now - self._done_at) / RATE_WINDOW_S) if now > self._done_at else 1.0
-        self._done_acc = self._done_acc * decay + 1.0
+        self._done_acc = self._done_by(now) + 1.0
         self._done_at = max(now, self._done_at)
 
     def completion_rate(self, now: float) -> float:
         """Recent completions per second, exponentially decayed."""
-        decay = math.exp(-(now - self._done_at) / RATE_WINDOW_S) if now > self._done_at else 1.0
-        return self._done_acc * decay / RATE_WINDOW_S
+        return self._done_by(now) / RATE_WINDOW_S
+
+    def _done_by(self, now: float) -> float:
+        """The decayed count of completions as of ``now`` (an end heard late, with a time
+        before the last one's, counts as at that one's)."""
+        if now <= self._done_at:
+            return self._done_acc
+        return self._done_acc * math.exp(-(now - self._done_at) / RATE_WINDOW_S)
 
     def full(self, in_flight: int) -> bool:
         """A request sent now behind ``in_flight`` would wait for a slot (size known)."""

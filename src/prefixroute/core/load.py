@@ -73,18 +73,15 @@ class LoadTracker:
         """``replica``'s own speed priors, given after it registered (a Ray replica's routing
         stats): as if given then, while its speed is not its own yet; else False, no change."""
         load = self._loads.get(replica)
-        if load is None or load.speed_known or not prior.has_speeds:
-            return self._tell_slots(load, prior)
+        if load is None:
+            return False
+        # Its batch size is a fact whenever told, not a prior its estimates replace.
+        if prior.max_running is not None:
+            load.slots.tell(prior.max_running)
+        if load.speed_known or not prior.has_speeds:
+            return prior.max_running is not None
         load.speed, load.told = ReplicaSpeed(prior.applied_to(self.speed)), True
         self._cold.pop(replica, None)
-        return self._tell_slots(load, prior) or True
-
-    @staticmethod
-    def _tell_slots(load: ReplicaLoad | None, prior: SpeedPrior) -> bool:
-        """``prior``'s batch size, a fact whenever told, not a prior its estimates replace."""
-        if load is None or prior.max_running is None:
-            return False
-        load.slots.tell(prior.max_running)
         return True
 
     def get(self, replica: ReplicaId, prior: SpeedPrior | None = None) -> ReplicaLoad:
@@ -96,7 +93,8 @@ class LoadTracker:
             config = self.speed if speeds is None else speeds.applied_to(self.speed)
             load = self._loads[replica] = ReplicaLoad(speed=ReplicaSpeed(config))
             load.told = speeds is not None
-            load.slots.tell(prior.max_running if prior else None)
+            if prior is not None and prior.max_running is not None:
+                load.slots.tell(prior.max_running)
             if self.speed.learn and self.speed.fleet_prior and speeds is None:
                 self._cold[replica] = load
                 if self._fleet is not None:
@@ -324,5 +322,7 @@ class LoadTracker:
         load.slots.report(num_running, num_waiting)
         if kv_usage is not None:
             load.kv_usage = kv_usage
-        load.num_waiting = load.num_waiting if num_waiting is None else num_waiting
-        load.num_running = load.num_running if num_running is None else num_running
+        if num_waiting is not None:
+            load.num_waiting = num_waiting
+        if num_running is not None:
+            load.num_running = num_running

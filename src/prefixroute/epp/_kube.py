@@ -16,8 +16,8 @@ A pod counts when it has an IP, its ``Ready`` condition is ``True`` and it is no
 A pod may say its own speed priors in annotations, for a pool that mixes GPU generations (a
 Deployment per generation, one selector over both): ``prefixroute.io/prefill-tokens-per-s``
 and ``prefixroute.io/decode-step-s``, and its batch size ``prefixroute.io/max-running``, numbers
-as ``SpeedPrior`` takes them. A value that is no
-such number is logged once per pod and ignored (the pod still serves, at the fleet's priors).
+as ``SpeedPrior`` takes them. A value that is no such number is logged once per pod and ignored
+(the pod still serves, at the fleet's priors).
 
 The ``kubernetes`` client is an optional extra (``pip install 'prefixroute[kubernetes]'``),
 imported only by :class:`KubernetesPods`; the loop itself talks to a two-method

@@ -19,8 +19,8 @@ where ``uncached(r)`` is the prompt minus what the index says ``r`` has cached, 
 size is known (told as its ``max_running``, or learned from its reports of a full batch:
 :mod:`prefixroute.core.batch_slots`), else 0. Without it, at 8 slots a conversation followed its
 prefix into a full batch and waited there for decodes of seconds: the simulator's p99 TTFT was
-2.3x least_loaded's on a mixed fleet; told the size, 0.51-0.87x (docs/results.md, "Routing at
-few batch slots"). ``batch_slots=False`` leaves the term out.
+1.6-2.3x least_loaded's on a mixed fleet; told the size, 0.51-0.83x (docs/results.md, "Routing
+at few batch slots"). ``batch_slots=False`` leaves the term out.
 
 A long match on a replica with a long queue loses to a short queue elsewhere exactly when the
 queue costs more than the recomputation saves: affinity yields to balance by arithmetic, not by a

@@ -9,6 +9,13 @@ tokenizer (most of the workload's words make 2 tokens), a 16-token page cache th
 generated tokens, preemption and chunked continuous batching, and it opens a chat stream with
 a role-only chunk before prefill. It is kept as its author wrote it.
 
+``foreign_replica_b.py`` was written on 2026-12-04 by another helper that had not read this
+repository, from a description of SGLang: a token-granular radix cache in a 65,536-token pool
+shared with running sequences, admission by free KV (SGLang's reserve ratio) and retraction,
+prefill passes that run before decode steps, decode steps that slow with the batch and its
+context, a tokenizer of 3-character pieces, SGLang's metric names and stream. Run it with
+``--replica benchmarks/foreign_replica_b.py``; it too is kept as written.
+
 For each policy this starts fresh replicas at the ``--fleet`` speeds, one ``prefixroute serve``
 with default settings, and ``prefixroute bench --url`` on the workload. It prints each policy's
 prefill against the floor (in the replicas' tokens), TTFT, and the default's p99 as a ratio to
@@ -17,10 +24,11 @@ learned for each replica, beside the true one.
 
 Run: ``.venv/bin/python benchmarks/foreign_fleet.py [-w multi-turn] [--set sessions=100]
 [--fleet 10000,10000,2500,2500] [-p round_robin,least_loaded,cache_aware,predicted_ttft]
-[--replica-arg=--no-cached-report] [--plain SHARE] [--tell-max-running N]``. With ``--plain``,
-that share of the requests asks for no stream: TTFT is over the streamed ones, the learned
-rates over all. Each policy takes 1–7 minutes on a 2-vCPU machine, whose client, gateway and
-replicas share the cores: compare policies of one run only.
+[--replica-arg=--no-cached-report] [--plain SHARE] [--tell-max-running N] [--replica FILE]``.
+``--replica`` runs another server that takes the same flags. With ``--plain``, that share of
+the requests asks for no stream: TTFT is over the streamed ones, the learned rates over all.
+Each policy takes 1–7 minutes on a 2-vCPU machine, whose client, gateway and replicas share
+the cores: compare policies of one run only.
 """
 
 from __future__ import annotations
@@ -88,7 +96,7 @@ def run_policy(policy: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
     ports = [_free_port() for _ in args.fleet]
     replicas = [
         subprocess.Popen(
-            [sys.executable, str(REPLICA), "--port", str(port), "--prefill-tps", str(tps),
+            [sys.executable, str(args.replica), "--port", str(port), "--prefill-tps", str(tps),
              "--seed", str(i), *args.replica_arg],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -100,7 +108,7 @@ def run_policy(policy: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
     procs = list(replicas)
     try:
         asyncio.run(_ready(urls))
-        serve = ["serve", "--port", str(gw_port), "--policy", policy]
+        serve = ["serve", "--port", str(gw_port), "--policy", policy, *args.serve_arg]
         if args.tell_max_running:  # each replica's batch size, as its operator would give it
             serve += [x for u in urls
                       for x in ("--replica-speed", f"{u}=max_running={args.tell_max_running}")]
@@ -139,18 +147,25 @@ def main(argv: list[str]) -> None:
     p.add_argument("-p", "--policies", default=",".join((*BASELINES, DEFAULT_POLICY)))
     p.add_argument("--plain", type=float, default=0.0, metavar="SHARE",
                    help="share of the requests sent without a stream (bench --plain)")
+    p.add_argument("--replica", type=Path, default=REPLICA, metavar="FILE",
+                   help="the replica server to run, taking foreign_replica.py's flags "
+                   "(default: foreign_replica.py beside this script)")
     p.add_argument("--replica-arg", action="append", default=[],
                    help="passed to every replica (e.g. --replica-arg=--no-cached-report)")
+    p.add_argument("--serve-arg", action="append", default=[],
+                   help="passed to every gateway (e.g. --serve-arg=--config=gw.toml; default none)")
     p.add_argument("--tell-max-running", type=int, default=0, metavar="N",
                    help="give the gateway each replica's batch size, N (--replica-speed "
                    "URL=max_running=N; default 0: it learns it from their metrics, if it can)")
     args = p.parse_args(argv)
+    if not args.replica.is_file():
+        p.error(f"--replica: no such file: {args.replica}")
     policies = [x for x in args.policies.split(",") if x]
     rows, rates = {}, {}
     for policy in policies:
         rows[policy], rates[policy] = run_policy(policy, args)
     plain = f", {args.plain:.0%} plain" if args.plain else ""
-    where = f"foreign replicas at {args.fleet} tokens/s, seed {args.seed}{plain}"
+    where = f"{args.replica.name} replicas at {args.fleet} tokens/s, seed {args.seed}{plain}"
     print(f"## {args.workload} on {where}")
     print("policy            x floor  hit %   p50 ms   p90 ms   p99 ms  errors")
     for policy, r in rows.items():

@@ -6,7 +6,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from prefixroute.core import index_blocks_for
 from prefixroute.emulate import EmulatorConfig
+from prefixroute.gateway._index_size import MIN_ANSWERS
 from prefixroute.gateway._scrape import (
     EngineLoad,
     PrefillDelta,
@@ -134,7 +136,8 @@ async def test_each_replicas_index_grows_to_its_engines_kv_cache(
     approximate mode at the prior 4 characters a token, 64-character blocks hold 16 tokens, so
     2,048 index blocks hold its cache. Configured at 1,024 the index grows to 2,048; with the
     setting off, or scraping off, 1,024 stay; configured at 4,096 (larger than the cache) it is
-    not shrunk (gateway/_index_size.py: forgetting costs more than over-claiming)."""
+    not shrunk while the characters per token are the prior's (no answer yet: the prior can be
+    several times off, and an index sized down at it forgets prefixes the replica holds)."""
     engine = ReplicaConfig(kv_capacity_blocks=2048, block_size=16)
     cases = {
         "grown": {"index_capacity_blocks": 1024},
@@ -154,3 +157,34 @@ async def test_each_replicas_index_grows_to_its_engines_kv_cache(
         await asyncio.sleep(0.1)
         sizes[name] = gw.router.index_size(rid)
     assert sizes == {"grown": 2048, "off": 1024, "no scrape": 1024, "larger kept": 4096}
+
+
+async def test_an_index_larger_than_the_cache_shrinks_once_the_ratio_is_learned(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """Configured at 16,384 blocks, 8x the 32,768 tokens the engine's cache holds at 4
+    characters a token: after MIN_ANSWERS answers the index keeps the cache's tokens at the
+    learned characters per token (gateway/_index_size.py: an index several times the cache sends
+    requests after hits the replica evicted), and not before."""
+    engine = ReplicaConfig(kv_capacity_blocks=2048, block_size=16)
+    cluster = await make_cluster(1, EmulatorConfig(engine))
+    gw = await make_gateway(cluster.urls, health_interval_s=0.05, index_capacity_blocks=16384)
+    rid = gw.registry.find(cluster.urls[0]).id
+    load = gw.router.replica_load(rid)
+    async with asyncio.timeout(5):
+        while load.kv_usage is None:
+            await asyncio.sleep(0.02)  # a scrape has come in
+    sizes = []
+    for i in range(MIN_ANSWERS):
+        await asyncio.sleep(0.15)  # a health round or two: the size as of i answers
+        sizes.append(gw.router.index_size(rid))
+        body = {"prompt": f"q{i} " + words(300), "max_tokens": 1}
+        assert (await send(session, gw.url, "/v1/completions", body)).complete
+    assert sizes == [16384] * MIN_ANSWERS  # the prior's ratio: kept
+    ratio = gw.router.chars_per_token_of(None)
+    assert ratio != 4.0  # learned: the emulator counts a word a token, words run 4-5 characters
+    want = index_blocks_for(32768, 64, ratio)
+    async with asyncio.timeout(5):
+        while gw.router.index_size(rid) != want:
+            await asyncio.sleep(0.02)
+    assert want < 16384 / 4

@@ -15,8 +15,10 @@ vLLM and SGLang say how many tokens their KV cache holds (gateway/_scrape.py). S
 that scrapes them tells the router: :func:`index_blocks_for` converts tokens to the index's
 blocks (routing blocks of token ids, or of characters at the model's learned characters per
 token), and ``Router.size_index`` resizes (the least recently used entries go first when it
-shrinks, counted as evictions). The gateway only grows an index this way, never below its
-configured size (gateway/_index_size.py: a too-small index costs far more than a too-large one,
+shrinks, counted as evictions). The gateway grows an index this way at once, and shrinks it
+below its configured size only on a size it can trust: token mode, or a characters-per-token
+estimate with enough answers behind it (gateway/_index_size.py: an index sized at a wrong ratio
+forgets held prefixes; one several times the cache sends requests after evicted ones; both
 measured). A replica whose index is unbounded is left alone: precise mode (the engine reports
 every eviction) and an operator who asked for no bound. Where learning is on
 (:mod:`prefixroute.core.index_capacity`), the new size becomes its upper bound and the learning

@@ -126,12 +126,13 @@ class GatewayConfig:
     index_capacity_blocks: int | None = setting(
         16384, "prefix-index entries per replica, blocks (none: unbounded)"
     )
-    # On by default: the engine knows its KV cache's size, and an index smaller than the cache
-    # forgets prefixes it still holds (gateway/_index_size.py). false: index_capacity_blocks.
+    # On by default: the engine knows its KV cache's size; an index smaller than the cache
+    # forgets prefixes it still holds, a larger one sends requests after hits that are gone
+    # (gateway/_index_size.py). false: index_capacity_blocks.
     index_capacity_from_engine: bool = setting(
-        True, "grow each replica's index to the KV cache its engine reports (vLLM's "
-        "cache_config_info, SGLang's max_total_num_tokens) where that is larger than "
-        "index_capacity_blocks",
+        True, "size each replica's index to the KV cache its engine reports (vLLM's "
+        "cache_config_info, SGLang's max_total_num_tokens): grown at once, shrunk below "
+        "index_capacity_blocks in token mode, or once the characters per token rest on 8 answers",
     )  # fmt: skip
     kv_block_size: int = setting(
         16, "the replicas' KV block size, tokens (load view; token-mode key blocks)",

@@ -16,6 +16,14 @@ prefill passes that run before decode steps, decode steps that slow with the bat
 context, a tokenizer of 3-character pieces, SGLang's metric names and stream. Run it with
 ``--replica benchmarks/foreign_replica_b.py``; it too is kept as written.
 
+``foreign_replica_c.py`` was written on 2026-12-05 by a third helper that had not read this
+repository, from a description of vLLM's v1 engine: a hash-chained cache of full 16-token blocks
+whose freed blocks stay cached until reused, a step token budget of 8,192 with chunked prefill
+and preemption by recompute, a prefill step that also pays attention over the context (so a
+token costs more the longer the prompt before it), lognormal jitter on every step, 4-character
+tokens, vLLM's metric names and error bodies. ``--replica benchmarks/foreign_replica_c.py``;
+kept as written.
+
 For each policy this starts fresh replicas at the ``--fleet`` speeds, one ``prefixroute serve``
 with default settings, and ``prefixroute bench --url`` on the workload. It prints each policy's
 prefill against the floor (in the replicas' tokens), TTFT, and the default's p99 as a ratio to

@@ -13,6 +13,7 @@ import gzip
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -383,3 +384,96 @@ async def test_an_unreadable_body_closes_its_connection_and_says_so(
             gw.url + "/v1/completions", json={"prompt": "ok", "max_tokens": 1}
         ) as r:
             assert r.status == 200
+
+
+async def test_a_replica_still_at_work_keeps_its_slow_stream(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """Past its first-byte deadline, a stream stays on a replica that meanwhile sent other
+    requests' first tokens (busy, not stopped: _first_byte's docstring): it is neither moved
+    nor counted against the replica, and the deadline's moves are counted."""
+    release = asyncio.Event()
+
+    async def busy(request: web.Request) -> web.StreamResponse:
+        if b"queued-long" in await request.read():
+            await release.wait()  # behind minutes of other work, say
+        return await one_event_stream(request)
+
+    a, b = await make_fake(handler=busy), await make_fake(handler=busy)
+    gw = await make_gateway(
+        [a.url, b.url], policy="round_robin", read_timeout_s=30.0,
+        first_byte_floor_s=0.3, first_byte_cap_s=0.3, health_interval_s=60,
+    )  # fmt: skip
+    body = {"prompt": "queued-long", "max_tokens": 1, "stream": True}
+    slow = asyncio.create_task(session.post(gw.url + "/v1/completions", json=body))
+    others = {"prompt": "x", "max_tokens": 1, "stream": True}
+    for _ in range(12):  # 1.2 s, 4 deadlines: each replica answers one of these every 0.2 s
+        async with session.post(gw.url + "/v1/completions", json=others) as r:
+            assert r.status == 200 and "[DONE]" in await r.text()
+        await asyncio.sleep(0.1)
+    release.set()
+    async with asyncio.timeout(5):
+        resp = await slow
+    text = await resp.text()
+    assert resp.status == 200 and '"ok"' in text
+    sent_to = [f for f in (a, b) if any(b"queued-long" in s.body for s in f.seen)]
+    assert len(sent_to) == 1 and sum(b"queued-long" in s.body for s in sent_to[0].seen) == 1
+    home = gw.registry.find(sent_to[0].url).id
+    assert resp.headers["x-prefixroute-replica"] == home  # it kept its place there
+    assert [rec.total_failures for rec in gw.registry] == [0, 0]
+    async with session.get(gw.url + "/metrics") as m:
+        metrics = await m.text()
+    moved = [
+        ln
+        for ln in metrics.splitlines()
+        if ln.startswith(f'prefixroute_first_byte_extensions_total{{replica="{home}"}}')
+    ]
+    assert moved and float(moved[0].split()[-1]) >= 2, moved
+
+
+async def _refused(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"error": {"message": "bad request"}}, status=400)
+
+
+async def _error_event(request: web.Request) -> web.StreamResponse:
+    out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await out.prepare(request)
+    await out.write(b'data: {"error": {"message": "engine dead", "code": 500}}\n\n')
+    await out.write(b"data: [DONE]\n\n")
+    await out.write_eof()
+    return out
+
+
+@pytest.mark.parametrize("others", [_refused, _error_event], ids=["400", "error-event"])
+async def test_error_answers_are_no_sign_of_work(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    others: Any,
+) -> None:
+    """A stopped engine's HTTP server may still turn requests away, or answer them with an
+    in-band error: neither moves a waiting stream's first-byte deadline on (_first_byte)."""
+    release = asyncio.Event()
+
+    async def stopped(request: web.Request) -> web.StreamResponse:
+        if b"queued-long" in await request.read():
+            await release.wait()
+            return await one_event_stream(request)
+        return await others(request)
+
+    a, b = await make_fake(handler=stopped), await make_fake(handler=stopped)
+    gw = await make_gateway(
+        [a.url, b.url], policy="round_robin", read_timeout_s=30.0,
+        first_byte_floor_s=0.3, first_byte_cap_s=0.3, health_interval_s=60,
+    )  # fmt: skip
+    body = {"prompt": "queued-long", "max_tokens": 1, "stream": True}
+    slow = asyncio.create_task(session.post(gw.url + "/v1/completions", json=body))
+    others_body = {"prompt": "x", "max_tokens": 1, "stream": True}
+    for _ in range(12):  # 1.2 s: each replica answers one of these every 0.2 s, with an error
+        async with session.post(gw.url + "/v1/completions", json=others_body) as r:
+            await r.read()
+        await asyncio.sleep(0.1)
+    done = slow.done()
+    release.set()
+    resp = await slow
+    assert done and resp.status == 504  # timed out on both, long before the release

@@ -193,9 +193,14 @@ class GatewayConfig:
         30.0, "graceful shutdown: how long in-flight requests may finish, seconds"
     )
     # A stream's first event must arrive within clamp(4 x predicted TTFT, floor, cap), else the
-    # attempt is abandoned and retried elsewhere (before any byte reached the client).
-    first_byte_floor_s: float = setting(10.0, "shortest first-byte deadline, seconds")
-    first_byte_cap_s: float = setting(120.0, "longest first-byte deadline, seconds")
+    # attempt is retried elsewhere (before any byte reached the client), unless the replica
+    # sent others' first tokens or answers meanwhile: it moves on (gateway._first_byte).
+    first_byte_floor_s: float = setting(
+        10.0, "shortest first-byte deadline, seconds (it moves on while the replica is at work)"
+    )
+    first_byte_cap_s: float = setting(
+        120.0, "longest first-byte deadline, seconds (it moves on while the replica is at work)"
+    )
     client_buffer_bytes: int = setting(1024 * 1024, "stream bytes held for a slow client, bytes")
     client_write_timeout_s: float = setting(
         30.0, "a client not reading for this long is cut, seconds"

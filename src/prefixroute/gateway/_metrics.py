@@ -18,6 +18,8 @@ Per request (updated as requests end):
 * ``prefixroute_tokenize_seconds`` and ``prefixroute_tokenize_failures_total`` (with a
   tokenizer): the cost of one prompt's tokenization in its worker thread, seconds.
 * ``prefixroute_retries_total{reason}``, ``prefixroute_upstream_resends_total``,
+  ``prefixroute_first_byte_extensions_total{replica}`` (first-byte deadlines that moved on
+  because the replica was still at work: ``_first_byte``),
   ``prefixroute_upstream_failures_total{replica, kind}``
   (every failure seen, whoever's fault), ``prefixroute_request_faults_total{kind}`` (failures a
   request repeated on a second replica, or that a second replica refused as a bad request:
@@ -152,6 +154,12 @@ class GatewayMetrics:
             "prefixroute_upstream_resends",
             "Requests sent again to the same replica: the pooled connection they went out on "
             "had been closed by the replica (its keep-alive timeout), before any answer.",
+        )
+        self.first_byte_extensions = counter(
+            "prefixroute_first_byte_extensions",
+            "First-byte deadlines moved on: the replica sent other requests' first tokens or "
+            "answers meanwhile (busy, not stopped).",
+            "replica",
         )
         self.upstream_failures = counter(
             "prefixroute_upstream_failures",

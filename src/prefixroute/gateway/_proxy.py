@@ -22,12 +22,12 @@ docstring has the rules: client garbage cannot take replicas out, since each poi
 fails the same way everywhere); this module feeds it each attempt's failure or answer.
 
 First-byte deadline: a stream's first event must arrive within ``clamp(4 x predicted TTFT,
-first_byte_floor_s, first_byte_cap_s)``, where the prediction is the replica's queued prefill
-work (ours included) in seconds at the replica's own learned speed; past it the attempt is a
-timeout and is retried elsewhere. A plain answer arrives whole, at the end of decoding, so it
-has no such deadline; any attempt still waiting on a replica that gets taken out (by failed
-probes, or by other requests' deadlines) is abandoned at once and retried, so none waits on a
-frozen replica.
+first_byte_floor_s, first_byte_cap_s)`` (the replica's queued prefill, ours included, at its
+learned speed), or, if the replica sent others' first tokens or answers meanwhile, within
+another such period (busy, not stopped: ``_first_byte``); past it the attempt is a timeout and
+is retried elsewhere. A plain answer arrives whole, at the end of decoding, so it has no such
+deadline; any attempt still waiting on a replica that gets taken out (by failed probes, or by
+other requests' deadlines) is abandoned at once and retried, so none waits on a frozen replica.
 
 Calibration: each answer's ``usage`` goes to the router (``observe_usage``, then ``complete``
 with the completion tokens) when the replica's response ends, and a stream's first event is
@@ -64,6 +64,7 @@ from prefixroute.gateway._accounting import Release
 from prefixroute.gateway._admission import REQUEST_ID_HEADER
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import Overloaded, UpstreamError, spec_for
+from prefixroute.gateway._first_byte import arm
 from prefixroute.gateway._listener import RouteListener
 from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._paths import upstream_target
@@ -303,17 +304,16 @@ class Proxy:
         cfg = self.config
 
         def first_token() -> None:  # timed now; the router's work once the bytes went out
-            loop.call_soon(self._first_token, rid, time.monotonic())
+            loop.call_soon(self._first_token, rid, replica, time.monotonic())
 
         try:
-            deadline = loop.time() + self.first_byte_s(decision) if stream else None
-            async with asyncio.timeout_at(deadline) as timer:
-                # Taken out while we wait (probes, other requests' deadlines): stop waiting.
-                unwatch = self.registry.on_ejected(replica, lambda: timer.reschedule(loop.time()))
+            async with asyncio.timeout(None) as timer:
+                period = self.first_byte_s(decision) if stream else None  # whole: no deadline
+                disarm = arm(timer, self.registry, replica, period, self.metrics)
 
                 def started() -> None:  # the client's response began: no deadline, no retry
                     timer.reschedule(None)
-                    unwatch()
+                    disarm()
 
                 try:
                     with self._traced(call, name) as headers:
@@ -336,14 +336,16 @@ class Proxy:
                                 return await relay_stream(request, resp, extra, ctl)
                             return await relay_plain(request, resp, extra, cfg.client_buffer_bytes)
                 finally:
-                    unwatch()
+                    disarm()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise upstream_error(exc, name) from exc
 
-    def _first_token(self, rid: str, now: float) -> None:
-        """``rid``'s first token came at ``now``. Run on the loop's turn after its first bytes
-        were written: the client's first token does not wait for what the router learns from
-        it (a misjudged prediction's observation, a refit of the speed model)."""
+    def _first_token(self, rid: str, replica: ReplicaId, now: float) -> None:
+        """``rid``'s first token came from ``replica`` at ``now``. Run on the loop's turn after
+        its first bytes were written: the client's first token does not wait for what the
+        router learns from it (a misjudged prediction's observation, a refit of the speed
+        model)."""
+        self.registry.progressed(replica, now)
         self.router.first_token(rid, now)
         if self.listener is not None:
             self.listener.first_token(rid)
@@ -384,4 +386,3 @@ class Proxy:
             decision.predicted_cached_tokens,
             result.cached_tokens,
         )
-

@@ -67,6 +67,9 @@ class ReplicaRecord:
     total_failures: int = 0  # failures since registration
     ejections: int = 0  # times taken out since registration (a scrape can miss a short one)
     name: str = ""  # what clients see when URLs are not exposed: r-<8 hex digits of its URL>
+    # monotonic time of its last first token or answer, any request's: it is at work
+    # (gateway._first_byte), seconds
+    progress_at: float = 0.0
     # (monotonic time, ok) of recent answers, for the outlier check; newest last
     outcomes: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=_WINDOW_CAP))
 
@@ -273,6 +276,18 @@ class ReplicaRegistry:
             record.failures = 0
             if now is not None:
                 record.outcomes.append((now, True))
+
+    def progressed(self, rid: ReplicaId, now: float) -> None:
+        """``rid`` sent a first token or a whole answer at ``now`` (monotonic): it is at work
+        (an error answer is not: a stopped engine's HTTP server may still refuse requests)."""
+        record = self._records.get(rid)
+        if record is not None:
+            record.progress_at = max(record.progress_at, now)
+
+    def progress_at(self, rid: ReplicaId) -> float:
+        """When ``rid`` last sent a first token or an answer (monotonic; 0.0: never)."""
+        record = self._records.get(rid)
+        return 0.0 if record is None else record.progress_at
 
     def record_failure(self, rid: ReplicaId, now: float, why: str) -> None:
         """A failure that is the replica's: counts towards ``failure_threshold``."""

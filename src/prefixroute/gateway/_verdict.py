@@ -80,6 +80,8 @@ class Verdict:
     def answered(self, replica: ReplicaId, result: RelayResult) -> None:
         """``replica`` answered (the answer went to the client): judge it, and the suspect."""
         now = time.monotonic()
+        if result.status < 300 and result.failure is None and result.error_status is None:
+            self.registry.progressed(replica, now)  # it is at work (gateway._first_byte)
         if result.failure is not None:  # broke mid-stream: only the replica can do that
             self.metrics.upstream_failures.labels(replica, result.failure).inc()
             self._blame(replica, result.failure)

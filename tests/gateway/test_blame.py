@@ -13,7 +13,6 @@ import gzip
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
@@ -21,7 +20,7 @@ from aiohttp import web
 
 from prefixroute.gateway import Gateway, ReplicaStatus
 
-from .fakes import FakeReplica, completion_body, one_event_stream
+from .fakes import FakeReplica, Handler, completion_body, one_event_stream
 from .helpers import FakeFactory, GatewayFactory
 
 POISON = "poison-pill"
@@ -388,38 +387,62 @@ async def test_an_unreadable_body_closes_its_connection_and_says_so(
             assert r.status == 200
 
 
+SLOW = b"queued-long"  # the prompt of the stream held at its replica (below)
+
+
+async def _a_stream_waits(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    others: Handler,
+) -> tuple[Gateway, list[FakeReplica], asyncio.Task[aiohttp.ClientResponse], asyncio.Event,
+           list[tuple[int, str]]]:  # fmt: skip
+    """Two replicas that hold a stream with SLOW's prompt until released and answer every other
+    request with ``others``, behind a gateway whose first-byte deadline is 0.3 s. Sends the SLOW
+    stream, then 12 other streams 0.1 s apart (1.2 s, 4 deadlines: each replica answers one of
+    them every 0.2 s). Returns the gateway, the replicas, the SLOW request's task (not yet
+    released), its release, and each other request's status and body."""
+    release = asyncio.Event()
+
+    async def holding(request: web.Request) -> web.StreamResponse:
+        if SLOW in await request.read():
+            await release.wait()  # behind minutes of other work, say
+            return await one_event_stream(request)
+        return await others(request)
+
+    fakes = [await make_fake(handler=holding), await make_fake(handler=holding)]
+    gw = await make_gateway(
+        [f.url for f in fakes], policy="round_robin", read_timeout_s=30.0,
+        first_byte_floor_s=0.3, first_byte_cap_s=0.3, health_interval_s=60,
+    )  # fmt: skip
+    body = {"prompt": SLOW.decode(), "max_tokens": 1, "stream": True}
+    slow = asyncio.create_task(session.post(gw.url + "/v1/completions", json=body))
+    replies = []
+    for _ in range(12):
+        other = {"prompt": "x", "max_tokens": 1, "stream": True}
+        async with session.post(gw.url + "/v1/completions", json=other) as r:
+            replies.append((r.status, await r.text()))
+        await asyncio.sleep(0.1)
+    return gw, fakes, slow, release, replies
+
+
 async def test_a_replica_still_at_work_keeps_its_slow_stream(
     make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     """Past its first-byte deadline, a stream stays on a replica that meanwhile sent other
     requests' first tokens (busy, not stopped: _first_byte's docstring): it is neither moved
     nor counted against the replica, and the deadline's moves are counted."""
-    release = asyncio.Event()
-
-    async def busy(request: web.Request) -> web.StreamResponse:
-        if b"queued-long" in await request.read():
-            await release.wait()  # behind minutes of other work, say
-        return await one_event_stream(request)
-
-    a, b = await make_fake(handler=busy), await make_fake(handler=busy)
-    gw = await make_gateway(
-        [a.url, b.url], policy="round_robin", read_timeout_s=30.0,
-        first_byte_floor_s=0.3, first_byte_cap_s=0.3, health_interval_s=60,
-    )  # fmt: skip
-    body = {"prompt": "queued-long", "max_tokens": 1, "stream": True}
-    slow = asyncio.create_task(session.post(gw.url + "/v1/completions", json=body))
-    others = {"prompt": "x", "max_tokens": 1, "stream": True}
-    for _ in range(12):  # 1.2 s, 4 deadlines: each replica answers one of these every 0.2 s
-        async with session.post(gw.url + "/v1/completions", json=others) as r:
-            assert r.status == 200 and "[DONE]" in await r.text()
-        await asyncio.sleep(0.1)
+    gw, fakes, slow, release, replies = await _a_stream_waits(
+        make_fake, make_gateway, session, one_event_stream
+    )
+    assert all(status == 200 and "[DONE]" in text for status, text in replies)
     release.set()
     async with asyncio.timeout(5):
         resp = await slow
     text = await resp.text()
     assert resp.status == 200 and '"ok"' in text
-    sent_to = [f for f in (a, b) if any(b"queued-long" in s.body for s in f.seen)]
-    assert len(sent_to) == 1 and sum(b"queued-long" in s.body for s in sent_to[0].seen) == 1
+    sent_to = [f for f in fakes if any(SLOW in s.body for s in f.seen)]
+    assert len(sent_to) == 1 and sum(SLOW in s.body for s in sent_to[0].seen) == 1
     home = gw.registry.find(sent_to[0].url).id
     assert resp.headers["x-prefixroute-replica"] == home  # it kept its place there
     assert [rec.total_failures for rec in gw.registry] == [0, 0]
@@ -451,30 +474,11 @@ async def test_error_answers_are_no_sign_of_work(
     make_fake: FakeFactory,
     make_gateway: GatewayFactory,
     session: aiohttp.ClientSession,
-    others: Any,
+    others: Handler,
 ) -> None:
     """A stopped engine's HTTP server may still turn requests away, or answer them with an
     in-band error: neither moves a waiting stream's first-byte deadline on (_first_byte)."""
-    release = asyncio.Event()
-
-    async def stopped(request: web.Request) -> web.StreamResponse:
-        if b"queued-long" in await request.read():
-            await release.wait()
-            return await one_event_stream(request)
-        return await others(request)
-
-    a, b = await make_fake(handler=stopped), await make_fake(handler=stopped)
-    gw = await make_gateway(
-        [a.url, b.url], policy="round_robin", read_timeout_s=30.0,
-        first_byte_floor_s=0.3, first_byte_cap_s=0.3, health_interval_s=60,
-    )  # fmt: skip
-    body = {"prompt": "queued-long", "max_tokens": 1, "stream": True}
-    slow = asyncio.create_task(session.post(gw.url + "/v1/completions", json=body))
-    others_body = {"prompt": "x", "max_tokens": 1, "stream": True}
-    for _ in range(12):  # 1.2 s: each replica answers one of these every 0.2 s, with an error
-        async with session.post(gw.url + "/v1/completions", json=others_body) as r:
-            await r.read()
-        await asyncio.sleep(0.1)
+    _, _, slow, release, _ = await _a_stream_waits(make_fake, make_gateway, session, others)
     done = slow.done()
     release.set()
     resp = await slow

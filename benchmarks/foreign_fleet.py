@@ -59,6 +59,8 @@ from prefixroute.core import DEFAULT_POLICY
 REPLICA = Path(__file__).with_name("foreign_replica.py")
 BASELINES = ("round_robin", "least_loaded", "cache_aware")
 LEARNED = "prefixroute_replica_prefill_tokens_per_second"
+ATTENTION = "prefixroute_replica_prefill_attention_seconds{"
+ERROR = "prefixroute_replica_ttft_prediction_error{"
 OBSERVED = 'prefixroute_replica_speed_observations{phase="prefill",'
 
 
@@ -89,18 +91,30 @@ def _by_replica(text: str, prefix: str) -> dict[str, float]:
     return out
 
 
-async def _learned(url: str) -> dict[str, float]:
-    """The gateway's learned prefill rate of each replica, by replica URL; NaN for a replica
-    it timed no first token of (the gateway shows its fleet's estimates there, not its own)."""
+async def _learned(url: str) -> dict[str, tuple[float, float, float]]:
+    """The gateway's learned prefill rate of each replica, the context at which its prompt
+    token costs double (NaN: no attention learned) and its median TTFT prediction error (NaN:
+    none judged), by replica URL; all NaN for a replica it timed no first token of (the gateway
+    shows its fleet's estimates there, not its own)."""
     async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
         text = await resp.text()
     seen = _by_replica(text, OBSERVED)
     rates = _by_replica(text, LEARNED + "{")
-    return {u: r if seen.get(u, 0) > 0 else float("nan") for u, r in rates.items()}
+    attention, error = _by_replica(text, ATTENTION), _by_replica(text, ERROR)
+    nan = float("nan")
+    out = {}
+    for u, r in rates.items():
+        a = attention.get(u, 0.0)
+        doubling = 1000.0 / (r * a) if a > 0 else nan
+        out[u] = (r, doubling, error.get(u, nan)) if seen.get(u, 0) > 0 else (nan, nan, nan)
+    return out
 
 
-def run_policy(policy: str, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, float]]:
-    """One policy on fresh replicas: the bench's JSON row, and the learned rates by URL."""
+def run_policy(
+    policy: str, args: argparse.Namespace
+) -> tuple[dict[str, Any], dict[str, tuple[float, float, float]]]:
+    """One policy on fresh replicas: the bench's JSON row, and what was learned by URL
+    (:func:`_learned`)."""
     ports = [_free_port() for _ in args.fleet]
     replicas = [
         subprocess.Popen(
@@ -134,7 +148,8 @@ def run_policy(policy: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
             raise SystemExit(f"foreign_fleet: bench failed: {out.stderr.strip()[-400:]}")
         row = json.loads(out.stdout)["policies"][0]
         learned = asyncio.run(_learned(gw_url))
-        return row, {u: learned.get(u, float("nan")) for u in urls}
+        nan = float("nan")
+        return row, {u: learned.get(u, (nan, nan, nan)) for u in urls}
     finally:
         stop_all(procs)
 
@@ -186,11 +201,22 @@ def main(argv: list[str]) -> None:
     if DEFAULT_POLICY in rows and others:
         ratio = rows[DEFAULT_POLICY]["ttft_ms"]["p99"] / min(others)
         print(f"{DEFAULT_POLICY} p99 / best other policy's: x{ratio:.2f}")
-    print("learned prefill rate per replica (true rate), tokens/s; '-': sent nothing timed:")
+    print("learned prefill rate per replica (true rate), tokens/s; '-': sent nothing timed;")
+    print("  then the context at which a prompt token costs double, as learned (a:), and the")
+    print("  median TTFT prediction error (e:)")
     for policy, by_url in rates.items():
         pairs = zip(by_url.values(), args.fleet, strict=True)
-        cells = "  ".join(f"{v:,.0f} ({t:,.0f})" if v == v else f"- ({t:,.0f})" for v, t in pairs)
+        cells = "  ".join(_cell(v, t) for v, t in pairs)
         print(f"  {policy:<16} {cells}")
+
+
+def _cell(learned: tuple[float, float, float], true: float) -> str:
+    rate, doubling, error = learned
+    if rate != rate:
+        return f"- ({true:,.0f})"
+    att = f"{doubling:,.0f}" if doubling == doubling else "-"
+    err = f"{error:.2f}" if error == error else "-"
+    return f"{rate:,.0f} ({true:,.0f}) a:{att} e:{err}"
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ def test_a_cold_replica_warms_up_on_its_own_observations() -> None:
     assert cold.snapshot()["estimates_from"] == "learned"
     assert cold.prefill_tokens_per_s == pytest.approx(2_500.0, rel=0.15)
     mine = cold.estimates()
-    cold.start_from((40_000.0, 0.01, 0.0, 0.0))  # warmed up: the fleet no longer applies
+    cold.start_from((40_000.0, 0.01, 0.0, 0.0, 0.0))  # warmed up: the fleet no longer applies
     assert cold.estimates() == mine
     learned_requests(tracker, 16)  # and it is no longer cold
     assert cold.estimates() == mine
@@ -129,20 +129,26 @@ def test_a_cold_replica_warms_up_on_its_own_observations() -> None:
 
 def test_start_from_stays_within_the_bounds_and_learns_no_overhead_it_would_not() -> None:
     speed = ReplicaSpeed(PRIOR)
-    speed.start_from((1e9, 10.0, 0.05, 0.02))
+    speed.start_from((1e9, 10.0, 0.05, 0.02, 1.0))
     assert speed.prefill_tokens_per_s == PRIOR.prefill_tokens_per_s * PRIOR.bound
     assert speed.decode_step_s == PRIOR.decode_step_s * PRIOR.bound
     assert speed.first_token_overhead_s == 0.0  # learn_overhead is off: the prior's 0
     assert speed.engine_overhead_s == 0.02
-    speed.start_from((1.0, 0.0, 0.05, 99.0))
+    assert speed.attention_s == PRIOR.bound / PRIOR.prefill_tokens_per_s  # its bound
+    speed.start_from((1.0, 0.0, 0.05, 99.0, -1.0))
     assert speed.prefill_tokens_per_s == PRIOR.prefill_tokens_per_s / PRIOR.bound
     assert speed.decode_step_s == PRIOR.decode_step_s / PRIOR.bound
     assert speed.engine_overhead_s == PRIOR.bound * PRIOR.overhead_scale_s
+    assert speed.attention_s == 0.0  # never below 0
     learning = ReplicaSpeed(SpeedConfig(learn_overhead=True))
-    learning.start_from((10_000.0, 0.015, 0.05, 0.0))
+    learning.start_from((10_000.0, 0.015, 0.05, 0.0, 2e-5))
     assert learning.first_token_overhead_s == 0.05
+    assert learning.attention_s == 2e-5  # learned on its peers, within its bounds
+    linear = ReplicaSpeed(SpeedConfig(learn_attention=False))
+    linear.start_from((10_000.0, 0.015, 0.0, 0.0, 2e-5))
+    assert linear.attention_s == 0.0  # it would not learn one: the prior's 0
     fixed = ReplicaSpeed(SpeedConfig(fleet_prior=False))
-    fixed.start_from((20_000.0, 0.01, 0.0, 0.0))
+    fixed.start_from((20_000.0, 0.01, 0.0, 0.0, 0.0))
     assert fixed.prefill_tokens_per_s == 10_000.0
 
 

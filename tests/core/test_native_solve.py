@@ -1,7 +1,8 @@
 """The compiled normal equations (``_native.add_observations``, solve.c) give what the Python
 reference (``_solve.add_observations(compiled=False)``) gives, to the bit: the same ``a``,
-``c`` and count left out, on random windows (ints and floats, overhead columns on and off,
-outliers), so the speed model and the simulator's digests do not depend on which one ran."""
+``c`` and count left out, on random windows (ints and floats, overhead and attention columns
+on and off, outliers), so the speed model and the simulator's digests do not depend on which
+one ran."""
 
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ pytestmark = pytest.mark.skipif(
 finite = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False)
 count = st.one_of(st.integers(min_value=0, max_value=100_000), finite)
 observation = st.builds(
-    lambda x0, x1, x2, x3, s: Obs((x0, x1, x2, x3), s),
+    lambda x0, x1, x2, x3, x4, s: Obs((x0, x1, x2, x3, x4), s),
     count,
     count,
     st.one_of(st.just(0.0), count),
     st.one_of(st.just(0.0), st.just(1.0), finite),
+    st.one_of(st.just(0.0), finite),
     st.floats(min_value=1e-6, max_value=100.0),
 )
 window = st.lists(observation, max_size=70).map(lambda obs: deque(obs, maxlen=64))
@@ -36,14 +38,16 @@ theta = st.tuples(
     st.floats(min_value=0.0, max_value=0.1),
     st.floats(min_value=0.0, max_value=0.5),
     st.floats(min_value=0.0, max_value=0.5),
+    st.floats(min_value=0.0, max_value=1e-3),
 ).map(list)
 
 
 def start() -> tuple[list[list[float]], list[float]]:
-    """Normal equations with priors in them, as ``ReplicaSpeed._normal_equations`` starts."""
-    a = [[0.0] * 4 for _ in range(4)]
-    a[0][0], a[1][1], a[2][2], a[3][3] = 1e8, 4444.4, 11.9, 11.9
-    return a, [1e4, 66.7, 0.0, 0.0]
+    """Normal equations with priors in them, as ``speed_fit.normal_equations`` starts."""
+    a = [[0.0] * 5 for _ in range(5)]
+    a[0][0], a[1][1], a[2][2], a[3][3], a[4][4] = 1e8, 4444.4, 11.9, 11.9, 1e8
+    a[0][4] = a[4][0] = 3e7
+    return a, [1e4, 66.7, 0.0, 0.0, 3e3]
 
 
 @settings(max_examples=300, deadline=None)
@@ -61,8 +65,10 @@ def test_compiled_equals_the_reference(windows, theta, factor) -> None:  # type:
 def test_a_ratio_that_is_not_a_number_falls_back_unchanged() -> None:
     """A prediction that is not a number: the compiled path answers None and changes nothing;
     ``add_observations`` then gives the reference's answer."""
-    windows = (deque([Obs((100.0, 1.0, 0.0, 1.0), 0.01), Obs((200.0, 2.0, 0.0, 1.0), 0.02)]),)
-    nan_theta = [math.nan, 0.01, 0.0, 0.0]
+    windows = (
+        deque([Obs((100.0, 1.0, 0.0, 1.0, 5.0), 0.01), Obs((200.0, 2.0, 0.0, 1.0, 20.0), 0.02)]),
+    )
+    nan_theta = [math.nan, 0.01, 0.0, 0.0, 0.0]
     a, c = start()
     before = (copy.deepcopy(a), list(c))
     assert _native.add_observations(a, c, windows, nan_theta, 3.0) is None
@@ -76,8 +82,10 @@ def test_a_ratio_that_is_not_a_number_falls_back_unchanged() -> None:
 def test_bad_arguments_are_errors_not_crashes() -> None:
     a, c = start()
     with pytest.raises(TypeError):
-        _native.add_observations([[0.0] * 4], c, (), [0.0] * 4, 3.0)
+        _native.add_observations([[0.0] * 5], c, (), [0.0] * 5, 3.0)
     with pytest.raises(ValueError):
-        _native.add_observations(a, c, (), [0.0] * 3, 3.0)
+        _native.add_observations(a, c, (), [0.0] * 4, 3.0)
+    with pytest.raises(ValueError):  # an observation of the four-unknown model
+        _native.add_observations(a, c, ([Obs((1.0, 0.0, 0.0, 1.0), 0.1)],), [1e-4] + [0.0] * 4, 3.0)  # type: ignore[arg-type]
     with pytest.raises(AttributeError):
-        _native.add_observations(a, c, ([object()],), [1e-4, 0.0, 0.0, 0.0], 3.0)
+        _native.add_observations(a, c, ([object()],), [1e-4, 0.0, 0.0, 0.0, 0.0], 3.0)

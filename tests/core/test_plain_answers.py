@@ -141,7 +141,7 @@ def test_whole_answers_leaving_the_window_leave_the_count() -> None:
     after 64 whole answers are eight observations that warm the replica up."""
     speed = ReplicaSpeed(SpeedConfig(window=64, min_observations=8))
     for i in range(64):
-        speed.observe_first_token(0.0, 0.0, False, 1000 + i, 0.3, after=(0.0, 10.0))
+        speed.observe_first_token(0.0, 0.0, False, 1000 + i, 0.3, after=(0.0, 10.0, 0.0))
     assert not speed.warmed_up
     for i in range(7):
         speed.observe_first_token(0.0, 0.0, False, 1000 + i, 0.1)
@@ -161,13 +161,14 @@ def test_what_a_whole_answer_is_taken_as() -> None:
     tracker.observe_usage("x", 1000, 600)
     tracker.complete("x", now + 0.5, 5, whole=True)
     x = window[-1]
-    assert (x.own, x.after, x.decoding, x.seconds) == (400, (0, 4), False, 0.5)
+    assert (x.own, x.after, x.decoding, x.seconds) == (400, (0, 4, 0), False, 0.5)
+    assert x.own_context == 400 * (600 + 400 / 2) / 1000  # 400 tokens after 600 cached
     send(tracker, "long", 500, 400, now + 1)  # streamed: its first token seen, then decoding
     tracker.first_token("long", now + 1.1)
     send(tracker, "one", 300, 1, now + 1.2)
     tracker.complete("one", now + 1.3, 1, whole=True)
     one = window[-1]
-    assert one.whole and one.after == (0, 0) and one.decoding and one.seq == x.seq + 2
+    assert one.whole and one.after == (0, 0, 0) and one.decoding and one.seq == x.seq + 2
     taken = tracker[R0].speed.whole_observations
     for output in (None, 0):
         send(tracker, "none", 300, 5, now + 2)

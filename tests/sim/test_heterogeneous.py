@@ -8,8 +8,10 @@ measures the same things at full size and over seeds.
 from __future__ import annotations
 
 import hashlib
+import io
 
 import pytest
+from rich.console import Console
 
 from prefixroute.core import DEFAULT_POLICY, make_policy
 from prefixroute.sim.cluster import ClusterSim, RunResult, SpeedSample
@@ -131,6 +133,28 @@ def test_the_report_shows_learned_against_true_speed() -> None:
     assert speeds["r2"]["prefill_tokens_per_s"] == 5_000.0
     assert speeds["r2"]["learned_prefill_tokens_per_s"] == pytest.approx(5_000.0, rel=TOLERANCE)
     assert speed_table([m]) is not None
+    assert speeds["r2"]["attention_tokens"] == 0.0  # none set: no attention column
+    assert "attention" not in _text(speed_table([m]))
+
+
+def test_the_report_shows_learned_against_true_attention() -> None:
+    w = make_workload("multi-turn", 0, {"sessions": "150", "rate": "2"})
+    fleet = parse_fleet("2:attention=4000+2", CFG)
+    m = summarize(ClusterSim(w, make_policy("round_robin"), fleet=fleet).run(), oracle_floor(w, 16))
+    speeds = m.per_replica_speed
+    assert speeds["r0"]["attention_tokens"] == 4_000.0
+    assert speeds["r0"]["learned_attention_tokens"] == pytest.approx(4_000.0, rel=0.25)
+    assert speeds["r3"]["attention_tokens"] == 0.0
+    text = _text(speed_table([m]))
+    assert "attention" in text
+    r0 = next(line for line in text.splitlines() if "r0" in line)
+    assert "4,000" in r0  # the true setting, beside the learned one
+
+
+def _text(table: object) -> str:
+    console = Console(width=250, record=True, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -169,3 +193,19 @@ def test_told_speeds_are_each_replica_s_priors_and_pay_where_no_first_token_is_s
         return ttfts[int(0.99 * (len(ttfts) - 1))]
 
     assert p99(True) < 0.5 * p99(False)
+
+
+@pytest.mark.parametrize("workload", ["multi-turn", "no-sharing"])
+def test_learned_rates_are_the_linear_part_where_attention_costs(workload: str) -> None:
+    """Replicas whose prompt tokens cost more the longer the context before them (attention,
+    core/context_cost.py): the rate learned is each replica's linear rate, within 15% after 200
+    requests, not an average over the contexts it saw."""
+    fleet = parse_fleet("2:prefill=20000,attention=4000+2:prefill=5000,attention=4000", CFG)
+    overrides = {
+        "multi-turn": {"sessions": "250", "rate": "2"},
+        "no-sharing": {"requests": "900", "rate": "2", "prompt_len": "3000", "spread": "0.9"},
+    }[workload]
+    res = run(workload, overrides, "round_robin", fleet, trace=True)
+    for replica in ("r0", "r1", "r2", "r3"):
+        s = at_request(res.speed_trace, replica, 200)
+        assert error(s) <= TOLERANCE, (replica, s)

@@ -45,6 +45,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--decode-step", type=float, default=d.decode_step_s, help="seconds per decode step"
     )
+    p.add_argument(
+        "--attention-tokens",
+        type=float,
+        default=d.attention_tokens,
+        help="context tokens at which a prompt token's prefill costs double; 0 = attention is "
+        "free (default %(default)s)",
+    )
     p.add_argument("--step-tokens", type=int, default=d.step_tokens, help="token budget per step")
     p.add_argument("--max-running", type=int, default=d.max_running, help="max batch, requests")
     p.add_argument("--fleet", metavar="SPEC", help=FLEET_HELP.replace("--replicas", "--count"))
@@ -96,6 +103,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         block_size=args.block_size,
         prefill_tokens_per_s=args.prefill_rate,
         decode_step_s=args.decode_step,
+        attention_tokens=args.attention_tokens,
         step_tokens=args.step_tokens,
         max_running=args.max_running,
     )

@@ -1,5 +1,5 @@
 """Small linear least squares for the speed model (:mod:`prefixroute.core.speed`): its
-observations, their normal equations (two to four unknowns), solved with the feasibility rules
+observations, their normal equations (two to five unknowns), solved with the feasibility rules
 of a speed (a rate positive, a time not negative). The solve is pure Python (a 4x4 solve is a
 few microseconds, and the core takes no numerical library); adding the observations, a pass
 over every window at every refit, is compiled when the extension is built (``solve.c``).
@@ -15,9 +15,11 @@ from prefixroute.core import _native
 
 @dataclass(slots=True)
 class Obs:
-    """One observation: ``seconds = x . (1/rate, decode step, engine overhead, overhead)``."""
+    """One observation: ``seconds = x . (1/rate, decode step, engine overhead, overhead,
+    attention)``."""
 
-    x: tuple[float, float, float, float]  # tokens, decode steps, engine requests, first tokens
+    # tokens, decode steps, engine requests, first tokens, context work (core/context_cost.py)
+    x: tuple[float, float, float, float, float]
     seconds: float  # the time measured, seconds
 
     @property
@@ -35,11 +37,13 @@ class QueuedObs(Obs):
     elapsed_s: float = 0.0  # how long the replica had been on that queue, seconds
     decoding: bool = False  # the replica was decoding at dispatch
     own: float = 0.0  # the request's own uncached tokens
-    basis: tuple[float, float] = (0.0, 0.0)  # (rate, decode step) ``x`` was derived with
+    queued_context: float = 0.0  # the queue's context work at dispatch (core/context_cost.py)
+    own_context: float = 0.0  # the request's own context work
+    basis: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (rate, step, attention) of ``x``
     seq: int = 0  # its request's place among the replica's dispatches (core/queue_fixes.py)
-    # An answer that came whole: the (tokens prefilled for others, decode steps) of its decode
-    # phase, added to its first token's work (core/speed.py).
-    after: tuple[float, float] | None = None
+    # An answer that came whole: the (tokens prefilled for others, decode steps, their context
+    # work) of its decode phase, added to its first token's work (core/speed.py).
+    after: tuple[float, float, float] | None = None
 
     @property
     def whole(self) -> bool:
@@ -81,12 +85,12 @@ def _add_window(
     # Unrolled, not ``sum(zip(...))``: a refit reads every observation twice and runs every
     # few requests per replica (36% of a simulator run under round_robin was these loops as
     # first written; solve.c). The sums are taken in the same order: the same to the bit.
-    t0, t1, t2, t3 = theta
+    t0, t1, t2, t3, t4 = theta
     preds: list[float] = []
     ratios: list[float] = []
     for o in window:
-        x0, x1, x2, x3 = o.x
-        p = x0 * t0 + x1 * t1 + x2 * t2 + x3 * t3
+        x0, x1, x2, x3, x4 = o.x
+        p = x0 * t0 + x1 * t1 + x2 * t2 + x3 * t3 + x4 * t4
         if p < 1e-9:
             p = 1e-9
         preds.append(p)
@@ -109,11 +113,11 @@ def _add_window(
         a11 += k * k
         c0 += x * r
         c1 += k * r
-        if ox[2] or ox[3]:  # the overheads' columns, where the observation has them
-            row = (x, k, ox[2] / p, ox[3] / p)
-            for i in (2, 3):
+        if ox[2] or ox[3] or ox[4]:  # the other columns, where the observation has them
+            row = (x, k, ox[2] / p, ox[3] / p, ox[4] / p)
+            for i in (2, 3, 4):
                 if ox[i]:
-                    for j in range(4):
+                    for j in range(5):
                         a[i][j] += row[i] * row[j]
                         if j < 2:
                             a[j][i] += row[i] * row[j]

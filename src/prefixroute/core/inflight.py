@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from prefixroute.core.context_cost import context_work
 from prefixroute.core.speed import QueuedObs
 from prefixroute.core.types import ReplicaId
 
@@ -29,9 +30,13 @@ class InFlight:
     queued_ahead: float = 0.0  # prefill tokens queued ahead, progress not credited, tokens
     queue_elapsed_s: float = 0.0  # how long the replica had been on that queue, seconds
     decoding: bool = False  # the replica was decoding at dispatch
+    # Context work (core/context_cost.py): its own, predicted, and the queue's ahead of it.
+    context: float = 0.0  # token-kilotokens
+    context_ahead: float = 0.0  # token-kilotokens
     prefilled: bool = False
     first_token_s: float | None = None  # measured first token, seconds (None: not measured)
     prefilled_mark: int = 0  # the replica's ``prefilled_tokens`` at its first token, tokens
+    prefilled_context_mark: float = 0.0  # and its ``prefilled_context``, token-kilotokens
     actual_uncached: int | None = None  # uncached tokens the replica reported, tokens
     predicted_cached: int = 0  # cached tokens predicted at dispatch, tokens
     key_block_tokens: float = 0.0  # one block of the request's key, in tokens (a prediction's step)
@@ -42,6 +47,7 @@ class InFlight:
     sequences: int = 1  # output sequences it asks for (RequestView): 1 teaches a decode step
     batch: bool = False  # several prompts (RequestView): its usage is not this prompt's
     dispatched_mark: int = 0  # the replica's ``dispatched_tokens`` with it dispatched, tokens
+    dispatched_context_mark: float = 0.0  # and its ``dispatched_context``, token-kilotokens
     queue_known: bool = True  # its queue ahead at dispatch is no overcount (learn_whole)
     unseen: bool = False  # its first token will not be seen (a plain answer: first_token_due)
     # Sent to a full batch: it waited for a slot as well as for the queue, a wait the speed
@@ -66,12 +72,21 @@ class InFlight:
         predicted uncached tokens, seconds."""
         return self.load.speed.ttft_s(*self.ttft_work(self.uncached_tokens))
 
-    def ttft_work(self, own: int) -> tuple[float, float]:
-        """(tokens, decode steps) the request's first token waited for, with ``own`` uncached
-        tokens of its own, at the replica's current estimates: the arguments of
+    def ttft_work(self, own: int) -> tuple[float, float, float]:
+        """(tokens, decode steps, context work) the request's first token waited for, with
+        ``own`` uncached tokens of its own, at the replica's current estimates: the arguments of
         ``ReplicaSpeed.ttft_s``."""
         speed = self.load.speed
-        return speed.queue_work(self.queued(), self.queue_elapsed_s, self.decoding, own)
+        return speed.queue_work(
+            self.queued(), self.queue_elapsed_s, self.decoding, own,
+            self.context_ahead, self.own_context(own),
+        )  # fmt: skip
+
+    def own_context(self, own: int) -> float:
+        """Its own context work had ``own`` of its prompt's tokens been uncached."""
+        if own == self.uncached_tokens:
+            return self.context
+        return context_work(self.predicted_cached + self.uncached_tokens - own, own)
 
     def queued(self) -> float:
         """The work queued ahead of the request at dispatch, with what is known of how much the
@@ -85,6 +100,7 @@ class InFlight:
         return self.load.speed.observe_first_token(
             self.queued(), self.queue_elapsed_s, self.decoding, own,
             self.first_token_s - self.dispatched_s, seq=self.seq,
+            queued_context=self.context_ahead, own_context=self.own_context(own),
         )  # fmt: skip
 
     def learn(self, now: float, output_tokens: int | None) -> None:
@@ -98,11 +114,14 @@ class InFlight:
         elif self.ttft_obs is not None and self.actual_uncached is not None:
             # Taught at its first token with the predicted uncached tokens: the replica's own
             # count corrects that observation (a wrong cache prediction is not a wrong speed).
-            speed.correct_prefill(self.ttft_obs, self.actual_uncached)
+            actual = self.actual_uncached
+            speed.correct_prefill(self.ttft_obs, actual, self.own_context(actual))
         # Several sequences decode side by side: their tokens are no count of steps.
         if output_tokens is not None and output_tokens > 1 and self.sequences == 1:
-            prefilled = self.load.prefilled_tokens - self.prefilled_mark
-            speed.observe_decode(now - self.first_token_s, output_tokens - 1, prefilled)
+            load = self.load
+            prefilled = load.prefilled_tokens - self.prefilled_mark
+            context = load.prefilled_context - self.prefilled_context_mark
+            speed.observe_decode(now - self.first_token_s, output_tokens - 1, prefilled, context)
 
     def learn_whole(self, now: float, output_tokens: int | None) -> None:
         """An answer that came whole teaches its first token and decode phase as one
@@ -120,8 +139,11 @@ class InFlight:
         own = self.uncached_tokens if self.actual_uncached is None else self.actual_uncached
         # The prefill that shared its decode steps: what was sent there after it (no first
         # token of them need have been seen; the few still queued at its end are a small excess).
-        meanwhile = self.load.dispatched_tokens - self.dispatched_mark
-        self.load.speed.observe_first_token(
+        load = self.load
+        meanwhile = load.dispatched_tokens - self.dispatched_mark
+        context = load.dispatched_context - self.dispatched_context_mark
+        load.speed.observe_first_token(
             self.queued(), self.queue_elapsed_s, self.decoding, own,
-            now - self.dispatched_s, seq=self.seq, after=(meanwhile, output_tokens - 1),
+            now - self.dispatched_s, seq=self.seq, after=(meanwhile, output_tokens - 1, context),
+            queued_context=self.context_ahead, own_context=self.own_context(own),
         )  # fmt: skip

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from prefixroute.core.context_cost import context_work
 from prefixroute.core.fleet_speed import fleet_median
 from prefixroute.core.inflight import InFlight
 from prefixroute.core.plain_answers import in_order, passed_unseen, recheck_s
@@ -56,7 +57,7 @@ class LoadTracker:
     _loads: dict[ReplicaId, ReplicaLoad] = field(default_factory=dict)
     _requests: dict[str, InFlight] = field(default_factory=dict)
     _cold: dict[ReplicaId, ReplicaLoad] = field(default_factory=dict)  # not warmed up yet
-    _fleet: tuple[float, float, float, float] | None = None  # the fleet's median estimates
+    _fleet: tuple[float, float, float, float, float] | None = None  # the fleet's median estimates
     _learned: int = 0  # requests learned from since the fleet's estimates were last taken
 
     def add_replica(self, replica: ReplicaId, prior: SpeedPrior | None = None) -> None:
@@ -101,7 +102,7 @@ class LoadTracker:
                     load.speed.start_from(self._fleet)
         return load
 
-    def fleet_estimates(self) -> tuple[float, float, float, float] | None:
+    def fleet_estimates(self) -> tuple[float, float, float, float, float] | None:
         """What a cold replica starts from (:meth:`ReplicaSpeed.estimates`' order): the median
         replica's estimates as last taken (None before one warmed up while another was cold)."""
         return self._fleet
@@ -165,6 +166,7 @@ class LoadTracker:
             # A reused id: the earlier request is over as far as the load view can tell.
             self.complete(request_id, now)
         uncached = max(0, prompt_tokens - predicted_cached_tokens)
+        context = context_work(prompt_tokens - uncached, uncached)
         blocks = -(-(prompt_tokens + output_tokens) // self.block_size)
         load = self.get(replica)
         if not load.prefilling:
@@ -173,6 +175,8 @@ class LoadTracker:
             replica, load, uncached, output_tokens, blocks,
             dispatched_s=now, decoding=load.decoding > 0,
             queued_ahead=load.queued_prefill_tokens, queue_elapsed_s=now - load.busy_since,
+            context=context, context_ahead=load.queued_context,
+            dispatched_context_mark=load.dispatched_context + context,
             predicted_cached=prompt_tokens - uncached,
             key_block_tokens=self.block_size if key_block_tokens is None else key_block_tokens,
             seq=load.fixes.dispatched(), sequences=sequences, batch=batch,
@@ -187,6 +191,8 @@ class LoadTracker:
         load.prefilling += 1
         load.queued_prefill_tokens += uncached
         load.dispatched_tokens += uncached
+        load.queued_context += context
+        load.dispatched_context += context
         load._add_arrival(uncached, now)
         load.active_blocks += blocks
 
@@ -204,6 +210,7 @@ class LoadTracker:
             self._prefilled(other, now)
         if measured:
             req.prefilled_mark = req.load.prefilled_tokens  # its decode phase starts here
+            req.prefilled_context_mark = req.load.prefilled_context
             req.first_token_s = now
             if req.misjudged():
                 req.ttft_obs = req.learn_ttft()
@@ -255,8 +262,12 @@ class LoadTracker:
         load.prefilling -= 1
         load.queued_prefill_tokens -= req.uncached_tokens
         load.prefilled_tokens += req.uncached_tokens
+        load.prefilled_context += req.context
         if load.prefilling:
             load.busy_since = now  # it moves on to the next request in its queue
+            load.queued_context -= req.context
+        else:  # an empty queue's work is none: no float residue from the sums
+            load.queued_context = 0.0
         load._add_tokens(req.uncached_tokens, now)
 
     def observe_usage(
@@ -274,7 +285,8 @@ class LoadTracker:
         through = req.through if req.prefilled else load.fixes.dispatches
         if delta and through > req.seq:
             load.fixes.add(req.seq, through, delta)
-            load.speed.correct_queue(req.seq, through, delta)
+            context = req.own_context(req.actual_uncached) - req.context
+            load.speed.correct_queue(req.seq, through, delta, context)
         return req
 
     def complete(
@@ -308,6 +320,17 @@ class LoadTracker:
             self._share_fleet_speed()
 
     _learn = staticmethod(InFlight.learn)  # (a name tests/vllm spies on)
+
+    def observe_engine_prefill(
+        self, replica: ReplicaId, tokens: float, requests: int, seconds: float
+    ) -> None:
+        """The engine's own prefill times (``Router.observe_engine_prefill``) teach its speed
+        model. The engine does not say how long each prompt's context was: its tokens are taken
+        to carry the context work of what this router saw it prefill (core/context_cost.py)."""
+        load = self.get(replica)
+        done = load.prefilled_tokens
+        per_token = load.prefilled_context / done if done else 0.0
+        load.speed.observe_engine_prefill(tokens, requests, seconds, tokens * per_token)
 
     def observe(
         self,

@@ -89,11 +89,14 @@ def recheck_s(req: InFlight, now: float) -> float | None:
     if not waiting:
         return None
     tokens = sum(other.uncached_tokens for other in waiting)
+    context = sum(other.context for other in waiting)
     load = req.load
     speed = load.speed
     elapsed = now - load.busy_since
-    work, steps = speed.queue_work(tokens, elapsed, load.decoding > 0, req.uncached_tokens)
-    return max(MIN_RECHECK_S, speed.prefill_s(work) + steps * speed.decode_step_s)
+    work, steps, context = speed.queue_work(
+        tokens, elapsed, load.decoding > 0, req.uncached_tokens, context, req.context
+    )
+    return max(MIN_RECHECK_S, speed.prefill_s(work, context) + steps * speed.decode_step_s)
 
 
 class PlainAnswerCalls:

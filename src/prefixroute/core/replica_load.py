@@ -24,6 +24,7 @@ class ReplicaLoad:
     in_flight: int = 0  # requests dispatched and not completed
     prefilling: int = 0  # of those, requests without a first token yet
     queued_prefill_tokens: int = 0  # predicted uncached prompt tokens not yet prefilled, tokens
+    queued_context: float = 0.0  # their context work, token-kilotokens (core/context_cost.py)
     active_blocks: int = 0  # KV blocks of in-flight requests (prompt + expected output), blocks
     completed: int = 0  # requests completed since registration
     # Scraped from the replica's metrics (None until a scrape or a simulator step reports them).
@@ -37,6 +38,8 @@ class ReplicaLoad:
     fixes: QueueFixes = field(default_factory=QueueFixes)  # dispatch count, queue corrections
     prefilled_tokens: int = 0  # uncached tokens whose first token came back, since registration
     dispatched_tokens: int = 0  # predicted uncached tokens dispatched here, since registration
+    prefilled_context: float = 0.0  # context work of ``prefilled_tokens``, token-kilotokens
+    dispatched_context: float = 0.0  # context work of ``dispatched_tokens``, token-kilotokens
     # Its requests in dispatch order, from the oldest without a first token (prefilled ones
     # leave lazily: core/plain_answers.py, in_order): what a guessed first token waits behind.
     unprefilled: deque[InFlight] = field(default_factory=deque)
@@ -64,12 +67,15 @@ class ReplicaLoad:
         """Queued prefill tokens not done yet: the queue less the progress the replica has made
         on it since ``busy_since`` at its learned speed, tokens."""
         queued = self.queued_prefill_tokens
-        return queued - self.speed.progress(queued, now - self.busy_since, self.decoding > 0)
+        elapsed = now - self.busy_since
+        return queued - self.speed.progress(queued, elapsed, self.decoding > 0, self.queued_context)
 
     def queued_prefill_s(self, now: float) -> float:
         """The queued prefill work in seconds at this replica's own learned speed: how long a
         request dispatched now waits before its own prefill starts (decode overhead aside)."""
-        return self.speed.prefill_s(self.queued_left(now))
+        left, queued = self.queued_left(now), self.queued_prefill_tokens
+        context = self.queued_context * left / queued if queued > 0 else 0.0
+        return self.speed.prefill_s(left, context)
 
     def throughput(self, now: float) -> float:
         """Recent tokens processed per second (prefill + output), exponentially decayed."""

@@ -397,4 +397,4 @@ class Router(RouterReads, PlainAnswerCalls):
         requests spent ``seconds`` from being scheduled to their first token, computing
         ``tokens`` uncached tokens: its speed model learns from it (ignored if not registered)."""
         if replica in self._registered:
-            self.loads.get(replica).speed.observe_engine_prefill(tokens, requests, seconds)
+            self.loads.observe_engine_prefill(replica, tokens, requests, seconds)

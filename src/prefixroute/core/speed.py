@@ -4,7 +4,7 @@ No deployment prefills at one fixed rate: hardware, model, parallelism and neigh
 decide it, and a fleet mixes them. So the configured rate and decode step are *priors*, and each
 replica's own values replace them as its requests come back. One model covers both::
 
-    seconds = tokens / prefill_rate + steps * decode_step  (+ a fixed overhead, below)
+    seconds = tokens / prefill_rate + steps * decode_step  (+ overheads, attention: below)
 
 and every completed request gives two observations of it:
 
@@ -32,6 +32,12 @@ Without the term the fit can only stretch the rate, and predicted short prompts'
 at 0.14x their measured time, long ones' at 2.1x (medians). So a time to first token is
 ``first_token_overhead_s + tokens / rate + steps * step``, the overhead another unknown of the
 same fit, per replica, with ``learn_overhead`` (prior 0: a fresh router predicts as before).
+
+**Attention** (:mod:`prefixroute.core.context_cost`). A prompt token costs more the longer the
+context before it, so each observation also carries its context work (token-kilotokens: the
+queue's and its own) and ``attention`` is one more unknown, prior 0, never negative: a replica
+whose cost does not grow with the context keeps the linear model, and one whose cost does no
+longer hides it in an average rate that mispredicts long and short prompts alike.
 
 **An answer that arrives whole** (a plain, non-streamed response) shows no first token, only
 its end: its time from dispatch is the first token's plus its decode phase, and since both are
@@ -63,34 +69,14 @@ slow one started fast looked to have a 353 ms fixed overhead, and was hardly sen
 The queue is the requests ahead's *predicted* uncached tokens; their usage reports correct it,
 for observations taken and to come (:meth:`correct_queue`, :mod:`prefixroute.core.queue_fixes`).
 
-**Noise and outliers.** Each refit compares every observation with its prediction; those more
-than ``outlier_factor`` (3x) off the typical misprediction, the median over the newer half of
-the window, are left out (a network stall, a pause). A real change of speed becomes the typical
-misprediction once it fills half of that newer half, so a replica that slows down or speeds up
-is followed within a few dozen of its requests (``window`` = 64: the simulator's traces settle
-within 35-160), while outliers stay out as long as they are under half of the recent requests.
+**Noise and outliers; priors and bounds**: :mod:`prefixroute.core.speed_fit`, where the fit's
+equations are built.
 
-**Priors and bounds.** Until a replica has ``min_observations`` observations its estimates are
-the priors exactly. Afterwards each prior counts as ``PRIOR_WEIGHT`` (a quarter) of an
-observation, weighed so that a replica 4x slower than it and one 4x faster are pulled alike: it
-only settles what the data leave open (every request the same size: rate and decode step trade
-off). Weighed by its own prediction, it held a 4x slower replica at 1.35x its rate; as a whole
-observation, multi-turn's fast replicas 17% under theirs. Every estimate stays within
-``prior / bound .. prior * bound``.
-
-**A fresh replica in a running fleet** (``fleet_prior``) predicts with its fleet's learned
-estimates (:meth:`ReplicaSpeed.start_from`; the load view picks them: its median replica's)
-until its own observations take over. The constants are a guess about hardware nobody measured:
-a replica joining a fleet that learned 3x the configured rate looked 3x slower than its peers and
-was sent nothing; one joining a fleet 3x slower looked 3x faster and was flooded.
-
-**How good the predictions are.** Before a first token teaches the model, the model predicts it
-from the estimates of the moment: past the warm-up, ``predicted / measured`` goes into a window
-per replica, whose median error is reported (:meth:`ReplicaSpeed.snapshot`), from the request's
-real uncached tokens when reported: the speed model's error alone.
+**A fresh replica in a running fleet**: :mod:`prefixroute.core.fleet_speed`. **How good the
+predictions are**: :mod:`prefixroute.core.speed_snapshot`.
 
 Pure and clock-free (times come in as arguments). A refit (a pass over the windows, a sort of
-each, a solve of two to four unknowns) runs per observation until the windows fill, then every
+each, a solve of two to five unknowns) runs per observation until the windows fill, then every
 ``REFIT_EVERY``.
 """
 
@@ -100,14 +86,14 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from prefixroute.core._solve import Obs, QueuedObs, add_observations, solve_feasible
+from prefixroute.core._solve import Obs, QueuedObs, solve_feasible
 from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
+from prefixroute.core.speed_fit import normal_equations
 from prefixroute.core.speed_snapshot import snapshot
 
 __all__ = ["QueuedObs", "ReplicaSpeed", "SpeedConfig", "speed_priors_of"]
 
 REFIT_EVERY = 8  # observations between refits once a window is full (a refit is O(window))
-PRIOR_WEIGHT = 0.25  # observations a prior counts as (module docstring)
 REDERIVE_TOLERANCE = 0.01  # estimates moved this much (relative): a queue's work is taken again
 CORRECTION_REFITS = 8  # at most this many refits settle a corrected observation (warm-up only)
 
@@ -121,6 +107,7 @@ class ReplicaSpeed:
     decode_step_s: float = 0.0  # current estimate, seconds
     first_token_overhead_s: float = 0.0  # current estimate, seconds
     engine_overhead_s: float = 0.0  # the engine's own fixed prefill time per request, seconds
+    attention_s: float = 0.0  # prefill seconds per token per 1k tokens of context before it
     prefill_observations: int = 0  # TTFTs observed since registration
     decode_observations: int = 0  # decode phases observed since registration
     engine_observations: int = 0  # scrape intervals with engine prefill times
@@ -141,34 +128,42 @@ class ReplicaSpeed:
         self.decode_step_s = cfg.decode_step_s
         self.first_token_overhead_s = cfg.first_token_overhead_s
         self.engine_overhead_s = 0.0
+        self.attention_s = cfg.attention_s
         self._prefill = deque(maxlen=cfg.window)
         self._decode = deque(maxlen=cfg.window)
         self._engine = deque(maxlen=cfg.window)
         self._ratios = deque(maxlen=cfg.window)
 
     # --- predictions ----------------------------------------------------------------------
-    def prefill_s(self, tokens: float) -> float:
-        """Seconds to prefill ``tokens`` at this replica's rate (decode overhead excluded)."""
-        return tokens / self.prefill_tokens_per_s
+    def prefill_s(self, tokens: float, context: float = 0.0) -> float:
+        """Seconds to prefill ``tokens`` with ``context`` work (core/context_cost.py) at this
+        replica's estimates (decode overhead excluded)."""
+        return tokens / self.prefill_tokens_per_s + context * self.attention_s
 
     def steps(self, tokens: float, decoding: bool) -> float:
         """Batch steps that carry decodes while ``tokens`` prefill, with half the step under
         way (0 when the replica is not decoding)."""
         return (-(-tokens // self.config.step_tokens) + 0.5) if decoding else 0.0
 
-    def ttft_s(self, tokens: float, steps: float) -> float:
+    def ttft_s(self, tokens: float, steps: float, context: float = 0.0) -> float:
         """Predicted time to first token of a request whose first token waits for ``tokens`` of
-        prefill (the queue ahead and its own) over ``steps`` decode-carrying steps, seconds."""
-        return self.first_token_overhead_s + self.prefill_s(tokens) + steps * self.decode_step_s
+        prefill (the queue ahead and its own) with ``context`` work over ``steps``
+        decode-carrying steps, seconds."""
+        overhead = self.first_token_overhead_s
+        return overhead + self.prefill_s(tokens, context) + steps * self.decode_step_s
 
-    def progress(self, queued: float, elapsed_s: float, decoding: bool) -> float:
-        """Tokens of ``queued`` already prefilled after ``elapsed_s`` seconds on it, tokens.
-
-        Each step started spent one decode step on decodes when the replica was decoding.
+    def progress(
+        self, queued: float, elapsed_s: float, decoding: bool, context: float = 0.0
+    ) -> float:
+        """Tokens of ``queued`` (with ``context`` work) already prefilled after ``elapsed_s``
+        seconds on it, tokens: each token at the queue's mean cost. Each step started spent one
+        decode step on decodes when the replica was decoding.
         """
         if queued <= 0 or elapsed_s <= 0:
             return 0.0
         rate = self.prefill_tokens_per_s
+        if context > 0 and self.attention_s > 0:  # slower by the queue's mean context cost
+            rate = queued / self.prefill_s(queued, context)
         work_s = elapsed_s
         if decoding and self.decode_step_s > 0:
             step_s = self.config.step_tokens / rate + self.decode_step_s
@@ -176,12 +171,16 @@ class ReplicaSpeed:
         return min(queued, max(0.0, work_s) * rate)
 
     def queue_work(
-        self, queued: float, elapsed_s: float, decoding: bool, own: float
-    ) -> tuple[float, float]:
-        """(tokens, decode steps) a first token waits for: what is left of ``queued`` after
-        ``elapsed_s`` on it, at the estimates of the moment, plus ``own`` uncached tokens."""
-        work = queued - self.progress(queued, elapsed_s, decoding) + own
-        return work, self.steps(work, decoding)
+        self, queued: float, elapsed_s: float, decoding: bool, own: float,
+        queued_context: float = 0.0, own_context: float = 0.0,
+    ) -> tuple[float, float, float]:
+        """(tokens, decode steps, context work) a first token waits for: what is left of
+        ``queued`` (and its ``queued_context``) after ``elapsed_s`` on it, at the estimates of
+        the moment, plus ``own`` uncached tokens (and ``own_context``)."""
+        left = queued - self.progress(queued, elapsed_s, decoding, queued_context)
+        context = own_context + (queued_context * left / queued if queued > 0 else 0.0)
+        work = left + own
+        return work, self.steps(work, decoding), context
 
     @property
     def warmed_up(self) -> bool:
@@ -190,16 +189,13 @@ class ReplicaSpeed:
         seen = len(self._prefill) - self._whole + len(self._decode) + len(self._engine)
         return self.config.learn and seen >= max(1, self.config.min_observations)
 
-    def estimates(self) -> tuple[float, float, float, float]:
-        """(prefill rate, decode step, first-token overhead, engine overhead) as predicted now."""
-        return (
-            self.prefill_tokens_per_s,
-            self.decode_step_s,
-            self.first_token_overhead_s,
-            self.engine_overhead_s,
-        )
+    def estimates(self) -> tuple[float, float, float, float, float]:
+        """(prefill rate, decode step, first-token overhead, engine overhead, attention) as
+        predicted now."""
+        return (self.prefill_tokens_per_s, self.decode_step_s, self.first_token_overhead_s,
+                self.engine_overhead_s, self.attention_s)  # fmt: skip
 
-    def start_from(self, fleet: tuple[float, float, float, float]) -> None:
+    def start_from(self, fleet: tuple[float, float, float, float, float]) -> None:
         """Predict with ``fleet``'s estimates (as :meth:`estimates` orders them: learned on
         its peers) while this replica has not warmed up, each within its bounds; once
         it has, its own fit replaces them and this does nothing. (Module docstring: a fresh
@@ -207,11 +203,12 @@ class ReplicaSpeed:
         cfg = self.config
         if self.warmed_up or not cfg.learn or not cfg.fleet_prior:
             return
-        rate, step, first, engine = fleet
-        # A learned overhead only where this replica would learn one: otherwise its
-        # predictions would carry a term its own fit then drops.
+        rate, step, first, engine, attention = fleet
+        # A learned overhead (or attention) only where this replica would learn one: otherwise
+        # its predictions would carry a term its own fit then drops.
         self._set_within_bounds(
-            rate, step, engine, first if cfg.learn_overhead else cfg.first_token_overhead_s
+            rate, step, engine, first if cfg.learn_overhead else cfg.first_token_overhead_s,
+            attention if cfg.learn_attention else cfg.attention_s,
         )
         self.from_fleet = True
 
@@ -220,53 +217,63 @@ class ReplicaSpeed:
         return list(self._ratios)
 
     # --- observations ---------------------------------------------------------------------
-    def observe_prefill(self, tokens: float, steps: float, ttft_s: float) -> Obs | None:
-        """A request covering ``tokens`` of prefill work (queued left + its own uncached) got
-        its first token ``ttft_s`` after dispatch, sharing ``steps`` decode steps. Judged first:
-        what the model predicted for it, past the warm-up. Returns the observation, for
-        :meth:`correct_prefill` (None: not taken)."""
-        return self._take_prefill(Obs((tokens, steps, 0.0, 1.0), ttft_s))
+    def observe_prefill(
+        self, tokens: float, steps: float, ttft_s: float, context: float = 0.0
+    ) -> Obs | None:
+        """A request covering ``tokens`` of prefill work (queued left + its own uncached), with
+        ``context`` work, got its first token ``ttft_s`` after dispatch, sharing ``steps``
+        decode steps. Judged first: what the model predicted for it, past the warm-up. Returns
+        the observation (None: not taken)."""
+        return self._take_prefill(Obs((tokens, steps, 0.0, 1.0, max(0.0, context)), ttft_s))
 
     def observe_first_token(
         self, queued: float, elapsed_s: float, decoding: bool, own: float, ttft_s: float,
-        seq: int = 0, after: tuple[float, float] | None = None,
+        seq: int = 0, after: tuple[float, float, float] | None = None,
+        queued_context: float = 0.0, own_context: float = 0.0,
     ) -> QueuedObs | None:
         """:meth:`observe_prefill` of a request sent behind ``queued`` tokens that the replica
         had been on for ``elapsed_s`` (:meth:`queue_work`), with ``own`` uncached tokens: its
         work is taken again at each refit (module docstring). ``seq``: its place among the
         replica's dispatches, for :meth:`correct_queue`. ``after``: the request's answer came
         whole, ``ttft_s`` after dispatch, having also decoded this many (tokens prefilled for
-        others meanwhile, decode steps) after its first token (module docstring)."""
-        obs = QueuedObs((0.0, 0.0, 0.0, 1.0), ttft_s, queued, elapsed_s, decoding, own, seq=seq)
+        others meanwhile, decode steps, their context work) after its first token (module
+        docstring). ``queued_context``, ``own_context``: the queue's and its own context work."""
+        obs = QueuedObs((0.0, 0.0, 0.0, 1.0, 0.0), ttft_s, queued, elapsed_s, decoding, own,
+                        max(0.0, queued_context), max(0.0, own_context), seq=seq)  # fmt: skip
         if after is not None:
-            obs.after = (max(0.0, after[0]), max(0.0, after[1]))
+            obs.after = (max(0.0, after[0]), max(0.0, after[1]), max(0.0, after[2]))
         self._derive(obs)
         return obs if self._take_prefill(obs) is not None else None
 
-    def correct_queue(self, after: int, through: int, tokens: float) -> None:
+    def correct_queue(self, after: int, through: int, tokens: float, context: float = 0.0) -> None:
         """The requests dispatched ``after+1``-th to ``through``-th waited behind ``tokens``
-        more (or fewer) than their observations say (:mod:`prefixroute.core.queue_fixes`)."""
+        (and ``context`` work) more or fewer than their observations say
+        (:mod:`prefixroute.core.queue_fixes`)."""
         for o in self._prefill:
             if type(o) is QueuedObs and after < o.seq <= through:
                 o.queued = max(0.0, o.queued + tokens)
+                o.queued_context = max(0.0, o.queued_context + context)
                 self._derive(o)
 
     def _derive(self, obs: QueuedObs) -> None:
         """``obs``'s work from its queue, at the estimates of the moment (:meth:`queue_work`)."""
-        tokens, steps = self.queue_work(obs.queued, obs.elapsed_s, obs.decoding, obs.own)
+        tokens, steps, context = self.queue_work(
+            obs.queued, obs.elapsed_s, obs.decoding, obs.own, obs.queued_context, obs.own_context
+        )
         if obs.after is not None:  # an answer that came whole: its decode phase too
-            tokens, steps = tokens + obs.after[0], steps + obs.after[1]
-        obs.x = (tokens, steps, 0.0, 1.0)
-        obs.basis = (self.prefill_tokens_per_s, self.decode_step_s)
+            more, more_steps, more_context = obs.after
+            tokens, steps, context = tokens + more, steps + more_steps, context + more_context
+        obs.x = (tokens, steps, 0.0, 1.0, context)
+        obs.basis = (self.prefill_tokens_per_s, self.decode_step_s, self.attention_s)
 
     def _take_prefill(self, obs: Obs) -> Obs | None:
-        tokens, steps = obs.x[0], obs.x[1]
+        tokens, steps, context = obs.x[0], obs.x[1], obs.x[4]
         ttft_s = obs.seconds
         if not self.config.learn or tokens < 0 or not math.isfinite(ttft_s) or ttft_s < 0:
             return None
         whole = obs.whole
         if self.warmed_up and ttft_s > 0 and not whole:  # a whole answer's is no TTFT
-            self._ratios.append(self.ttft_s(tokens, steps) / ttft_s)
+            self._ratios.append(self.ttft_s(tokens, steps, context) / ttft_s)
             self.ttft_predictions += 1
         window = self._prefill
         if len(window) == window.maxlen and window[0].whole:
@@ -278,11 +285,12 @@ class ReplicaSpeed:
         self._observed()
         return obs
 
-    def correct_prefill(self, obs: QueuedObs, own: float) -> None:
-        """``obs`` (from :meth:`observe_first_token`) had ``own`` uncached tokens, as the
-        replica reported after its first token taught the model. Past the warm-up, refits until
-        the rate settles (one refit from estimates fitted on the wrong count stays near them)."""
-        obs.own = max(0.0, own)
+    def correct_prefill(self, obs: QueuedObs, own: float, own_context: float = 0.0) -> None:
+        """``obs`` (from :meth:`observe_first_token`) had ``own`` uncached tokens (and
+        ``own_context`` work), as the replica reported after its first token taught the model.
+        Past the warm-up, refits until the rate settles (one refit from estimates fitted on the
+        wrong count stays near them)."""
+        obs.own, obs.own_context = max(0.0, own), max(0.0, own_context)
         self._derive(obs)
         if not self.warmed_up or not any(o is obs for o in self._prefill):
             return
@@ -292,24 +300,30 @@ class ReplicaSpeed:
             if abs(self.prefill_tokens_per_s / before - 1.0) < 0.01:
                 break
 
-    def observe_decode(self, duration_s: float, steps: int, prefilled_tokens: float) -> None:
+    def observe_decode(
+        self, duration_s: float, steps: int, prefilled_tokens: float, context: float = 0.0
+    ) -> None:
         """A request decoded ``steps`` more tokens in ``duration_s`` seconds, while the replica
-        prefilled ``prefilled_tokens`` for others in the same steps."""
+        prefilled ``prefilled_tokens`` (with ``context`` work) for others in the same steps."""
         if not self.config.learn or steps < 1 or not math.isfinite(duration_s) or duration_s < 0:
             return
-        self._decode.append(Obs((max(0.0, prefilled_tokens), steps, 0.0, 0.0), duration_s))
+        x = (max(0.0, prefilled_tokens), steps, 0.0, 0.0, max(0.0, context))
+        self._decode.append(Obs(x, duration_s))
         self.decode_observations += 1
         self._observed()
 
-    def observe_engine_prefill(self, tokens: float, requests: int, seconds: float) -> None:
+    def observe_engine_prefill(
+        self, tokens: float, requests: int, seconds: float, context: float = 0.0
+    ) -> None:
         """The engine reports that ``requests`` requests spent ``seconds`` in all from being
         scheduled to their first token, computing ``tokens`` uncached prompt tokens (one scrape
-        interval of its prefill-time histogram)."""
+        interval of its prefill-time histogram), with ``context`` work (an estimate: the engine
+        does not say how long each prompt's context was)."""
         if not self.config.learn or requests < 1 or tokens < 0:
             return
         if not math.isfinite(seconds) or not math.isfinite(tokens) or seconds <= 0:
             return
-        self._engine.append(Obs((tokens, 0.0, float(requests), 0.0), seconds))
+        self._engine.append(Obs((tokens, 0.0, float(requests), 0.0, max(0.0, context)), seconds))
         self.engine_observations += 1
         self._observed()
 
@@ -326,73 +340,55 @@ class ReplicaSpeed:
             self._refit()
 
     # --- the fit --------------------------------------------------------------------------
-    def _normal_equations(self) -> tuple[list[list[float]], list[float]]:
-        """``A`` and ``c`` of the weighted least squares in ``theta = (1/rate, decode step,
-        engine overhead, first-token overhead)``: the priors, one observation each, then every
-        window's observations within ``outlier_factor`` of its typical misprediction, each
-        divided by its prediction (relative errors)."""
-        cfg = self.config
-        a = [[0.0] * 4 for _ in range(4)]
-        b0, d0, scale = 1.0 / cfg.prefill_tokens_per_s, cfg.decode_step_s, cfg.overhead_scale_s
-        # A prior's error weighs w / (b * sqrt(b * b0)) at the current estimate b: a replica
-        # as far above its prior as another is below it is pulled alike (module docstring).
-        b = 1.0 / self.prefill_tokens_per_s
-        w = PRIOR_WEIGHT / (b * math.sqrt(b * b0))
-        c = [w * b0, 0.0, 0.0, cfg.first_token_overhead_s / (scale * scale)]
-        a[0][0] = w
-        if d0 > 0:
-            d = self.decode_step_s if self.decode_step_s > 0 else d0
-            w = PRIOR_WEIGHT / (d * math.sqrt(d * d0))
-            a[1][1] += w
-            c[1] += w * d0
-        a[2][2] = a[3][3] = 1.0 / (scale * scale)  # each overhead: "as the prior", once
-        windows = (self._prefill, self._decode, self._engine)
-        self.outliers = add_observations(a, c, windows, self._theta(), cfg.outlier_factor)
-        return a, c
-
     def _theta(self) -> list[float]:
-        return [
-            1.0 / self.prefill_tokens_per_s,
-            self.decode_step_s,
-            self.engine_overhead_s,
-            self.first_token_overhead_s,
-        ]
+        return [1.0 / self.prefill_tokens_per_s, self.decode_step_s, self.engine_overhead_s,
+                self.first_token_overhead_s, self.attention_s]  # fmt: skip
 
     def _refit(self) -> None:
         """Weighted least squares of ``seconds = tokens * b + steps * d (+ the overheads)``
         over the windows (module docstring); then ``rate = 1 / b``, every estimate within its
         bounds. An overhead is fitted only when there is something to fit it on: engine
-        observations for the engine's, ``learn_overhead`` for the first tokens'."""
+        observations for the engine's, ``learn_overhead`` for the first tokens'; attention with
+        ``learn_attention``."""
         cfg = self.config
         self.from_fleet = False
         self._rederive()
-        a, c = self._normal_equations()
+        theta = self._theta()
+        windows = (self._prefill, self._decode, self._engine)
+        a, c, self.outliers = normal_equations(cfg, theta, windows)
         free = [0, 1]
         if self._engine:
             free.append(2)
         if cfg.learn_overhead and self._prefill:
             free.append(3)
-        theta = solve_feasible(a, c, self._theta(), free)
-        self._set_within_bounds(1.0 / theta[0], theta[1], theta[2], theta[3])
+        if cfg.learn_attention:
+            free.append(4)
+        theta = solve_feasible(a, c, theta, free)
+        self._set_within_bounds(1.0 / theta[0], theta[1], theta[2], theta[3], theta[4])
 
     def _rederive(self) -> None:
         """Take each first token's queue again at the current estimates (module docstring),
         where they moved by more than ``REDERIVE_TOLERANCE`` since it was last taken."""
-        rate, step = self.prefill_tokens_per_s, self.decode_step_s
+        rate, step, attention = self.prefill_tokens_per_s, self.decode_step_s, self.attention_s
+        tol = REDERIVE_TOLERANCE
         for o in self._prefill:
             if type(o) is not QueuedObs or not o.queued or o.elapsed_s <= 0:
                 continue  # nothing credited: its work does not depend on the estimates
-            r0, d0 = o.basis
-            tol = REDERIVE_TOLERANCE
-            if abs(rate - r0) <= tol * r0 and abs(step - d0) <= tol * d0:
+            r0, d0, a0 = o.basis
+            # Attention judged against a token's time at the rate: its prior is 0.
+            if (abs(rate - r0) <= tol * r0 and abs(step - d0) <= tol * d0
+                    and abs(attention - a0) <= tol * (1.0 / r0 + a0)):  # fmt: skip
                 continue
             self._derive(o)
 
-    def _set_within_bounds(self, rate: float, step: float, engine: float, first: float) -> None:
+    def _set_within_bounds(
+        self, rate: float, step: float, engine: float, first: float, attention: float
+    ) -> None:
         """Take these estimates, each within its bounds (:meth:`SpeedConfig.within_bounds`)."""
-        bounded = self.config.within_bounds(rate, step, engine, first)
+        bounded = self.config.within_bounds(rate, step, engine, first, attention)
         self.prefill_tokens_per_s, self.decode_step_s = bounded[0], bounded[1]
         self.engine_overhead_s, self.first_token_overhead_s = bounded[2], bounded[3]
+        self.attention_s = bounded[4]
 
     def snapshot(self) -> dict[str, float | int | str | None]:
         """The estimates and their evidence, for reports and the admin API

@@ -32,6 +32,9 @@ class SpeedConfig:
     first_token_overhead_s: float = 0.0  # prior fixed time of every first token, seconds
     learn_overhead: bool = False  # learn that overhead too (the gateway does by default)
     fleet_prior: bool = True  # a replica not warmed up predicts with its fleet's (load.py)
+    # Prior prefill seconds per token per 1k tokens of context before it (core/context_cost.py)
+    attention_s: float = 0.0
+    learn_attention: bool = True  # learn it (False: it stays at its prior)
 
     def __post_init__(self) -> None:
         if self.prefill_tokens_per_s <= 0 or self.decode_step_s < 0 or self.step_tokens < 1:
@@ -44,6 +47,10 @@ class SpeedConfig:
             raise ConfigError("speed model: outlier_factor must be above 1")
         if self.first_token_overhead_s < 0:
             raise ConfigError("speed priors: first_token_overhead_s must be >= 0")
+        if not 0 <= self.attention_s <= self.most_attention_s:
+            raise ConfigError(
+                f"speed priors: attention_s must be between 0 and {self.most_attention_s:g}"
+            )
 
     @property
     def overhead_scale_s(self) -> float:
@@ -52,18 +59,25 @@ class SpeedConfig:
         times it."""
         return self.step_tokens / self.prefill_tokens_per_s + self.decode_step_s
 
+    @property
+    def most_attention_s(self) -> float:
+        """The largest attention estimate: a token with 1k tokens of context before it costs at
+        most the slowest allowed rate's whole time more, seconds per token per 1k tokens."""
+        return self.bound / self.prefill_tokens_per_s
 
     def within_bounds(
-        self, rate: float, step: float, engine: float, first: float
-    ) -> tuple[float, float, float, float]:
+        self, rate: float, step: float, engine: float, first: float, attention: float = 0.0
+    ) -> tuple[float, float, float, float, float]:
         """These estimates, each within its bounds: the rate and the decode step within
-        ``bound`` of their priors, the overheads between 0 and ``bound`` full steps."""
+        ``bound`` of their priors, the overheads between 0 and ``bound`` full steps, attention
+        between 0 and :attr:`most_attention_s`."""
         rate = min(max(rate, self.prefill_tokens_per_s / self.bound),
                    self.prefill_tokens_per_s * self.bound)  # fmt: skip
         d0, lo = self.decode_step_s, self.decode_step_s / self.bound  # a prior of 0: at least 0
         step = min(max(step, lo), d0 * self.bound) if d0 > 0 else max(step, lo)
         most = self.bound * self.overhead_scale_s
-        return rate, step, min(max(engine, 0.0), most), min(max(first, 0.0), most)
+        attention = min(max(attention, 0.0), self.most_attention_s)
+        return rate, step, min(max(engine, 0.0), most), min(max(first, 0.0), most), attention
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,18 @@
 """A replica's learned speed as reports show it (the admin API, the dashboard, ``top``,
-``/metrics``): its estimates beside the evidence they rest on."""
+``/metrics``): its estimates beside the evidence they rest on.
+
+**How good the predictions are.** Before a first token teaches the model, the model predicts it
+from the estimates of the moment: past the warm-up, ``predicted / measured`` goes into a window
+per replica, whose median error is reported (:meth:`ReplicaSpeed.snapshot`), from the request's
+real uncached tokens when reported: the speed model's error alone.
+"""
 
 from __future__ import annotations
 
 import statistics
 from typing import TYPE_CHECKING
+
+from prefixroute.core.context_cost import doubling_context
 
 if TYPE_CHECKING:  # the speed model imports this module
     from prefixroute.core.speed import ReplicaSpeed
@@ -24,6 +32,10 @@ def snapshot(speed: ReplicaSpeed, given: bool = False) -> dict[str, float | int 
         "decode_step_s": speed.decode_step_s,
         "first_token_overhead_s": speed.first_token_overhead_s,
         "engine_overhead_s": speed.engine_overhead_s,
+        # Attention (core/context_cost.py): seconds per token per 1k tokens of context, and the
+        # context at which a token costs double (None: the cost does not grow with it).
+        "attention_s": speed.attention_s,
+        "attention_tokens": doubling_context(speed.prefill_tokens_per_s, speed.attention_s),
         "prefill_observations": speed.prefill_observations,
         "decode_observations": speed.decode_observations,
         "engine_observations": speed.engine_observations,

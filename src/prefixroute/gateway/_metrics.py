@@ -30,7 +30,8 @@ Read live at scrape: ``prefixroute_in_flight{replica}`` (the router's own load a
 ``prefixroute_replica_healthy{replica}`` (0 while out or draining),
 ``prefixroute_replica_ejections_total{replica}`` (times taken out), each replica's learned speed
 (``prefixroute_replica_prefill_tokens_per_second``, ``_decode_step_seconds``,
-``_first_token_overhead_seconds``, ``_speed_observations{phase}``) and how good its TTFT
+``_first_token_overhead_seconds``, ``_prefill_attention_seconds``, ``_speed_observations``)
+and how good its TTFT
 predictions are (``prefixroute_replica_ttft_prediction_error``: the median of
 ``|predicted / measured - 1|`` over its last 64 predicted first tokens past the warm-up;
 ``prefixroute_replica_ttft_predictions_total``), ``prefixroute_chars_per_token{model}`` (each
@@ -307,10 +308,16 @@ class _LiveCollector(Collector):
         yield from self._predictions()
 
     def _predictions(self) -> Iterator[Metric]:
-        """The learned first-token overhead, and how good the TTFT predictions are."""
+        """The learned first-token overhead and attention, and how good the TTFT predictions
+        are."""
         overhead = _gauge(
             "prefixroute_replica_first_token_overhead_seconds",
             "Fixed time of every first token (HTTP, tokenizing, scheduling), as learned.",
+        )
+        attention = _gauge(
+            "prefixroute_replica_prefill_attention_seconds",
+            "Prefill seconds a prompt token costs per 1,000 tokens of context before it, as "
+            "learned (0: the replica's cost does not grow with the context).",
         )
         error = _gauge(
             "prefixroute_replica_ttft_prediction_error",
@@ -325,11 +332,12 @@ class _LiveCollector(Collector):
         for record in self.replicas:
             speed = self.router.replica_load(record.id).speed
             overhead.add_metric([record.url], speed.first_token_overhead_s)
+            attention.add_metric([record.url], speed.attention_s)
             predictions.add_metric([record.url], speed.ttft_predictions)
             p50 = speed.snapshot()["ttft_error_p50"]
             if isinstance(p50, (int, float)):
                 error.add_metric([record.url], p50)
-        yield from (overhead, error, predictions)
+        yield from (overhead, attention, error, predictions)
 
 
 def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:

@@ -27,6 +27,7 @@ from prefixroute.core import (
     SpeedConfig,
     SpeedPrior,
 )
+from prefixroute.core.context_cost import doubling_context
 from prefixroute.sim.collector import YoungCollections
 from prefixroute.sim.fleet import Fleet, SpeedChange
 from prefixroute.sim.kernel import ARRIVAL, URGENT, Kernel
@@ -190,6 +191,8 @@ class ClusterSim:
         st.learned_prefill_tokens_per_s = speed.prefill_tokens_per_s
         st.learned_decode_step_s = speed.decode_step_s
         st.learned_first_token_overhead_s = speed.first_token_overhead_s
+        doubling = doubling_context(speed.prefill_tokens_per_s, speed.attention_s)
+        st.learned_attention_tokens = doubling or 0.0
         learned = self._router.index_capacity(rid)
         st.index_capacity_blocks = int(learned.blocks) if learned is not None else None
 
@@ -241,6 +244,7 @@ class ClusterSim:
         st.prefill_tokens_per_s = model.config.prefill_tokens_per_s
         st.decode_step_s = model.config.decode_step_s
         st.first_token_overhead_s = model.config.first_token_overhead_s
+        st.attention_tokens = model.config.attention_tokens
 
     # --- requests -------------------------------------------------------------------------
     def _next_session(self) -> None:

@@ -39,6 +39,7 @@ FLEET_KEYS: dict[str, tuple[str, float]] = {
     "step_tokens": ("step_tokens", 1.0),  # token budget per step
     "max_running": ("max_running", 1.0),  # requests in the running batch
     "overhead_ms": ("first_token_overhead_s", 0.001),  # fixed time before the engine queues it
+    "attention": ("attention_tokens", 1.0),  # context tokens at which a prompt token costs double
 }
 CHANGE_KEYS = ("prefill", "decode_ms")  # what a speed change may set
 
@@ -131,11 +132,13 @@ class Fleet:
             if i == len(self.configs) or self.configs[i] != self.configs[start]:
                 c = self.configs[start]
                 who = f"r{start}" if i - start == 1 else f"r{start}-r{i - 1}"
-                overhead = c.first_token_overhead_s
+                overhead, attention = c.first_token_overhead_s, c.attention_tokens
                 parts.append(
                     f"{who}: {c.prefill_tokens_per_s:,.0f} tok/s, "
                     f"{c.decode_step_s * 1000:g} ms/step, {c.kv_capacity_blocks * c.block_size:,}"
-                    " KV tokens" + (f", {overhead * 1000:g} ms before queueing" if overhead else "")
+                    " KV tokens"
+                    + (f", {overhead * 1000:g} ms before queueing" if overhead else "")
+                    + (f", attention {attention:,.0f} tokens" if attention else "")
                 )
                 start = i
         parts += [

@@ -212,6 +212,8 @@ def _speeds(result: RunResult) -> dict[str, dict[str, float]]:
             "learned_decode_step_s": rep.learned_decode_step_s,
             "first_token_overhead_s": rep.first_token_overhead_s,
             "learned_first_token_overhead_s": rep.learned_first_token_overhead_s,
+            "attention_tokens": rep.attention_tokens,
+            "learned_attention_tokens": rep.learned_attention_tokens,
         }
         for rep in result.replicas
         if rep.learned_prefill_tokens_per_s > 0

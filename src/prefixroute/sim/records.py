@@ -52,6 +52,10 @@ class ReplicaRecord:
     learned_decode_step_s: float = 0.0  # the router's estimate at the end, seconds
     first_token_overhead_s: float = 0.0  # its true fixed time before its engine queue, seconds
     learned_first_token_overhead_s: float = 0.0  # the router's estimate at the end, seconds
+    # Attention (core/context_cost.py): the context at which a prompt token costs double,
+    # tokens; 0: its cost does not grow with the context (true, and as learned at the end).
+    attention_tokens: float = 0.0
+    learned_attention_tokens: float = 0.0
     kv_capacity_blocks: int = 0  # its true KV cache, blocks
     index_capacity_blocks: int | None = None  # the router's index capacity for it at the end
 

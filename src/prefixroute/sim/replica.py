@@ -17,7 +17,8 @@ Engine rules modelled (vLLM v1 scheduler, simplified):
   ``prompt - 1`` tokens: the last prompt token is always computed to produce logits.
 * Each step has a token budget: one token per decoding request, the rest for prefill chunks in
   admission order (chunked prefill). A prompt's full blocks become cacheable once computed.
-* Step time = prefill tokens / prefill rate, plus ``decode_step_s`` when any request decodes.
+* Step time = prefill tokens / prefill rate, plus ``decode_step_s`` when any request decodes;
+  with ``attention_tokens`` L > 0 a chunk of c tokens after k with KV counts c*(1 + (k+c/2)/L).
   The prefill step that finishes a prompt also emits its first token.
 * With ``fast_forward``, a stretch of decode-only steps is planned as one step that lasts until
   the next request finishes; :meth:`ReplicaModel.interrupt` cuts it at the next step boundary
@@ -53,6 +54,9 @@ class ReplicaConfig:
     # seconds: the cluster and the emulator hold each request this long before submitting it.
     # A real server has it; 0 keeps the article's model (every recorded simulation).
     first_token_overhead_s: float = 0.0
+    # Context length at which a prompt token's prefill costs twice what it costs with nothing
+    # before it, tokens; 0: attention is free (the article's model, every recorded simulation).
+    attention_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         if min(self.kv_capacity_blocks, self.block_size, self.step_tokens, self.max_running) < 1:
@@ -61,6 +65,8 @@ class ReplicaConfig:
             raise ConfigError("prefill rate must be positive and decode step time non-negative")
         if not self.first_token_overhead_s >= 0:
             raise ConfigError("first-token overhead must be non-negative")
+        if not 0 <= self.attention_tokens < math.inf:
+            raise ConfigError("attention tokens must be >= 0 and finite (0: attention is free)")
 
 
 def kv_blocks_needed(prompt_tokens: int, output_tokens: int, block_size: int) -> int:
@@ -210,6 +216,7 @@ class ReplicaModel:
         decoding = len(self._decoding)
         budget = cfg.step_tokens - decoding
         prefill = 0
+        attention, extra = cfg.attention_tokens, 0.0  # extra: sum of chunk * context, tokens^2
         planned: list[EngineRequest] = []
         for req in self._prefilling:
             if budget <= 0:
@@ -218,6 +225,8 @@ class ReplicaModel:
             budget -= req._chunk
             prefill += req._chunk
             planned.append(req)
+            if attention:
+                extra += req._chunk * (req.computed + req._chunk / 2)
         while budget > 0 and self.waiting and len(self.running) < cfg.max_running:
             if not self._admit(self.waiting[0], now):
                 break
@@ -228,6 +237,8 @@ class ReplicaModel:
             budget -= req._chunk
             prefill += req._chunk
             planned.append(req)
+            if attention:
+                extra += req._chunk * (req.computed + req._chunk / 2)
         steps = 1 if decoding else 0
         if self.fast_forward and decoding and not planned:
             # Nothing but decodes until the next request finishes (or an arrival interrupts).
@@ -236,7 +247,8 @@ class ReplicaModel:
         self._steps = steps
         self._step_start = now
         self._step_decode_s = cfg.decode_step_s
-        self._step_s = prefill / cfg.prefill_tokens_per_s + steps * cfg.decode_step_s
+        work = prefill + extra / attention if attention else prefill  # prefill work, tokens
+        self._step_s = work / cfg.prefill_tokens_per_s + steps * cfg.decode_step_s
         return self._step_s
 
     def set_speed(
@@ -244,14 +256,10 @@ class ReplicaModel:
     ) -> None:
         """Run at new speeds from the next step on (the planned step keeps its duration): the
         GPU gained or lost a neighbour. None leaves a speed unchanged."""
-        cfg = self.config
-        self.config = dataclasses.replace(
-            cfg,
-            prefill_tokens_per_s=(
-                cfg.prefill_tokens_per_s if prefill_tokens_per_s is None else prefill_tokens_per_s
-            ),
-            decode_step_s=cfg.decode_step_s if decode_step_s is None else decode_step_s,
-        )
+        cfg = self.config  # every other setting (block size, attention, ...) stays
+        rate = cfg.prefill_tokens_per_s if prefill_tokens_per_s is None else prefill_tokens_per_s
+        step = cfg.decode_step_s if decode_step_s is None else decode_step_s
+        self.config = dataclasses.replace(cfg, prefill_tokens_per_s=rate, decode_step_s=step)
 
     def interrupt(self, now: float) -> float | None:
         """A request arrived during a fast-forwarded decode stretch: end it at the next step

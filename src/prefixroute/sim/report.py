@@ -142,28 +142,45 @@ def speed_table(metrics: Sequence[PolicyMetrics]) -> Table | None:
         title_justify="left",
         header_style="bold",
     )
-    for name in ("replica", "prefill tok/s", "decode ms"):
+    speeds = metrics[0].per_replica_speed
+    # Attention columns where a replica has it: the context at which a token costs double.
+    attention = any(s.get("attention_tokens") for s in speeds.values())
+    for name in ("replica", "prefill tok/s", "decode ms", "attention tok")[: 3 + attention]:
         _column(table, name)
     for m in metrics:
         _column(table, f"{m.policy}: prefill")
         _column(table, "decode")
-    replicas = sorted(metrics[0].per_replica_speed, key=_replica_order)
-    for r in replicas:
-        true = metrics[0].per_replica_speed[r]
+        if attention:
+            _column(table, "attention")
+    for r in sorted(speeds, key=_replica_order):
+        true = speeds[r]
         row = [r, f"{true['prefill_tokens_per_s']:,.0f}", f"{true['decode_step_s'] * 1000:.1f}"]
+        if attention:
+            row.append(f"{true['attention_tokens']:,.0f}" if true["attention_tokens"] else "-")
         for m in metrics:
-            s = (m.per_replica_speed or {}).get(r)
-            if s is None:
-                row += ["-", "-"]
-                continue
-            rate, step = s["learned_prefill_tokens_per_s"], s["learned_decode_step_s"]
-            true_step = s["decode_step_s"]
-            row += [
-                f"{rate:,.0f} ({rate / s['prefill_tokens_per_s']:.2f})",
-                f"{step * 1000:.1f} ({step / true_step:.2f})" if true_step else "-",
-            ]
+            row += _learned_cells(true, (m.per_replica_speed or {}).get(r), attention)
         table.add_row(*row)
     return table
+
+
+def _learned_cells(
+    true: dict[str, float], s: dict[str, float] | None, attention: bool
+) -> list[str]:
+    """A policy's learned prefill rate, decode step (and attention) of one replica, each with
+    its ratio to the truth."""
+    if s is None:
+        return ["-"] * (2 + attention)
+    rate, step = s["learned_prefill_tokens_per_s"], s["learned_decode_step_s"]
+    true_step = s["decode_step_s"]
+    cells = [
+        f"{rate:,.0f} ({rate / s['prefill_tokens_per_s']:.2f})",
+        f"{step * 1000:.1f} ({step / true_step:.2f})" if true_step else "-",
+    ]
+    if attention:
+        learned, at = s.get("learned_attention_tokens", 0.0), true["attention_tokens"]
+        ratio = f" ({learned / at:.2f})" if learned and at else ""
+        cells.append(f"{learned:,.0f}{ratio}" if learned else "-")
+    return cells
 
 
 def print_report(

@@ -20,7 +20,7 @@
 #include "hotpath.h"
 
 typedef struct {
-    double x[4];
+    double x[5]; /* tokens, decode steps, engine requests, first tokens, context work */
     double seconds;
 } Obs;
 
@@ -65,7 +65,7 @@ read_window(PyObject *seq, Obs *obs, Py_ssize_t n)
         PyObject *x = PyObject_GetAttr(o, name_x);
         if (x == NULL)
             return 0;
-        int ok = floats_of(x, obs[i].x, 4, "an observation's x");
+        int ok = floats_of(x, obs[i].x, 5, "an observation's x");
         Py_DECREF(x);
         if (!ok)
             return 0;
@@ -83,13 +83,13 @@ read_window(PyObject *seq, Obs *obs, Py_ssize_t n)
 /* One window into A and C, as the reference's loop body does; -1 when a ratio is not a number
  * (the caller falls back), else how many observations were left out. */
 static Py_ssize_t
-add_window(Obs *obs, Py_ssize_t n, const double t[4], double factor, double A[4][4], double C[4],
+add_window(Obs *obs, Py_ssize_t n, const double t[5], double factor, double A[5][5], double C[5],
            double *scratch)
 {
     double *p = scratch, *r = scratch + n, *recent = scratch + 2 * n;
     for (Py_ssize_t i = 0; i < n; i++) {
         const double *x = obs[i].x;
-        double pred = x[0] * t[0] + x[1] * t[1] + x[2] * t[2] + x[3] * t[3];
+        double pred = x[0] * t[0] + x[1] * t[1] + x[2] * t[2] + x[3] * t[3] + x[4] * t[4];
         if (pred < 1e-9)
             pred = 1e-9;
         p[i] = pred;
@@ -116,12 +116,12 @@ add_window(Obs *obs, Py_ssize_t n, const double t[4], double factor, double A[4]
         A[1][1] += k * k;
         C[0] += x * r[i];
         C[1] += k * r[i];
-        if (ox[2] != 0.0 || ox[3] != 0.0) {
-            double row[4] = {x, k, ox[2] / p[i], ox[3] / p[i]};
-            for (int a = 2; a < 4; a++) {
+        if (ox[2] != 0.0 || ox[3] != 0.0 || ox[4] != 0.0) {
+            double row[5] = {x, k, ox[2] / p[i], ox[3] / p[i], ox[4] / p[i]};
+            for (int a = 2; a < 5; a++) {
                 if (ox[a] == 0.0)
                     continue;
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < 5; j++) {
                     A[a][j] += row[a] * row[j];
                     if (j < 2)
                         A[j][a] += row[a] * row[j];
@@ -136,7 +136,7 @@ add_window(Obs *obs, Py_ssize_t n, const double t[4], double factor, double A[4]
 /* Every window (a sequence of sequences of observations) into A and C; -1 to fall back, -2
  * with an error set, else how many were left out. */
 static Py_ssize_t
-add_windows(PyObject *windows, const double t[4], double factor, double A[4][4], double C[4])
+add_windows(PyObject *windows, const double t[5], double factor, double A[5][5], double C[5])
 {
     PyObject *all = PySequence_Fast(windows, "windows must be a sequence");
     if (all == NULL)
@@ -169,26 +169,26 @@ add_windows(PyObject *windows, const double t[4], double factor, double A[4][4],
     return dropped;
 }
 
-/* a (4 lists of 4) and c (4) into A and C, or back; 0 with an error set. */
+/* a (5 lists of 5) and c (5) into A and C, or back; 0 with an error set. */
 static int
-matrix_io(PyObject *a, PyObject *c, double A[4][4], double C[4], int write)
+matrix_io(PyObject *a, PyObject *c, double A[5][5], double C[5], int write)
 {
-    if (!PyList_Check(a) || PyList_GET_SIZE(a) != 4 || !PyList_Check(c) || PyList_GET_SIZE(c) != 4) {
-        PyErr_SetString(PyExc_TypeError, "a must be 4 lists of 4 floats, c a list of 4");
+    if (!PyList_Check(a) || PyList_GET_SIZE(a) != 5 || !PyList_Check(c) || PyList_GET_SIZE(c) != 5) {
+        PyErr_SetString(PyExc_TypeError, "a must be 5 lists of 5 floats, c a list of 5");
         return 0;
     }
-    for (Py_ssize_t i = 0; i < 4; i++) {
+    for (Py_ssize_t i = 0; i < 5; i++) {
         PyObject *row = PyList_GET_ITEM(a, i);
-        if (!PyList_Check(row) || PyList_GET_SIZE(row) != 4) {
-            PyErr_SetString(PyExc_TypeError, "a must be 4 lists of 4 floats");
+        if (!PyList_Check(row) || PyList_GET_SIZE(row) != 5) {
+            PyErr_SetString(PyExc_TypeError, "a must be 5 lists of 5 floats");
             return 0;
         }
         if (!write) {
-            if (!floats_of(row, A[i], 4, "a row of a"))
+            if (!floats_of(row, A[i], 5, "a row of a"))
                 return 0;
             continue;
         }
-        for (Py_ssize_t j = 0; j < 4; j++) {
+        for (Py_ssize_t j = 0; j < 5; j++) {
             PyObject *v = PyFloat_FromDouble(A[i][j]);
             if (v == NULL)
                 return 0;
@@ -199,7 +199,7 @@ matrix_io(PyObject *a, PyObject *c, double A[4][4], double C[4], int write)
             return 0;
         PyList_SetItem(c, i, v);
     }
-    return write || floats_of(c, C, 4, "c");
+    return write || floats_of(c, C, 5, "c");
 }
 
 /* add_observations(a, c, windows, theta, factor) -> int | None (core/_solve.py). */
@@ -207,10 +207,10 @@ static PyObject *
 solve_add_observations(PyObject *self, PyObject *args)
 {
     PyObject *a, *c, *windows, *theta;
-    double factor, t[4], A[4][4], C[4];
+    double factor, t[5], A[5][5], C[5];
     if (!PyArg_ParseTuple(args, "OOOOd:add_observations", &a, &c, &windows, &theta, &factor))
         return NULL;
-    if (!floats_of(theta, t, 4, "theta") || !matrix_io(a, c, A, C, 0))
+    if (!floats_of(theta, t, 5, "theta") || !matrix_io(a, c, A, C, 0))
         return NULL;
     Py_ssize_t dropped = add_windows(windows, t, factor, A, C);
     if (dropped == -2)

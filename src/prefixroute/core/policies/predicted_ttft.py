@@ -3,6 +3,9 @@
 For every candidate it predicts the time to first token if the request joined that replica now:
 
     ttft(r) = (queued_prefill(r) + uncached(r)) / prefill_rate(r)    # work ahead + ours
+            + attention(r) * (queued_context(r) + context(r))  # tokens attend to what is
+                                         # before them: ours to what r has cached, the queue's
+                                         # to theirs (core/context_cost.py), learned, else 0
             + steps(r) * decode_step_s(r)   if r is decoding    # shared batches
             + decode_step_s(r) / 2          if r is decoding    # rest of the step in progress
             + arrival_rate(r) * ttft * mean_uncached(r) / prefill_rate(r)
@@ -28,23 +31,23 @@ threshold. A hot prefix therefore spreads to a second replica once its first hom
 enough, and new or empty replicas win as soon as their empty queue beats everybody's cached
 prefix (cold start).
 
-**Each replica at its own speed.** ``prefill_rate(r)`` and ``decode_step_s(r)`` are what the
-router has learned of replica ``r`` (:mod:`prefixroute.core.speed`, from the TTFTs and decode
-times of its own requests); ``prefill_tokens_per_s`` and ``decode_step_s`` in the config are
-only the priors, used until a replica has enough observations. So queued work is compared in
-seconds at each replica's speed: on a fleet where half the replicas prefill 4x slower, a slow
-replica's queue and our recomputation on it cost 4x more, and it gets a request only when that
-still beats waiting on a fast one, before its queue has had time to build. The delay a request
-imposes on others (below) is counted at the replica's own rate too: recomputing a prefix on a
-slow replica holds its later arrivals up 4x longer. ``learned_speeds=False`` keeps the fixed
-constants for every replica. (The other policies model other routers, which count requests or
-tokens and know no speeds; they stay as their sources wrote them.)
+**Each replica at its own speed.** ``prefill_rate(r)`` and ``decode_step_s(r)`` are what the router
+has learned of replica ``r``, and ``attention(r)`` with them (:mod:`prefixroute.core.speed`, from
+the TTFTs and decode times of its own requests); ``prefill_tokens_per_s`` and ``decode_step_s`` in
+the config are only the priors, used until a replica has enough observations. So queued work is
+compared in seconds at each replica's speed: on a fleet where half the replicas prefill 4x slower,
+a slow replica's queue and our recomputation on it cost 4x more, and it gets a request only when
+that still beats waiting on a fast one, before its queue has had time to build. The delay a request
+imposes on others (below) is counted at the replica's own rate too: recomputing a prefix on a slow
+replica holds its later arrivals up 4x longer. ``learned_speeds=False`` keeps the fixed constants
+for every replica. (The other policies model other routers, which count requests or tokens and know
+no speeds; they stay as their sources wrote them.)
 
 The choice minimises predicted TTFT plus the delay the request imposes on others
-(:meth:`PredictedTTFT.cost_to_others`): recomputing a prefix delays requests that arrive behind
-it (``miss_penalty`` per uncached token), and chunked prefill shares steps with prompts already
-prefilling, delaying their first tokens (``interference``). Without the first term the policy
-copies long shared prefixes onto idle replicas at the first burst, and the copies cost more
+(:meth:`PredictedTTFT.cost_to_others`): recomputing a prefix delays requests that arrive behind it
+(``miss_penalty`` per second of our own prefill), and chunked prefill shares steps with prompts
+already prefilling, delaying their first tokens (``interference``). Without the first term the
+policy copies long shared prefixes onto idle replicas at the first burst, and the copies cost more
 prefill than the bursts they absorb (shared-prefix: 1.26x the oracle floor instead of 1.01x).
 
 Among replicas within ``tie_tolerance_s`` of the best prediction we prefer the longest match (it
@@ -61,6 +64,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from prefixroute.core.context_cost import context_work
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.policies._base import RoutingContext
 from prefixroute.core.replica_load import ReplicaLoad
@@ -101,26 +105,36 @@ class PredictedTTFT:
 
     def predict(self, ctx: RoutingContext, replica: ReplicaId) -> float:
         """Predicted TTFT of this request on ``replica``, seconds."""
-        uncached = ctx.request.prompt_tokens - ctx.cached[replica]
-        return self._terms(ctx.load(replica), uncached, ctx.now)[0]
+        prompt = ctx.request.prompt_tokens
+        return self._terms(ctx.load(replica), prompt - ctx.cached[replica], prompt, ctx.now)[0]
 
     def cost_to_others(self, ctx: RoutingContext, replica: ReplicaId) -> float:
         """Delay this request's prefill imposes on other requests of ``replica``, seconds."""
-        uncached = ctx.request.prompt_tokens - ctx.cached[replica]
-        return self._terms(ctx.load(replica), uncached, ctx.now)[1]
+        prompt = ctx.request.prompt_tokens
+        return self._terms(ctx.load(replica), prompt - ctx.cached[replica], prompt, ctx.now)[1]
 
-    def _terms(self, load: ReplicaLoad, uncached: int, now: float) -> tuple[float, float]:
-        """(predicted TTFT, cost to others), seconds, of a request with ``uncached`` tokens
-        joining the replica whose load it is. One function for both: a decision computes both
-        for every candidate, and they share the replica's speeds (the hot path)."""
+    def _terms(
+        self, load: ReplicaLoad, uncached: int, prompt: int, now: float
+    ) -> tuple[float, float]:
+        """(predicted TTFT, cost to others), seconds, of a request of ``prompt`` tokens with
+        ``uncached`` of them to compute joining the replica whose load it is. One function for
+        both: a decision computes both for every candidate, and they share the replica's speeds
+        (the hot path)."""
         cfg = self.config
+        own_s = 0.0  # the attention part of our own prefill, seconds
         if cfg.learned_speeds:
             speed = load.speed
             rate, step_s = speed.prefill_tokens_per_s, speed.decode_step_s
+            attention = speed.attention_s
         else:
-            rate, step_s = cfg.prefill_tokens_per_s, cfg.decode_step_s
+            rate, step_s, attention = cfg.prefill_tokens_per_s, cfg.decode_step_s, 0.0
         work = load.queued_prefill_tokens + uncached
         ttft = work / rate
+        if attention:
+            # Each token attends to the context before it: ours to what is cached here, the
+            # queue's to theirs (core/context_cost.py).
+            own_s = attention * context_work(prompt - uncached, uncached)
+            ttft += attention * load.queued_context + own_s
         in_flight, prefilling = load.in_flight, load.prefilling
         slots = load.slots.size
         if slots is not None and in_flight >= slots and cfg.batch_slots:
@@ -148,7 +162,8 @@ class PredictedTTFT:
         # Chunked prefill puts our first chunk in the same steps as the last chunks of prompts
         # already prefilling there: each of them gets its first token that much later.
         under_way = prefilling * min(uncached, cfg.step_tokens)
-        return ttft, (cfg.miss_penalty * uncached + cfg.interference * under_way) / rate
+        cost = (cfg.miss_penalty * uncached + cfg.interference * under_way) / rate
+        return ttft, cost + cfg.miss_penalty * own_s
 
     def decide(self, ctx: RoutingContext) -> Decision:
         cfg = self.config
@@ -160,7 +175,7 @@ class PredictedTTFT:
         scored: list[tuple[float, ReplicaId]] = []
         ttfts: list[float] = []  # beside scored, for an explanation only
         for r in ctx.candidates:
-            ttft, cost = terms(load_of(r), prompt - cached[r], now)
+            ttft, cost = terms(load_of(r), prompt - cached[r], prompt, now)
             scored.append((ttft + cost, r))
             ttfts.append(ttft)
         best_ttft = min(scored)[0]

@@ -122,3 +122,21 @@ def test_simulate_fleet_takes_it(capsys: pytest.CaptureFixture[str]) -> None:
     free, paying = ttft("1"), ttft("1:attention=4096")
     assert "attention" not in free[0] and paying[0].endswith(", attention 4,096 tokens")
     assert paying[1] > free[1]
+
+
+def test_prompts_admitted_in_one_step_each_pay_for_their_own_context() -> None:
+    """Two fresh prompts in one step: the step lasts both prompts' tokens and each one's own
+    context work (neither attends to the other)."""
+    attention = 1000.0
+    m = ReplicaModel(ReplicaConfig(block_size=1, prefill_tokens_per_s=RATE, attention_tokens=1000))
+    m.submit(EngineRequest("a", list(range(300)), 1, arrival_s=0.0))
+    m.submit(EngineRequest("b", list(range(1000, 1500)), 1, arrival_s=0.0))
+    assert m.begin_step(0.0) == pytest.approx(cost(300, 0, attention) + cost(500, 0, attention))
+
+
+def test_bad_settings_say_what_is_wrong() -> None:
+    with pytest.raises(ConfigError, match=r"^first-token overhead must be non-negative$"):
+        ReplicaConfig(first_token_overhead_s=-1.0)
+    message = r"^attention tokens must be >= 0 and finite \(0: attention is free\)$"
+    with pytest.raises(ConfigError, match=message):
+        ReplicaConfig(attention_tokens=-1.0)

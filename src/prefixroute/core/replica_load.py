@@ -63,18 +63,15 @@ class ReplicaLoad:
         """In-flight requests past their prefill."""
         return self.in_flight - self.prefilling
 
-    def queued_left(self, now: float) -> float:
-        """Queued prefill tokens not done yet: the queue less the progress the replica has made
-        on it since ``busy_since`` at its learned speed, tokens."""
-        queued = self.queued_prefill_tokens
-        elapsed = now - self.busy_since
-        return queued - self.speed.progress(queued, elapsed, self.decoding > 0, self.queued_context)
-
     def queued_prefill_s(self, now: float) -> float:
         """The queued prefill work in seconds at this replica's own learned speed: how long a
-        request dispatched now waits before its own prefill starts (decode overhead aside)."""
-        left, queued = self.queued_left(now), self.queued_prefill_tokens
-        context = self.queued_context * left / queued if queued > 0 else 0.0
+        request dispatched now waits before its own prefill starts (decode overhead aside). The
+        queue is what is left after the progress made on it since ``busy_since``
+        (``ReplicaSpeed.queue_work``), its context work in proportion."""
+        elapsed, decoding = now - self.busy_since, self.decoding > 0
+        left, _, context = self.speed.queue_work(
+            self.queued_prefill_tokens, elapsed, decoding, 0, self.queued_context
+        )
         return self.speed.prefill_s(left, context)
 
     def throughput(self, now: float) -> float:

@@ -47,9 +47,10 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 from _procs import spawn, stop_all, wait_ready
@@ -70,15 +71,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _speeds(text: str) -> list[float]:
-    """--fleet: each replica's prefill rate, tokens/s, comma-separated."""
-    try:
-        speeds = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"prefill rates, e.g. 10000,2500: {text!r}") from None
-    if min(speeds) <= 0:
-        raise argparse.ArgumentTypeError("every prefill rate must be positive")
-    return speeds
+class Replica(NamedTuple):
+    """One replica of ``--fleet``: its prefill rate and its own flags beside it."""
+
+    tps: float  # prefill rate, tokens/s
+    flags: tuple[str, ...]  # e.g. ("--decode-ms", "30", "--kv-tokens", "32768")
+
+
+def _fleet(text: str) -> list[Replica]:
+    """--fleet: each replica as ``RATE[:FLAG=VALUE...]``, comma-separated: its prefill rate,
+    tokens/s, then flags of its own (``2500:decode-ms=30:kv-tokens=32768``: a replica of older
+    hardware, slower to decode and holding less)."""
+    out = []
+    for entry in text.split(","):
+        rate, *flags = entry.split(":")
+        try:
+            tps = float(rate)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"each replica as RATE[:FLAG=VALUE...], e.g. 10000,2500:decode-ms=30: {entry!r}"
+            ) from None
+        if not tps > 0:
+            raise argparse.ArgumentTypeError("every prefill rate must be positive")
+        argv: list[str] = []
+        for flag in flags:
+            name, eq, value = flag.partition("=")
+            if not eq or not name:
+                raise argparse.ArgumentTypeError(f"a replica's flag as FLAG=VALUE: {flag!r}")
+            argv += [f"--{name}", value]
+        out.append(Replica(tps, tuple(argv)))
+    return out
 
 
 def _by_replica(text: str, prefix: str) -> dict[str, float]:
@@ -116,20 +138,30 @@ def run_policy(
     """One policy on fresh replicas: the bench's JSON row, and what was learned by URL
     (:func:`_learned`)."""
     ports = [_free_port() for _ in args.fleet]
+    # A replica that fails says why (closed in the finally below).
+    logs = [tempfile.TemporaryFile() for _ in args.fleet]  # noqa: SIM115
     replicas = [
         subprocess.Popen(
-            [sys.executable, str(args.replica), "--port", str(port), "--prefill-tps", str(tps),
-             "--seed", str(i), *args.replica_arg],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [sys.executable, str(args.replica), "--port", str(port), "--prefill-tps",
+             str(rep.tps), "--seed", str(i), *args.replica_arg, *rep.flags],
+            stdout=subprocess.DEVNULL, stderr=log,
         )  # fmt: skip
-        for i, (port, tps) in enumerate(zip(ports, args.fleet, strict=True))
+        for i, (port, rep, log) in enumerate(zip(ports, args.fleet, logs, strict=True))
     ]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     gw_port = _free_port()
     gw_url = f"http://127.0.0.1:{gw_port}"
     procs = list(replicas)
     try:
-        asyncio.run(_ready(urls))
+        try:
+            asyncio.run(_ready(urls))
+        except RuntimeError:
+            for proc, log in zip(replicas, logs, strict=True):
+                if proc.poll() is not None:
+                    log.seek(0)
+                    why = log.read().decode(errors="replace").strip().splitlines()
+                    raise SystemExit(f"foreign_fleet: a replica exited: {why[-1:]}") from None
+            raise
         serve = ["serve", "--port", str(gw_port), "--policy", policy, *args.serve_arg]
         if args.tell_max_running:  # each replica's batch size, as its operator would give it
             serve += [x for u in urls
@@ -152,6 +184,8 @@ def run_policy(
         return row, {u: learned.get(u, (nan, nan, nan)) for u in urls}
     finally:
         stop_all(procs)
+        for log in logs:
+            log.close()
 
 
 async def _ready(urls: list[str]) -> None:
@@ -165,8 +199,10 @@ def main(argv: list[str]) -> None:
     p.add_argument("-w", "--workload", default="multi-turn")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fleet", type=_speeds, default=_speeds("10000,10000,2500,2500"),
-                   help="each replica's prefill rate, tokens/s (default 10000,10000,2500,2500)")
+    p.add_argument("--fleet", type=_fleet, default=_fleet("10000,10000,2500,2500"),
+                   help="each replica's prefill rate, tokens/s, and optional flags of its own "
+                   "(RATE[:FLAG=VALUE...], e.g. 2500:decode-ms=30:kv-tokens=32768; "
+                   "default 10000,10000,2500,2500)")
     p.add_argument("-p", "--policies", default=",".join((*BASELINES, DEFAULT_POLICY)))
     p.add_argument("--plain", type=float, default=0.0, metavar="SHARE",
                    help="share of the requests sent without a stream (bench --plain)")
@@ -188,7 +224,8 @@ def main(argv: list[str]) -> None:
     for policy in policies:
         rows[policy], rates[policy] = run_policy(policy, args)
     plain = f", {args.plain:.0%} plain" if args.plain else ""
-    where = f"{args.replica.name} replicas at {args.fleet} tokens/s, seed {args.seed}{plain}"
+    fleet = ", ".join(f"{r.tps:g}{' ' if r.flags else ''}{' '.join(r.flags)}" for r in args.fleet)
+    where = f"{args.replica.name} replicas at [{fleet}] tokens/s, seed {args.seed}{plain}"
     print(f"## {args.workload} on {where}")
     print("policy            x floor  hit %   p50 ms   p90 ms   p99 ms  errors")
     for policy, r in rows.items():
@@ -205,7 +242,7 @@ def main(argv: list[str]) -> None:
     print("  then the context at which a prompt token costs double, as learned (a:), and the")
     print("  median TTFT prediction error (e:)")
     for policy, by_url in rates.items():
-        pairs = zip(by_url.values(), args.fleet, strict=True)
+        pairs = zip(by_url.values(), (r.tps for r in args.fleet), strict=True)
         cells = "  ".join(_cell(v, t) for v, t in pairs)
         print(f"  {policy:<16} {cells}")
 

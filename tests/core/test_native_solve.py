@@ -2,12 +2,13 @@
 reference (``_solve.add_observations(compiled=False)``) gives, to the bit: the same ``a``,
 ``c`` and count left out, on random windows (ints and floats, overhead and attention columns
 on and off, outliers), so the speed model and the simulator's digests do not depend on which
-one ran."""
+one ran. So do the compiled solve (``solve_feasible``) and context per token."""
 
 from __future__ import annotations
 
 import copy
 import math
+import struct
 from collections import deque
 
 import pytest
@@ -15,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixroute.core import _native
-from prefixroute.core._solve import Obs, add_observations
+from prefixroute.core._solve import Obs, add_observations, solve_feasible
+from prefixroute.core.speed_fit import _context_per_token
 
 pytestmark = pytest.mark.skipif(
     _native.add_observations is None, reason="the compiled hot path is not built"
@@ -89,3 +91,59 @@ def test_bad_arguments_are_errors_not_crashes() -> None:
         _native.add_observations(a, c, ([Obs((1.0, 0.0, 0.0, 1.0), 0.1)],), [1e-4] + [0.0] * 4, 3.0)  # type: ignore[arg-type]
     with pytest.raises(AttributeError):
         _native.add_observations(a, c, ([object()],), [1e-4, 0.0, 0.0, 0.0, 0.0], 3.0)
+
+
+def _bits(values: list[float]) -> list[str]:
+    """Floats as their exact bits (NaN and -0.0 compare as what they are)."""
+    return [struct.pack("<d", v).hex() for v in values]
+
+
+# Matrices as a refit makes them (priors, then observations) and arbitrary ones: singular,
+# signed, zero rows, so every branch of the solve (Cramer, elimination, a pivot below 1e-300,
+# infeasible unknowns fixed and solved again) is taken.
+entry = st.one_of(
+    st.just(0.0),
+    st.sampled_from([1.0, -1.0, 2.0, 0.5, math.inf]),  # ties between pivots; inf x 0 is NaN
+    st.floats(min_value=-1e9, max_value=1e9, allow_nan=False, width=64),
+)
+any_matrix = st.lists(st.lists(entry, min_size=5, max_size=5), min_size=5, max_size=5)
+any_theta = st.lists(st.one_of(st.just(0.0), entry), min_size=5, max_size=5)
+free_set = st.sets(st.integers(min_value=0, max_value=4)).map(sorted)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(window, min_size=1, max_size=3), theta, free_set)
+def test_compiled_solve_equals_the_reference_on_refit_equations(windows, theta, free) -> None:  # type: ignore[no-untyped-def]
+    a, c = start()
+    add_observations(a, c, windows, theta, 3.0, compiled=False)
+    got = solve_feasible(copy.deepcopy(a), list(c), list(theta), list(free))
+    want = solve_feasible(a, c, theta, free, compiled=False)
+    assert _bits(got) == _bits(want)
+
+
+@settings(max_examples=400, deadline=None)
+@given(any_matrix, any_theta, any_theta, free_set)
+def test_compiled_solve_equals_the_reference_on_any_system(a, c, current, free) -> None:  # type: ignore[no-untyped-def]
+    got = solve_feasible(copy.deepcopy(a), list(c), list(current), list(free))
+    want = solve_feasible(a, c, current, free, compiled=False)
+    assert _bits(got) == _bits(want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(window)
+def test_compiled_context_per_token_equals_the_reference(obs) -> None:  # type: ignore[no-untyped-def]
+    assert _bits([_context_per_token(obs)]) == _bits([_context_per_token(obs, compiled=False)])
+
+
+def test_the_solve_is_compiled_and_keeps_a_rate_positive() -> None:
+    """Both paths as the docstring says: a fit whose rate comes out negative keeps the current
+    rate and solves the rest again; a singular system returns the current estimates."""
+    assert _native.solve_feasible is not None
+    a = [[1.0, 0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0]] + [[0.0] * 5 for _ in range(3)]
+    current = [2e-4, 0.01, 0.0, 0.0, 0.0]
+    for compiled in (True, False):
+        theta = solve_feasible(a, [-1.0, 0.5, 0.0, 0.0, 0.0], current, [0, 1], compiled=compiled)
+        assert theta == [2e-4, 0.5, 0.0, 0.0, 0.0]
+        singular = [[0.0] * 5 for _ in range(5)]
+        theta = solve_feasible(singular, [1.0] * 5, current, [0, 1, 4], compiled=compiled)
+        assert theta == current

@@ -170,3 +170,36 @@ async def test_each_first_token_is_predicted_then_judged_and_reported(
         assert p50 <= 0.3, (p50, pooled)  # measured here: 0.005-0.042
     finally:
         await cluster.stop()
+
+
+async def test_attention_is_learned_unless_the_setting_turns_it_off(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """``learn_attention`` (docs/configuration.md): on by default, a replica whose prompt
+    tokens cost more behind a longer context is learned an attention term; off, each replica's
+    cost stays linear in its tokens (attention 0 in the admin API's speed)."""
+    fleet = parse_fleet("2:prefill=20000,attention=1000", ENGINE)
+    cluster = await start_replicas(2, EmulatorConfig(ENGINE, time_scale=TIME_SCALE), fleet)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    rng = random.Random(0)
+    try:
+        learned = {}
+        for learn in (True, False):
+            gw = await make_gateway(
+                cluster.urls, policy="round_robin", admin_token=TOKEN, learn_attention=learn,
+                **STEADY,
+            )  # fmt: skip
+            for i in range(24):  # distinct prompts of 100-3,000 words, one at a time
+                body = {"prompt": f"{learn} q{i} " + words(rng.randrange(100, 3000)),
+                        "max_tokens": 2, "stream": True}  # fmt: skip
+                assert (await send(session, gw.url, "/v1/completions", body)).complete
+            async with session.get(gw.admin_url + "/admin/replicas", headers=headers) as resp:
+                speeds = [r["speed"] for r in (await resp.json())["replicas"]]
+            assert all(s["prefill_observations"] >= 8 for s in speeds), speeds
+            learned[learn] = [s["attention_tokens"] for s in speeds]
+        # True: a token costs double behind 1,000 tokens. Learned within a factor 3 on a
+        # shared machine; off, none (no doubling context: None).
+        assert all(a is not None and 333 < a < 3000 for a in learned[True]), learned
+        assert learned[False] == [None, None], learned
+    finally:
+        await cluster.stop()

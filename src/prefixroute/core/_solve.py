@@ -1,8 +1,9 @@
 """Small linear least squares for the speed model (:mod:`prefixroute.core.speed`): its
 observations, their normal equations (two to five unknowns), solved with the feasibility rules
-of a speed (a rate positive, a time not negative). The solve is pure Python (a 4x4 solve is a
-few microseconds, and the core takes no numerical library); adding the observations, a pass
-over every window at every refit, is compiled when the extension is built (``solve.c``).
+of a speed (a rate positive, a time not negative). The core takes no numerical library; adding
+the observations (a pass over every window at every refit) and the solve are compiled when the
+extension is built (``solve.c``), to the bit: the Python here is their reference. The solve was
+Python until 2026-12-05, when it took a sixth of a refit at 1,000 replicas (cProfile).
 """
 
 from __future__ import annotations
@@ -127,19 +128,33 @@ def _add_window(
 
 
 def solve_feasible(
-    a: list[list[float]], c: list[float], current: list[float], free: list[int]
+    a: list[list[float]], c: list[float], current: list[float], free: list[int],
+    compiled: bool = True,
 ) -> list[float]:
     """The least-squares solution of ``a theta = c`` over the unknowns in ``free`` (the others
     stay at ``current``), with ``1/rate`` (unknown 0) positive and the rest not negative: an
     unknown the solution makes infeasible is fixed (a step or overhead at 0; the rate at its
-    current value: no time left for prefill) and the rest solved again."""
+    current value: no time left for prefill) and the rest solved again.
+
+    Compiled (``solve.c``, five unknowns) when built, to the bit; the Python below is its
+    reference (``compiled=False`` runs it) and solves any number."""
+    if compiled and _native.solve_feasible is not None and len(current) == 5:  # the model's
+        return _native.solve_feasible(a, c, current, free)
     fixed = {i: v for i, v in enumerate(current) if i not in free}
     theta = list(current)
     for _ in range(len(current)):
         free = [i for i in range(len(current)) if i not in fixed]
         if not free:  # every unknown fixed: the last solve's infeasible values stay out
             return [fixed[i] for i in range(len(current))]
-        rhs = [c[i] - sum(a[i][j] * v for j, v in fixed.items() if v) for i in free]
+        rhs = []
+        for i in free:
+            # A loop, not sum(): Python 3.12's sum() of floats compensates its rounding, and
+            # solve.c adds in order, as 3.11's sum() did (the digests stay the same).
+            known = 0.0
+            for j, v in fixed.items():
+                if v:
+                    known += a[i][j] * v
+            rhs.append(c[i] - known)
         sol = _gauss([[a[i][j] for j in free] for i in free], rhs)
         if sol is None:
             return current
@@ -174,5 +189,8 @@ def _gauss(a: list[list[float]], c: list[float]) -> list[float] | None:
                 m[i][j] -= f * m[k][j]
     x = [0.0] * n
     for k in range(n - 1, -1, -1):
-        x[k] = (m[k][n] - sum(m[k][j] * x[j] for j in range(k + 1, n))) / m[k][k]
+        known = 0.0  # a loop, not sum() (solve_feasible)
+        for j in range(k + 1, n):
+            known += m[k][j] * x[j]
+        x[k] = (m[k][n] - known) / m[k][k]
     return x

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from prefixroute.core import _native
 from prefixroute.core._solve import Obs, add_observations
 from prefixroute.core.speed_config import SpeedConfig
 
@@ -71,8 +72,11 @@ def normal_equations(
     return a, c, outliers
 
 
-def _context_per_token(window: Sequence[Obs]) -> float:
-    """Context work per token of ``window``'s observations, token-kilotokens per token."""
+def _context_per_token(window: Sequence[Obs], compiled: bool = True) -> float:
+    """Context work per token of ``window``'s observations, token-kilotokens per token
+    (compiled when built, to the bit: ``compiled=False`` runs this reference)."""
+    if compiled and _native.context_per_token is not None:
+        return _native.context_per_token(window)
     tokens = context = 0.0
     for o in window:  # one pass: this runs at every refit (the simulator's hot path)
         x = o.x

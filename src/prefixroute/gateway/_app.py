@@ -147,7 +147,9 @@ def gateway_state(
         # A real first token carries fixed costs a simulated one does not (HTTP, templating,
         # scheduling): learn_ttft_overhead learns each replica's beside its prefill rate.
         speed=dataclasses.replace(
-            speed_priors_of(policy), learn_overhead=config.learn_ttft_overhead
+            speed_priors_of(policy),
+            learn_overhead=config.learn_ttft_overhead,
+            learn_attention=config.learn_attention,
         ),
     )
     registry = ReplicaRegistry(router, config)

@@ -17,15 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from prefixroute._pool import IDLE_TIMEOUT_S
-from prefixroute.core import (
-    DEFAULT_POLICY,
-    SPEED_PRIOR_KEYS,
-    ConfigError,
-    SpeedPrior,
-    make_policy,
-    policy_names,
-)
+from prefixroute.core import DEFAULT_POLICY, ConfigError, SpeedPrior, make_policy, policy_names
 from prefixroute.events import EventEndpoint
+from prefixroute.gateway._config_specs import parse_kv_events, parse_replica_speeds
 from prefixroute.gateway._tenant_config import TenancyConfig
 from prefixroute.sync import check_url
 
@@ -180,6 +174,13 @@ class GatewayConfig:
     learn_ttft_overhead: bool = setting(
         True, "learn each replica's fixed first-token cost (HTTP, templating) beside its speed"
     )
+    # On by default: a prompt token costs more the longer the context before it, and a model
+    # linear in tokens over-predicts short prompts and under-predicts long ones (docs/results.md,
+    # Attention). false: each replica's cost stays linear in its tokens (attention held at 0).
+    learn_attention: bool = setting(
+        True, "learn how much a prompt token's cost grows with the context before it "
+        "(attention) beside each replica's speed",
+    )  # fmt: skip
     # Streams report usage only when asked, and most clients do not ask: the gateway asks for
     # them and keeps that usage-only event from the client (gateway._usage). false: streams
     # go as sent (set it when the replicas force usage on every stream and clients expect it).
@@ -285,39 +286,12 @@ class GatewayConfig:
 
     def kv_event_endpoints(self) -> dict[str, EventEndpoint]:
         """``kv_events`` parsed: replica URL (as written) -> endpoint; raises ConfigError."""
-        out: dict[str, EventEndpoint] = {}
-        for item in self.kv_events:
-            url, sep, spec = item.partition("=")
-            if not sep or not url.strip():
-                raise ConfigError(f"--kv-events takes REPLICA_URL=bind|connect:ADDR, got {item!r}")
-            if url.strip() in out:
-                raise ConfigError(f"two KV-event streams for replica {url.strip()}")
-            out[url.strip()] = EventEndpoint.parse(spec)
-        return out
+        return parse_kv_events(self.kv_events)
 
     def replica_speed_priors(self) -> dict[str, SpeedPrior]:
         """``replica_speeds`` parsed: replica URL (as written) -> its priors; raises
         ConfigError."""
-        out: dict[str, SpeedPrior] = {}
-        for item in self.replica_speeds:
-            url, _, spec = (part.strip() for part in item.partition("="))
-            values: dict[str, float] = {}
-            for pair in spec.split(","):
-                key, sep, value = (part.strip() for part in pair.partition("="))
-                if not sep or key not in SPEED_PRIOR_KEYS:
-                    raise ConfigError(
-                        "--replica-speed takes URL=prefill_tokens_per_s=N[,decode_step_s=S]"
-                        f"[,max_running=M], got {item!r}"
-                    )
-                try:
-                    values[key] = float(value)
-                except ValueError:
-                    why = f"--replica-speed: {key} must be a number, got {value!r}"
-                    raise ConfigError(why) from None
-            if not url or url in out:
-                raise ConfigError(f"--replica-speed: one entry per replica URL, got {item!r}")
-            out[url] = SpeedPrior.from_mapping(values)
-        return out
+        return parse_replica_speeds(self.replica_speeds)
 
     def check_precise(self, has_tokenizer: bool) -> None:
         """Precise mode needs a tokenizer: KV events carry token ids. Not a ``__post_init__``

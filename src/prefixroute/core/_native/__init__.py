@@ -30,6 +30,8 @@ __all__ = [
     "PURE_PYTHON_ENV",
     "ChainFn",
     "add_observations",
+    "context_per_token",
+    "solve_feasible",
     "chain_xxh3",
     "distinct_blocks",
     "match_each",
@@ -64,8 +66,11 @@ match_each: Callable[[Sequence[object], Sequence[int]], list[int]] | None = (
 distinct_blocks: Callable[[Sequence[object]], int] | None = (
     None if _ext is None else _ext.distinct_blocks
 )
-# The speed model's normal equations (solve.c; the reference is core/_solve.py's).
+# The speed model's normal equations and their solve (solve.c; the references are
+# core/_solve.py's and core/speed_fit.py's).
 add_observations: Callable[..., int | None] | None = None if _ext is None else _ext.add_observations
+solve_feasible: Callable[..., list[float]] | None = None if _ext is None else _ext.solve_feasible
+context_per_token: Callable[..., float] | None = None if _ext is None else _ext.context_per_token
 
 
 def _load_kv_cache() -> type[NativeKVCache] | None:

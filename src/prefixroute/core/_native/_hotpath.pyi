@@ -21,6 +21,14 @@ def add_observations(
     """``core._solve.add_observations`` (the speed model's normal equations) to the bit; None,
     with ``a`` and ``c`` unchanged, where a ratio is not a number (the reference decides)."""
 
+def solve_feasible(
+    a: list[list[float]], c: list[float], current: Sequence[float], free: Sequence[int], /
+) -> list[float]:
+    """``core._solve.solve_feasible`` to the bit."""
+
+def context_per_token(window: Sequence[Any], /) -> float:
+    """``core.speed_fit._context_per_token`` to the bit."""
+
 def match_each(lrus: Sequence[object], block_hashes: Sequence[int], /) -> list[int]:
     """``[lru.match(block_hashes) for lru in lrus]``, 0 for None, in one call (each block's int
     read once for all of them)."""

@@ -1,4 +1,5 @@
-/* The speed model's normal equations in C: add_observations of core/_solve.py, its reference.
+/* The speed model's normal equations in C: add_observations, solve_feasible and the context per
+ * token of core/_solve.py and core/speed_fit.py, their references.
  *
  * Why: a refit reads every observation of a replica's windows (up to 3 x 64) twice, and runs
  * every few requests of every replica. In the simulator at 16 replicas (cProfile, 10k requests)
@@ -222,9 +223,171 @@ solve_add_observations(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(dropped);
 }
 
+/* _gauss of core/_solve.py on the n x n system m (each row n coefficients, then the right-hand
+ * side), in place, operation for operation: Cramer's rule at n = 2, else elimination with the
+ * first largest pivot. 0 where the reference returns None (singular). */
+static int
+gauss(int n, double m[5][6], double x[5])
+{
+    if (n == 2) {
+        double det = m[0][0] * m[1][1] - m[0][1] * m[0][1];
+        if (det <= 0)
+            return 0;
+        x[0] = (m[0][2] * m[1][1] - m[1][2] * m[0][1]) / det;
+        x[1] = (m[0][0] * m[1][2] - m[0][1] * m[0][2]) / det;
+        return 1;
+    }
+    for (int k = 0; k < n; k++) {
+        int p = k; /* Python's max(): the first of the largest */
+        for (int i = k + 1; i < n; i++)
+            if (fabs(m[i][k]) > fabs(m[p][k]))
+                p = i;
+        if (fabs(m[p][k]) < 1e-300)
+            return 0;
+        for (int j = 0; j <= n; j++) {
+            double tmp = m[k][j];
+            m[k][j] = m[p][j];
+            m[p][j] = tmp;
+        }
+        for (int i = k + 1; i < n; i++) {
+            double f = m[i][k] / m[k][k];
+            for (int j = k; j <= n; j++)
+                m[i][j] -= f * m[k][j];
+        }
+    }
+    for (int k = n - 1; k >= 0; k--) {
+        double sum = 0.0; /* Python's sum() starts at 0: 0 + -0.0 is 0.0 there and here */
+        for (int j = k + 1; j < n; j++)
+            sum += m[k][j] * x[j];
+        x[k] = (m[k][n] - sum) / m[k][k];
+    }
+    return 1;
+}
+
+/* solve_feasible of core/_solve.py into theta; the fixed unknowns kept in the order the
+ * reference's dict holds them (its sums run in that order). */
+static void
+feasible(const double A[5][5], const double C[5], const double current[5], const int is_free[5],
+         double theta[5])
+{
+    int order[5], nfixed = 0, fixed[5] = {0};
+    double value[5] = {0};
+    for (int i = 0; i < 5; i++) {
+        theta[i] = current[i];
+        if (!is_free[i]) {
+            fixed[i] = 1;
+            value[i] = current[i];
+            order[nfixed++] = i;
+        }
+    }
+    for (int round = 0; round < 5; round++) {
+        int free[5], n = 0;
+        for (int i = 0; i < 5; i++)
+            if (!fixed[i])
+                free[n++] = i;
+        if (n == 0) {
+            for (int i = 0; i < 5; i++)
+                theta[i] = value[i];
+            return;
+        }
+        double m[5][6], sol[5];
+        for (int r = 0; r < n; r++) {
+            int i = free[r];
+            double sum = 0.0;
+            for (int q = 0; q < nfixed; q++) {
+                double v = value[order[q]];
+                if (v != 0.0) /* `if v`: NaN counts, 0.0 and -0.0 do not */
+                    sum += A[i][order[q]] * v;
+            }
+            for (int col = 0; col < n; col++)
+                m[r][col] = A[i][free[col]];
+            m[r][n] = C[i] - sum;
+        }
+        if (!gauss(n, m, sol)) {
+            for (int i = 0; i < 5; i++)
+                theta[i] = current[i];
+            return;
+        }
+        for (int i = 0; i < 5; i++)
+            theta[i] = fixed[i] ? value[i] : 0.0;
+        for (int r = 0; r < n; r++)
+            theta[free[r]] = sol[r];
+        int bad = 0;
+        for (int r = 0; r < n; r++) {
+            int i = free[r];
+            if (i == 0 ? theta[i] <= 0 : theta[i] < 0) {
+                fixed[i] = 1;
+                value[i] = i == 0 ? current[0] : 0.0;
+                order[nfixed++] = i;
+                bad = 1;
+            }
+        }
+        if (!bad)
+            return;
+    }
+}
+
+/* solve_feasible(a, c, current, free) -> list of 5 floats (core/_solve.py). */
+static PyObject *
+solve_solve_feasible(PyObject *self, PyObject *args)
+{
+    PyObject *a, *c, *current, *free;
+    double A[5][5], C[5], cur[5], theta[5];
+    int is_free[5] = {0};
+    if (!PyArg_ParseTuple(args, "OOOO:solve_feasible", &a, &c, &current, &free))
+        return NULL;
+    if (!matrix_io(a, c, A, C, 0) || !floats_of(current, cur, 5, "current"))
+        return NULL;
+    PyObject *seq = PySequence_Fast(free, "free must be a sequence of unknowns");
+    if (seq == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
+        long i = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, k));
+        if (i == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (0 <= i && i < 5)
+            is_free[i] = 1;
+    }
+    Py_DECREF(seq);
+    feasible((const double(*)[5])A, C, cur, is_free, theta);
+    return Py_BuildValue("[ddddd]", theta[0], theta[1], theta[2], theta[3], theta[4]);
+}
+
+/* context_per_token(window) -> float: speed_fit._context_per_token's sums, in its order. */
+static PyObject *
+solve_context_per_token(PyObject *self, PyObject *window)
+{
+    PyObject *seq = PySequence_Fast(window, "a window");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Obs *obs = n ? PyMem_Malloc((size_t)n * sizeof(Obs)) : NULL;
+    if (n && obs == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    int ok = !n || read_window(seq, obs, n);
+    double tokens = 0.0, context = 0.0;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        tokens += obs[i].x[0];
+        context += obs[i].x[4];
+    }
+    PyMem_Free(obs);
+    Py_DECREF(seq);
+    if (!ok)
+        return NULL;
+    return PyFloat_FromDouble(tokens > 0 ? context / tokens : 0.0);
+}
+
 PyMethodDef solve_methods[] = {
     {"add_observations", solve_add_observations, METH_VARARGS,
      "add_observations(a, c, windows, theta, factor) -> int | None: core/_solve.py's, in C "
      "(None: a ratio is not a number; nothing changed)."},
+    {"solve_feasible", solve_solve_feasible, METH_VARARGS,
+     "solve_feasible(a, c, current, free) -> list[float]: core/_solve.py's, in C, to the bit."},
+    {"context_per_token", solve_context_per_token, METH_O,
+     "context_per_token(window) -> float: core/speed_fit.py's _context_per_token, in C."},
     {NULL, NULL, 0, NULL},
 };

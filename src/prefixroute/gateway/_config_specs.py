@@ -1,0 +1,47 @@
+"""The gateway's list settings that carry a spec per replica, parsed (``--kv-events``,
+``--replica-speed``): each raises :class:`ConfigError` with the flag's expected form."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prefixroute.core import SPEED_PRIOR_KEYS, ConfigError, SpeedPrior
+from prefixroute.events import EventEndpoint
+
+
+def parse_kv_events(items: Iterable[str]) -> dict[str, EventEndpoint]:
+    """``URL=bind|connect:ADDR`` items: replica URL (as written) -> endpoint."""
+    out: dict[str, EventEndpoint] = {}
+    for item in items:
+        url, sep, spec = item.partition("=")
+        if not sep or not url.strip():
+            raise ConfigError(f"--kv-events takes REPLICA_URL=bind|connect:ADDR, got {item!r}")
+        if url.strip() in out:
+            raise ConfigError(f"two KV-event streams for replica {url.strip()}")
+        out[url.strip()] = EventEndpoint.parse(spec)
+    return out
+
+
+def parse_replica_speeds(items: Iterable[str]) -> dict[str, SpeedPrior]:
+    """``URL=prefill_tokens_per_s=N[,decode_step_s=S][,max_running=M]`` items: replica URL
+    (as written) -> its priors."""
+    out: dict[str, SpeedPrior] = {}
+    for item in items:
+        url, _, spec = (part.strip() for part in item.partition("="))
+        values: dict[str, float] = {}
+        for pair in spec.split(","):
+            key, sep, value = (part.strip() for part in pair.partition("="))
+            if not sep or key not in SPEED_PRIOR_KEYS:
+                raise ConfigError(
+                    "--replica-speed takes URL=prefill_tokens_per_s=N[,decode_step_s=S]"
+                    f"[,max_running=M], got {item!r}"
+                )
+            try:
+                values[key] = float(value)
+            except ValueError:
+                why = f"--replica-speed: {key} must be a number, got {value!r}"
+                raise ConfigError(why) from None
+        if not url or url in out:
+            raise ConfigError(f"--replica-speed: one entry per replica URL, got {item!r}")
+        out[url] = SpeedPrior.from_mapping(values)
+    return out

@@ -653,3 +653,26 @@ async def test_a_replica_that_refuses_stream_options_stops_the_asking() -> None:
     body = completion(10, stream=True)
     out = await pick(PickStream(s), body)
     assert out[1].request_body.response.body_mutation.streamed_response.body == body
+
+
+async def test_a_replica_whose_context_window_is_too_short_is_not_picked() -> None:
+    """The picker narrows its candidates as ``serve`` does (``gateway._context_window``): an
+    endpoint whose card's window cannot hold the prompt is never named, primary or fallback;
+    a short prompt may go anywhere."""
+    s = shared(policy="round_robin", fallbacks=2)
+    small = ReplicaId("http://" + ENDPOINTS[0])
+    s.registry.set_models(small, [{"id": "m", "max_model_len": 100}])
+    for endpoint in ENDPOINTS[1:]:
+        s.registry.set_models(ReplicaId("http://" + endpoint), [{"id": "m", "max_model_len": 8192}])
+    named = set()
+    for i in range(6):  # 400 words: over 100 tokens at any count
+        header, _ = picked(await pick(PickStream(s), completion(400, tag=f"t{i}-")))
+        assert header is not None
+        named.update(header.split(","))
+    assert named == set(ENDPOINTS[1:])
+    firsts = set()
+    for i in range(6):
+        header, _ = picked(await pick(PickStream(s), completion(5, tag=f"s{i}-")))
+        assert header is not None
+        firsts.add(header.split(",")[0])
+    assert firsts == set(ENDPOINTS)

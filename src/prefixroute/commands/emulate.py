@@ -54,6 +54,8 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--step-tokens", type=int, default=d.step_tokens, help="token budget per step")
     p.add_argument("--max-running", type=int, default=d.max_running, help="max batch, requests")
+    p.add_argument("--max-model-len", type=int, metavar="TOKENS", help="context window: a "
+                   "longer prompt gets vLLM's 400 (default: the KV cache's size)")  # fmt: skip
     p.add_argument("--fleet", metavar="SPEC", help=FLEET_HELP.replace("--replicas", "--count"))
     p.add_argument(
         "--speed-change",
@@ -118,6 +120,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         kv_events=args.kv_events_endpoint,
         kv_events_positional=args.kv_events_form == "array",
         force_usage=not args.usage_when_asked,
+        max_model_len=args.max_model_len,
     )
 
 

@@ -33,6 +33,7 @@ from prefixroute.emulate._metrics import make_registry
 from prefixroute.emulate._openai import (
     Endpoint,
     ResponseWriter,
+    check_window,
     error_event,
     models_body,
     parse_request,
@@ -125,6 +126,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
     else:
         parsed = parse_request(endpoint, body, config.model, config.adapters)
         writer = ResponseWriter(parsed, config.model)
+    check_window(len(parsed.tokens), config.window, endpoint)
     overhead_s = config.engine.first_token_overhead_s * config.time_scale
     if overhead_s > 0:  # what a real server spends before its engine queues the request
         await asyncio.sleep(overhead_s)
@@ -177,9 +179,8 @@ async def _stream(
 
 async def models(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
-    engine_cfg = config.engine
-    max_len = engine_cfg.kv_capacity_blocks * engine_cfg.block_size
-    body = json.dumps(models_body(config.model, max_len, request.app[STARTED], config.adapters))
+    started = request.app[STARTED]
+    body = json.dumps(models_body(config.model, config.window, started, config.adapters))
     return web.Response(text=body, content_type="application/json")
 
 

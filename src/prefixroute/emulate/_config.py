@@ -35,6 +35,9 @@ class EmulatorConfig:
     # Every stream ends with a usage chunk, asked for or not (vLLM's --enable-force-include-usage);
     # False: only streams with stream_options.include_usage get one (vLLM's default).
     force_usage: bool = True
+    # Context window, tokens (vLLM's --max-model-len, SGLang's --context-length): a longer
+    # prompt gets the engine's 400. None: the KV cache's size, as /v1/models has always said.
+    max_model_len: int | None = None
 
     @property
     def kv_events_endpoint(self) -> EventEndpoint | None:
@@ -50,6 +53,14 @@ class EmulatorConfig:
             raise ConfigError(
                 "adapter names must be non-empty and differ from each other and from the model's"
             )
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max model length must be positive, got {self.max_model_len}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port out of range: {self.port}")
         _ = self.kv_events_endpoint  # a malformed spec fails here
+
+    @property
+    def window(self) -> int:
+        """The context window, tokens (``max_model_len``, else the KV cache's size)."""
+        engine = self.engine
+        return self.max_model_len or engine.kv_capacity_blocks * engine.block_size

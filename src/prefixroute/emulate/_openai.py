@@ -237,3 +237,22 @@ def models_body(
         for name in (model, *adapters)
     ]
     return {"object": "list", "data": cards}
+
+
+def check_window(prompt_tokens: int, window: int, endpoint: Endpoint) -> None:
+    """A prompt over the context window gets the engine's own 400 (InvalidRequest): vLLM
+    0.32's words for its OpenAI endpoints, SGLang's for ``/generate``. (vLLM 0.32 cuts
+    ``max_tokens`` to what the window leaves rather than refusing it.)"""
+    if prompt_tokens <= window:
+        return
+    if endpoint is Endpoint.GENERATE:
+        raise InvalidRequest(
+            f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+            f"({window} tokens)."
+        )
+    raise InvalidRequest(
+        f"This model's maximum context length is {window} tokens. However, your prompt "
+        f"contains {prompt_tokens} input tokens, which exceeds this limit even without any "
+        "output tokens. Please reduce the length of the input prompt.",
+        param="input_tokens",
+    )

@@ -2,7 +2,8 @@
 
 ``ip:port`` is the protocol's form of an endpoint; the registry's ids are URLs
 (``http://ip:port``). A pick chooses among the registry's candidates, narrowed to the proxy's
-subset hint when it sends one (:func:`narrow`), and may name fallbacks after the primary
+subset hint when it sends one (:func:`narrow`) and to the replicas whose context window holds
+the request (:func:`eligible`, as ``serve`` does), and may name fallbacks after the primary
 (:func:`fallbacks`): the proxy goes down that list when an endpoint fails.
 """
 
@@ -19,7 +20,7 @@ from prefixroute.core import (
     RequestView,
     Router,
 )
-from prefixroute.gateway import normalize_url
+from prefixroute.gateway import ReplicaRegistry, fitting, needed_tokens, normalize_url
 
 
 def endpoint_of(rid: ReplicaId) -> str:
@@ -76,3 +77,12 @@ def narrow(candidates: Sequence[ReplicaId], subset: Sequence[str] | None) -> lis
             f"none of the {len(subset)} endpoints of the proxy's subset hint is eligible"
         )
     return narrowed
+
+
+def eligible(
+    registry: ReplicaRegistry, view: RequestView, subset: Sequence[str] | None
+) -> list[ReplicaId]:
+    """The registry's candidates for ``view`` within the proxy's subset hint (:func:`narrow`)
+    whose context window holds it (``gateway._context_window.fitting``)."""
+    candidates = narrow(registry.candidates(view.model), subset)
+    return fitting(registry, candidates, needed_tokens(view))

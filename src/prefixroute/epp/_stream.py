@@ -46,7 +46,7 @@ from prefixroute.core import (
 from prefixroute.epp import _protocol as proto
 from prefixroute.epp._admit import Admission, admit, request_key
 from prefixroute.epp._answer import AnswerReader
-from prefixroute.epp._candidates import endpoint_of, fallbacks, narrow, replica_of
+from prefixroute.epp._candidates import eligible, endpoint_of, fallbacks, replica_of
 from prefixroute.epp._shared import PickShared, count_answer, judge_answer
 from prefixroute.gateway import (
     PREDICTED_HEADER,
@@ -238,7 +238,7 @@ class PickStream:
         """Route ``view``: the primary's endpoint, then the fallbacks' (``started``: when its
         hashing began, ``perf_counter``)."""
         s = self.s
-        candidates = narrow(s.registry.candidates(view.model), self.subset)
+        candidates = eligible(s.registry, view, self.subset)
         now = s.clock()
         span, tracing = self._span, s.state.tracing
         decision = s.router.route(view, now, candidates, explain=span is not None)

@@ -25,6 +25,7 @@ from prefixroute.gateway._config import (
     config_fields,
 )
 from prefixroute.gateway._config_file import CONFIG_HELP, build_config, load_toml, read_secret
+from prefixroute.gateway._context_window import fitting, needed_tokens
 from prefixroute.gateway._errors import PayloadTooLarge, error_body, error_response, spec_for
 from prefixroute.gateway._fleetview import DecisionEntry, FleetView
 from prefixroute.gateway._health import HealthChecker
@@ -96,30 +97,32 @@ __all__ = [
     "Tenants",
     "TokenizerPool",
     "Usage",
+    "FirstTokenGuess",
     "admin_listener",
     "build_app",
     "build_config",
     "by_replica",
     "config_fields",
     "encode_body",
-    "error_body",
     "end_accounting",
+    "error_body",
     "error_response",
+    "fitting",
     "gateway_state",
     "generate_api_key",
     "guess_first_token",
-    "FirstTokenGuess",
     "hash_api_key",
     "is_model_call",
     "judge_error_event",
     "key_of",
     "load_toml",
+    "needed_tokens",
     "normalize_url",
-    "read_secret",
     "parse_body",
+    "read_secret",
+    "refuses_stream_options",
     "run_on_uvloop",
     "spec_for",
-    "refuses_stream_options",
     "upstream_headers",
     "usage_in_body",
 ]

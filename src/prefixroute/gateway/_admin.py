@@ -48,6 +48,7 @@ from prefixroute.gateway._admission import (
     request_id_of,
 )
 from prefixroute.gateway._auth import bearer_token, secrets_equal
+from prefixroute.gateway._context_window import fitting, needed_tokens
 from prefixroute.gateway._errors import BadRequest, Conflict, Unauthorized, make_error_middleware
 from prefixroute.gateway._fleetview import FLEET, FleetView
 from prefixroute.gateway._requests import key_of, parse_body
@@ -258,6 +259,7 @@ def _explainer(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[web.Resp
         key = await state.route_key(endpoint, key, obj, scope)
         view = key.view(state.router, f"explain-{request_id_of(request)}")
         candidates = state.registry.candidates(key.model)
+        candidates = fitting(state.registry, candidates, needed_tokens(view))  # as serve routes
         decision = state.router.explain(view, time.monotonic(), candidates)
         return web.json_response(_explained(state, view.prompt_tokens, decision))
 

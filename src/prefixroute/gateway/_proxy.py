@@ -11,7 +11,8 @@ wait.
 Retry rule: if the upstream fails before any byte reached the client (refused, reset, timed out,
 or answered 5xx), the request is routed again among the remaining candidates, once. A replica
 that answers 429 is full, not failing: the request goes to another, as long as there is one,
-without counting as the retry and without blame (``_upstream_answers``). A replica that turned
+without counting as the retry and without blame (``_upstream_answers``); so does a prompt over
+a replica's context window, to a larger one (``_context_window``). A replica that turned
 a request away (a 429, any 4xx, a refused connection) computed none of it, so the router takes
 back the blocks its decision added to the index (``Router.withdraw``). Before that,
 a request whose pooled connection the replica had closed is sent to it again (``_pool.send``):
@@ -60,6 +61,7 @@ from prefixroute.core import (
     RequestView,
     Router,
 )
+from prefixroute.gateway import _context_window as window
 from prefixroute.gateway._accounting import Release
 from prefixroute.gateway._admission import REQUEST_ID_HEADER
 from prefixroute.gateway._config import GatewayConfig
@@ -124,6 +126,7 @@ class _Call:
     view: RequestView  # what the router routes on
     span: Span | None = None  # its trace span, when tracing is on
     can_move: bool = True  # the attempt under way has another replica to go to (a 429)
+    larger_window: int = 0  # the other candidates' largest context window (_context_window)
 
 
 class Proxy:
@@ -185,17 +188,22 @@ class Proxy:
         failed: list[ReplicaId] = []
         last: UpstreamError | None = None
         attempt = 0  # failed attempts so far (a busy replica's 429 is not one)
+        needed = window.needed_tokens(call.view)  # the context window it takes, tokens
         while True:
             try:
                 candidates = self.registry.candidates(call.admitted.key.model, failed)
+                candidates = window.fitting(self.registry, candidates, needed)
             except (NoReplicaAvailable, Overloaded):
                 if last is not None:  # nowhere left to retry: report the upstream failure
                     raise last from None
                 raise
             decision = self._route(call, candidates, hash_s)
             hash_s = 0.0
-            if call.can_move != (len(candidates) > 1):  # (rarely: a copy only then)
-                call = dataclasses.replace(call, can_move=len(candidates) > 1)
+            larger = window.larger_window(self.registry, decision.replica, candidates)
+            if call.can_move != (len(candidates) > 1) or call.larger_window != larger:
+                call = dataclasses.replace(  # (rarely: a copy only then)
+                    call, can_move=len(candidates) > 1, larger_window=larger
+                )
             can_retry = attempt + 1 < MAX_ATTEMPTS and call.can_move
             release = Release(self.router, self.listener, call.rid, not call.admitted.key.stream)
             try:
@@ -203,11 +211,14 @@ class Proxy:
                 if result.status in TURNED_AWAY:  # (before the end, which waits a loop turn)
                     self._withdraw(call.rid)
                 release.after_answer(result.read_usage)  # a plain answer's (a stream: its own)
-            except ReplicaBusy:  # full, not failing: elsewhere, unblamed (_upstream_answers)
+            except (ReplicaBusy, window.OverWindow) as moved:  # elsewhere, unblamed (module doc)
                 self._withdraw(call.rid)
                 failed.append(decision.replica)
-                self.metrics.upstream_failures.labels(decision.replica, "busy").inc()
-                self.metrics.retries.labels("busy").inc()
+                self.metrics.upstream_failures.labels(decision.replica, moved.kind).inc()
+                self.metrics.retries.labels(moved.kind).inc()
+                if isinstance(moved, window.OverWindow):  # it takes more than that window
+                    needed = max(needed, moved.window + 1)
+                    window.learned_window(self.registry, decision.replica, moved.window)
                 continue
             except UpstreamError as exc:
                 kind = kind_of(exc)
@@ -324,7 +335,8 @@ class Proxy:
                             allow_redirects=False,  # a replica's 3xx is the client's to follow
                         ) as resp:  # fmt: skip
                             await not_for_the_client(
-                                resp, admitted.usage_asked, can_retry, call.can_move, name
+                                resp, admitted.usage_asked, can_retry, call.can_move, name,
+                                call.larger_window,
                             )
                             if is_event_stream(resp):
                                 ctl = StreamControl(

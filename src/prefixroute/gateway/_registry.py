@@ -38,6 +38,7 @@ from urllib.parse import unquote, urlsplit
 
 from prefixroute.core import ConfigError, NoReplicaAvailable, ReplicaId, Router, SpeedPrior
 from prefixroute.gateway._config import GatewayConfig
+from prefixroute.gateway._context_window import card_window
 from prefixroute.gateway._errors import Conflict, ModelNotFound, NotFound, Overloaded
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class ReplicaRecord:
     models: frozenset[str] | None = None  # model ids from /v1/models; None until known
     model_cards: tuple[Mapping[str, Any], ...] = ()  # the /v1/models entries as sent
     adapters: frozenset[str] = frozenset()  # of ``models``, the LoRA adapters (cards with a parent)
+    context_window: int | None = None  # its card's max_model_len or its 400's (_context_window)
     healthy: bool = True  # may get traffic (unless draining)
     draining: bool = False  # drained by the admin: no new requests
     failures: int = 0  # consecutive failures (requests and probes)
@@ -358,6 +360,7 @@ class ReplicaRegistry:
             record.model_cards = tuple(cards)
             record.models = frozenset(str(c.get("id")) for c in cards)
             record.adapters = frozenset(str(c.get("id")) for c in cards if _is_adapter(c))
+            record.context_window = card_window(cards) or record.context_window
             self._adapters = frozenset().union(*(r.adapters for r in self._records.values()))
 
     def describe(self, record: ReplicaRecord) -> dict[str, Any]:

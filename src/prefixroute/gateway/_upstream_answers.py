@@ -11,13 +11,16 @@ request instead:
   healthy one. With nowhere else to go the 429 is relayed as it came, its ``Retry-After``
   with it;
 * a 400 that refuses the ``stream_options`` the gateway added (:class:`UsageRefused`): sent
-  again as the client sent it (``Proxy._attempt``).
+  again as the client sent it (``Proxy._attempt``);
+* a 400 that says the prompt is over the replica's context window, when another candidate's
+  window is larger (``_context_window.OverWindow``): the request goes there, unblamed.
 """
 
 from __future__ import annotations
 
 import aiohttp
 
+from prefixroute.gateway._context_window import OverWindow, window_said
 from prefixroute.gateway._errors import UpstreamError
 from prefixroute.gateway._relay import failure_kind
 from prefixroute.gateway._usage import refuses_stream_options
@@ -36,18 +39,27 @@ class Status5xx(UpstreamError):
 class ReplicaBusy(UpstreamError):
     """The replica answered 429 before anything was relayed: another replica may take it."""
 
+    kind = "busy"  # the metrics' label of a request moved for it
+
 
 class UsageRefused(Exception):
     """The replica refused the ``stream_options`` the gateway added (``Proxy._attempt``)."""
 
 
 async def not_for_the_client(
-    resp: aiohttp.ClientResponse, usage_asked: bool, can_retry: bool, can_move: bool, name: str
-) -> None:
+    resp: aiohttp.ClientResponse, usage_asked: bool, can_retry: bool, can_move: bool, name: str,
+    larger_window: int = 0,
+) -> None:  # fmt: skip
     """Raise for an answer the client must not get (module docstring). ``can_retry``: a
-    failure may be retried elsewhere; ``can_move``: there is another replica to try at all."""
+    failure may be retried elsewhere; ``can_move``: there is another replica to try at all;
+    ``larger_window``: the largest context window among the other candidates, tokens (0: none
+    known; ``_context_window.larger_window``)."""
     if usage_asked and resp.status == 400 and refuses_stream_options(await resp.read()):
         raise UsageRefused
+    if resp.status == 400 and larger_window:
+        window = window_said(await resp.read())
+        if window is not None and window < larger_window:
+            raise OverWindow(f"the prompt is over replica {name}'s window ({window})", window)
     if resp.status == BUSY and can_move:
         await resp.read()  # the connection goes back to the pool for the next request
         raise ReplicaBusy(f"replica {name} is busy (429)")

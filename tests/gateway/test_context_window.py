@@ -27,6 +27,7 @@ from .test_busy import _counter
 
 ENGINE = ReplicaConfig(block_size=16, kv_capacity_blocks=1024)  # 16,384 tokens of KV each
 SMALL, LARGE = 300, 4000  # context windows, tokens
+TOKEN = "admin-token-for-tests"
 
 
 def _config(window: int) -> EmulatorConfig:
@@ -58,10 +59,13 @@ async def test_a_prompt_over_the_small_window_is_served_by_the_large_replica(
     try:
         urls = [small.urls[0], large.urls[0]]
         gw = await make_gateway(
-            urls, policy="round_robin", expose_replica_urls=True, **STEADY
+            urls, policy="round_robin", expose_replica_urls=True, admin_token=TOKEN, **STEADY
         )
         await _windows_known(gw, urls)
-        assert [gw.registry.find(u).context_window for u in urls] == [SMALL, LARGE]
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with session.get(gw.admin_url + "/admin/replicas", headers=headers) as resp:
+            listed = {r["url"]: r["context_window"] for r in (await resp.json())["replicas"]}
+        assert listed == {small.urls[0]: SMALL, large.urls[0]: LARGE}
         # 1,000 words: about 1,000 tokens (5 characters each), which the gateway counts as
         # ~1,250 at its prior 4 characters a token: over the small window by its own count.
         served = [await _send(session, gw, 1000, i) for i in range(4)]

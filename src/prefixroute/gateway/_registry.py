@@ -373,6 +373,7 @@ class ReplicaRegistry:
             "in_flight": self.in_flight(record.id),
             "name": record.name,
             "speed": self.router.replica_load(record.id).speed_report(),
+            "context_window": record.context_window,  # tokens; None: not known
             "consecutive_failures": record.failures,
             "total_failures": record.total_failures,
             "ejections": record.ejections,

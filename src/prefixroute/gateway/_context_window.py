@@ -20,12 +20,13 @@ router that sends it one fails a request that another replica would have served.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prefixroute.core import ReplicaId, RequestView
-from prefixroute.gateway._errors import UpstreamError
+from prefixroute.gateway._errors import NotFound, UpstreamError
 
 if TYPE_CHECKING:
     from prefixroute.gateway._registry import ReplicaRegistry
@@ -81,9 +82,9 @@ def fitting(
     """The ``candidates`` whose window holds ``needed`` tokens (or is unknown); when none does,
     those of the largest window (module docstring)."""
     windows = [registry.get(r).context_window for r in candidates]
-    if all(w is None or w >= needed for w in windows):
-        return candidates  # (every fleet whose windows are alike, or unknown)
     fit = [r for r, w in zip(candidates, windows, strict=True) if w is None or w >= needed]
+    if len(fit) == len(candidates):
+        return candidates  # (every fleet whose windows are alike, or unknown)
     if fit:
         return fit
     largest = max(w for w in windows if w is not None)
@@ -106,6 +107,5 @@ def larger_window(
 def learned_window(registry: ReplicaRegistry, replica: ReplicaId, window: int) -> None:
     """``replica`` said its window is ``window`` tokens: later requests that need more go
     elsewhere at once (unless it has left the registry meanwhile)."""
-    for record in registry:
-        if record.id == replica:
-            record.context_window = window
+    with contextlib.suppress(NotFound):
+        registry.get(replica).context_window = window

@@ -126,7 +126,6 @@ class _Call:
     view: RequestView  # what the router routes on
     span: Span | None = None  # its trace span, when tracing is on
     can_move: bool = True  # the attempt under way has another replica to go to (a 429)
-    larger_window: int = 0  # the other candidates' largest context window (_context_window)
 
 
 class Proxy:
@@ -199,15 +198,13 @@ class Proxy:
                 raise
             decision = self._route(call, candidates, hash_s)
             hash_s = 0.0
+            if call.can_move != (len(candidates) > 1):  # (rarely: a copy only then)
+                call = dataclasses.replace(call, can_move=len(candidates) > 1)
             larger = window.larger_window(self.registry, decision.replica, candidates)
-            if call.can_move != (len(candidates) > 1) or call.larger_window != larger:
-                call = dataclasses.replace(  # (rarely: a copy only then)
-                    call, can_move=len(candidates) > 1, larger_window=larger
-                )
             can_retry = attempt + 1 < MAX_ATTEMPTS and call.can_move
             release = Release(self.router, self.listener, call.rid, not call.admitted.key.stream)
             try:
-                result = await self._attempt(call, decision, can_retry, release)
+                result = await self._attempt(call, decision, can_retry, release, larger)
                 if result.status in TURNED_AWAY:  # (before the end, which waits a loop turn)
                     self._withdraw(call.rid)
                 release.after_answer(result.read_usage)  # a plain answer's (a stream: its own)
@@ -274,18 +271,19 @@ class Proxy:
         decision: Decision,
         can_retry: bool,
         release: Release,
+        larger_window: int = 0,
     ) -> RelayResult:
         """One attempt on ``decision.replica``; a replica that refuses the ``stream_options`` we
         added gets it again as sent, and unless that fails alike (a 400: the request's own
         fault, which named our field only in quoting the body) the gateway stops asking (a 400
-        is worse than no usage)."""
+        is worse than no usage). ``larger_window``: the other candidates' largest window."""
         try:
-            result = await self._send(call, decision, can_retry, release)
+            result = await self._send(call, decision, can_retry, release, larger_window)
         except UsageRefused:
             plain = without_stream_usage(call.admitted.body)
             admitted = dataclasses.replace(call.admitted, body=plain, usage_asked=False)
             result = await self._send(dataclasses.replace(call, admitted=admitted), decision,
-                                      can_retry, release)  # fmt: skip
+                                      can_retry, release, larger_window)  # fmt: skip
             if result.status != 400:
                 self.on_usage_refused(self.registry.public_name(decision.replica))
             return result
@@ -299,6 +297,7 @@ class Proxy:
         decision: Decision,
         can_retry: bool,
         release: Release,
+        larger_window: int = 0,
     ) -> RelayResult:
         request, rid, admitted = call.request, call.rid, call.admitted
         stream = admitted.key.stream
@@ -336,7 +335,7 @@ class Proxy:
                         ) as resp:  # fmt: skip
                             await not_for_the_client(
                                 resp, admitted.usage_asked, can_retry, call.can_move, name,
-                                call.larger_window,
+                                larger_window,
                             )
                             if is_event_stream(resp):
                                 ctl = StreamControl(

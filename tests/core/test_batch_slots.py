@@ -169,6 +169,38 @@ def test_engine_reports_through_the_router_teach_the_batch_size() -> None:
     assert router.replica_load(R1).slots.size is None
 
 
+# --- said: the engine's own word (SGLang's /get_server_info, gateway/_server_info.py) ---------
+
+
+def test_a_size_the_engine_said_is_known_at_once_and_outranks_its_counts() -> None:
+    slots = BatchSlots()
+    slots.report(running=None, waiting=None, max_running=12)
+    assert slots.size == 12
+    for _ in range(2 * FULL_REPORTS):  # counts that would teach 5: the engine's word stands
+        slots.report(running=5, waiting=3)
+    assert slots.size == 12
+    slots.report(running=5, waiting=3, max_running=20)  # it restarted with another size
+    assert slots.size == 20
+
+
+def test_an_operators_size_outranks_the_engines_word() -> None:
+    slots = BatchSlots(told=4)
+    slots.report(running=1, waiting=0, max_running=12)
+    assert slots.size == 4
+
+
+def test_the_size_an_engine_said_through_the_router_puts_the_wait_in_the_prediction() -> None:
+    router = router_over("predicted_ttft", [], params={"arrivals": 0.0})
+    router.add_replica(R0)
+    router.add_replica(R1)
+    router.observe_replica(R0, max_running=2)
+    assert router.replica_load(R0).slots.size == 2
+    assert router.replica_load(R1).slots.size is None
+    busy(router, R0, 2, prefilled=True)
+    expected = RATE_WINDOW_S + 1000 / RATE + 1.5 * DECODE  # as told: one completion ahead
+    assert router.policy.predict(context(router, tokens(1000)), R0) == pytest.approx(expected)  # type: ignore[attr-defined]
+
+
 # --- what a request sent to a full batch teaches ----------------------------------------------
 
 

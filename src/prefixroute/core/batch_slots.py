@@ -6,15 +6,19 @@ before its prefill can start, however short the prefill queue ahead of it: at 8 
 is seconds of decode, and a prediction made of queued prefill tokens and batch steps does not
 see it (docs/results.md, "Routing at few batch slots").
 
-The slot count is told (a replica's ``max_running`` prior: its operator set it) or learned from
-what the engine reports of itself, each scrape or step: the largest running count it ever
-reported, once it has reported that same count with requests still waiting ``FULL_REPORTS``
-times. A batch at its cap stays there while requests wait, report after report; a large batch
+The slot count is told (a replica's ``max_running`` prior: its operator set it), said by the
+engine itself (SGLang's ``/get_server_info``: the gateway reads it, gateway/_server_info.py), or
+learned from what the engine reports of itself, each scrape or step: the largest running count
+it ever reported, once it has reported that same count with requests still waiting
+``FULL_REPORTS`` times. In that order: an operator's word over the engine's, either over an
+estimate. A batch at its cap stays there while requests wait, report after report; a large batch
 with spare slots shows a few waiting requests too (those that arrived during a step, admitted at
 the next), but its running count then grows past any value it had held, and a count it has
 exceeded is no cap. vLLM also keeps requests waiting while a long prompt takes a step's token
 budget, with few running: the largest count, not the latest, keeps that from reading as a batch
-of one.
+of one. Learning needs a batch that fills and stays full, so it comes after the first requests
+that waited for a slot; an engine that says its size is routed around its full batch from the
+start.
 
 With ``in_flight`` requests on a replica of ``slots`` slots, a request sent there now starts when
 ``in_flight - slots + 1`` of them have finished: :meth:`BatchSlots.wait_s` counts that many at the
@@ -40,6 +44,7 @@ class BatchSlots:
     """One replica's batch size (told or learned) and recent completion rate."""
 
     told: int | None = None  # slots its operator gave (None: learn them from its reports)
+    said: int | None = None  # slots its engine said it has (None: it did not say)
     # Requests the engine runs at once, told or learned (None: not known); kept up to date by
     # tell and report, an attribute because every decision reads it for every candidate.
     size: int | None = None
@@ -55,19 +60,27 @@ class BatchSlots:
         """Its operator gave the batch size: it holds whatever the engine reports."""
         self.told = self.size = slots
 
-    def _learned(self) -> int | None:
+    def _known(self) -> int | None:
+        """Told, else said, else learned (module docstring)."""
+        if self.told is not None:
+            return self.told
+        if self.said is not None:
+            return self.said
         return self._largest if self._full >= FULL_REPORTS else None
 
-    def report(self, running: int | None, waiting: int | None) -> None:
-        """The engine reported ``running`` requests in its batch and ``waiting`` queued."""
-        if running is None:
-            return
-        if running > self._largest:
-            self._largest, self._full = running, 0  # a count it exceeded was no cap
-        if 0 < running == self._largest and waiting:
-            self._full += 1
-        if self.told is None:
-            self.size = self._learned()
+    def report(
+        self, running: int | None, waiting: int | None, max_running: int | None = None
+    ) -> None:
+        """The engine reported ``running`` requests in its batch and ``waiting`` queued, and
+        (``max_running``, where it says it) how many it runs at once."""
+        if max_running is not None:
+            self.said = max_running
+        if running is not None:
+            if running > self._largest:
+                self._largest, self._full = running, 0  # a count it exceeded was no cap
+            if 0 < running == self._largest and waiting:
+                self._full += 1
+        self.size = self._known()
 
     def completed(self, now: float) -> None:
         """One of its requests ended at ``now``."""

@@ -339,10 +339,12 @@ class LoadTracker:
         kv_usage: float | None = None,
         num_waiting: int | None = None,
         num_running: int | None = None,
+        max_running: int | None = None,
     ) -> None:
-        """Record numbers reported by the replica itself (metrics scrape or simulator step)."""
+        """Record numbers reported by the replica itself (metrics scrape or simulator step;
+        ``max_running``: the batch size its engine says it has, core/batch_slots.py)."""
         load = self.get(replica)
-        load.slots.report(num_running, num_waiting)
+        load.slots.report(num_running, num_waiting, max_running)
         if kv_usage is not None:
             load.kv_usage = kv_usage
         if num_waiting is not None:

@@ -378,13 +378,13 @@ class Router(RouterReads, PlainAnswerCalls):
     def observe_replica(
         self, replica: ReplicaId, *, kv_usage: float | None = None,
         num_waiting: int | None = None, num_running: int | None = None,
+        max_running: int | None = None,
     ) -> None:  # fmt: skip
-        """Numbers ``replica`` reported (a metrics scrape, a simulator step, Ray's routing
-        stats): KV usage (0..1), requests waiting and running in the engine. Kept beside the
-        router's own accounting, never mixed in; None leaves the last report standing."""
-        self.loads.observe(
-            replica, kv_usage=kv_usage, num_waiting=num_waiting, num_running=num_running
-        )
+        """Numbers ``replica`` reported (a metrics scrape, a simulator step, Ray's stats): KV
+        usage (0..1), requests waiting and running, the most it runs at once (batch_slots.py).
+        Kept beside the router's own accounting, never mixed in; None leaves the last as is."""
+        self.loads.observe(replica, kv_usage=kv_usage, num_waiting=num_waiting,
+                           num_running=num_running, max_running=max_running)  # fmt: skip
 
     def tell_speed(self, replica: ReplicaId, prior: SpeedPrior) -> bool:
         """Own priors reported after it registered (Ray's stats): :meth:`LoadTracker.tell`."""

@@ -2,9 +2,12 @@
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (plain or SSE stream),
 SGLang's ``POST /generate`` (``_sglang``: its own request and answer shapes),
-``GET /v1/models``, ``GET /health`` (200 while the engine runs, 503 otherwise) and
-``GET /metrics`` (Prometheus text, vLLM metric names) and ``POST /reset_prefix_cache`` (vLLM's
-dev-mode endpoint: drops every cached prefix unless requests are running).
+``GET /v1/models``, ``GET /health`` (200 while the engine runs, 503 otherwise),
+``GET /metrics`` (Prometheus text, vLLM metric names), ``POST /reset_prefix_cache`` (vLLM's
+dev-mode endpoint: drops every cached prefix unless requests are running) and SGLang's
+``GET /get_server_info`` (the few fields of it that say the engine's size: its batch size, as
+``max_running_requests`` and one data-parallel rank's ``effective_max_running_requests_per_dp``,
+its KV cache and its context window).
 
 With ``kv_events`` set, the replica publishes its KV-cache changes after every step on a ZMQ
 socket, in vLLM's wire format (``_kv_events``), and a reset publishes ``AllBlocksCleared``.
@@ -75,6 +78,7 @@ def build_app(config: EmulatorConfig) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    app.router.add_get("/get_server_info", server_info)
     return app
 
 
@@ -191,6 +195,21 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
     if ok and bridge is not None:
         bridge.cleared()
     return web.json_response({"success": ok})
+
+
+async def server_info(request: web.Request) -> web.Response:
+    """SGLang's ``/get_server_info``, the fields that size the engine (SGLang's names)."""
+    config = request.app[CONFIG]
+    engine = config.engine
+    body = {
+        "model_path": config.model,
+        "max_running_requests": engine.max_running,
+        "max_total_num_tokens": engine.kv_capacity_blocks * engine.block_size,
+        "context_length": config.window,
+        "dp_size": 1,
+        "internal_states": [{"effective_max_running_requests_per_dp": engine.max_running}],
+    }
+    return web.json_response(body)
 
 
 async def health(request: web.Request) -> web.Response:

@@ -166,8 +166,9 @@ class GatewayConfig:
         "--health-path",
     )  # fmt: skip
     scrape_metrics: bool = setting(
-        True, "read the replicas' own load from their /metrics each probe round"
-    )
+        True, "read the replicas' own load from their /metrics each probe round, and ask "
+        "each joining replica its batch size (SGLang's /get_server_info)"
+    )  # fmt: skip
     # On by default: a first token measured over HTTP always carries a fixed cost (HTTP,
     # templating, scheduling), tens of ms on real engines; without the term the fit stretches
     # the rate to cover it (docs/results.md, real vLLM). false: the overhead stays at 0.
@@ -236,8 +237,8 @@ class GatewayConfig:
     replica_speeds: tuple[str, ...] = setting(
         (), "a replica's own speed priors, where it differs from the fleet's (another GPU): "
         "URL=prefill_tokens_per_s=N[,decode_step_s=S][,max_running=M] (M: its engine's "
-        "batch size, --max-num-seqs); once per replica (file: those keys in its [[replicas]] "
-        "entry); each replica's real speed is still learned",
+        "batch size, --max-num-seqs; SGLang says it itself); once per replica (file: those "
+        "keys in its [[replicas]] entry); each replica's real speed is still learned",
         "--replica-speed", metavar="URL=PRIORS", shown_default="none",
     )  # fmt: skip
     kv_events: tuple[str, ...] = setting(

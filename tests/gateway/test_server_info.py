@@ -156,3 +156,81 @@ async def test_the_emulated_replica_states_its_batch_size_as_sglang_does(
         assert batch_size_said(body) == 12
     finally:
         await cluster.stop()
+
+
+def _sglang_after(delays: list[float], statuses: list[int]) -> tuple[object, list[float]]:
+    """A handler whose n-th /get_server_info waits ``delays[n]`` seconds and answers
+    ``statuses[n]`` (200: SGLang's body, batch size 6); everything else 404. Returns it and
+    the times its server-info asks arrived."""
+    asked: list[float] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        if request.path != "/get_server_info":
+            return web.json_response({"error": {"message": "no"}}, status=404)
+        n = len(asked)
+        asked.append(asyncio.get_running_loop().time())
+        await asyncio.sleep(delays[min(n, len(delays) - 1)])
+        status = statuses[min(n, len(statuses) - 1)]
+        body = {**SGLANG, "internal_states": [{"effective_max_running_requests_per_dp": 6}]}
+        return web.json_response(body if status == 200 else {"error": "busy"}, status=status)
+
+    return handler, asked
+
+
+async def test_a_slow_first_answer_is_waited_for_outside_the_health_rounds(
+    make_gateway: GatewayFactory, make_fake: FakeFactory
+) -> None:
+    """vLLM's first /server_info takes seconds: longer than a probe's timeout (0.2 s here), it is
+    still read, and the replica is healthy meanwhile (the rounds go on without it)."""
+    handler, asked = _sglang_after([1.0], [200])
+    fake = await make_fake(handler=handler)
+    gw = await make_gateway([fake.url])
+    await _until(lambda: gw.registry.find(fake.url).healthy, "the replica never became healthy")
+    assert _slots(gw, fake.url) is None  # still waiting for the answer
+    await _until(lambda: _slots(gw, fake.url) == 6, "the slow answer was never read")
+    assert len(asked) == 1
+
+
+async def test_an_engine_that_did_not_answer_is_asked_again(
+    make_gateway: GatewayFactory, make_fake: FakeFactory
+) -> None:
+    handler, asked = _sglang_after([0.0], [503, 200])
+    fake = await make_fake(handler=handler)
+    gw = await make_gateway([fake.url])
+    await _until(lambda: _slots(gw, fake.url) == 6, "the second answer was never read")
+    assert len(asked) == 2
+
+
+async def test_an_engine_that_never_answers_is_left_alone_after_a_few_tries(
+    make_gateway: GatewayFactory, make_fake: FakeFactory
+) -> None:
+    from prefixroute.gateway._server_info import TRIES
+
+    handler, asked = _sglang_after([0.0], [500])
+    fake = await make_fake(handler=handler)
+    await make_gateway([fake.url])  # health rounds every 50 ms
+    await _until(lambda: len(asked) >= TRIES, "it was not asked again")
+    await asyncio.sleep(0.5)  # ten more rounds
+    assert len(asked) == TRIES
+
+
+async def test_a_replica_that_comes_back_is_asked_again(
+    make_gateway: GatewayFactory, make_fake: FakeFactory
+) -> None:
+    """Down and back, it may have restarted with another ``--max-running-requests``."""
+    size = [6]
+
+    async def handler(request: web.Request) -> web.Response:
+        if request.path != "/get_server_info":
+            return web.json_response({"error": {"message": "no"}}, status=404)
+        states = [{"effective_max_running_requests_per_dp": size[0]}]
+        return web.json_response({**SGLANG, "internal_states": states})
+
+    fake = await make_fake(handler=handler)
+    gw = await make_gateway([fake.url])
+    await _until(lambda: _slots(gw, fake.url) == 6, "the size was never read")
+    fake.failing = True
+    await _until(lambda: not gw.registry.find(fake.url).healthy, "it never went down")
+    size[0] = 24
+    fake.failing = False
+    await _until(lambda: _slots(gw, fake.url) == 24, "the new size was never read")

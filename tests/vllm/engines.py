@@ -3,7 +3,8 @@
 Each replica serves the tiny local model (scripts/make_tiny_model.py) with vLLM's OpenAI server
 and publishes its KV events over ZMQ. ``VLLM_SERVER_DEV_MODE=1`` mounts ``/reset_prefix_cache``,
 which the tests call between modes so each mode starts from cold caches (and which makes vLLM
-publish ``AllBlocksCleared``). Logs go to .cache/vllm-logs/.
+publish ``AllBlocksCleared``), and ``/server_info``, where the gateway reads the batch size.
+Logs go to .cache/vllm-logs/.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ LOGS = ROOT / ".cache" / "vllm-logs"
 BLOCK_SIZE = 32  # tokens per KV block (--block-size)
 MODEL_NAME = "tiny"
 MAX_MODEL_LEN = 4096  # tokens
+MAX_NUM_SEQS = 128  # requests in a batch (--max-num-seqs; vLLM 0.32's default on the CPU)
 STARTUP_TIMEOUT_S = 300.0  # two engines starting at once on two cores: ~60 s seen
 
 
@@ -79,13 +81,14 @@ class VLLMServer:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--block-size", str(BLOCK_SIZE), "--enforce-eager", "--enable-prompt-tokens-details",
             "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32", "--seed", "0",
+            "--max-num-seqs", str(MAX_NUM_SEQS),
             "--kv-events-config", json.dumps(events),
         ]  # fmt: skip
         env = {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: 262,144 tokens of this model's KV cache
             "HF_HUB_OFFLINE": "1",
-            "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache
+            "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache, /server_info
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_CPU_OMP_THREADS_BIND": str(self.cpu) if self.cpu is not None else "auto",
         }

@@ -1,6 +1,7 @@
-"""Each replica's prefix index grown to real vLLM's KV cache (gateway/_index_size.py): vLLM says
-its size in the labels of ``vllm:cache_config_info``, and the gateway's index for it keeps that
-many tokens' worth of blocks where ``index_capacity_blocks`` is less."""
+"""What real vLLM says of its size: each replica's prefix index grown to its KV cache
+(gateway/_index_size.py), and its batch size (gateway/_server_info.py). vLLM says its cache's
+size in the labels of ``vllm:cache_config_info``, and the gateway's index for it keeps that many
+tokens' worth of blocks where ``index_capacity_blocks`` is less."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prefixroute.core import index_blocks_for
 from prefixroute.gateway import Gateway, GatewayConfig
 
-from .engines import BLOCK_SIZE, MODEL_NAME, VLLMServer
+from .engines import BLOCK_SIZE, MAX_NUM_SEQS, MODEL_NAME, VLLMServer
 
 pytestmark = pytest.mark.vllm
 
@@ -52,3 +53,22 @@ async def test_the_index_keeps_what_the_engines_kv_cache_holds(
                 while gw.router.index_size(rid) != want:
                     await asyncio.sleep(0.05)
             assert want > 100  # grown from the configured size
+
+
+async def test_the_router_knows_the_batch_size_vllm_states_in_development_mode(
+    engines: list[VLLMServer],
+) -> None:
+    """vLLM says its ``max_num_seqs`` only on its development-mode ``/server_info`` (the engines
+    here run in that mode): the gateway reads it when each engine joins (gateway/_server_info.py),
+    so the slot term has it before any batch filled."""
+    config = GatewayConfig(
+        port=0, replicas=tuple(e.url for e in engines), health_interval_s=0.2,
+        read_timeout_s=120.0,
+    )  # fmt: skip
+    async with Gateway(config) as gw:
+        for engine in engines:
+            rid = gw.registry.find(engine.url).id
+            async with asyncio.timeout(10):
+                while gw.router.replica_load(rid).slots.size is None:
+                    await asyncio.sleep(0.05)
+            assert gw.router.replica_load(rid).slots.size == MAX_NUM_SEQS

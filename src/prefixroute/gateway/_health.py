@@ -11,8 +11,9 @@ A healthy replica's ``/metrics`` is scraped in the same round for the engine's o
 (``_scrape``); a replica without one (404) is not asked again. Where the engine exports its
 prefill times, each round's increase teaches the router that replica's prefill rate
 (``Router.observe_engine_prefill``); where it says its KV cache's size, the replica's index is
-sized to it (``_index_size``). Where scraping is on, a replica whose models are (re)learned is
-also asked its batch size, which SGLang and vLLM's development mode state (``_server_info``).
+sized to it (``_index_size``). Where scraping is on, each replica is also asked its batch size
+(SGLang and vLLM's development mode state it: ``_server_info``), once after its models are
+learned, in the background of the rounds.
 
 A replica whose engine lost its KV cache leaves the prefix index stale: requests sent there for
 prefixes it no longer holds, predicted as cheap. In approximate mode (precise mode's KV events
@@ -59,7 +60,7 @@ class HealthChecker:
         self._prefill = PrefillDeltas()  # each replica's last prefill totals
         self._down: set[str] = set()  # refused connections: cleared, not answering yet
         self._sizer = IndexSizer(registry, config)  # indexes sized from the engines' KV caches
-        self.server_info = ServerInfo(registry, session, config.health_timeout_s)  # batch sizes
+        self.server_info = ServerInfo(registry, session)  # the engines' batch sizes
 
     def start(self) -> None:
         if self._task is None:
@@ -70,6 +71,7 @@ class HealthChecker:
     async def stop(self) -> None:
         task, self._task = self._task, None
         await cancel_and_wait(task)
+        await self.server_info.stop()
 
     @staticmethod
     def _failed(exc: Exception) -> None:
@@ -86,10 +88,11 @@ class HealthChecker:
         ok = await self._probe(record)
         if ok and (record.models is None or not record.healthy):
             await self.refresh_models(record)
-            if self.config.scrape_metrics:  # it may have restarted with another batch size
-                await self.server_info.learn(record)
-        if ok and self.config.scrape_metrics and record.url not in self._no_metrics:
-            await self.scrape(record)
+            self.server_info.joined(record)  # it may have restarted with another batch size
+        if ok and self.config.scrape_metrics:
+            self.server_info.ask(record)  # in the background: a first answer can take seconds
+            if record.url not in self._no_metrics:
+                await self.scrape(record)
         self.registry.record_probe(record.id, ok, time.monotonic(), first)
         return ok
 

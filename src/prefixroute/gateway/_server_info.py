@@ -15,21 +15,28 @@ wait for a slot are sent before it knows; an engine that states its size spares 
   per engine, times ``parallel_config.data_parallel_size``. vLLM says it nowhere else: its
   metrics' info gauge carries the cache's configuration, not the scheduler's.
 
-:class:`ServerInfo` asks each replica when its models are (re)learned (it registered, or it came
-back and may have restarted with other arguments), and a path that answered 404 is not asked
-again at that replica. Anything else (no answer, a body without the field, a size that is not a
-positive whole number) says nothing, and the router goes on learning the size from the engine's
+:class:`ServerInfo` asks each replica in the background of the health rounds, not in them: vLLM
+builds an environment report on its first ``/server_info`` (1.4 s on an idle CPU engine,
+longer beside another starting), past a probe's timeout, and a round must not wait for it. A
+replica is asked until it says a size or has nothing to say: a path that answered 404, or 200
+with no size in it, is not asked again at that replica; no answer or another status is tried
+again next round, ``TRIES`` times. A replica whose models are learned again (it came back, and
+may have restarted with other arguments) is asked again. A size is the router's at once
+(``Router.observe_replica``); nothing said leaves the router learning it from the engine's
 counts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 
+from prefixroute._tasks import cancel_and_wait
 from prefixroute.gateway._registry import ReplicaRecord, ReplicaRegistry
 
 # Where each engine says it, in the order asked (a replica that answers one is not asked the
@@ -37,6 +44,10 @@ from prefixroute.gateway._registry import ReplicaRecord, ReplicaRegistry
 SGLANG_PATH = "/get_server_info"
 VLLM_DEV_PATH = "/server_info?config_format=json"
 PATHS = (SGLANG_PATH, VLLM_DEV_PATH)
+ASK_TIMEOUT_S = 30.0  # seconds: vLLM's first /server_info builds a report (module docstring)
+TRIES = 3  # asks that got no answer (or an error status) before a replica is left alone
+
+log = logging.getLogger(__name__)
 
 
 def _whole(value: object) -> int | None:
@@ -78,36 +89,80 @@ def _vllm_batch_size(config: object) -> int | None:
 class ServerInfo:
     """Asks replicas for their batch size and tells the router (module docstring)."""
 
-    def __init__(
-        self, registry: ReplicaRegistry, session: aiohttp.ClientSession, timeout_s: float
-    ) -> None:
+    def __init__(self, registry: ReplicaRegistry, session: aiohttp.ClientSession) -> None:
         self.registry = registry
         self.session = session
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._missing: set[tuple[str, str]] = set()  # (replica URL, path) that answered 404
+        self._timeout = aiohttp.ClientTimeout(total=ASK_TIMEOUT_S)
+        self._missing: set[tuple[str, str]] = set()  # (replica URL, path): nothing to say there
+        self._settled: set[str] = set()  # replica URLs asked to the end since they joined
+        self._failed: dict[str, int] = {}  # replica URL -> asks that got no answer
+        self._asking: dict[str, asyncio.Task[int | None]] = {}  # replica URL -> its ask
+
+    def joined(self, record: ReplicaRecord) -> None:
+        """``record``'s models were learned (again): ask it again."""
+        self._settled.discard(record.url)
+        self._failed.pop(record.url, None)
+
+    def ask(self, record: ReplicaRecord) -> None:
+        """Start asking ``record`` in the background, unless it was asked to the end since it
+        joined or is being asked."""
+        url = record.url
+        if url not in self._settled and url not in self._asking:
+            self._asking[url] = asyncio.get_running_loop().create_task(
+                self._ask(record), name=f"server info {url}"
+            )
+
+    async def _ask(self, record: ReplicaRecord) -> int | None:
+        try:
+            return await self.learn(record)
+        except Exception:  # a bug here must not end up as an unretrieved task error
+            log.exception("asking %s its batch size failed", record.url)
+            self._settled.add(record.url)
+            return None
+        finally:
+            self._asking.pop(record.url, None)
+
+    async def stop(self) -> None:
+        for task in list(self._asking.values()):
+            await cancel_and_wait(task)
 
     async def learn(self, record: ReplicaRecord) -> int | None:
-        """Ask ``record``'s engine its batch size; the router is told what it says. Returns
-        the size, or None where it said none."""
+        """Ask ``record``'s engine its batch size now; the router is told what it says.
+        Returns the size, or None where it said none (yet)."""
+        url, unanswered = record.url, False
         for path in PATHS:
-            if (record.url, path) in self._missing:
+            if (url, path) in self._missing:
                 continue
-            body = await self._get(record.url, path)
-            size = batch_size_said(body)
-            if size is not None:
-                router = self.registry.router
-                if router.has_replica(record.id):
-                    router.observe_replica(record.id, max_running=size)
-                return size
+            status, body = await self._get(url + path)
+            if status is not None and status not in (200, 404):
+                unanswered = True
+                continue
+            size = batch_size_said(body) if status == 200 else None
+            if size is None:
+                if status is None:
+                    unanswered = True
+                else:
+                    self._missing.add((url, path))  # 404, or 200 without a size
+                continue
+            router = self.registry.router
+            if router.has_replica(record.id):
+                router.observe_replica(record.id, max_running=size)
+            self._settled.add(url)
+            return size
+        failed = self._failed[url] = self._failed.get(url, 0) + unanswered
+        if not unanswered or failed >= TRIES:
+            self._settled.add(url)
         return None
 
-    async def _get(self, url: str, path: str) -> Any:
+    async def _get(self, url: str) -> tuple[int | None, Any]:
+        """(status, parsed JSON body or None); (None, None) when nothing answered in time."""
         try:
-            async with self.session.get(url + path, timeout=self._timeout) as resp:
-                if resp.status == 404:
-                    self._missing.add((url, path))
+            async with self.session.get(url, timeout=self._timeout) as resp:
                 if resp.status != 200:
-                    return None
-                return json.loads(await resp.read())
-        except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError):
-            return None
+                    return resp.status, None
+                try:
+                    return 200, json.loads(await resp.read())
+                except (ValueError, RecursionError):
+                    return 200, None  # an answer that is not JSON says nothing
+        except (aiohttp.ClientError, TimeoutError):
+            return None, None

@@ -21,7 +21,10 @@ from prefixroute.gateway._state import STATE
 from .fakes import ClosingReplica
 from .helpers import GatewayFactory, send
 
-QUIET = {"health_interval_s": 60.0}  # no probes between the requests: only the first check
+# No probes between the requests, only the first check; and no scraping, whose batch-size ask
+# (gateway/_server_info.py) would run beside that check on a pooled connection of its own: the
+# pool holds the probe's one connection.
+QUIET = {"health_interval_s": 60.0, "scrape_metrics": False}
 BODY = {"model": "emulated", "prompt": "a b c", "max_tokens": 1}
 
 

@@ -676,3 +676,34 @@ async def test_a_replica_whose_context_window_is_too_short_is_not_picked() -> No
         assert header is not None
         firsts.add(header.split(",")[0])
     assert firsts == set(ENDPOINTS)
+
+
+async def test_a_400_over_the_window_teaches_the_replicas_window() -> None:
+    """Behind Envoy the picker cannot move the refused request (the client gets the engine's
+    400), but it learns the window the 400 says, as ``serve`` does: a later request that needs
+    more is not sent there."""
+    s = shared(policy="round_robin")
+    stream = PickStream(s)
+    header, _ = picked(await pick(stream, completion(400, tag="long-")))
+    assert header is not None
+    refused = ReplicaId("http://" + header.split(",")[0])
+    assert s.registry.get(refused).context_window is None  # its card said none
+    message = (
+        "This model's maximum context length is 300 tokens. However, your prompt contains 450 "
+        "input tokens, which exceeds this limit even without any output tokens."
+    )
+    body = {"error": {"message": message, "type": "BadRequestError", "code": 400}}
+    await stream.handle(response_headers(400))
+    await stream.handle(response_body(json.dumps(body).encode(), end_of_stream=True))
+    assert s.registry.get(refused).context_window == 300
+    for i in range(2 * len(ENDPOINTS)):  # round robin would name it every fourth time
+        header, _ = picked(await pick(PickStream(s), completion(400, tag=f"again{i}-")))
+        assert header is not None and "http://" + header.split(",")[0] != refused
+    # A 400 that says something else teaches nothing, wherever it went.
+    windows = [s.registry.get(ReplicaId("http://" + e)).context_window for e in ENDPOINTS]
+    for i in range(len(ENDPOINTS)):
+        other = PickStream(s)
+        await pick(other, completion(5, tag=f"short{i}-"))
+        await other.handle(response_headers(400))
+        await other.handle(response_body(b'{"error":{"message":"bad n"}}', end_of_stream=True))
+    assert [s.registry.get(ReplicaId("http://" + e)).context_window for e in ENDPOINTS] == windows

@@ -9,7 +9,13 @@ first token. A plain answer is kept (up to ``MAX_PLAIN_BODY``) to read its usage
 
 from __future__ import annotations
 
-from prefixroute.gateway import SSEScanner, Usage, refuses_stream_options, usage_in_body
+from prefixroute.gateway import (
+    SSEScanner,
+    Usage,
+    refuses_stream_options,
+    usage_in_body,
+    window_said,
+)
 
 MAX_PLAIN_BODY = 1024 * 1024  # bytes of a plain answer kept to read its usage (the rest passes)
 
@@ -59,3 +65,8 @@ class AnswerReader:
     def refused_stream_options(self) -> bool:
         """A plain 400 that says the replica does not take ``stream_options``."""
         return refuses_stream_options(b"".join(self._plain))
+
+    def window_said(self) -> int | None:
+        """The context window a plain 400 says the prompt is over, tokens (None: it does not
+        say that; ``gateway._context_window``)."""
+        return window_said(b"".join(self._plain)) if self._plain else None

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 from prefixroute.core import ReplicaId, Router
 from prefixroute.gateway import (
@@ -20,8 +21,12 @@ from prefixroute.gateway import (
     Usage,
     end_accounting,
     judge_error_event,
+    learned_window,
 )
 from prefixroute.sync import RouteSync
+
+if TYPE_CHECKING:
+    from prefixroute.epp._answer import AnswerReader
 
 
 @dataclass(slots=True)
@@ -102,3 +107,16 @@ def count_answer(
     if shared.fleet is not None:
         entry = DecisionEntry(time.time(), replica, reason, status, predicted, path)
         shared.fleet.decisions.record(entry)
+
+
+def refused(shared: PickShared, replica: ReplicaId, reader: AnswerReader, asked: bool) -> None:
+    """What a replica's plain 400 teaches. One that refused the ``stream_options`` the picker
+    added (``asked``): no more asking (the proxy cannot resend as serve does; this client got
+    the 400). One that says the prompt is over its context window: that window, so the next
+    request that needs more goes elsewhere at once (``gateway._context_window``; Envoy relayed
+    this one)."""
+    if asked and reader.refused_stream_options():
+        shared.state.stop_asking_stream_usage(shared.registry.public_name(replica))
+    window = reader.window_said()
+    if window is not None:
+        learned_window(shared.registry, replica, window)

@@ -1,8 +1,8 @@
 """One ext_proc stream (one HTTP request through Envoy): pick on the request, learn from the answer.
 
-Envoy sends, on one gRPC stream, the request headers, the request body (in chunks), maybe
-trailers, then the response headers and body. :class:`PickStream` turns each message into the
-responses Envoy waits for (``handle``); it does no I/O and takes the time from a given clock.
+Envoy sends, on one gRPC stream, the request headers and body (in chunks), maybe trailers, then
+the response headers and body. :class:`PickStream` turns each into the responses Envoy waits for
+(``handle``), with no I/O, its time from a given clock.
 
 Request side. The body is the routing key, so it is held until its end. ``FULL_DUPLEX_STREAMED``
 (the protocol's mode): nothing is answered until the body ends, then the headers answer (the
@@ -16,16 +16,17 @@ nothing). Errors are an ``ImmediateResponse`` with the gateway's status, headers
 Response side, the gateway relay's accounting (``gateway._proxy``, ``gateway._verdict``): the
 answer is read by ``_answer.AnswerReader``; its first output is the first token, timed only in
 the streamed body modes (``BUFFERED`` holds the whole answer to its end, so the picker learns no
-prefill time from it); at the end the usage goes to ``Router.observe_usage``
-and ``Router.complete`` (a 4xx, a request turned away, first to ``Router.withdraw``), the
-metrics count the answer and judge the replica; ``close`` ends, once, a request that did not end
-cleanly, and frees the tenant's slot. When the proxy says a fallback served the answer
-(``x-gateway-destination-endpoint-served``), the primary failed it: its failure counts, its
-accounting ends, and the request is routed again to the fallback, as the gateway's retry is.
-Response chunks go back at once, so streaming is not held up; a buffered answer goes back whole,
-less the usage event the picker asked for. A plain answer's first token is guessed when due and
-its whole time learned (``gateway._accounting``). With ``sync_redis`` decisions, first tokens,
-withdrawals and ends go to the Redis sync too, as the gateway's.
+prefill time from it); at the end the usage goes to ``Router.observe_usage`` and
+``Router.complete`` (a 4xx, a request turned away, first to ``Router.withdraw``), the metrics
+count the answer and judge the replica, and a 400 over the context window teaches the replica's
+window (Envoy relays it; the next request that needs more goes elsewhere). ``close`` ends, once,
+a request that did not end cleanly, and frees the tenant's slot. When the proxy says a fallback
+served the answer (``x-gateway-destination-endpoint-served``), the primary failed it: its
+failure counts, its accounting ends, and the request is routed again to the fallback, as the
+gateway's retry is. Response chunks go back at once, so streaming is not held up; a buffered
+answer goes back whole, less the usage event the picker asked for. A plain answer's first token
+is guessed when due, its whole time learned (``gateway._accounting``). ``sync_redis``: decisions,
+first tokens, withdrawals and ends go to the Redis sync too, as the gateway's.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from prefixroute.epp import _protocol as proto
 from prefixroute.epp._admit import Admission, admit, request_key
 from prefixroute.epp._answer import AnswerReader
 from prefixroute.epp._candidates import eligible, endpoint_of, fallbacks, replica_of
-from prefixroute.epp._shared import PickShared, count_answer, judge_answer
+from prefixroute.epp._shared import PickShared, count_answer, judge_answer, refused
 from prefixroute.gateway import (
     PREDICTED_HEADER,
     PROMPT_ENDPOINTS,
@@ -360,12 +361,10 @@ class PickStream:
         usage = reader.usage() if reader is not None else None
         replica, s = self.served or decision.replica, self.s
         status = self.status
-        name = s.registry.public_name(replica)
-        if self._usage_asked and status == 200:
-            s.state.stream_usage_taken(name)  # its 400s naming them are requests' own
-        if self._usage_asked and status == 400 and reader and reader.refused_stream_options():
-            # the proxy cannot resend as serve does: this client got the 400; no more asking
-            s.state.stop_asking_stream_usage(name)
+        if self._usage_asked and status == 200:  # its 400s naming them are requests' own
+            s.state.stream_usage_taken(s.registry.public_name(replica))
+        if status == 400 and reader is not None:
+            refused(s, replica, reader, self._usage_asked)
         if self._counted:
             self._count(replica, status, decision)
         error = reader.error_status if reader is not None else None

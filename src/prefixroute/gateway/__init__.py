@@ -25,7 +25,12 @@ from prefixroute.gateway._config import (
     config_fields,
 )
 from prefixroute.gateway._config_file import CONFIG_HELP, build_config, load_toml, read_secret
-from prefixroute.gateway._context_window import fitting, needed_tokens
+from prefixroute.gateway._context_window import (
+    fitting,
+    learned_window,
+    needed_tokens,
+    window_said,
+)
 from prefixroute.gateway._errors import PayloadTooLarge, error_body, error_response, spec_for
 from prefixroute.gateway._fleetview import DecisionEntry, FleetView
 from prefixroute.gateway._health import HealthChecker
@@ -115,6 +120,7 @@ __all__ = [
     "is_model_call",
     "judge_error_event",
     "key_of",
+    "learned_window",
     "load_toml",
     "needed_tokens",
     "normalize_url",
@@ -125,4 +131,5 @@ __all__ = [
     "spec_for",
     "upstream_headers",
     "usage_in_body",
+    "window_said",
 ]

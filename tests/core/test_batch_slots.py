@@ -27,8 +27,9 @@ def test_the_batch_size_is_learned_after_full_reports_at_the_largest_count() -> 
     for _ in range(FULL_REPORTS - 1):
         slots.report(running=8, waiting=2)
     assert slots.size is None
+    assert slots.source is None
     slots.report(running=8, waiting=1)
-    assert slots.size == 8
+    assert (slots.size, slots.source) == (8, "learned")
 
 
 def test_a_running_count_the_engine_exceeded_is_no_cap() -> None:
@@ -175,7 +176,7 @@ def test_engine_reports_through_the_router_teach_the_batch_size() -> None:
 def test_a_size_the_engine_said_is_known_at_once_and_outranks_its_counts() -> None:
     slots = BatchSlots()
     slots.report(running=None, waiting=None, max_running=12)
-    assert slots.size == 12
+    assert (slots.size, slots.source) == (12, "engine")
     for _ in range(2 * FULL_REPORTS):  # counts that would teach 5: the engine's word stands
         slots.report(running=5, waiting=3)
     assert slots.size == 12
@@ -186,7 +187,7 @@ def test_a_size_the_engine_said_is_known_at_once_and_outranks_its_counts() -> No
 def test_an_operators_size_outranks_the_engines_word() -> None:
     slots = BatchSlots(told=4)
     slots.report(running=1, waiting=0, max_running=12)
-    assert slots.size == 4
+    assert (slots.size, slots.source) == (4, "told")
 
 
 def test_the_size_an_engine_said_through_the_router_puts_the_wait_in_the_prediction() -> None:

@@ -52,6 +52,8 @@ async def test_each_replica_is_known_by_the_batch_size_its_engine_states(
         await _until(lambda: _slots(gw, urls[0]) is not None and _slots(gw, urls[1]) is not None,
                      "the engines' batch sizes never became known")  # fmt: skip
         assert (_slots(gw, urls[0]), _slots(gw, urls[1])) == (8, 96)
+        listed = gw.registry.describe(gw.registry.find(urls[0]))["speed"]
+        assert (listed["batch_slots"], listed["batch_slots_from"]) == (8, "engine")
         # Before any request was sent: nothing was learned from running counts.
         small_id = ReplicaId(gw.registry.find(urls[0]).id)
         assert gw.registry.router.replica_load(small_id).in_flight == 0
@@ -72,6 +74,8 @@ async def test_an_operators_batch_size_outranks_the_engines(
         await _until(lambda: gw.registry.find(url).healthy, "the replica never became healthy")
         assert await asked.server_info.learn(gw.registry.find(url)) == 8  # the engine says 8
         assert _slots(gw, url) == 4
+        listed = gw.registry.describe(gw.registry.find(url))["speed"]
+        assert listed["batch_slots_from"] == "told"
     finally:
         await cluster.stop()
 

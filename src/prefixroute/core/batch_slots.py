@@ -60,6 +60,14 @@ class BatchSlots:
         """Its operator gave the batch size: it holds whatever the engine reports."""
         self.told = self.size = slots
 
+    @property
+    def source(self) -> str | None:
+        """Where :attr:`size` comes from: ``"told"`` (its operator), ``"engine"`` (it said so),
+        ``"learned"`` (its reports of a full batch), or None while it is not known."""
+        if self.size is None:
+            return None
+        return "told" if self.told is not None else "engine" if self.said is not None else "learned"
+
     def _known(self) -> int | None:
         """Told, else said, else learned (module docstring)."""
         if self.told is not None:

@@ -55,7 +55,8 @@ class ReplicaLoad:
 
     def speed_report(self) -> dict[str, float | int | str | None]:  # given priors named so
         report = snapshot(self.speed, given=self.told)  # estimates, evidence: speed_snapshot.py
-        report["batch_slots"] = self.slots.size  # told or learned (core/batch_slots.py)
+        report["batch_slots"] = self.slots.size  # told, said or learned (core/batch_slots.py)
+        report["batch_slots_from"] = self.slots.source
         return report
 
     @property

@@ -56,6 +56,32 @@ def test_requests_waiting_beside_a_smaller_batch_do_not_make_a_cap() -> None:
     assert slots.wait_s(in_flight=100, now=0.0) == 0.0
 
 
+def test_a_batch_of_one_is_learned_and_an_empty_one_is_no_batch() -> None:
+    # vLLM's --max-num-seqs 1: one running, the rest waiting, report after report.
+    one = BatchSlots()
+    for _ in range(FULL_REPORTS):
+        one.report(running=1, waiting=4)
+    assert one.size == 1
+    # Nothing running while requests wait (an engine that has not started its batch): no cap.
+    empty = BatchSlots()
+    for _ in range(2 * FULL_REPORTS):
+        empty.report(running=0, waiting=4)
+    assert empty.size is None
+
+
+def test_a_replicas_speed_report_gives_its_batch_size_and_where_it_came_from() -> None:
+    tracker = LoadTracker()
+    tracker.add_replica(R0)
+    tracker.add_replica(R1, SpeedPrior(max_running=16))
+    report = tracker[R0].speed_report()
+    assert (report["batch_slots"], report["batch_slots_from"]) == (None, None)
+    tracker.observe(R0, max_running=48)
+    report = tracker[R0].speed_report()
+    assert (report["batch_slots"], report["batch_slots_from"]) == (48, "engine")
+    report = tracker[R1].speed_report()
+    assert (report["batch_slots"], report["batch_slots_from"]) == (16, "told")
+
+
 def test_a_told_size_needs_no_reports_and_outlasts_them() -> None:
     slots = BatchSlots(told=4)
     assert slots.size == 4

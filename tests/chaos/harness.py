@@ -214,7 +214,11 @@ class Fleet:
     async def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for i in range(self.n):
+            # Distinct: a released port can come back before the process given it binds it (a
+            # CI run once gave two replicas one port, and the gateway refused the duplicate).
             port = free_port()
+            while port in self.ports:
+                port = free_port()
             args = ["emulate", "--host", HOST, "--port", str(port), *self.replica_args]
             self.ports.append(port)
             self.replicas.append(Proc(f"replica{i}", args, self.log_dir))
@@ -224,6 +228,8 @@ class Fleet:
             for port in self.ports:
                 self.taps.append(await Tap.start(HOST, port))
         port = free_port()
+        while port in self.ports:
+            port = free_port()
         self.url = f"http://{HOST}:{port}"
         settings = {"host": HOST, "port": port, "admin_token": ADMIN_TOKEN, **self.settings}
         config = self.log_dir / "gateway.toml"

@@ -96,6 +96,11 @@ class FakeReplica:
     models: tuple[str, ...] = (MODEL,)
     health: bool = True  # False: no /health endpoint (404), as some OpenAI-compatible servers
     models_endpoint: bool = True  # False: no /v1/models either (404)
+    # False: the engines' server-information paths answer 404, unrecorded, as on most
+    # OpenAI-compatible servers; the gateway asks them in the background when a replica joins
+    # (gateway/_server_info.py), and a test that reads ``seen[-1]`` must not race that ask.
+    # True: they go to the handler and into ``seen`` like any other path.
+    server_info: bool = False
     seen: list[Seen] = field(default_factory=list)
     url: str = ""
     _runner: web.AppRunner | None = None
@@ -119,6 +124,8 @@ class FakeReplica:
         if request.path == "/v1/models":
             cards = [{"id": m, "object": "model"} for m in self.models]
             return web.json_response({"object": "list", "data": cards})
+        if request.path in ("/get_server_info", "/server_info") and not self.server_info:
+            return web.json_response({"detail": "Not Found"}, status=404)
         body = await request.read()
         self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), body))
         if self.handler is not None:

@@ -110,6 +110,9 @@ class Servers:
             replicas=(self.recorder.url,),
             health_interval_s=3600.0,  # probes once, at start: later hits are all forwarded
             health_timeout_s=5.0,
+            # No scraping: its batch-size ask (gateway/_server_info.py) runs in the background
+            # of that probe, and could reach the recorder after its hits were cleared.
+            scrape_metrics=False,
         )
         keyed = dataclasses.replace(
             base,

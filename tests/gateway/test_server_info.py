@@ -89,7 +89,7 @@ async def no_server_info(request: web.Request) -> web.Response:
 async def test_a_path_that_answered_404_is_not_asked_again(
     make_gateway: GatewayFactory, make_fake: FakeFactory
 ) -> None:
-    fake = await make_fake(handler=no_server_info)
+    fake = await make_fake(handler=no_server_info, server_info=True)
     gw = await make_gateway([fake.url])
     await _until(lambda: gw.registry.find(fake.url).healthy, "the replica never became healthy")
     # It goes away and comes back: its models are learned again, its batch size is not asked.
@@ -187,7 +187,7 @@ async def test_a_slow_first_answer_is_waited_for_outside_the_health_rounds(
     """vLLM's first /server_info takes seconds: longer than a probe's timeout (0.2 s here), it is
     still read, and the replica is healthy meanwhile (the rounds go on without it)."""
     handler, asked = _sglang_after([1.0], [200])
-    fake = await make_fake(handler=handler)
+    fake = await make_fake(handler=handler, server_info=True)
     gw = await make_gateway([fake.url])
     await _until(lambda: gw.registry.find(fake.url).healthy, "the replica never became healthy")
     assert _slots(gw, fake.url) is None  # still waiting for the answer
@@ -199,7 +199,7 @@ async def test_an_engine_that_did_not_answer_is_asked_again(
     make_gateway: GatewayFactory, make_fake: FakeFactory
 ) -> None:
     handler, asked = _sglang_after([0.0], [503, 200])
-    fake = await make_fake(handler=handler)
+    fake = await make_fake(handler=handler, server_info=True)
     gw = await make_gateway([fake.url])
     await _until(lambda: _slots(gw, fake.url) == 6, "the second answer was never read")
     assert len(asked) == 2
@@ -211,7 +211,7 @@ async def test_an_engine_that_never_answers_is_left_alone_after_a_few_tries(
     from prefixroute.gateway._server_info import TRIES
 
     handler, asked = _sglang_after([0.0], [500])
-    fake = await make_fake(handler=handler)
+    fake = await make_fake(handler=handler, server_info=True)
     await make_gateway([fake.url])  # health rounds every 50 ms
     await _until(lambda: len(asked) >= TRIES, "it was not asked again")
     await asyncio.sleep(0.5)  # ten more rounds
@@ -230,7 +230,7 @@ async def test_a_replica_that_comes_back_is_asked_again(
         states = [{"effective_max_running_requests_per_dp": size[0]}]
         return web.json_response({**SGLANG, "internal_states": states})
 
-    fake = await make_fake(handler=handler)
+    fake = await make_fake(handler=handler, server_info=True)
     gw = await make_gateway([fake.url])
     await _until(lambda: _slots(gw, fake.url) == 6, "the size was never read")
     fake.failing = True

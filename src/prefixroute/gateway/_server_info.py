@@ -134,15 +134,12 @@ class ServerInfo:
             if (url, path) in self._missing:
                 continue
             status, body = await self._get(url + path)
-            if status is not None and status not in (200, 404):
-                unanswered = True
-                continue
             size = batch_size_said(body) if status == 200 else None
             if size is None:
-                if status is None:
-                    unanswered = True
+                if status in (200, 404):
+                    self._missing.add((url, path))  # nothing to say there
                 else:
-                    self._missing.add((url, path))  # 404, or 200 without a size
+                    unanswered = True  # no answer, or an error: try again next round
                 continue
             router = self.registry.router
             if router.has_replica(record.id):

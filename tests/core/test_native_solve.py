@@ -52,13 +52,21 @@ def start() -> tuple[list[list[float]], list[float]]:
     return a, [1e4, 66.7, 0.0, 0.0, 3e3]
 
 
+slack = st.one_of(st.just(0.0), st.floats(min_value=0.0, max_value=50_000.0))
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(window, min_size=1, max_size=3), theta, st.floats(min_value=1.01, max_value=10))
-def test_compiled_equals_the_reference(windows, theta, factor) -> None:  # type: ignore[no-untyped-def]
+@given(
+    st.lists(window, min_size=1, max_size=3), theta, st.floats(min_value=1.01, max_value=10),
+    st.lists(slack, min_size=3, max_size=3),
+)
+def test_compiled_equals_the_reference(windows, theta, factor, slacks) -> None:  # type: ignore[no-untyped-def]
+    """With and without a floor under some windows' errors (decode phases' slack)."""
     a1, c1 = start()
     a2, c2 = copy.deepcopy(a1), list(c1)
-    dropped_c = _native.add_observations(a1, c1, tuple(windows), theta, factor)
-    dropped_py = add_observations(a2, c2, windows, theta, factor, compiled=False)
+    floors = [s * theta[0] for s in slacks[: len(windows)]]  # seconds, as add_observations
+    dropped_c = _native.add_observations(a1, c1, tuple(windows), theta, factor, floors)
+    dropped_py = add_observations(a2, c2, windows, theta, factor, slacks, compiled=False)
     assert dropped_c is not None
     a1[1][0] = a1[0][1]  # add_observations' last step, done by its caller on the compiled path
     assert (a1, c1, dropped_c) == (a2, c2, dropped_py)
@@ -73,7 +81,7 @@ def test_a_ratio_that_is_not_a_number_falls_back_unchanged() -> None:
     nan_theta = [math.nan, 0.01, 0.0, 0.0, 0.0]
     a, c = start()
     before = (copy.deepcopy(a), list(c))
-    assert _native.add_observations(a, c, windows, nan_theta, 3.0) is None
+    assert _native.add_observations(a, c, windows, nan_theta, 3.0, [0.0]) is None
     assert (a, c) == before
     a_py, c_py = start()
     expected = add_observations(a_py, c_py, windows, nan_theta, 3.0, compiled=False)
@@ -84,13 +92,16 @@ def test_a_ratio_that_is_not_a_number_falls_back_unchanged() -> None:
 def test_bad_arguments_are_errors_not_crashes() -> None:
     a, c = start()
     with pytest.raises(TypeError):
-        _native.add_observations([[0.0] * 5], c, (), [0.0] * 5, 3.0)
+        _native.add_observations([[0.0] * 5], c, (), [0.0] * 5, 3.0, [])
     with pytest.raises(ValueError):
-        _native.add_observations(a, c, (), [0.0] * 4, 3.0)
+        _native.add_observations(a, c, (), [0.0] * 4, 3.0, [])
+    with pytest.raises(ValueError):  # a floor for each window
+        _native.add_observations(a, c, ([],), [1e-4] + [0.0] * 4, 3.0, [])
     with pytest.raises(ValueError):  # an observation of the four-unknown model
-        _native.add_observations(a, c, ([Obs((1.0, 0.0, 0.0, 1.0), 0.1)],), [1e-4] + [0.0] * 4, 3.0)  # type: ignore[arg-type]
+        four = Obs((1.0, 0.0, 0.0, 1.0), 0.1)  # type: ignore[arg-type]
+        _native.add_observations(a, c, ([four],), [1e-4] + [0.0] * 4, 3.0, [0.0])
     with pytest.raises(AttributeError):
-        _native.add_observations(a, c, ([object()],), [1e-4, 0.0, 0.0, 0.0, 0.0], 3.0)
+        _native.add_observations(a, c, ([object()],), [1e-4, 0.0, 0.0, 0.0, 0.0], 3.0, [0.0])
 
 
 def _bits(values: list[float]) -> list[str]:

@@ -9,7 +9,9 @@ at each refit's estimates rather than once at dispatch and when a prior came to 
 of an observation, and when the requests ahead's reported usage came to correct a first token's
 queue (core/queue_fixes.py; hot-prefix and mooncake moved), and when attention became an
 unknown of the speed fit (core/context_cost.py; multi-turn, hot-prefix and mooncake moved),
-either way alike: changes of
+and when the requests' usage came to correct the prefill counted in decode phases and a short
+phase's error came to be judged against a typical prefill (core/queue_fixes.py,
+core/speed_fit.py; hot-prefix and mooncake moved), either way alike: changes of
 behaviour on purpose, measured in docs/results.md; the other five are 4f50dc2's still. A
 digest covers which replica served each request, its cached tokens, its first token and its
 end, the replicas' evictions, and the router's index size at the end. Any change in hashing,
@@ -36,8 +38,8 @@ RECORDED: dict[tuple[str, tuple[tuple[str, str], ...], str, int], str] = {
     ("multi-turn", (("sessions", "120"), ("rate", "6")), "cache_aware", 4): "70bc26b280ff72a1",
     ("shared-prefix", (("num_groups", "12"),), "predicted_ttft", 4): "f2b63a0ba547f3d6",
     ("shared-prefix", (("num_groups", "12"),), "round_robin", 4): "ea7f4f4f6504f5a3",
-    ("hot-prefix", (("requests", "400"),), "predicted_ttft", 8): "0f356a1a581039fb",  # issue 11
-    ("mooncake", (("limit", "400"),), "predicted_ttft", 4): "9055eb289769f70c",  # issue 11
+    ("hot-prefix", (("requests", "400"),), "predicted_ttft", 8): "aede9c26804587e5",  # issue 11
+    ("mooncake", (("limit", "400"),), "predicted_ttft", 4): "d8f5928eafce8ca6",  # issue 11
     ("mooncake", (("limit", "400"),), "least_loaded", 4): "6ffaaf52966cde01",
     ("no-sharing", (("requests", "300"),), "consistent_hash", 4): "fe0e80c16fbe4e0d",
 }

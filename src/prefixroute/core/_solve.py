@@ -28,6 +28,9 @@ class Obs:
         """An answer that came whole (its decode phase in it: :class:`QueuedObs`)."""
         return False
 
+    def correct(self, no: int, tokens: float, context: float) -> None:
+        """A correction of the prefill counted in it (:class:`PhaseObs`): none to make."""
+
 
 @dataclass(slots=True)
 class QueuedObs(Obs):
@@ -51,38 +54,66 @@ class QueuedObs(Obs):
         return self.after is not None
 
 
+@dataclass(slots=True)
+class PhaseObs(Obs):
+    """A decode phase's observation that knows whose prefill shared its steps: the requests
+    whose first tokens were the ``mark+1``-th to the ``through``-th on its replica, counted at
+    their predicted uncached tokens until their usage says otherwise (core/queue_fixes.py)."""
+
+    mark: int = 0
+    through: int = 0
+
+    def correct(self, no: int, tokens: float, context: float) -> None:
+        """The ``no``-th first token's request computed ``tokens`` more (and ``context``
+        more context work) than counted: so did this phase, where it was one of them."""
+        if self.mark < no <= self.through:
+            x = self.x
+            self.x = (max(0.0, x[0] + tokens), x[1], x[2], x[3], max(0.0, x[4] + context))
+
+
 def add_observations(
     a: list[list[float]],
     c: list[float],
     windows: Iterable[Sequence[Obs]],
     theta: list[float],
     factor: float,
+    slacks: Sequence[float] = (),
     compiled: bool = True,
 ) -> int:
     """Add each window's observations to the normal equations ``a``, ``c`` (in place), each
     divided by its prediction at ``theta`` (relative errors), leaving out those more than
     ``factor`` off the window's typical misprediction; returns how many were left out.
 
+    ``slacks``, one per window (missing: 0): tokens by which each of the window's token counts
+    may be off whatever its size. An observation's error is then judged against its prediction
+    plus their time at ``theta`` (an absolute floor under the relative error), so that a short
+    observation whose count such an error swamps weighs less; the outlier test still compares
+    the prediction alone.
+
     Compiled (``_native``, ``solve.c``) when built, with the same result to the bit; the Python
     below is its reference (``compiled=False`` runs it)."""
     windows = tuple(windows)
+    floors = [max(0.0, s) * theta[0] for s in slacks[: len(windows)]]  # seconds
+    floors += [0.0] * (len(windows) - len(floors))
     if compiled and _native.add_observations is not None:
-        dropped: int | None = _native.add_observations(a, c, windows, theta, factor)
+        dropped: int | None = _native.add_observations(a, c, windows, theta, factor, floors)
         if dropped is not None:  # else a ratio was not a number: the reference decides
             a[1][0] = a[0][1]
             return dropped
     dropped = 0
-    for window in windows:
+    for window, floor in zip(windows, floors, strict=False):
         if window:
-            dropped += _add_window(a, c, window, theta, factor)
+            dropped += _add_window(a, c, window, theta, factor, floor)
     a[1][0] = a[0][1]
     return dropped
 
 
 def _add_window(
-    a: list[list[float]], c: list[float], window: Sequence[Obs], theta: list[float], factor: float
+    a: list[list[float]], c: list[float], window: Sequence[Obs], theta: list[float], factor: float,
+    floor: float = 0.0,
 ) -> int:
-    """One window of :func:`add_observations` (in Python); returns how many it left out."""
+    """One window of :func:`add_observations` (in Python), ``floor`` seconds added to each
+    prediction as the scale of its error; returns how many it left out."""
     # Unrolled, not ``sum(zip(...))``: a refit reads every observation twice and runs every
     # few requests per replica (36% of a simulator run under round_robin was these loops as
     # first written; solve.c). The sums are taken in the same order: the same to the bit.
@@ -108,6 +139,9 @@ def _add_window(
             dropped += 1
             continue
         ox = o.x
+        if floor:  # judged against prediction + floor; without one, exactly as before
+            p += floor
+            r = o.seconds / p
         x, k = ox[0] / p, ox[1] / p
         a00 += x * x
         a01 += x * k

@@ -34,6 +34,8 @@ class InFlight:
     context: float = 0.0  # token-kilotokens
     context_ahead: float = 0.0  # token-kilotokens
     prefilled: bool = False
+    prefill_no: int = 0  # its place among the replica's first tokens (core/queue_fixes.py)
+    phase_mark: int = 0  # the replica's first tokens by its own: its decode phase's start
     first_token_s: float | None = None  # measured first token, seconds (None: not measured)
     prefilled_mark: int = 0  # the replica's ``prefilled_tokens`` at its first token, tokens
     prefilled_context_mark: float = 0.0  # and its ``prefilled_context``, token-kilotokens
@@ -119,9 +121,12 @@ class InFlight:
         # Several sequences decode side by side: their tokens are no count of steps.
         if output_tokens is not None and output_tokens > 1 and self.sequences == 1:
             load = self.load
-            prefilled = load.prefilled_tokens - self.prefilled_mark
-            context = load.prefilled_context - self.prefilled_context_mark
-            speed.observe_decode(now - self.first_token_s, output_tokens - 1, prefilled, context)
+            # Those prefilled meanwhile, with what their usage said they really computed.
+            fixed, fixed_context = load.phase_fixes.within(self.phase_mark)
+            prefilled = load.prefilled_tokens - self.prefilled_mark + fixed
+            context = load.prefilled_context - self.prefilled_context_mark + fixed_context
+            speed.observe_decode(now - self.first_token_s, output_tokens - 1, prefilled, context,
+                                 (self.phase_mark, load.phase_fixes.prefills))  # fmt: skip
 
     def learn_whole(self, now: float, output_tokens: int | None) -> None:
         """An answer that came whole teaches its first token and decode phase as one

@@ -211,6 +211,7 @@ class LoadTracker:
         if measured:
             req.prefilled_mark = req.load.prefilled_tokens  # its decode phase starts here
             req.prefilled_context_mark = req.load.prefilled_context
+            req.phase_mark = req.load.phase_fixes.prefills
             req.first_token_s = now
             if req.misjudged():
                 req.ttft_obs = req.learn_ttft()
@@ -259,6 +260,7 @@ class LoadTracker:
         req.prefilled = True
         load = req.load
         req.through = load.fixes.dispatches
+        req.prefill_no = load.phase_fixes.prefilled()
         load.prefilling -= 1
         load.queued_prefill_tokens -= req.uncached_tokens
         load.prefilled_tokens += req.uncached_tokens
@@ -283,10 +285,13 @@ class LoadTracker:
         # The requests behind it waited for what it really computed (core/queue_fixes.py).
         load, delta = req.load, req.actual_uncached - req.uncached_tokens
         through = req.through if req.prefilled else load.fixes.dispatches
+        context = req.own_context(req.actual_uncached) - req.context
         if delta and through > req.seq:
             load.fixes.add(req.seq, through, delta)
-            context = req.own_context(req.actual_uncached) - req.context
             load.speed.correct_queue(req.seq, through, delta, context)
+        if delta and req.prefilled:  # and the decode phases its prefill shared
+            load.phase_fixes.add(req.prefill_no, delta, context)
+            load.speed.correct_decode(req.prefill_no, delta, context)
         return req
 
     def complete(

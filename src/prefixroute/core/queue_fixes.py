@@ -17,6 +17,16 @@ correction is kept here (:meth:`QueueFixes.add`) for the observations not taken 
 (:meth:`QueueFixes.ahead_of`), and the speed model applies it to those already in its window
 (:meth:`ReplicaSpeed.correct_queue`). Only the last ``KEEP`` corrections are kept: an
 observation is taken when its request ends, seconds after those ahead of it reported.
+
+**Decode phases** count the same predictions: the prefill that shared a request's decode steps
+is the uncached tokens of the requests whose first tokens came back meanwhile. Counted as
+predicted, a replica that evicted what the index still claims did more prefill than counted in
+every phase, its decode steps looked slow for the work, and the joint fit took the rate up to
+explain them (in the simulator, on the synthetic Mooncake trace at its capacity, a 10,000
+tokens/s replica was learned at 49,986). So each replica also numbers its first tokens: a
+request ``Y`` was prefilled during ``X``'s decode phase exactly when ``X.mark < Y.no <=`` the
+count at ``X``'s end, and ``Y``'s correction is kept (:class:`PhaseFixes`) for the phases not
+taken yet and applied to those in the window (:meth:`ReplicaSpeed.correct_decode`).
 """
 
 from __future__ import annotations
@@ -48,3 +58,32 @@ class QueueFixes:
     def ahead_of(self, seq: int) -> float:
         """The corrections known for the queue of the request dispatched ``seq``-th, tokens."""
         return sum(t for lo, hi, t in self._fixes if lo < seq <= hi)
+
+
+@dataclass(slots=True)
+class PhaseFixes:
+    """One replica's first-token count and its recent corrections of what requests prefilled
+    (module docstring: decode phases)."""
+
+    prefills: int = 0  # first tokens (seen or guessed) since registration
+    _fixes: deque[tuple[int, float, float]] = field(default_factory=lambda: deque(maxlen=KEEP))
+
+    def prefilled(self) -> int:
+        """Count a first token; returns its number (from 1)."""
+        self.prefills += 1
+        return self.prefills
+
+    def add(self, no: int, tokens: float, context: float) -> None:
+        """The request whose first token was the ``no``-th computed ``tokens`` more than
+        predicted (negative: fewer), with ``context`` more context work."""
+        self._fixes.append((no, tokens, context))
+
+    def within(self, mark: int) -> tuple[float, float]:
+        """The corrections known for the first tokens after the ``mark``-th, to now: (tokens,
+        context work)."""
+        tokens = context = 0.0
+        for no, t, c in self._fixes:
+            if no > mark:
+                tokens += t
+                context += c
+        return tokens, context

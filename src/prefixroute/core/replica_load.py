@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from prefixroute.core.batch_slots import BatchSlots
 from prefixroute.core.inflight import InFlight
-from prefixroute.core.queue_fixes import QueueFixes
+from prefixroute.core.queue_fixes import PhaseFixes, QueueFixes
 from prefixroute.core.speed import ReplicaSpeed
 from prefixroute.core.speed_snapshot import snapshot
 
@@ -36,6 +36,7 @@ class ReplicaLoad:
     told: bool = False  # its own priors were given (SpeedPrior): known from the start
     busy_since: float = 0.0  # when it started on its current prefill queue, seconds
     fixes: QueueFixes = field(default_factory=QueueFixes)  # dispatch count, queue corrections
+    phase_fixes: PhaseFixes = field(default_factory=PhaseFixes)  # first tokens, their fixes
     prefilled_tokens: int = 0  # uncached tokens whose first token came back, since registration
     dispatched_tokens: int = 0  # predicted uncached tokens dispatched here, since registration
     prefilled_context: float = 0.0  # context work of ``prefilled_tokens``, token-kilotokens

@@ -67,13 +67,12 @@ queue it waited behind (:class:`QueuedObs`) and each refit takes it again at the
 starts from. Taken once at dispatch, a replica misjudged while cold kept the misjudgement (a
 slow one started fast looked to have a 353 ms fixed overhead, and was hardly sent anything).
 The queue is the requests ahead's *predicted* uncached tokens; their usage reports correct it,
-for observations taken and to come (:meth:`correct_queue`, :mod:`prefixroute.core.queue_fixes`).
+for observations taken and to come (:meth:`correct_queue`, :mod:`prefixroute.core.queue_fixes`),
+and so the prefill counted in decode phases (:meth:`correct_decode`).
 
-**Noise and outliers; priors and bounds**: :mod:`prefixroute.core.speed_fit`, where the fit's
-equations are built.
-
-**A fresh replica in a running fleet**: :mod:`prefixroute.core.fleet_speed`. **How good the
-predictions are**: :mod:`prefixroute.core.speed_snapshot`.
+Elsewhere: **noise and outliers, priors and bounds, decode phases' weights** in
+:mod:`prefixroute.core.speed_fit`; **a fresh replica in a running fleet** in
+:mod:`prefixroute.core.fleet_speed`; **how good the predictions are** in :mod:`speed_snapshot`.
 
 Pure and clock-free (times come in as arguments). A refit (a pass over the windows, a sort of
 each, a solve of two to five unknowns) runs per observation until the windows fill, then every
@@ -86,7 +85,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from prefixroute.core._solve import Obs, QueuedObs, solve_feasible
+from prefixroute.core._solve import Obs, PhaseObs, QueuedObs, solve_feasible
 from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
 from prefixroute.core.speed_fit import normal_equations
 from prefixroute.core.speed_snapshot import snapshot
@@ -190,16 +189,14 @@ class ReplicaSpeed:
         return self.config.learn and seen >= max(1, self.config.min_observations)
 
     def estimates(self) -> tuple[float, float, float, float, float]:
-        """(prefill rate, decode step, first-token overhead, engine overhead, attention) as
-        predicted now."""
+        """(prefill rate, decode step, first-token overhead, engine overhead, attention)."""
         return (self.prefill_tokens_per_s, self.decode_step_s, self.first_token_overhead_s,
                 self.engine_overhead_s, self.attention_s)  # fmt: skip
 
     def start_from(self, fleet: tuple[float, float, float, float, float]) -> None:
         """Predict with ``fleet``'s estimates (as :meth:`estimates` orders them: learned on
-        its peers) while this replica has not warmed up, each within its bounds; once
-        it has, its own fit replaces them and this does nothing. (Module docstring: a fresh
-        replica in a running fleet.)"""
+        its peers) while this replica has not warmed up, each within its bounds; once it has,
+        its own fit replaces them and this does nothing (core/fleet_speed.py)."""
         cfg = self.config
         if self.warmed_up or not cfg.learn or not cfg.fleet_prior:
             return
@@ -255,6 +252,12 @@ class ReplicaSpeed:
                 o.queued_context = max(0.0, o.queued_context + context)
                 self._derive(o)
 
+    def correct_decode(self, no: int, tokens: float, context: float = 0.0) -> None:
+        """The ``no``-th first token's request computed ``tokens`` (and ``context`` work) more
+        than the decode phases it shared counted (negative: fewer; core/queue_fixes.py)."""
+        for o in self._decode:
+            o.correct(no, tokens, context)
+
     def _derive(self, obs: QueuedObs) -> None:
         """``obs``'s work from its queue, at the estimates of the moment (:meth:`queue_work`)."""
         tokens, steps, context = self.queue_work(
@@ -301,14 +304,16 @@ class ReplicaSpeed:
                 break
 
     def observe_decode(
-        self, duration_s: float, steps: int, prefilled_tokens: float, context: float = 0.0
+        self, duration_s: float, steps: int, prefilled_tokens: float, context: float = 0.0,
+        firsts: tuple[int, int] = (0, 0),
     ) -> None:
         """A request decoded ``steps`` more tokens in ``duration_s`` seconds, while the replica
-        prefilled ``prefilled_tokens`` (with ``context`` work) for others in the same steps."""
+        prefilled ``prefilled_tokens`` (with ``context`` work) for others in the same steps:
+        its first tokens after the ``firsts[0]``-th through the ``firsts[1]``-th."""
         if not self.config.learn or steps < 1 or not math.isfinite(duration_s) or duration_s < 0:
             return
         x = (max(0.0, prefilled_tokens), steps, 0.0, 0.0, max(0.0, context))
-        self._decode.append(Obs(x, duration_s))
+        self._decode.append(PhaseObs(x, duration_s, firsts[0], firsts[1]))
         self.decode_observations += 1
         self._observed()
 
@@ -391,6 +396,5 @@ class ReplicaSpeed:
         self.attention_s = bounded[4]
 
     def snapshot(self) -> dict[str, float | int | str | None]:
-        """The estimates and their evidence, for reports and the admin API
-        (:func:`prefixroute.core.speed_snapshot.snapshot`)."""
+        """The estimates and their evidence, for reports and the admin API (speed_snapshot)."""
         return snapshot(self)

@@ -16,7 +16,7 @@ def pack_u32(ids: object, /) -> bytes | None:
 
 def add_observations(
     a: list[list[float]], c: list[float], windows: Sequence[Sequence[Any]], theta: Sequence[float],
-    factor: float, /,
+    factor: float, floors: Sequence[float], /,
 ) -> int | None:
     """``core._solve.add_observations`` (the speed model's normal equations) to the bit; None,
     with ``a`` and ``c`` unchanged, where a ratio is not a number (the reference decides)."""

@@ -84,8 +84,8 @@ read_window(PyObject *seq, Obs *obs, Py_ssize_t n)
 /* One window into A and C, as the reference's loop body does; -1 when a ratio is not a number
  * (the caller falls back), else how many observations were left out. */
 static Py_ssize_t
-add_window(Obs *obs, Py_ssize_t n, const double t[5], double factor, double A[5][5], double C[5],
-           double *scratch)
+add_window(Obs *obs, Py_ssize_t n, const double t[5], double factor, double floor_s, double A[5][5],
+           double C[5], double *scratch)
 {
     double *p = scratch, *r = scratch + n, *recent = scratch + 2 * n;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -111,14 +111,19 @@ add_window(Obs *obs, Py_ssize_t n, const double t[5], double factor, double A[5]
             continue;
         }
         const double *ox = obs[i].x;
-        double x = ox[0] / p[i], k = ox[1] / p[i];
+        double scale = p[i], ratio = r[i];
+        if (floor_s != 0.0) { /* judged against prediction + floor, as the reference */
+            scale += floor_s;
+            ratio = obs[i].seconds / scale;
+        }
+        double x = ox[0] / scale, k = ox[1] / scale;
         A[0][0] += x * x;
         A[0][1] += x * k;
         A[1][1] += k * k;
-        C[0] += x * r[i];
-        C[1] += k * r[i];
+        C[0] += x * ratio;
+        C[1] += k * ratio;
         if (ox[2] != 0.0 || ox[3] != 0.0 || ox[4] != 0.0) {
-            double row[5] = {x, k, ox[2] / p[i], ox[3] / p[i], ox[4] / p[i]};
+            double row[5] = {x, k, ox[2] / scale, ox[3] / scale, ox[4] / scale};
             for (int a = 2; a < 5; a++) {
                 if (ox[a] == 0.0)
                     continue;
@@ -127,21 +132,31 @@ add_window(Obs *obs, Py_ssize_t n, const double t[5], double factor, double A[5]
                     if (j < 2)
                         A[j][a] += row[a] * row[j];
                 }
-                C[a] += row[a] * r[i];
+                C[a] += row[a] * ratio;
             }
         }
     }
     return dropped;
 }
 
-/* Every window (a sequence of sequences of observations) into A and C; -1 to fall back, -2
- * with an error set, else how many were left out. */
+/* Every window (a sequence of sequences of observations) into A and C, each with its floor
+ * (floors: a sequence of floats, one per window); -1 to fall back, -2 with an error set, else
+ * how many were left out. */
 static Py_ssize_t
-add_windows(PyObject *windows, const double t[5], double factor, double A[5][5], double C[5])
+add_windows(PyObject *windows, PyObject *floors, const double t[5], double factor, double A[5][5],
+            double C[5])
 {
     PyObject *all = PySequence_Fast(windows, "windows must be a sequence");
     if (all == NULL)
         return -2;
+    double floor_of[8];
+    Py_ssize_t nw = PySequence_Fast_GET_SIZE(all);
+    if (nw > 8 || !floats_of(floors, floor_of, nw, "floors")) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "at most 8 windows");
+        Py_DECREF(all);
+        return -2;
+    }
     Py_ssize_t dropped = 0;
     for (Py_ssize_t w = 0; w < PySequence_Fast_GET_SIZE(all) && dropped >= 0; w++) {
         PyObject *seq = PySequence_Fast(PySequence_Fast_GET_ITEM(all, w), "a window");
@@ -159,7 +174,7 @@ add_windows(PyObject *windows, const double t[5], double factor, double A[5][5],
         else if (n && !read_window(seq, obs, n))
             dropped = -2;
         else if (n) {
-            Py_ssize_t d = add_window(obs, n, t, factor, A, C, scratch);
+            Py_ssize_t d = add_window(obs, n, t, factor, floor_of[w], A, C, scratch);
             dropped = d < 0 ? -1 : dropped + d;
         }
         PyMem_Free(obs);
@@ -203,17 +218,18 @@ matrix_io(PyObject *a, PyObject *c, double A[5][5], double C[5], int write)
     return write || floats_of(c, C, 5, "c");
 }
 
-/* add_observations(a, c, windows, theta, factor) -> int | None (core/_solve.py). */
+/* add_observations(a, c, windows, theta, factor, floors) -> int | None (core/_solve.py). */
 static PyObject *
 solve_add_observations(PyObject *self, PyObject *args)
 {
-    PyObject *a, *c, *windows, *theta;
+    PyObject *a, *c, *windows, *theta, *floors;
     double factor, t[5], A[5][5], C[5];
-    if (!PyArg_ParseTuple(args, "OOOOd:add_observations", &a, &c, &windows, &theta, &factor))
+    if (!PyArg_ParseTuple(args, "OOOOdO:add_observations", &a, &c, &windows, &theta, &factor,
+                          &floors))
         return NULL;
     if (!floats_of(theta, t, 5, "theta") || !matrix_io(a, c, A, C, 0))
         return NULL;
-    Py_ssize_t dropped = add_windows(windows, t, factor, A, C);
+    Py_ssize_t dropped = add_windows(windows, floors, t, factor, A, C);
     if (dropped == -2)
         return NULL;
     if (dropped == -1)

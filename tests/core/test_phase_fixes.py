@@ -17,6 +17,7 @@ import pytest
 from prefixroute.core import speed_fit
 from prefixroute.core._solve import PhaseObs, QueuedObs, solve_feasible
 from prefixroute.core.load import LoadTracker
+from prefixroute.core.queue_fixes import KEEP
 from prefixroute.core.speed import ReplicaSpeed, SpeedConfig
 
 
@@ -87,6 +88,44 @@ def test_a_report_of_what_was_predicted_changes_nothing() -> None:
     t.observe_usage("y", prompt_tokens=1_000, cached_tokens=600)
     assert x_phase.x[0] == 400.0
     assert t["r0"].phase_fixes.within(0) == (0.0, 0.0)
+
+
+def test_an_open_phase_sums_every_correction_of_its_prefills() -> None:
+    """Two requests prefilled during a phase still open both report, each with its tokens and
+    context work: the phase, taken at its end, carries both corrections."""
+    t = tracker()
+    send(t, "x", 0.0)
+    t.first_token("x", 0.1)
+    for i, (rid, cached) in enumerate((("y", 0), ("z", 300))):
+        send(t, rid, 0.2 + i)
+        t.first_token(rid, 0.3 + i)
+        t.observe_usage(rid, prompt_tokens=1_000, cached_tokens=cached)  # 1,000 and 700
+        t.complete(rid, 0.35 + i, output_tokens=1)
+    assert t["r0"].phase_fixes.prefills == 3  # x, y and z: numbered by their first tokens
+    t.complete("x", 3.0, output_tokens=10)
+    x_phase = phases(t)[-1]
+    assert x_phase.x[0] == 1_000.0 + 700.0
+    # y: 1,000 tokens after none cached; z: 700 after 300 (token-kilotokens)
+    assert x_phase.x[4] == pytest.approx(1_000 * 500 / 1_000 + 700 * (300 + 350) / 1_000)
+
+
+def test_reports_that_change_nothing_keep_no_room() -> None:
+    """Only the last corrections are kept for phases still open (queue_fixes.KEEP); reports of
+    exactly what was predicted are no corrections and do not push a real one out."""
+    t = tracker()
+    send(t, "x", 0.0)
+    t.first_token("x", 0.1)
+    send(t, "y", 0.2)
+    t.first_token("y", 0.3)
+    t.observe_usage("y", prompt_tokens=1_000, cached_tokens=0)  # 600 more than predicted
+    for i in range(2 * KEEP):
+        rid = f"exact{i}"
+        send(t, rid, 0.4 + i / 1_000)
+        t.first_token(rid, 0.5 + i / 1_000)
+        t.observe_usage(rid, prompt_tokens=1_000, cached_tokens=600)  # as predicted
+        t.complete(rid, 0.6 + i / 1_000, output_tokens=1)
+    t.complete("x", 1.0, output_tokens=10)
+    assert phases(t)[-1].x[0] == 1_000.0 + 2 * KEEP * 400.0
 
 
 RATE, STEP, OWN = 10_000.0, 0.015, 5_000.0  # the truth, and the typical request's own tokens

@@ -28,9 +28,6 @@ class Obs:
         """An answer that came whole (its decode phase in it: :class:`QueuedObs`)."""
         return False
 
-    def correct(self, no: int, tokens: float, context: float) -> None:
-        """A correction of the prefill counted in it (:class:`PhaseObs`): none to make."""
-
 
 @dataclass(slots=True)
 class QueuedObs(Obs):

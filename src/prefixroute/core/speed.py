@@ -115,7 +115,7 @@ class ReplicaSpeed:
     outliers: int = 0  # observations the last refit left out
     from_fleet: bool = False  # not warmed up, predicting with the fleet's estimates (start_from)
     _prefill: deque[Obs] = field(default_factory=deque)
-    _decode: deque[Obs] = field(default_factory=deque)
+    _decode: deque[PhaseObs] = field(default_factory=deque)
     _engine: deque[Obs] = field(default_factory=deque)
     _ratios: deque[float] = field(default_factory=deque)  # predicted / measured TTFTs
     _unfitted: int = 0  # observations since the last refit

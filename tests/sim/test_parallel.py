@@ -117,8 +117,12 @@ def _children(pid: int) -> list[int]:
 def test_ctrl_c_ends_every_worker_with_one_line() -> None:
     exe = str(Path(sys.executable).with_name("prefixroute"))
     cmd = [exe, "simulate", "-w", "mooncake", "-p", "all", "-j", "2", "--json"]
+    # As a terminal starts it: with Ctrl-C's default action. A command started in the
+    # background of a shell without job control inherits SIGINT ignored, and Python leaves an
+    # ignored SIGINT ignored, so a suite run that way would see the run finish (exit 0).
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + 60
     while len(workers := _children(proc.pid)) < 2 and time.monotonic() < deadline:
@@ -132,6 +136,10 @@ def test_ctrl_c_ends_every_worker_with_one_line() -> None:
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(pid) for pid in workers)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _alive(pid: int) -> bool:

@@ -6,8 +6,8 @@ back during it. Counted as predicted, a replica that computed more than predicte
 what the index still claims) did more prefill in every phase than the phase was told, and the
 fit took the rate up to explain the time. Each request's usage corrects the phases its prefill
 shared, and only those. And whatever the corrections, a phase's count can be off by the prefill
-under way at either end: a short phase's error is judged against a typical request's prefill
-time as well as its prediction.
+under way at either end (the end's is credited as an estimate: core/queue_credit.py): a short
+phase's error is judged against a typical request's prefill time as well as its prediction.
 """
 
 from __future__ import annotations

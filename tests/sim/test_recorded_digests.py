@@ -11,7 +11,9 @@ queue (core/queue_fixes.py; hot-prefix and mooncake moved), and when attention b
 unknown of the speed fit (core/context_cost.py; multi-turn, hot-prefix and mooncake moved),
 and when the requests' usage came to correct the prefill counted in decode phases and a short
 phase's error came to be judged against a typical prefill (core/queue_fixes.py,
-core/speed_fit.py; hot-prefix and mooncake moved), either way alike: changes of
+core/speed_fit.py; hot-prefix and mooncake moved), and when a decode phase that ends with
+prefill under way came to be credited with its progress (core/queue_credit.py; mooncake
+moved), either way alike: changes of
 behaviour on purpose, measured in docs/results.md; the other five are 4f50dc2's still. A
 digest covers which replica served each request, its cached tokens, its first token and its
 end, the replicas' evictions, and the router's index size at the end. Any change in hashing,
@@ -39,7 +41,7 @@ RECORDED: dict[tuple[str, tuple[tuple[str, str], ...], str, int], str] = {
     ("shared-prefix", (("num_groups", "12"),), "predicted_ttft", 4): "f2b63a0ba547f3d6",
     ("shared-prefix", (("num_groups", "12"),), "round_robin", 4): "ea7f4f4f6504f5a3",
     ("hot-prefix", (("requests", "400"),), "predicted_ttft", 8): "aede9c26804587e5",  # issue 11
-    ("mooncake", (("limit", "400"),), "predicted_ttft", 4): "d8f5928eafce8ca6",  # issue 11
+    ("mooncake", (("limit", "400"),), "predicted_ttft", 4): "64326de1a0b472d2",  # issue 11
     ("mooncake", (("limit", "400"),), "least_loaded", 4): "6ffaaf52966cde01",
     ("no-sharing", (("requests", "300"),), "consistent_hash", 4): "fe0e80c16fbe4e0d",
 }

@@ -59,13 +59,23 @@ class PhaseObs(Obs):
 
     mark: int = 0
     through: int = 0
+    # The prefill under way when it ended, whose first token came after it (as QueuedObs's
+    # queue): its progress by then, at the estimates ``basis``, is ``credit`` (tokens, context
+    # work), in ``x`` beside what was counted (core/speed.py).
+    queued: float = 0.0  # prefill tokens queued on its replica at its end
+    elapsed_s: float = 0.0  # how long the replica had been on that queue, seconds
+    decoding: bool = False
+    queued_context: float = 0.0  # that queue's context work
+    basis: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (rate, step, attention) of credit
+    credit: tuple[float, float] = (0.0, 0.0)
 
     def correct(self, no: int, tokens: float, context: float) -> None:
         """The ``no``-th first token's request computed ``tokens`` more (and ``context``
         more context work) than counted: so did this phase, where it was one of them."""
         if self.mark < no <= self.through:
-            x = self.x
-            self.x = (max(0.0, x[0] + tokens), x[1], x[2], x[3], max(0.0, x[4] + context))
+            x, (done, done_context) = self.x, self.credit
+            self.x = (max(0.0, x[0] - done + tokens) + done, x[1], x[2], x[3],
+                      max(0.0, x[4] - done_context + context) + done_context)  # fmt: skip
 
 
 def add_observations(

@@ -125,8 +125,12 @@ class InFlight:
             fixed, fixed_context = load.phase_fixes.within(self.phase_mark)
             prefilled = load.prefilled_tokens - self.prefilled_mark + fixed
             context = load.prefilled_context - self.prefilled_context_mark + fixed_context
+            # Its last steps also carried the prefill under way now (core/queue_credit.py), and
+            # its own decodes: it decoded all along since the replica started on that queue.
+            queue = (load.queued_prefill_tokens, now - load.busy_since, True,
+                     load.queued_context) if load.prefilling else None  # fmt: skip
             speed.observe_decode(now - self.first_token_s, output_tokens - 1, prefilled, context,
-                                 (self.phase_mark, load.phase_fixes.prefills))  # fmt: skip
+                                 (self.phase_mark, load.phase_fixes.prefills), queue)  # fmt: skip
 
     def learn_whole(self, now: float, output_tokens: int | None) -> None:
         """An answer that came whole teaches its first token and decode phase as one

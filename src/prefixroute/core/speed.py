@@ -55,20 +55,8 @@ computed: ``tokens / rate + requests * engine_overhead_s`` (the engine's own fix
 request, no HTTP in it), free of the queue ahead and of traffic this router never saw. A third
 window in the same fit: the rate is shared, each overhead its own unknown.
 
-**How queued work turns into waiting.** The queued tokens counted at dispatch include the part
-of the head request the replica has already prefilled. Counting it in full makes the wait look
-longer than it is, and a rate fitted on it comes out too high on lightly loaded fast replicas
-(+25% in the simulator under round robin). So the load view keeps ``busy_since``, when the
-replica started on its current queue (the first dispatch to an idle replica, or the last first
-token while work remained), and credits the replica with ``rate x (elapsed - one decode step per
-step started)`` tokens of progress, never more than is queued (:meth:`ReplicaSpeed.progress`).
-That credit is taken at the estimates of the moment, so a first token's observation keeps the
-queue it waited behind (:class:`QueuedObs`) and each refit takes it again at the estimates it
-starts from. Taken once at dispatch, a replica misjudged while cold kept the misjudgement (a
-slow one started fast looked to have a 353 ms fixed overhead, and was hardly sent anything).
-The queue is the requests ahead's *predicted* uncached tokens; their usage reports correct it,
-for observations taken and to come (:meth:`correct_queue`, :mod:`prefixroute.core.queue_fixes`),
-and so the prefill counted in decode phases (:meth:`correct_decode`).
+**How queued work turns into waiting**, for a first token and at a decode phase's end, in
+:mod:`prefixroute.core.queue_credit`: the progress on the queue, credited at each refit.
 
 Elsewhere: **noise and outliers, priors and bounds, decode phases' weights** in
 :mod:`prefixroute.core.speed_fit`; **a fresh replica in a running fleet** in
@@ -86,6 +74,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from prefixroute.core._solve import Obs, PhaseObs, QueuedObs, solve_feasible
+from prefixroute.core.queue_credit import credit, derive, rederive
 from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
 from prefixroute.core.speed_fit import normal_equations
 from prefixroute.core.speed_snapshot import snapshot
@@ -93,7 +82,6 @@ from prefixroute.core.speed_snapshot import snapshot
 __all__ = ["QueuedObs", "ReplicaSpeed", "SpeedConfig", "speed_priors_of"]
 
 REFIT_EVERY = 8  # observations between refits once a window is full (a refit is O(window))
-REDERIVE_TOLERANCE = 0.01  # estimates moved this much (relative): a queue's work is taken again
 CORRECTION_REFITS = 8  # at most this many refits settle a corrected observation (warm-up only)
 
 
@@ -230,7 +218,7 @@ class ReplicaSpeed:
     ) -> QueuedObs | None:
         """:meth:`observe_prefill` of a request sent behind ``queued`` tokens that the replica
         had been on for ``elapsed_s`` (:meth:`queue_work`), with ``own`` uncached tokens: its
-        work is taken again at each refit (module docstring). ``seq``: its place among the
+        work is taken again at each refit (core/queue_credit.py). ``seq``: its place among the
         replica's dispatches, for :meth:`correct_queue`. ``after``: the request's answer came
         whole, ``ttft_s`` after dispatch, having also decoded this many (tokens prefilled for
         others meanwhile, decode steps, their context work) after its first token (module
@@ -259,15 +247,7 @@ class ReplicaSpeed:
             o.correct(no, tokens, context)
 
     def _derive(self, obs: QueuedObs) -> None:
-        """``obs``'s work from its queue, at the estimates of the moment (:meth:`queue_work`)."""
-        tokens, steps, context = self.queue_work(
-            obs.queued, obs.elapsed_s, obs.decoding, obs.own, obs.queued_context, obs.own_context
-        )
-        if obs.after is not None:  # an answer that came whole: its decode phase too
-            more, more_steps, more_context = obs.after
-            tokens, steps, context = tokens + more, steps + more_steps, context + more_context
-        obs.x = (tokens, steps, 0.0, 1.0, context)
-        obs.basis = (self.prefill_tokens_per_s, self.decode_step_s, self.attention_s)
+        derive(self, obs)  # its work from its queue at the estimates of the moment
 
     def _take_prefill(self, obs: Obs) -> Obs | None:
         tokens, steps, context = obs.x[0], obs.x[1], obs.x[4]
@@ -305,15 +285,23 @@ class ReplicaSpeed:
 
     def observe_decode(
         self, duration_s: float, steps: int, prefilled_tokens: float, context: float = 0.0,
-        firsts: tuple[int, int] = (0, 0),
+        firsts: tuple[int, int] = (0, 0), queue: tuple[float, float, bool, float] | None = None,
     ) -> None:
         """A request decoded ``steps`` more tokens in ``duration_s`` seconds, while the replica
         prefilled ``prefilled_tokens`` (with ``context`` work) for others in the same steps:
-        its first tokens after the ``firsts[0]``-th through the ``firsts[1]``-th."""
+        its first tokens after the ``firsts[0]``-th through the ``firsts[1]``-th. ``queue``:
+        it ended with prefill under way, (tokens queued, seconds the replica had been on them,
+        decoding, their context work), credited as a first token's queue is
+        (core/queue_credit.py)."""
         if not self.config.learn or steps < 1 or not math.isfinite(duration_s) or duration_s < 0:
             return
         x = (max(0.0, prefilled_tokens), steps, 0.0, 0.0, max(0.0, context))
-        self._decode.append(PhaseObs(x, duration_s, firsts[0], firsts[1]))
+        obs = PhaseObs(x, duration_s, firsts[0], firsts[1])
+        if queue is not None and queue[0] > 0 and queue[1] > 0:
+            obs.queued, obs.elapsed_s, obs.decoding = queue[0], queue[1], queue[2]
+            obs.queued_context = max(0.0, queue[3])
+            credit(self, obs)
+        self._decode.append(obs)
         self.decode_observations += 1
         self._observed()
 
@@ -372,19 +360,7 @@ class ReplicaSpeed:
         self._set_within_bounds(1.0 / theta[0], theta[1], theta[2], theta[3], theta[4])
 
     def _rederive(self) -> None:
-        """Take each first token's queue again at the current estimates (module docstring),
-        where they moved by more than ``REDERIVE_TOLERANCE`` since it was last taken."""
-        rate, step, attention = self.prefill_tokens_per_s, self.decode_step_s, self.attention_s
-        tol = REDERIVE_TOLERANCE
-        for o in self._prefill:
-            if type(o) is not QueuedObs or not o.queued or o.elapsed_s <= 0:
-                continue  # nothing credited: its work does not depend on the estimates
-            r0, d0, a0 = o.basis
-            # Attention judged against a token's time at the rate: its prior is 0.
-            if (abs(rate - r0) <= tol * r0 and abs(step - d0) <= tol * d0
-                    and abs(attention - a0) <= tol * (1.0 / r0 + a0)):  # fmt: skip
-                continue
-            self._derive(o)
+        rederive(self, self._prefill, self._decode)  # every queue at the current estimates
 
     def _set_within_bounds(
         self, rate: float, step: float, engine: float, first: float, attention: float

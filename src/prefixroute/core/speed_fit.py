@@ -20,14 +20,15 @@ with the context keeps the linear model), and it stays between 0 and ``bound / p
 (a token with 1k tokens before it costs at most the slowest allowed rate's whole time more).
 
 **A decode phase's count** of the prefill that shared its steps (the uncached tokens of the
-requests whose first tokens came back meanwhile) misses the prefill under way at its end and
-counts in full the one under way at its start: off by up to a request's prefill, whatever the
-phase's length. Judged against its prediction alone, a phase of one step that shared another's
-chunk looked 20x slow, and on the synthetic Mooncake trace at capacity the fit took a decode
-step of about 0.2 s (15 ms true) and a rate 4.4x the truth to match (10,000 tokens/s learned at
-44,327). So a phase's error is judged against its prediction plus the time of a typical
-request's prefill (the mean own uncached tokens in the first tokens' window): short phases weigh
-less, long ones as before; the outlier test still compares the prediction alone.
+requests whose first tokens came back meanwhile) counts in full the prefill under way at its
+start, and the one under way at its end only as the model's estimate of its progress
+(core/queue_credit.py): off by up to a request's prefill, whatever the phase's length. Judged
+against its prediction alone, a phase of one step that shared another's chunk looked 20x slow,
+and on the synthetic Mooncake trace at capacity the fit took a decode step of about 0.2 s (15 ms
+true) and a rate 4.4x the truth to match (10,000 tokens/s learned at 44,327). So a phase's error
+is judged against its prediction plus the time of a typical request's prefill (the mean own
+uncached tokens in the first tokens' window): short phases weigh less, long ones as before; the
+outlier test still compares the prediction alone.
 """
 
 from __future__ import annotations

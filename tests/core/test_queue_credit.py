@@ -1,0 +1,103 @@
+"""A decode phase that ends with prefill under way is credited with the progress on it
+(core/queue_credit.py, *A decode phase's last prefill*).
+
+The expected numbers are worked by hand from ``ReplicaSpeed.progress``'s rule: the replica is
+credited ``rate x (elapsed - one decode step per step started)`` tokens of the queue, never more
+than is queued, where a step that also decodes takes ``step_tokens / rate + decode_step`` seconds.
+At the default priors (10,000 tokens/s, 2,048-token steps, 15 ms decode steps) a step is
+0.2198 s: 0.3 s on the queue is 2 steps started, 0.27 s of prefill, 2,700 tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixroute.core._solve import PhaseObs
+from prefixroute.core.load import LoadTracker
+from prefixroute.core.queue_credit import REDERIVE_TOLERANCE, rederive
+from prefixroute.core.speed import ReplicaSpeed, SpeedConfig
+
+COLD = SpeedConfig(min_observations=1_000)  # never refits: the estimates stay the priors
+
+
+def last_phase(speed: ReplicaSpeed) -> PhaseObs:
+    obs = speed._decode[-1]
+    assert type(obs) is PhaseObs
+    return obs
+
+
+def observed(queue: tuple[float, float, bool, float] | None, context: float = 10.0) -> PhaseObs:
+    """A phase of 20 steps in 0.9 s that counted 1,000 tokens (and ``context`` work)."""
+    speed = ReplicaSpeed(COLD)
+    speed.observe_decode(0.9, 20, 1_000.0, context, (0, 3), queue)
+    return last_phase(speed)
+
+
+def test_the_prefill_under_way_at_its_end_is_credited_at_the_estimates() -> None:
+    phase = observed((5_000.0, 0.3, True, 0.0))
+    assert phase.x[0] == pytest.approx(1_000.0 + 2_700.0)
+    assert phase.credit[0] == pytest.approx(2_700.0)
+    assert phase.x[1] == 20 and phase.x[4] == pytest.approx(10.0)  # steps, counted context
+
+
+def test_no_queue_no_credit() -> None:
+    phase = observed(None)
+    assert phase.x[0] == 1_000.0 and phase.credit == (0.0, 0.0)
+    assert observed((5_000.0, 0.0, True, 0.0)).x[0] == 1_000.0  # nothing done of it yet
+
+
+def test_never_more_than_is_queued() -> None:
+    assert observed((500.0, 0.3, True, 0.0)).x[0] == pytest.approx(1_500.0)
+
+
+def test_without_decodes_no_step_is_taken_off() -> None:
+    # (Not what a finished decode phase passes: its own decodes ran all along.)
+    assert observed((5_000.0, 0.3, False, 0.0)).x[0] == pytest.approx(1_000.0 + 3_000.0)
+
+
+def test_the_queue_context_work_is_credited_in_proportion() -> None:
+    phase = observed((5_000.0, 0.3, True, 50.0))
+    assert phase.x[4] == pytest.approx(10.0 + 50.0 * 2_700.0 / 5_000.0)
+    assert phase.credit[1] == pytest.approx(27.0)
+
+
+def test_usage_corrects_the_counted_part_and_keeps_the_credit() -> None:
+    phase = observed((5_000.0, 0.3, True, 50.0))
+    phase.correct(2, 300.0, 5.0)  # a request in its range computed 300 more
+    assert phase.x[0] == pytest.approx(1_300.0 + 2_700.0)
+    assert phase.x[4] == pytest.approx(15.0 + 27.0)
+    phase.correct(3, -5_000.0, -100.0)  # far fewer: the count stops at 0, the credit stays
+    assert phase.x[0] == pytest.approx(2_700.0)
+    assert phase.x[4] == pytest.approx(27.0)
+    phase.correct(4, 1_000.0, 1.0)  # not one of its first tokens
+    assert phase.x[0] == pytest.approx(2_700.0)
+
+
+def test_each_refit_takes_the_credit_again_at_the_estimates_it_starts_from() -> None:
+    speed = ReplicaSpeed(COLD)
+    speed.observe_decode(0.9, 20, 1_000.0, 0.0, (0, 3), (5_000.0, 0.3, True, 0.0))
+    phase = last_phase(speed)
+    speed.prefill_tokens_per_s = 5_000.0  # a step is now 0.4246 s: 1 started, 0.285 s
+    rederive(speed, [], [phase])
+    assert phase.x[0] == pytest.approx(1_000.0 + 0.285 * 5_000.0)
+    assert phase.basis[0] == 5_000.0
+    # Moved by less than the tolerance: kept as it was taken.
+    speed.prefill_tokens_per_s = 5_000.0 * (1 + REDERIVE_TOLERANCE / 2)
+    rederive(speed, [], [phase])
+    assert phase.x[0] == pytest.approx(1_000.0 + 0.285 * 5_000.0)
+
+
+def test_a_request_ending_while_another_prefills_passes_that_queue() -> None:
+    t = LoadTracker(speed=COLD)
+    send = t.count_dispatch
+    send("x", "r0", prompt_tokens=1_000, output_tokens=21, predicted_cached_tokens=600, now=0.0)
+    t.first_token("x", 0.1)  # x decodes from here; the replica is idle
+    send("y", "r0", prompt_tokens=8_000, output_tokens=5, predicted_cached_tokens=0, now=0.5)
+    t.complete("x", 0.8, output_tokens=21)  # y has been prefilling for 0.3 s, all of it
+    phase = last_phase(t["r0"].speed)
+    assert phase.x[0] == pytest.approx(0.0 + 2_700.0)  # nothing counted, y's progress credited
+    t.first_token("y", 1.0)
+    send("z", "r0", prompt_tokens=1_000, output_tokens=5, predicted_cached_tokens=0, now=1.0)
+    t.first_token("z", 1.2)
+    t.complete("y", 1.3, output_tokens=5)  # nothing under way at its end: no credit
+    assert last_phase(t["r0"].speed).x[0] == pytest.approx(1_000.0)

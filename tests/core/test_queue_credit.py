@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from prefixroute.core._solve import PhaseObs
+from prefixroute.core._solve import PhaseObs, QueuedObs
 from prefixroute.core.load import LoadTracker
-from prefixroute.core.queue_credit import REDERIVE_TOLERANCE, rederive
+from prefixroute.core.queue_credit import REDERIVE_TOLERANCE, derive, rederive
 from prefixroute.core.speed import ReplicaSpeed, SpeedConfig
 
 COLD = SpeedConfig(min_observations=1_000)  # never refits: the estimates stay the priors
@@ -101,3 +101,101 @@ def test_a_request_ending_while_another_prefills_passes_that_queue() -> None:
     t.first_token("z", 1.2)
     t.complete("y", 1.3, output_tokens=5)  # nothing under way at its end: no credit
     assert last_phase(t["r0"].speed).x[0] == pytest.approx(1_000.0)
+
+
+def test_the_queue_context_slows_the_progress_where_attention_is_learned() -> None:
+    speed = ReplicaSpeed(COLD)
+    speed.attention_s = 0.002  # 5,000 tokens with 250 token-kilotokens: 0.5 + 0.5 s
+    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, True, 250.0))
+    phase = last_phase(speed)
+    # At 5,000 tokens/s a step is 0.4246 s: 1 started, 0.285 s of prefill, 1,425 tokens.
+    assert phase.x[0] == pytest.approx(1_000.0 + 1_425.0)
+    assert phase.x[4] == pytest.approx(10.0 + 250.0 * 1_425.0 / 5_000.0)
+    assert phase.x[2] == 0.0 and phase.x[3] == 0.0  # no engine request, no first token
+
+
+def test_taken_again_the_context_credit_replaces_the_last() -> None:
+    speed = ReplicaSpeed(COLD)
+    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, True, 50.0))
+    phase = last_phase(speed)
+    speed.prefill_tokens_per_s = 5_000.0
+    rederive(speed, [], [phase])
+    assert phase.x[4] == pytest.approx(10.0 + 50.0 * 0.285 * 5_000.0 / 5_000.0)
+    assert phase.x[3] == 0.0
+
+
+def first_token(speed: ReplicaSpeed, elapsed_s: float = 0.3) -> QueuedObs:
+    """A first token sent behind 5,000 tokens the replica had been on for ``elapsed_s``, with
+    400 uncached tokens of its own."""
+    obs = speed.observe_first_token(5_000.0, elapsed_s, True, 400.0, 1.0, seq=1)
+    assert obs is not None
+    return obs
+
+
+def test_a_first_token_queue_is_what_is_left_of_it_plus_its_own() -> None:
+    obs = first_token(ReplicaSpeed(COLD))
+    assert obs.x[0] == pytest.approx(5_000.0 - 2_700.0 + 400.0)
+    assert obs.x[2] == 0.0 and obs.x[3] == 1.0  # no engine request; one first token
+
+
+def test_a_whole_answer_adds_its_decode_phase_to_its_queue() -> None:
+    speed = ReplicaSpeed(COLD)
+    obs = QueuedObs((0.0, 0.0, 0.0, 1.0, 0.0), 2.0, 5_000.0, 0.3, True, 400.0, 30.0, 4.0,
+                    after=(500.0, 20.0, 7.0))  # fmt: skip
+    derive(speed, obs)
+    assert obs.x[0] == pytest.approx(5_000.0 - 2_700.0 + 400.0 + 500.0)
+    assert obs.x[4] == pytest.approx(4.0 + 30.0 * 2_300.0 / 5_000.0 + 7.0)
+
+
+@pytest.mark.parametrize(
+    ("moved", "retaken"),
+    [
+        ({"prefill_tokens_per_s": 10_000.0 * 1.005}, False),
+        ({"prefill_tokens_per_s": 10_000.0 + REDERIVE_TOLERANCE * 10_000.0}, False),  # the edge
+        ({"prefill_tokens_per_s": 10_000.0 * 1.02}, True),
+        ({"decode_step_s": 0.015 * 1.005}, False),
+        ({"decode_step_s": 0.015 * 1.02}, True),
+        # Attention against a token's time at the rate: 0.01 x 1/10,000 s is the edge.
+        ({"attention_s": REDERIVE_TOLERANCE * (1.0 / 10_000.0)}, False),
+        ({"attention_s": 1.5 * REDERIVE_TOLERANCE * (1.0 / 10_000.0)}, True),
+    ],
+)
+def test_a_queue_is_taken_again_once_the_estimates_moved_past_the_tolerance(
+    moved: dict[str, float], retaken: bool
+) -> None:
+    speed = ReplicaSpeed(COLD)
+    obs, phase = first_token(speed), observed_on(speed)
+    for name, value in moved.items():
+        setattr(speed, name, value)
+    rederive(speed, [obs], [phase])
+    expect = (speed.prefill_tokens_per_s, speed.decode_step_s, speed.attention_s)
+    assert (obs.basis == expect) is retaken
+    assert (phase.basis == expect) is retaken
+
+
+def test_with_attention_learned_its_own_move_is_judged_beside_it() -> None:
+    speed = ReplicaSpeed(COLD)
+    speed.attention_s = 1e-3  # well above a token's time at the rate (1e-4 s)
+    obs, phase = first_token(speed), observed_on(speed)
+    speed.prefill_tokens_per_s = 10_000.0 * 1.005  # the rate within the tolerance
+    rederive(speed, [obs], [phase])
+    assert obs.basis[0] == 10_000.0 and phase.basis[0] == 10_000.0  # kept
+    speed.attention_s = 1e-3 + 2 * REDERIVE_TOLERANCE * (1e-4 + 1e-3)
+    rederive(speed, [obs], [phase])
+    assert obs.basis[2] == speed.attention_s and phase.basis[2] == speed.attention_s
+
+
+def observed_on(speed: ReplicaSpeed) -> PhaseObs:
+    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, True, 50.0))
+    return last_phase(speed)
+
+
+def test_the_load_view_counts_the_same_progress_in_seconds() -> None:
+    t = LoadTracker(speed=COLD)
+    t.count_dispatch("x", "r0", prompt_tokens=1_000, output_tokens=21,
+                     predicted_cached_tokens=600, now=0.0)  # fmt: skip
+    t.first_token("x", 0.1)  # x decodes: each step also carries its decode
+    t.count_dispatch("y", "r0", prompt_tokens=5_000, output_tokens=5,
+                     predicted_cached_tokens=0, now=0.5)  # fmt: skip
+    # 0.3 s on y with x decoding: 2,700 of its 5,000 tokens done, 2,300 left at 10,000/s.
+    assert t["r0"].queued_prefill_s(0.8) == pytest.approx(0.23)

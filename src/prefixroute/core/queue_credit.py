@@ -60,7 +60,8 @@ def credit(speed: ReplicaSpeed, obs: PhaseObs) -> None:
     done = speed.progress(obs.queued, obs.elapsed_s, obs.decoding, obs.queued_context)
     context = obs.queued_context * done / obs.queued
     x, (before, before_context) = obs.x, obs.credit
-    obs.x = (x[0] - before + done, x[1], x[2], x[3], x[4] - before_context + context)
+    # A phase's x: (tokens, steps, no engine request, no first token, context work).
+    obs.x = (x[0] - before + done, x[1], 0.0, 0.0, x[4] - before_context + context)
     obs.credit = (done, context)
     obs.basis = (speed.prefill_tokens_per_s, speed.decode_step_s, speed.attention_s)
 

@@ -26,7 +26,9 @@ def last_phase(speed: ReplicaSpeed) -> PhaseObs:
     return obs
 
 
-def observed(queue: tuple[float, float, bool, float] | None, context: float = 10.0) -> PhaseObs:
+def observed(
+    queue: tuple[float, float, bool, float, int] | None, context: float = 10.0
+) -> PhaseObs:
     """A phase of 20 steps in 0.9 s that counted 1,000 tokens (and ``context`` work)."""
     speed = ReplicaSpeed(COLD)
     speed.observe_decode(0.9, 20, 1_000.0, context, (0, 3), queue)
@@ -34,7 +36,7 @@ def observed(queue: tuple[float, float, bool, float] | None, context: float = 10
 
 
 def test_the_prefill_under_way_at_its_end_is_credited_at_the_estimates() -> None:
-    phase = observed((5_000.0, 0.3, True, 0.0))
+    phase = observed((5_000.0, 0.3, True, 0.0, 2))
     assert phase.x[0] == pytest.approx(1_000.0 + 2_700.0)
     assert phase.credit[0] == pytest.approx(2_700.0)
     assert phase.x[1] == 20 and phase.x[4] == pytest.approx(10.0)  # steps, counted context
@@ -43,26 +45,26 @@ def test_the_prefill_under_way_at_its_end_is_credited_at_the_estimates() -> None
 def test_no_queue_no_credit() -> None:
     phase = observed(None)
     assert phase.x[0] == 1_000.0 and phase.credit == (0.0, 0.0)
-    assert observed((5_000.0, 0.0, True, 0.0)).x[0] == 1_000.0  # nothing done of it yet
+    assert observed((5_000.0, 0.0, True, 0.0, 2)).x[0] == 1_000.0  # nothing done of it yet
 
 
 def test_never_more_than_is_queued() -> None:
-    assert observed((500.0, 0.3, True, 0.0)).x[0] == pytest.approx(1_500.0)
+    assert observed((500.0, 0.3, True, 0.0, 2)).x[0] == pytest.approx(1_500.0)
 
 
 def test_without_decodes_no_step_is_taken_off() -> None:
     # (Not what a finished decode phase passes: its own decodes ran all along.)
-    assert observed((5_000.0, 0.3, False, 0.0)).x[0] == pytest.approx(1_000.0 + 3_000.0)
+    assert observed((5_000.0, 0.3, False, 0.0, 2)).x[0] == pytest.approx(1_000.0 + 3_000.0)
 
 
 def test_the_queue_context_work_is_credited_in_proportion() -> None:
-    phase = observed((5_000.0, 0.3, True, 50.0))
+    phase = observed((5_000.0, 0.3, True, 50.0, 2))
     assert phase.x[4] == pytest.approx(10.0 + 50.0 * 2_700.0 / 5_000.0)
     assert phase.credit[1] == pytest.approx(27.0)
 
 
 def test_usage_corrects_the_counted_part_and_keeps_the_credit() -> None:
-    phase = observed((5_000.0, 0.3, True, 50.0))
+    phase = observed((5_000.0, 0.3, True, 50.0, 2))
     phase.correct(2, 300.0, 5.0)  # a request in its range computed 300 more
     assert phase.x[0] == pytest.approx(1_300.0 + 2_700.0)
     assert phase.x[4] == pytest.approx(15.0 + 27.0)
@@ -75,7 +77,7 @@ def test_usage_corrects_the_counted_part_and_keeps_the_credit() -> None:
 
 def test_each_refit_takes_the_credit_again_at_the_estimates_it_starts_from() -> None:
     speed = ReplicaSpeed(COLD)
-    speed.observe_decode(0.9, 20, 1_000.0, 0.0, (0, 3), (5_000.0, 0.3, True, 0.0))
+    speed.observe_decode(0.9, 20, 1_000.0, 0.0, (0, 3), (5_000.0, 0.3, True, 0.0, 2))
     phase = last_phase(speed)
     speed.prefill_tokens_per_s = 5_000.0  # a step is now 0.4246 s: 1 started, 0.285 s
     rederive(speed, [], [phase])
@@ -106,7 +108,7 @@ def test_a_request_ending_while_another_prefills_passes_that_queue() -> None:
 def test_the_queue_context_slows_the_progress_where_attention_is_learned() -> None:
     speed = ReplicaSpeed(COLD)
     speed.attention_s = 0.002  # 5,000 tokens with 250 token-kilotokens: 0.5 + 0.5 s
-    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, True, 250.0))
+    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, True, 250.0, 2))
     phase = last_phase(speed)
     # At 5,000 tokens/s a step is 0.4246 s: 1 started, 0.285 s of prefill, 1,425 tokens.
     assert phase.x[0] == pytest.approx(1_000.0 + 1_425.0)
@@ -116,7 +118,7 @@ def test_the_queue_context_slows_the_progress_where_attention_is_learned() -> No
 
 def test_taken_again_the_context_credit_replaces_the_last() -> None:
     speed = ReplicaSpeed(COLD)
-    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, True, 50.0))
+    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, True, 50.0, 2))
     phase = last_phase(speed)
     speed.prefill_tokens_per_s = 5_000.0
     rederive(speed, [], [phase])
@@ -186,7 +188,7 @@ def test_with_attention_learned_its_own_move_is_judged_beside_it() -> None:
 
 
 def observed_on(speed: ReplicaSpeed) -> PhaseObs:
-    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, True, 50.0))
+    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, True, 50.0, 2))
     return last_phase(speed)
 
 
@@ -199,3 +201,37 @@ def test_the_load_view_counts_the_same_progress_in_seconds() -> None:
                      predicted_cached_tokens=0, now=0.5)  # fmt: skip
     # 0.3 s on y with x decoding: 2,700 of its 5,000 tokens done, 2,300 left at 10,000/s.
     assert t["r0"].queued_prefill_s(0.8) == pytest.approx(0.23)
+
+
+def test_a_queued_request_s_usage_corrects_the_queue_a_phase_was_credited_from() -> None:
+    # 324 tokens queued as predicted: 2,680 tokens of progress in 0.298 s, capped at 324.
+    speed = ReplicaSpeed(COLD)
+    speed.observe_decode(0.298, 1, 89.0, 0.0, (0, 3), (324.0, 0.298, True, 0.0, 5))
+    phase = last_phase(speed)
+    assert phase.x[0] == pytest.approx(89.0 + 324.0)
+    # First token 4 (after the phase), dispatched 6th: sent after its end, not in its queue.
+    speed.correct_decode(4, 4_676.0, 0.0, 6)
+    assert phase.x[0] == pytest.approx(89.0 + 324.0)
+    # First token 3, dispatched 5th: one the phase counted; its count is corrected, not the queue.
+    speed.correct_decode(3, 11.0, 0.0, 5)
+    assert phase.x[0] == pytest.approx(100.0 + 324.0) and phase.queued == 324.0
+    # First token 4, dispatched 5th: queued at the phase's end. It computed 5,000 tokens.
+    speed.correct_decode(4, 4_676.0, 0.0, 5)
+    assert phase.queued == pytest.approx(5_000.0)
+    assert phase.x[0] == pytest.approx(100.0 + 2_680.0)
+
+
+def test_the_load_view_passes_a_queued_request_s_usage_to_the_phase_it_was_credited_to() -> None:
+    t = LoadTracker(speed=COLD)
+    t.count_dispatch("x", "r0", prompt_tokens=1_000, output_tokens=21,
+                     predicted_cached_tokens=600, now=0.0)  # fmt: skip
+    t.first_token("x", 0.1)
+    # y is predicted nearly all cached: 324 uncached tokens.
+    t.count_dispatch("y", "r0", prompt_tokens=5_000, output_tokens=5,
+                     predicted_cached_tokens=4_676, now=0.5)  # fmt: skip
+    t.complete("x", 0.8, output_tokens=21)  # 0.3 s on y: 2,700 tokens of progress, capped
+    phase = last_phase(t["r0"].speed)
+    assert phase.x[0] == pytest.approx(324.0)
+    t.first_token("y", 1.0)
+    t.observe_usage("y", prompt_tokens=5_000, cached_tokens=0)  # y computed all 5,000
+    assert phase.x[0] == pytest.approx(2_700.0)

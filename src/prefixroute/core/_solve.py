@@ -68,14 +68,22 @@ class PhaseObs(Obs):
     queued_context: float = 0.0  # that queue's context work
     basis: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (rate, step, attention) of credit
     credit: tuple[float, float] = (0.0, 0.0)
+    queue_seq: int = 0  # its replica's dispatches at its end: that queue's were up to this one
 
-    def correct(self, no: int, tokens: float, context: float) -> None:
-        """The ``no``-th first token's request computed ``tokens`` more (and ``context``
-        more context work) than counted: so did this phase, where it was one of them."""
+    def correct(self, no: int, tokens: float, context: float, seq: int = 0) -> bool:
+        """The ``no``-th first token's request, dispatched ``seq``-th, computed ``tokens``
+        more (and ``context`` more context work) than counted: so did this phase, where it was
+        one of them; so was the queue at its end, where it was in it (dispatched by then, its
+        first token after): then True, and its credit is to be taken again."""
         if self.mark < no <= self.through:
             x, (done, done_context) = self.x, self.credit
             self.x = (max(0.0, x[0] - done + tokens) + done, x[1], x[2], x[3],
                       max(0.0, x[4] - done_context + context) + done_context)  # fmt: skip
+        elif self.queued and no > self.through and 0 < seq <= self.queue_seq:
+            self.queued = max(0.0, self.queued + tokens)
+            self.queued_context = max(0.0, self.queued_context + context)
+            return True
+        return False
 
 
 def add_observations(

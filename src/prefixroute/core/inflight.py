@@ -127,8 +127,10 @@ class InFlight:
             context = load.prefilled_context - self.prefilled_context_mark + fixed_context
             # Its last steps also carried the prefill under way now (core/queue_credit.py), and
             # its own decodes: it decoded all along since the replica started on that queue.
-            queue = (load.queued_prefill_tokens, now - load.busy_since, True,
-                     load.queued_context) if load.prefilling else None  # fmt: skip
+            queue = None
+            if load.prefilling:
+                queue = (load.queued_prefill_tokens, now - load.busy_since, True,
+                         load.queued_context, load.fixes.dispatches)  # fmt: skip
             speed.observe_decode(now - self.first_token_s, output_tokens - 1, prefilled, context,
                                  (self.phase_mark, load.phase_fixes.prefills), queue)  # fmt: skip
 

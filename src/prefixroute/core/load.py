@@ -291,7 +291,7 @@ class LoadTracker:
             load.speed.correct_queue(req.seq, through, delta, context)
         if delta and req.prefilled:  # and the decode phases its prefill shared
             load.phase_fixes.add(req.prefill_no, delta, context)
-            load.speed.correct_decode(req.prefill_no, delta, context)
+            load.speed.correct_decode(req.prefill_no, delta, context, req.seq)
         return req
 
     def complete(

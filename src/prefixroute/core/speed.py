@@ -240,11 +240,14 @@ class ReplicaSpeed:
                 o.queued_context = max(0.0, o.queued_context + context)
                 self._derive(o)
 
-    def correct_decode(self, no: int, tokens: float, context: float = 0.0) -> None:
-        """The ``no``-th first token's request computed ``tokens`` (and ``context`` work) more
-        than the decode phases it shared counted (negative: fewer; core/queue_fixes.py)."""
+    def correct_decode(self, no: int, tokens: float, context: float = 0.0, seq: int = 0) -> None:
+        """The ``no``-th first token's request (dispatched ``seq``-th) computed ``tokens`` (and
+        ``context`` work) more than the decode phases it shared counted (negative: fewer;
+        core/queue_fixes.py), and than the queues it was in at a phase's end
+        (core/queue_credit.py)."""
         for o in self._decode:
-            o.correct(no, tokens, context)
+            if o.correct(no, tokens, context, seq):
+                credit(self, o)
 
     def _derive(self, obs: QueuedObs) -> None:
         derive(self, obs)  # its work from its queue at the estimates of the moment
@@ -285,21 +288,22 @@ class ReplicaSpeed:
 
     def observe_decode(
         self, duration_s: float, steps: int, prefilled_tokens: float, context: float = 0.0,
-        firsts: tuple[int, int] = (0, 0), queue: tuple[float, float, bool, float] | None = None,
+        firsts: tuple[int, int] = (0, 0),
+        queue: tuple[float, float, bool, float, int] | None = None,
     ) -> None:
         """A request decoded ``steps`` more tokens in ``duration_s`` seconds, while the replica
         prefilled ``prefilled_tokens`` (with ``context`` work) for others in the same steps:
         its first tokens after the ``firsts[0]``-th through the ``firsts[1]``-th. ``queue``:
         it ended with prefill under way, (tokens queued, seconds the replica had been on them,
-        decoding, their context work), credited as a first token's queue is
-        (core/queue_credit.py)."""
+        decoding, their context work, the replica's dispatches by then), credited as a first
+        token's queue is (core/queue_credit.py)."""
         if not self.config.learn or steps < 1 or not math.isfinite(duration_s) or duration_s < 0:
             return
         x = (max(0.0, prefilled_tokens), steps, 0.0, 0.0, max(0.0, context))
         obs = PhaseObs(x, duration_s, firsts[0], firsts[1])
         if queue is not None and queue[0] > 0 and queue[1] > 0:
             obs.queued, obs.elapsed_s, obs.decoding = queue[0], queue[1], queue[2]
-            obs.queued_context = max(0.0, queue[3])
+            obs.queued_context, obs.queue_seq = max(0.0, queue[3]), queue[4]
             credit(self, obs)
         self._decode.append(obs)
         self.decode_observations += 1

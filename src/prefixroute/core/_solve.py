@@ -61,10 +61,10 @@ class PhaseObs(Obs):
     through: int = 0
     # The prefill under way when it ended, whose first token came after it (as QueuedObs's
     # queue): its progress by then, at the estimates ``basis``, is ``credit`` (tokens, context
-    # work), in ``x`` beside what was counted (core/speed.py).
+    # work), in ``x`` beside what was counted (core/queue_credit.py).
     queued: float = 0.0  # prefill tokens queued on its replica at its end
     elapsed_s: float = 0.0  # how long the replica had been on that queue, seconds
-    decoding: bool = False
+    decoding: bool = False  # its steps carried decodes (its own, at least)
     queued_context: float = 0.0  # that queue's context work
     basis: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (rate, step, attention) of credit
     credit: tuple[float, float] = (0.0, 0.0)

@@ -235,3 +235,14 @@ def test_the_load_view_passes_a_queued_request_s_usage_to_the_phase_it_was_credi
     t.first_token("y", 1.0)
     t.observe_usage("y", prompt_tokens=5_000, cached_tokens=0)  # y computed all 5,000
     assert phase.x[0] == pytest.approx(2_700.0)
+
+
+def test_a_queue_its_usage_empties_is_credited_nothing() -> None:
+    # The one request queued at the phase's end reports it computed none of its 324 tokens.
+    speed = ReplicaSpeed(COLD)
+    speed.observe_decode(0.298, 1, 89.0, 0.0, (0, 3), (324.0, 0.298, True, 10.0, 5))
+    speed.correct_decode(4, -324.0, -10.0, 5)
+    phase = last_phase(speed)
+    assert phase.queued == 0.0
+    assert phase.x[0] == pytest.approx(89.0) and phase.x[4] == pytest.approx(0.0)
+    assert phase.credit == (0.0, 0.0)

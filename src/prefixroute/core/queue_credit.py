@@ -62,7 +62,8 @@ def credit(speed: ReplicaSpeed, obs: PhaseObs) -> None:
     estimates of the moment, in place of the credit it had (the queue's context work in
     proportion)."""
     done = speed.progress(obs.queued, obs.elapsed_s, obs.decoding, obs.queued_context)
-    context = obs.queued_context * done / obs.queued
+    # A queue its requests' usage emptied (they computed nothing) is credited nothing.
+    context = obs.queued_context * done / obs.queued if obs.queued > 0 else 0.0
     x, (before, before_context) = obs.x, obs.credit
     # A phase's x: (tokens, steps, no engine request, no first token, context work).
     obs.x = (x[0] - before + done, x[1], 0.0, 0.0, x[4] - before_context + context)

@@ -119,6 +119,7 @@ def test_the_admin_view_lists_url_name_models_load_and_speed() -> None:
     assert view["models"] == ["m1", "m2"]  # sorted
     assert view["in_flight"] == 1
     unknown = {"batch_slots": None, "batch_slots_from": None}  # size not known yet
+    unknown["preemptions"] = 0  # none scraped
     assert view["speed"] == {**speed.snapshot(), **unknown}
     assert view["speed"]["prefill_observations"] == 1
     assert reg.describe(reg.get(B))["models"] is None  # not known yet

@@ -11,6 +11,7 @@ from prefixroute.emulate import EmulatorConfig
 from prefixroute.gateway._index_size import MIN_ANSWERS
 from prefixroute.gateway._scrape import (
     EngineLoad,
+    PreemptionDeltas,
     PrefillDelta,
     PrefillDeltas,
     PrefillTotals,
@@ -37,6 +38,33 @@ def test_vllm_and_sglang_names() -> None:
     assert parse_engine_load(SGLANG) == EngineLoad(4, 6, 0.1)
     assert parse_engine_load("other_metric 1\n") == EngineLoad(None, None, None)
     assert parse_engine_load("{{{ not prometheus") == EngineLoad(None, None, None)
+
+
+def test_preemption_counts_from_vllm_and_sglang_names() -> None:
+    vllm = (
+        "# TYPE vllm:num_preemptions counter\n"
+        'vllm:num_preemptions_total{engine="0",model_name="m"} 3.0\n'
+        'vllm:num_preemptions_total{engine="1",model_name="m"} 4.0\n'
+    )
+    assert parse_engine_load(vllm).preemptions == 7  # data-parallel engines: summed
+    sglang = (
+        "# TYPE sglang:num_retracted_reqs gauge\nsglang:num_retracted_reqs 9.0\n"
+        "# TYPE sglang:num_retracted_requests counter\n"
+        "sglang:num_retracted_requests_total 2.0\n"
+    )
+    assert parse_engine_load(sglang).preemptions == 2  # the counter, not the resetting gauge
+    # SGLang writes its counter at the first retraction: none on the page is none so far.
+    assert parse_engine_load(SGLANG).preemptions == 0
+
+
+def test_preemption_deltas_between_scrapes() -> None:
+    deltas = PreemptionDeltas()
+    assert deltas.update("r", 40) is None  # the engine's whole life: a baseline
+    assert deltas.update("r", 43) == 3
+    assert deltas.update("r", 43) == 0
+    assert deltas.update("r", 2) == 2  # restarted: its count began again
+    deltas.forget("r")
+    assert deltas.update("r", 5) is None
 
 
 async def test_health_rounds_feed_the_load_view(
@@ -188,3 +216,30 @@ async def test_an_index_larger_than_the_cache_shrinks_once_the_ratio_is_learned(
         while gw.router.index_size(rid) != want:
             await asyncio.sleep(0.02)
     assert want < 16384 / 4
+
+
+async def test_an_emulated_engine_s_preemptions_reach_the_router(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """An emulated replica that preempts (``preempt``: vLLM's on-demand KV blocks) with a
+    256-token cache, sent four answers of up to 160 tokens at once: their blocks outgrow the
+    cache as they decode, so it preempts. The gateway's scrapes read its
+    ``vllm:num_preemptions_total`` and the router counts them (core/preemptions.py); every
+    answer still comes whole."""
+    engine = ReplicaConfig(kv_capacity_blocks=16, block_size=16, preempt=True)
+    cluster = await make_cluster(1, EmulatorConfig(engine, time_scale=0.1))
+    gw = await make_gateway(cluster.urls, health_interval_s=0.02)
+    rid = gw.registry.find(cluster.urls[0]).id
+    load = gw.router.replica_load(rid)
+    async with asyncio.timeout(5):
+        while load.kv_usage is None:  # scraped once: the count's baseline is set
+            await asyncio.sleep(0.01)
+    bodies = [
+        {"prompt": f"q{i} " + words(30), "max_tokens": 120, "stream": True} for i in range(4)
+    ]
+    replies = await asyncio.gather(*(send(session, gw.url, "/v1/completions", b) for b in bodies))
+    assert all(r.complete for r in replies), replies
+    async with asyncio.timeout(5):
+        while load.preemptions == 0:
+            await asyncio.sleep(0.01)
+    assert gw.registry.describe(gw.registry.get(rid))["speed"]["preemptions"] > 0  # admin API

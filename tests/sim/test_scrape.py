@@ -23,12 +23,16 @@ R0, R1 = ReplicaId("r0"), ReplicaId("r1")
 
 class _Router:
     def __init__(self) -> None:
-        self.seen: list[tuple[ReplicaId, float, int, float]] = []
+        self.seen: list[tuple[ReplicaId, float, int, float]] = []  # (and preemptions)
 
     def observe_engine_prefill(
         self, replica: ReplicaId, *, tokens: float, requests: int, seconds: float
     ) -> None:
         self.seen.append((replica, tokens, requests, seconds))
+
+    def observe_preemptions(self, replica: ReplicaId, preemptions: int, now: float) -> int:
+        self.seen.append((replica, "preempted", preemptions, now))  # type: ignore[arg-type]
+        return 0
 
 
 def _done(start: float, first: float, prompt: int, cached: int) -> EngineRequest:
@@ -41,13 +45,23 @@ def test_each_scrape_gives_the_interval_since_the_last() -> None:
     scrapes, router = EngineScrapes(), _Router()
     scrapes.finished(R0, _done(0.0, 0.25, 1000, 200))
     scrapes.finished(R0, _done(1.0, 1.5, 600, 0))
-    scrapes.scrape(router, [R0, R1])  # r1 finished nothing: nothing of it
+    scrapes.scrape(router, [(R0, 0), (R1, 0)], 1.0)  # r1 finished nothing: nothing of it
     assert router.seen == [(R0, 1400, 2, pytest.approx(0.75))]
-    scrapes.scrape(router, [R0])  # nothing finished since
-    assert len(router.seen) == 1
+    router.seen = []
+    scrapes.scrape(router, [(R0, 0)], 2.0)  # nothing finished since
+    assert router.seen == [(R0, "preempted", 0, 2.0)]
     scrapes.finished(R0, _done(2.0, 2.1, 300, 100))
-    scrapes.scrape(router, [R0])
-    assert router.seen[1] == (R0, 200, 1, pytest.approx(0.1))
+    scrapes.scrape(router, [(R0, 0)], 3.0)
+    assert router.seen[1:] == [(R0, 200, 1, pytest.approx(0.1)), (R0, "preempted", 0, 3.0)]
+
+
+def test_preemptions_are_the_interval_s_after_its_prefill_times() -> None:
+    scrapes, router = EngineScrapes(), _Router()
+    scrapes.scrape(router, [(R0, 5)], 1.0)  # the engine's count so far: a baseline, no news
+    assert router.seen == []
+    scrapes.finished(R0, _done(1.0, 1.5, 600, 0))
+    scrapes.scrape(router, [(R0, 7)], 2.0)
+    assert router.seen == [(R0, 600, 1, pytest.approx(0.5)), (R0, "preempted", 2, 2.0)]
 
 
 def test_a_request_without_a_first_token_is_not_counted() -> None:
@@ -55,7 +69,7 @@ def test_a_request_without_a_first_token_is_not_counted() -> None:
     req = _done(0.0, 0.2, 100, 0)
     req.first_token_s = None
     scrapes.finished(R0, req)
-    scrapes.scrape(router, [R0])
+    scrapes.scrape(router, [(R0, 0)], 2.0)
     assert router.seen == []
 
 

@@ -42,6 +42,8 @@ from prefixroute.core.context_cost import context_work
 from prefixroute.core.fleet_speed import fleet_median
 from prefixroute.core.inflight import InFlight
 from prefixroute.core.plain_answers import in_order, passed_unseen, recheck_s
+from prefixroute.core.preemptions import clean
+from prefixroute.core.preemptions import observe as preemptions_seen
 from prefixroute.core.replica_load import ReplicaLoad
 from prefixroute.core.speed import REFIT_EVERY, ReplicaSpeed, SpeedConfig
 from prefixroute.core.speed_config import SpeedPrior
@@ -213,7 +215,7 @@ class LoadTracker:
             req.prefilled_context_mark = req.load.prefilled_context
             req.phase_mark = req.load.phase_fixes.prefills
             req.first_token_s = now
-            if req.misjudged():
+            if req.misjudged() and clean(req):
                 req.ttft_obs = req.learn_ttft()
                 req.ttft_learned = True
 
@@ -316,6 +318,8 @@ class LoadTracker:
         load.slots.completed(now)
         out = req.output_tokens if output_tokens is None else output_tokens
         load._add_tokens(out, now)
+        if not clean(req):  # in flight while its engine preempted (core/preemptions.py)
+            return
         if req.first_token_s is None:  # a whole answer warms nothing up: no fleet to share
             if whole:
                 req.learn_whole(now, output_tokens)
@@ -336,6 +340,11 @@ class LoadTracker:
         done = load.prefilled_tokens
         per_token = load.prefilled_context / done if done else 0.0
         load.speed.observe_engine_prefill(tokens, requests, seconds, tokens * per_token)
+
+    def observe_preemptions(self, replica: ReplicaId, preemptions: int, now: float) -> int:
+        """A scrape at ``now`` counted ``preemptions`` by ``replica``'s engine since the last
+        (``Router.observe_preemptions``); returns the observations its speed model took back."""
+        return preemptions_seen(self.get(replica), preemptions, now)
 
     def observe(
         self,

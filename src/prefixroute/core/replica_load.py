@@ -35,6 +35,11 @@ class ReplicaLoad:
     slots: BatchSlots = field(default_factory=BatchSlots)  # batch size, wait for a free slot
     told: bool = False  # its own priors were given (SpeedPrior): known from the start
     busy_since: float = 0.0  # when it started on its current prefill queue, seconds
+    # Its engine's preemptions (core/preemptions.py): counted by its scrapes, the end of the
+    # last scrape interval they tainted (seconds), and whether they taint the next one.
+    preemptions: int = 0
+    preempted_s: float = -math.inf
+    preempted_next: bool = False
     fixes: QueueFixes = field(default_factory=QueueFixes)  # dispatch count, queue corrections
     phase_fixes: PhaseFixes = field(default_factory=PhaseFixes)  # first tokens, their fixes
     prefilled_tokens: int = 0  # uncached tokens whose first token came back, since registration
@@ -58,6 +63,7 @@ class ReplicaLoad:
         report = snapshot(self.speed, given=self.told)  # estimates, evidence: speed_snapshot.py
         report["batch_slots"] = self.slots.size  # told, said or learned (core/batch_slots.py)
         report["batch_slots_from"] = self.slots.source
+        report["preemptions"] = self.preemptions  # its engine's, scraped (core/preemptions.py)
         return report
 
     @property

@@ -38,12 +38,11 @@ entry instead, which covers the requests routed before their events arrive (see
 Every change to what the router believes goes through a method here, whoever hears of it: its
 own decisions (:meth:`route` and the calls after it), other instances' (:meth:`remote_routed`,
 :meth:`remote_dispatch`), an engine's KV events (:meth:`engine_stored`, :meth:`engine_removed`,
-:meth:`engine_cleared`) and a replica's own numbers (:meth:`observe_replica`,
-:meth:`observe_engine_prefill`, :meth:`size_index`). The index, the load view and the
-speculative entries are the router's own: code outside ``core`` reads them through
-:class:`~prefixroute.core.router_reads.RouterReads`, which the Router is
-(``tests/test_router_ownership.py`` holds it to that), so every change to the routing state is
-in this file.
+:meth:`engine_cleared`), a replica's own numbers (:meth:`observe_replica`, :meth:`size_index`,
+:meth:`observe_engine_prefill`, ``observe_preemptions``: core/preemptions.py). The index, the
+load view and the speculative entries are the router's own: code outside ``core`` reads them
+through :class:`~prefixroute.core.router_reads.RouterReads`, which the Router is
+(``tests/test_router_ownership.py`` holds it to that): every change is in these files.
 """
 
 from __future__ import annotations
@@ -60,6 +59,7 @@ from prefixroute.core.index_capacity import IndexCapacity, IndexCapacityConfig
 from prefixroute.core.load import LoadTracker
 from prefixroute.core.plain_answers import PlainAnswerCalls
 from prefixroute.core.policies import Policy, RoutingContext
+from prefixroute.core.preemptions import PreemptionCalls
 from prefixroute.core.routed_blocks import RoutedBlocks
 from prefixroute.core.router_reads import RouterReads
 from prefixroute.core.speculative import SpeculativeEntries
@@ -68,7 +68,7 @@ from prefixroute.core.token_count import TokenCountConfig, TokenCounts
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId, RequestView
 
 
-class Router(RouterReads, PlainAnswerCalls):
+class Router(RouterReads, PlainAnswerCalls, PreemptionCalls):
     """Routes request views among registered replicas with one policy."""
 
     def __init__(

@@ -59,12 +59,11 @@ window in the same fit: the rate is shared, each overhead its own unknown.
 :mod:`prefixroute.core.queue_credit`: the progress on the queue, credited at each refit.
 
 Elsewhere: **noise and outliers, priors and bounds, decode phases' weights** in
-:mod:`prefixroute.core.speed_fit`; **a fresh replica in a running fleet** in
-:mod:`prefixroute.core.fleet_speed`; **how good the predictions are** in :mod:`speed_snapshot`.
-
-Pure and clock-free (times come in as arguments). A refit (a pass over the windows, a sort of
-each, a solve of two to five unknowns) runs per observation until the windows fill, then every
-``REFIT_EVERY``.
+:mod:`prefixroute.core.speed_fit`; **a fresh replica in a running fleet** in :mod:`fleet_speed`;
+**a replica that preempts** in :mod:`preemptions`; **how good the predictions are** in
+:mod:`speed_snapshot`. Pure and clock-free (times come in as arguments). A refit (a pass over
+the windows, a sort of each, a solve of two to five unknowns) runs per observation until the
+windows fill, then every ``REFIT_EVERY``.
 """
 
 from __future__ import annotations
@@ -72,6 +71,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from prefixroute.core._solve import Obs, PhaseObs, QueuedObs, solve_feasible
 from prefixroute.core.queue_credit import credit, derive, rederive
@@ -101,6 +101,7 @@ class ReplicaSpeed:
     whole_observations: int = 0  # answers that arrived whole (also prefill observations)
     ttft_predictions: int = 0  # TTFTs predicted past the warm-up (judged in ``_ratios``)
     outliers: int = 0  # observations the last refit left out
+    discarded: int = 0  # observations taken back (:meth:`discard_fresh`), since registration
     from_fleet: bool = False  # not warmed up, predicting with the fleet's estimates (start_from)
     _prefill: deque[Obs] = field(default_factory=deque)
     _decode: deque[PhaseObs] = field(default_factory=deque)
@@ -108,14 +109,11 @@ class ReplicaSpeed:
     _ratios: deque[float] = field(default_factory=deque)  # predicted / measured TTFTs
     _unfitted: int = 0  # observations since the last refit
     _whole: int = 0  # answers that came whole in the first tokens' window
+    _fresh: list[int] = field(default_factory=lambda: [0, 0, 0])  # per window, since mark()
 
     def __post_init__(self) -> None:
+        self._priors()
         cfg = self.config
-        self.prefill_tokens_per_s = cfg.prefill_tokens_per_s
-        self.decode_step_s = cfg.decode_step_s
-        self.first_token_overhead_s = cfg.first_token_overhead_s
-        self.engine_overhead_s = 0.0
-        self.attention_s = cfg.attention_s
         self._prefill = deque(maxlen=cfg.window)
         self._decode = deque(maxlen=cfg.window)
         self._engine = deque(maxlen=cfg.window)
@@ -227,7 +225,7 @@ class ReplicaSpeed:
                         max(0.0, queued_context), max(0.0, own_context), seq=seq)  # fmt: skip
         if after is not None:
             obs.after = (max(0.0, after[0]), max(0.0, after[1]), max(0.0, after[2]))
-        self._derive(obs)
+        derive(self, obs)  # its work from its queue at the estimates of the moment
         return obs if self._take_prefill(obs) is not None else None
 
     def correct_queue(self, after: int, through: int, tokens: float, context: float = 0.0) -> None:
@@ -238,7 +236,7 @@ class ReplicaSpeed:
             if type(o) is QueuedObs and after < o.seq <= through:
                 o.queued = max(0.0, o.queued + tokens)
                 o.queued_context = max(0.0, o.queued_context + context)
-                self._derive(o)
+                derive(self, o)
 
     def correct_decode(self, no: int, tokens: float, context: float = 0.0, seq: int = 0) -> None:
         """The ``no``-th first token's request (dispatched ``seq``-th) computed ``tokens`` (and
@@ -248,9 +246,6 @@ class ReplicaSpeed:
         for o in self._decode:
             if o.correct(no, tokens, context, seq):
                 credit(self, o)
-
-    def _derive(self, obs: QueuedObs) -> None:
-        derive(self, obs)  # its work from its queue at the estimates of the moment
 
     def _take_prefill(self, obs: Obs) -> Obs | None:
         tokens, steps, context = obs.x[0], obs.x[1], obs.x[4]
@@ -265,6 +260,7 @@ class ReplicaSpeed:
         if len(window) == window.maxlen and window[0].whole:
             self._whole -= 1  # about to drop out of the window
         window.append(obs)
+        self._fresh[0] += 1
         self.prefill_observations += 1
         self.whole_observations += whole
         self._whole += whole
@@ -277,7 +273,7 @@ class ReplicaSpeed:
         Past the warm-up, refits until the rate settles (one refit from estimates fitted on the
         wrong count stays near them)."""
         obs.own, obs.own_context = max(0.0, own), max(0.0, own_context)
-        self._derive(obs)
+        derive(self, obs)
         if not self.warmed_up or not any(o is obs for o in self._prefill):
             return
         for _ in range(CORRECTION_REFITS):
@@ -306,6 +302,7 @@ class ReplicaSpeed:
             obs.queued_context, obs.queue_seq = max(0.0, queue[3]), queue[4]
             credit(self, obs)
         self._decode.append(obs)
+        self._fresh[1] += 1
         self.decode_observations += 1
         self._observed()
 
@@ -321,8 +318,28 @@ class ReplicaSpeed:
         if not math.isfinite(seconds) or not math.isfinite(tokens) or seconds <= 0:
             return
         self._engine.append(Obs((tokens, 0.0, float(requests), 0.0, max(0.0, context)), seconds))
+        self._fresh[2] += 1
         self.engine_observations += 1
         self._observed()
+
+    def mark(self) -> None:  # what is learned from now on is fresh (discard_fresh)
+        self._fresh = [0, 0, 0]
+
+    def discard_fresh(self) -> int:
+        """Take back the observations learned since :meth:`mark` (core/preemptions.py) and
+        refit without them (back to the priors if too few are left); marks. Returns how many."""
+        windows: tuple[deque[Any], ...] = (self._prefill, self._decode, self._engine)
+        taken = 0
+        for k, window in enumerate(windows):
+            n = min(self._fresh[k], len(window))
+            taken += n
+            self._whole -= sum(window.pop().whole for _ in range(n))
+        self._fresh, self.discarded = [0, 0, 0], self.discarded + taken  # marks
+        if taken and self.warmed_up:
+            self._refit()
+        elif taken:
+            self._priors()
+        return taken
 
     def _observed(self) -> None:
         cfg = self.config
@@ -349,7 +366,7 @@ class ReplicaSpeed:
         ``learn_attention``."""
         cfg = self.config
         self.from_fleet = False
-        self._rederive()
+        rederive(self, self._prefill, self._decode)  # every queue at the current estimates
         theta = self._theta()
         windows = (self._prefill, self._decode, self._engine)
         a, c, self.outliers = normal_equations(cfg, theta, windows)
@@ -363,8 +380,11 @@ class ReplicaSpeed:
         theta = solve_feasible(a, c, theta, free)
         self._set_within_bounds(1.0 / theta[0], theta[1], theta[2], theta[3], theta[4])
 
-    def _rederive(self) -> None:
-        rederive(self, self._prefill, self._decode)  # every queue at the current estimates
+    def _priors(self) -> None:  # the configured estimates, as before anything is learned
+        cfg = self.config
+        self.prefill_tokens_per_s, self.decode_step_s = cfg.prefill_tokens_per_s, cfg.decode_step_s
+        self.first_token_overhead_s, self.engine_overhead_s = cfg.first_token_overhead_s, 0.0
+        self.attention_s = cfg.attention_s
 
     def _set_within_bounds(
         self, rate: float, step: float, engine: float, first: float, attention: float

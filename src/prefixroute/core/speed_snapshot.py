@@ -41,6 +41,8 @@ def snapshot(speed: ReplicaSpeed, given: bool = False) -> dict[str, float | int 
         "engine_observations": speed.engine_observations,
         "whole_observations": speed.whole_observations,
         "ttft_predictions": speed.ttft_predictions,
+        # Taken back because the engine preempted meanwhile (core/preemptions.py).
+        "discarded_observations": speed.discarded,
         # "learned" (its own fit), "fleet" (its fleet's, until it warms up), "given" (priors
         # given for this replica) or "prior" (the fleet's configured priors).
         "estimates_from": _source(speed, given),

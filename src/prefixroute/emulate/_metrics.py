@@ -3,12 +3,13 @@
 The names are vLLM v1's, so a scraper (or our gateway) that reads a real replica reads this one
 too: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
 (a fraction, 0..1, despite the name), ``vllm:prefix_cache_queries_total`` and
-``vllm:prefix_cache_hits_total`` (both in tokens), ``vllm:prompt_tokens_total`` and
-``vllm:generation_tokens_total``, and the histograms ``vllm:request_prefill_time_seconds``
-(admission to first token, wall seconds) and ``vllm:request_prefill_kv_computed_tokens``
-(prompt tokens less cached ones), both observed as a request finishes, as vLLM does; each
-labelled ``model_name``; and the info gauge ``vllm:cache_config_info`` whose labels carry the KV
-cache's ``block_size`` and ``num_gpu_blocks``. The histograms carry their ``_sum`` and
+``vllm:prefix_cache_hits_total`` (both in tokens), ``vllm:prompt_tokens_total``,
+``vllm:generation_tokens_total`` and ``vllm:num_preemptions_total``, and the histograms
+``vllm:request_prefill_time_seconds`` (admission to first token, wall seconds) and
+``vllm:request_prefill_kv_computed_tokens`` (prompt tokens less cached ones), both observed as
+a request finishes, as vLLM does; each labelled ``model_name``; and the info gauge
+``vllm:cache_config_info`` whose labels carry the KV cache's ``block_size`` and
+``num_gpu_blocks``. The histograms carry their ``_sum`` and
 ``_count`` (what a scraper averages) and only the ``+Inf`` bucket: vLLM's bucket bounds are not
 reproduced.
 
@@ -74,6 +75,9 @@ class EngineCollector(Collector):
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", eng.prefix_hits)
         yield counter("vllm:prompt_tokens", "Prompt tokens admitted.", eng.prompt_tokens)
         yield counter("vllm:generation_tokens", "Output tokens generated.", eng.generation_tokens)
+        # Requests preempted (a fleet entry with preempt=1: sim/preemption.py), 0 otherwise.
+        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                      model.preemptions)  # fmt: skip
         finished = eng.finished_prefills
 
         def histogram(name: str, doc: str, total: float) -> HistogramMetricFamily:

@@ -10,7 +10,8 @@ name a model reach only replicas that serve it. Results go to the registry, whic
 A healthy replica's ``/metrics`` is scraped in the same round for the engine's own load
 (``_scrape``); a replica without one (404) is not asked again. Where the engine exports its
 prefill times, each round's increase teaches the router that replica's prefill rate
-(``Router.observe_engine_prefill``); where it says its KV cache's size, the replica's index is
+(``Router.observe_engine_prefill``), and its preemptions what not to learn from
+(``Router.observe_preemptions``); where it says its KV cache's size, the replica's index is
 sized to it (``_index_size``). Where scraping is on, each replica is also asked its batch size
 (SGLang and vLLM's development mode state it: ``_server_info``), once after its models are
 learned, in the background of the rounds.
@@ -38,7 +39,7 @@ from prefixroute._tasks import cancel_and_wait, every
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._index_size import IndexSizer
 from prefixroute.gateway._registry import ReplicaRecord, ReplicaRegistry
-from prefixroute.gateway._scrape import PrefillDeltas, parse_engine_load
+from prefixroute.gateway._scrape import PreemptionDeltas, PrefillDeltas, parse_engine_load
 from prefixroute.gateway._server_info import ServerInfo
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class HealthChecker:
         self._no_metrics: set[str] = set()  # replicas whose /metrics answered 404
         self._no_health: set[str] = set()  # replicas whose health path answered 404
         self._prefill = PrefillDeltas()  # each replica's last prefill totals
+        self._preempted = PreemptionDeltas()  # and preemption counts
         self._down: set[str] = set()  # refused connections: cleared, not answering yet
         self._sizer = IndexSizer(registry, config)  # indexes sized from the engines' KV caches
         self.server_info = ServerInfo(registry, session)  # the engines' batch sizes
@@ -110,6 +112,7 @@ class HealthChecker:
         router = self.registry.router
         if not router.has_replica(record.id):
             self._prefill.forget(record.url)
+            self._preempted.forget(record.url)
             return
         if self._prefill.restarted(record.url, load.prefill):
             self._cache_lost(record, "restarted (its prefill counters began again)")
@@ -126,6 +129,10 @@ class HealthChecker:
             router.observe_engine_prefill(
                 record.id, tokens=delta.tokens, requests=delta.requests, seconds=delta.seconds
             )
+        # After the interval's prefill times, which it may take back (core/preemptions.py).
+        preempted = self._preempted.update(record.url, load.preemptions)
+        if preempted is not None:
+            router.observe_preemptions(record.id, preempted, time.monotonic())
 
     async def _probe(self, record: ReplicaRecord) -> bool:
         no_health = record.url in self._no_health

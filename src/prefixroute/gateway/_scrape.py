@@ -24,6 +24,12 @@ Both are cumulative, so one scrape interval is the difference of two scrapes
 A replica without these (no metrics endpoint, an older engine, another server) gives no such
 observation; its speed is learned from first tokens alone.
 
+**Preemptions** (core/preemptions.py): vLLM's ``vllm:num_preemptions_total`` and SGLang's
+``sglang:num_retracted_requests_total`` count requests the engine preempted (summed over the
+series; SGLang's gauge ``sglang:num_retracted_reqs`` resets, so it is not read). SGLang adds
+its counter at the first retraction, so a page without one counts none so far
+(:class:`PreemptionDeltas`).
+
 **The KV cache's size, for the index.** In approximate and token mode the index forgets a
 replica's prefixes at a capacity; the engine knows how many tokens its KV cache holds. vLLM
 puts it in the labels of its info gauge ``vllm:cache_config_info`` (``kv_cache_size_tokens``
@@ -50,6 +56,7 @@ VLLM_PROMPT, VLLM_HITS = "vllm:prompt_tokens_total", "vllm:prefix_cache_hits_tot
 SGLANG_STAGES = "sglang:per_stage_req_latency_seconds"
 SGLANG_PREFILL_STAGE = "prefill_forward"
 SGLANG_PROMPT, SGLANG_CACHED = "sglang:prompt_tokens_total", "sglang:cached_tokens_total"
+PREEMPTIONS = ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total")
 VLLM_CACHE_CONFIG = "vllm:cache_config_info"
 SGLANG_KV_TOKENS = "sglang:max_total_num_tokens"
 
@@ -70,6 +77,7 @@ class EngineLoad:
     kv_usage: float | None  # fraction of the KV cache in use, 0..1
     prefill: PrefillTotals | None = None  # cumulative prefill counters, when exported
     kv_tokens: int | None = None  # tokens the engine's KV cache holds in all, tokens
+    preemptions: int = 0  # requests the engine preempted since it started (0: none said)
 
 
 def parse_engine_load(text: str) -> EngineLoad:
@@ -103,6 +111,7 @@ def parse_engine_load(text: str) -> EngineLoad:
         _prefill_totals(samples),
         # Every engine's size, or none: a sum missing one engine would be too small.
         sum(kv_tokens) if kv_tokens and min(kv_tokens) > 0 else None,
+        round(sum(first(PREEMPTIONS) or [0.0])),
     )
 
 
@@ -186,3 +195,22 @@ class PrefillDeltas:
         if requests < 1:
             return None
         return PrefillDelta(totals.tokens - base.tokens, requests, totals.seconds - base.seconds)
+
+
+class PreemptionDeltas:
+    """Each replica's preemption count at its last scrape, and the increase since (None at the
+    first scrape: the count covers the engine's whole life). A count that went down means the
+    engine restarted: the new count is the interval's."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+
+    def forget(self, replica: str) -> None:
+        self._last.pop(replica, None)
+
+    def update(self, replica: str, total: int) -> int | None:
+        last = self._last.get(replica)
+        self._last[replica] = total
+        if last is None:
+            return None
+        return total if total < last else total - last

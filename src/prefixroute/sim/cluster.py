@@ -163,8 +163,9 @@ class ClusterSim:
     def _scrape(self) -> None:
         """A scrape round (sim/scrape.py); the next one, unless nothing else is left to run."""
         assert self._scrapes is not None
-        replicas = [rid for rid in self._live if self._router.has_replica(rid)]
-        self._scrapes.scrape(self._router, replicas)
+        replicas = [(rid, live.model.preemptions) for rid, live in self._live.items()
+                    if self._router.has_replica(rid)]  # fmt: skip
+        self._scrapes.scrape(self._router, replicas, self._kernel.now)
         if self._kernel.peek() != float("inf"):
             self._kernel.after(self.scrape_s, self._scrape)
 
@@ -241,6 +242,7 @@ class ClusterSim:
         st.prefill_tokens = model.prefill_tokens
         st.cached_tokens = model.cached_tokens
         st.evictions = model.cache.evictions
+        st.preemptions = model.preemptions
         st.prefill_tokens_per_s = model.config.prefill_tokens_per_s
         st.decode_step_s = model.config.decode_step_s
         st.first_token_overhead_s = model.config.first_token_overhead_s

@@ -12,6 +12,7 @@ The text form, for ``--fleet``, is groups joined by ``+``; a group is ``COUNT`` 
 
     2+2:prefill=2500                      # 4 replicas, r2 and r3 prefill 4x slower
     1:prefill=20000+3:decode_ms=30,kv_tokens=65536
+    4:kv_tokens=16384,preempt=1           # small caches that preempt, as vLLM's do
 
 and ``--speed-change`` is ``REPLICA@SECONDS:KEY=VALUE,...`` with keys ``prefill`` and
 ``decode_ms`` (``r1@60:prefill=2500``). A fleet of equal replicas runs exactly as the plain
@@ -40,6 +41,7 @@ FLEET_KEYS: dict[str, tuple[str, float]] = {
     "max_running": ("max_running", 1.0),  # requests in the running batch
     "overhead_ms": ("first_token_overhead_s", 0.001),  # fixed time before the engine queues it
     "attention": ("attention_tokens", 1.0),  # context tokens at which a prompt token costs double
+    "preempt": ("preempt", 1.0),  # 1: vLLM's on-demand KV blocks, preempting when they run out
 }
 CHANGE_KEYS = ("prefill", "decode_ms")  # what a speed change may set
 
@@ -193,6 +195,10 @@ def parse_fleet(spec: str, base: ReplicaConfig) -> Fleet:
                     changes[name] = int(value) // base.block_size
                 elif name in ("step_tokens", "max_running"):
                     changes[name] = int(value)
+                elif key == "preempt":
+                    if value not in (0, 1):
+                        raise ConfigError(f"--fleet preempt is 0 or 1, got {value:g}")
+                    changes[name] = bool(value)
                 else:
                     changes[name] = value * unit
             config = dataclasses.replace(base, **changes)  # type: ignore[arg-type]

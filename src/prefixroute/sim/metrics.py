@@ -214,6 +214,7 @@ def _speeds(result: RunResult) -> dict[str, dict[str, float]]:
             "learned_first_token_overhead_s": rep.learned_first_token_overhead_s,
             "attention_tokens": rep.attention_tokens,
             "learned_attention_tokens": rep.learned_attention_tokens,
+            "preemptions": rep.preemptions,
         }
         for rep in result.replicas
         if rep.learned_prefill_tokens_per_s > 0

@@ -44,6 +44,7 @@ class ReplicaRecord:
     prefill_tokens: int = 0
     cached_tokens: int = 0
     evictions: int = 0
+    preemptions: int = 0  # requests its engine preempted (``ReplicaConfig.preempt``)
     added_s: float = 0.0
     removed_s: float | None = None
     prefill_tokens_per_s: float = 0.0  # its true prefill rate at the end of the run, tokens/s

@@ -13,6 +13,13 @@ Engine rules modelled (vLLM v1 scheduler, simplified):
 * FIFO admission. A request is admitted when the batch has room (``max_running``) and its blocks
   (prompt + output) fit, evicting idle cached blocks if needed; a head that does not fit blocks
   the queue (no reordering), as vLLM's FCFS does.
+* With ``preempt``, blocks are taken as vLLM v1 takes them instead: the prompt's at admission,
+  then one more whenever a decoding request's tokens fill its last. When none is free (nor
+  evictable), the newest running request is preempted: its blocks are released (its prompt's
+  stay cached until evicted) and it goes back to the head of the queue, to recompute its prompt
+  and the output so far when readmitted; that prefill emits its next token, not a first one.
+  Requests are not admitted at the cost of a preemption, nor in a step that preempted, as vLLM
+  admits none then.
 * The cache is looked up at admission (prefill start), not at arrival, and the hit is capped at
   ``prompt - 1`` tokens: the last prompt token is always computed to produce logits.
 * Each step has a token budget: one token per decoding request, the rest for prefill chunks in
@@ -36,10 +43,21 @@ import dataclasses
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from prefixroute.core import BlockHash, BlockHasher, ConfigError, RequestTooLarge, TokenIds
+from prefixroute.core import BlockHash, BlockHasher, ConfigError, RequestTooLarge
+from prefixroute.sim.engine_request import EngineRequest, StepResult, StoredBlock, kv_blocks_needed
 from prefixroute.sim.kv_cache import make_kv_cache
+from prefixroute.sim.preemption import Preemption
+
+__all__ = [  # the request's types live beside it; importers find them here too
+    "EngineRequest",
+    "ReplicaConfig",
+    "ReplicaModel",
+    "StepResult",
+    "StoredBlock",
+    "kv_blocks_needed",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +75,9 @@ class ReplicaConfig:
     # Context length at which a prompt token's prefill costs twice what it costs with nothing
     # before it, tokens; 0: attention is free (the article's model, every recorded simulation).
     attention_tokens: float = 0.0
+    # vLLM's on-demand block allocation with preemption (module docstring); False reserves
+    # prompt and output at admission and never preempts (every recorded simulation).
+    preempt: bool = False
 
     def __post_init__(self) -> None:
         if min(self.kv_capacity_blocks, self.block_size, self.step_tokens, self.max_running) < 1:
@@ -69,65 +90,7 @@ class ReplicaConfig:
             raise ConfigError("attention tokens must be >= 0 and finite (0: attention is free)")
 
 
-def kv_blocks_needed(prompt_tokens: int, output_tokens: int, block_size: int) -> int:
-    """KV blocks a request holds at its end: prompt and output, whole blocks."""
-    return -(-(prompt_tokens + output_tokens) // block_size)
-
-
-@dataclass(slots=True, eq=False)
-class EngineRequest:
-    """One request inside a replica."""
-
-    request_id: str
-    tokens: TokenIds  # prompt token ids
-    output_tokens: int  # tokens to generate (>= 1)
-    arrival_s: float  # when the replica received it, seconds
-    block_hashes: list[BlockHash] = field(default_factory=list)  # engine's hashes of full blocks
-    lora_name: str | None = None  # LoRA adapter it runs under (its blocks' hashes are keyed)
-    cached_tokens: int = 0  # prompt tokens found cached at admission
-    computed: int = 0  # prompt tokens whose KV exists (cached + prefilled so far)
-    generated: int = 0  # output tokens produced (kept current only with report_decodes)
-    start_s: float | None = None  # admission (prefill start), seconds
-    first_token_s: float | None = None
-    finish_s: float | None = None
-    _prompt: int = 0  # len(tokens), cached
-    _registered: int = 0  # leading full blocks already registered in the cache
-    _cached: list[BlockHash] = field(default_factory=list)  # blocks it pins in the cache
-    _anonymous: int = 0  # blocks it holds that carry no reusable hash
-    _chunk: int = 0  # prompt tokens scheduled in the current step
-    _first_step: int = 0  # step number that produced its first token
-    _finish_step: int = 0  # step number that produces its last token
-
-    def __post_init__(self) -> None:
-        self._prompt = len(self.tokens)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self._prompt
-
-    @property
-    def prefill_done(self) -> bool:
-        return self.computed >= self._prompt
-
-
-@dataclass(frozen=True, slots=True)
-class StoredBlock:
-    """A block that became reusable, as an engine's KV event reports it (``record_events``)."""
-
-    block_hash: BlockHash  # the engine's hash of the block
-    parent: BlockHash | None  # hash of the block before it in its prompt; None for the first
-    tokens: list[int]  # its token ids, ``block_size`` of them
-    lora_name: str | None = None  # the LoRA adapter whose key space it was hashed in
-
-
-@dataclass(slots=True)
-class StepResult:
-    first_tokens: list[EngineRequest]  # prefill finished this step (first token emitted)
-    decoded: list[EngineRequest]  # produced more output this step (only with report_decodes)
-    finished: list[EngineRequest]  # done; their blocks are released
-
-
-class ReplicaModel:
+class ReplicaModel(Preemption):
     """A continuous-batching engine with a finite prefix cache."""
 
     def __init__(
@@ -163,6 +126,7 @@ class ReplicaModel:
         self.cached_tokens = 0  # prompt tokens reused from cache, tokens
         self.busy_s = 0.0  # time spent in steps, seconds
         self.completed = 0
+        self.preemptions = 0  # requests preempted (vLLM's ``vllm:num_preemptions``)
 
     # --- queue ----------------------------------------------------------------------------
     def submit(self, req: EngineRequest) -> None:
@@ -213,6 +177,8 @@ class ReplicaModel:
     def begin_step(self, now: float) -> float:
         """Plan the next batch; returns its duration in seconds (0.0 when there is no work)."""
         cfg = self.config
+        # vLLM admits nothing in a step that preempted: what it freed goes to the running.
+        preempted = self._grow() if cfg.preempt and self._decoding else False
         decoding = len(self._decoding)
         budget = cfg.step_tokens - decoding
         prefill = 0
@@ -221,19 +187,19 @@ class ReplicaModel:
         for req in self._prefilling:
             if budget <= 0:
                 break
-            req._chunk = min(budget, req.prompt_tokens - req.computed)
+            req._chunk = min(budget, req._target - req.computed)
             budget -= req._chunk
             prefill += req._chunk
             planned.append(req)
             if attention:
                 extra += req._chunk * (req.computed + req._chunk / 2)
-        while budget > 0 and self.waiting and len(self.running) < cfg.max_running:
+        while budget > 0 and self.waiting and len(self.running) < cfg.max_running and not preempted:
             if not self._admit(self.waiting[0], now):
                 break
             req = self.waiting.popleft()
             self.running.append(req)
             self._prefilling.append(req)
-            req._chunk = min(budget, req.prompt_tokens - req.computed)
+            req._chunk = min(budget, req._target - req.computed)
             budget -= req._chunk
             prefill += req._chunk
             planned.append(req)
@@ -243,6 +209,8 @@ class ReplicaModel:
         if self.fast_forward and decoding and not planned:
             # Nothing but decodes until the next request finishes (or an arrival interrupts).
             steps = max(1, self._finishing[0][0] - self._step_no) if self._finishing else 1
+            if cfg.preempt:  # no further than a request's next block
+                steps = min(steps, self._steps_in_blocks())
         self._planned = planned
         self._steps = steps
         self._step_start = now
@@ -293,7 +261,9 @@ class ReplicaModel:
             self.prefill_tokens += req._chunk
             req._chunk = 0
             self._register(req)
-            if req.prefill_done:
+            if req.prefill_done and req.first_token_s is not None:
+                self._resumed(req, step_no, result)
+            elif req.prefill_done:
                 req.first_token_s = now
                 req.generated = 1
                 req._first_step = step_no
@@ -303,13 +273,12 @@ class ReplicaModel:
                 if req.output_tokens == 1:
                     result.finished.append(req)
                 else:
-                    self._decoding[req] = None
-                    self._seq += 1
-                    heapq.heappush(self._finishing, (req._finish_step, self._seq, req))
+                    self._start_decoding(req)
         finishing = self._finishing
         while finishing and finishing[0][0] <= step_no:
             _, _, req = heapq.heappop(finishing)
-            if req in self._decoding:
+            if req in self._decoding and req._finish_step <= step_no:  # not one preempted
+                del self._decoding[req]  # (a stale entry of one resumed finds it gone)
                 result.finished.append(req)
         for req in result.finished:
             req.generated = req.output_tokens
@@ -319,6 +288,12 @@ class ReplicaModel:
         self._planned = []
         self._steps = 0
         return result
+
+    def _start_decoding(self, req: EngineRequest) -> None:
+        """Decode from the next step on, until its ``_finish_step``."""
+        self._decoding[req] = None
+        self._seq += 1
+        heapq.heappush(self._finishing, (req._finish_step, self._seq, req))
 
     def _retire(self, req: EngineRequest) -> None:
         """Take a request out of the running batch and release its blocks."""
@@ -333,19 +308,22 @@ class ReplicaModel:
         return kv_blocks_needed(req.prompt_tokens, req.output_tokens, self.config.block_size)
 
     def _admit(self, req: EngineRequest, now: float) -> bool:
-        """Look the prompt up and reserve its blocks; False if they do not fit yet."""
+        """Look the prompt up and reserve its blocks (with ``preempt``, those of what it
+        prefills: module docstring); False if they do not fit yet."""
         bs = self.config.block_size
         limit = max(0, req.prompt_tokens - 1) // bs
-        needed = self._blocks_needed(req)
+        needed = -(-req._target // bs) if self.config.preempt else self._blocks_needed(req)
         hit = self.cache.acquire(req.block_hashes, limit, needed)
         if hit < 0:
             return False
         req._cached = req.block_hashes[:hit]
         req._registered = hit
         req._anonymous = needed - hit
-        req.cached_tokens = req.computed = hit * bs
-        self.cached_tokens += req.cached_tokens
-        req.start_s = now
+        req.computed = hit * bs
+        self.cached_tokens += req.computed
+        if req.start_s is None:  # vLLM counts a request's first scheduling, not a resumption
+            req.cached_tokens = req.computed
+            req.start_s = now
         return True
 
     def _register(self, req: EngineRequest) -> None:

@@ -145,6 +145,10 @@ def speed_table(metrics: Sequence[PolicyMetrics]) -> Table | None:
     speeds = metrics[0].per_replica_speed
     # Attention columns where a replica has it: the context at which a token costs double.
     attention = any(s.get("attention_tokens") for s in speeds.values())
+    # Requests each engine preempted, where any did: work no router counts (sim/preemption.py).
+    preempted = any(
+        s.get("preemptions") for m in metrics for s in (m.per_replica_speed or {}).values()
+    )
     for name in ("replica", "prefill tok/s", "decode ms", "attention tok")[: 3 + attention]:
         _column(table, name)
     for m in metrics:
@@ -152,13 +156,18 @@ def speed_table(metrics: Sequence[PolicyMetrics]) -> Table | None:
         _column(table, "decode")
         if attention:
             _column(table, "attention")
+        if preempted:
+            _column(table, "preempted")
     for r in sorted(speeds, key=_replica_order):
         true = speeds[r]
         row = [r, f"{true['prefill_tokens_per_s']:,.0f}", f"{true['decode_step_s'] * 1000:.1f}"]
         if attention:
             row.append(f"{true['attention_tokens']:,.0f}" if true["attention_tokens"] else "-")
         for m in metrics:
-            row += _learned_cells(true, (m.per_replica_speed or {}).get(r), attention)
+            learned = (m.per_replica_speed or {}).get(r)
+            row += _learned_cells(true, learned, attention)
+            if preempted:
+                row.append(f"{learned.get('preemptions', 0):,.0f}" if learned else "-")
         table.add_row(*row)
     return table
 

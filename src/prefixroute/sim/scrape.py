@@ -12,6 +12,9 @@ S``) hands the router each replica's interval every ``S`` simulated seconds, as 
 The totals are the emulated replica's (emulate/_engine.py), which follow vLLM's: over requests
 that finished, the time from admission to first token, and the prompt tokens less cached ones,
 counted when the request finishes. An interval in which no request finished gives nothing.
+Each round also reports the requests each engine preempted since the last
+(``vllm:num_preemptions_total``; ``Router.observe_preemptions``, core/preemptions.py), after
+its prefill times, as the gateway does.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class EngineScrapes:
     def __init__(self) -> None:
         self._now: dict[ReplicaId, _Totals] = {}
         self._seen: dict[ReplicaId, _Totals] = {}
+        self._preempted: dict[ReplicaId, int] = {}  # each engine's preemptions, last scraped
 
     def finished(self, replica: ReplicaId, req: EngineRequest) -> None:
         """``req`` finished on ``replica``: counted as vLLM counts it then."""
@@ -45,19 +49,26 @@ class EngineScrapes:
         t.seconds += req.first_token_s - req.start_s
         t.tokens += req.prompt_tokens - req.cached_tokens
 
-    def scrape(self, router: Router, replicas: list[ReplicaId]) -> None:
-        """One scrape round of ``replicas``: each one's interval since the last, to the router."""
-        for rid in replicas:
-            now = self._now.get(rid)
-            if now is None:
-                continue
-            seen = self._seen.setdefault(rid, _Totals())
-            requests = now.requests - seen.requests
-            if requests > 0:
-                router.observe_engine_prefill(
-                    rid,
-                    tokens=now.tokens - seen.tokens,
-                    requests=requests,
-                    seconds=now.seconds - seen.seconds,
-                )
-            self._seen[rid] = _Totals(now.requests, now.seconds, now.tokens)
+    def scrape(self, router: Router, replicas: list[tuple[ReplicaId, int]], at: float) -> None:
+        """One scrape round at ``at`` of ``replicas`` (each with its engine's preemptions so
+        far): each one's interval since the last, to the router."""
+        for rid, preempted in replicas:
+            self._scrape_prefill(router, rid)
+            if rid in self._preempted:  # the first scrape only sets the baseline
+                router.observe_preemptions(rid, preempted - self._preempted[rid], at)
+            self._preempted[rid] = preempted
+
+    def _scrape_prefill(self, router: Router, rid: ReplicaId) -> None:
+        now = self._now.get(rid)
+        if now is None:
+            return
+        seen = self._seen.setdefault(rid, _Totals())
+        requests = now.requests - seen.requests
+        if requests > 0:
+            router.observe_engine_prefill(
+                rid,
+                tokens=now.tokens - seen.tokens,
+                requests=requests,
+                seconds=now.seconds - seen.seconds,
+            )
+        self._seen[rid] = _Totals(now.requests, now.seconds, now.tokens)

@@ -1,0 +1,71 @@
+"""A replica that preempts: what its speed model must not learn from.
+
+An engine whose KV cache runs out while its batch decodes preempts requests (vLLM v1 frees the
+newest running request's blocks and recomputes its prompt and output so far when there is room
+again; SGLang retracts). That recomputation is work no router dispatched: answers then take
+longer than the work the router counted, and the fit reads them as a slower prefill and decode
+step. In the simulator, four replicas with 16k-token caches that preempted 300-900 times each
+on a multi-turn load were learned at 0.10-0.32x their prefill rate and 0.15-0.69x their decode
+step (``simulate --fleet 4:kv_tokens=16384,preempt=1``; docs/results.md).
+
+The engine counts its preemptions (vLLM's ``vllm:num_preemptions_total``), and the gateway
+reads the counter at each scrape, so it knows *in which scrape intervals* a replica preempted,
+not which requests it slowed. So, per replica (:func:`observe`, called at each scrape with the
+preemptions since the last one):
+
+* an interval with a preemption taints itself and the next (the preempted requests are
+  recomputed after they were preempted, while others wait behind them);
+* at the end of a tainted interval, what the speed model learned during it is taken back
+  (:meth:`ReplicaSpeed.discard_fresh`); the model learns from the interval's start again;
+* a request that was in flight when a tainted interval ended teaches nothing when it ends
+  (:func:`clean`): its time may hold recomputation, even if it ends in a clean interval.
+
+A replica that never preempts, or whose engine exports no counter, learns as before. One that
+preempts all the time learns nothing while it does, and keeps the estimates it had: a speed
+learned from answers it slowed would be wrong for every prediction after.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the load view imports this module; types only
+    from prefixroute.core.inflight import InFlight
+    from prefixroute.core.load import LoadTracker
+    from prefixroute.core.replica_load import ReplicaLoad
+    from prefixroute.core.types import ReplicaId
+
+
+class PreemptionCalls:
+    """The :class:`~prefixroute.core.router.Router`'s call for an engine's preemptions."""
+
+    loads: LoadTracker
+    _registered: set[ReplicaId]
+
+    def observe_preemptions(self, replica: ReplicaId, preemptions: int, now: float) -> int:
+        """``replica``'s engine preempted ``preemptions`` requests between two scrapes, the
+        second at ``now`` (0: none; call it after that scrape's ``observe_engine_prefill``):
+        its speed model takes back what it learned meanwhile (module docstring). Returns how
+        many observations; 0 for a replica not registered."""
+        if replica not in self._registered:
+            return 0
+        return self.loads.observe_preemptions(replica, preemptions, now)
+
+
+def observe(load: ReplicaLoad, preemptions: int, now: float) -> int:
+    """One scrape of ``load``'s replica at ``now`` counted ``preemptions`` since the last one
+    (module docstring). Returns the observations taken back."""
+    tainted = preemptions > 0 or load.preempted_next
+    load.preempted_next = preemptions > 0
+    load.preemptions += max(0, preemptions)
+    if not tainted:
+        load.speed.mark()
+        return 0
+    load.preempted_s = now
+    return load.speed.discard_fresh()
+
+
+def clean(req: InFlight) -> bool:
+    """Whether ``req`` may teach its replica's speed: no tainted interval ended while it was
+    in flight (dispatched after the last one's end)."""
+    return req.dispatched_s >= req.load.preempted_s

@@ -24,8 +24,7 @@ from contextlib import contextmanager
 
 from _cli import add_seeds
 
-from prefixroute.core import DEFAULT_POLICY, make_policy
-from prefixroute.core.preemptions import PreemptionCalls
+from prefixroute.core import DEFAULT_POLICY, Router, make_policy
 from prefixroute.sim import ClusterSim, ReplicaConfig, RunResult, make_workload, parse_fleet
 
 FLEETS = {
@@ -39,12 +38,11 @@ SCRAPE_S = 2.0  # seconds between scrapes, as a gateway's health rounds
 @contextmanager
 def preemptions_ignored() -> Iterator[None]:
     """The router as it was before core/preemptions.py: it hears no preemption."""
-    heeded = PreemptionCalls.observe_preemptions
-    PreemptionCalls.observe_preemptions = lambda self, replica, preemptions, now: 0  # type: ignore[method-assign]
+    Router.observe_preemptions = lambda self, replica, preemptions, now: 0  # type: ignore[method-assign]
     try:
         yield
     finally:
-        PreemptionCalls.observe_preemptions = heeded  # type: ignore[method-assign]
+        del Router.observe_preemptions  # the inherited call again
 
 
 def run(spec: str, seed: int) -> RunResult:

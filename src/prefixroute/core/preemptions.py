@@ -4,9 +4,11 @@ An engine whose KV cache runs out while its batch decodes preempts requests (vLL
 newest running request's blocks and recomputes its prompt and output so far when there is room
 again; SGLang retracts). That recomputation is work no router dispatched: answers then take
 longer than the work the router counted, and the fit reads them as a slower prefill and decode
-step. In the simulator, four replicas with 16k-token caches that preempted 300-900 times each
-on a multi-turn load were learned at 0.10-0.32x their prefill rate and 0.15-0.69x their decode
-step (``simulate --fleet 4:kv_tokens=16384,preempt=1``; docs/results.md).
+step. In the simulator, on a multi-turn load far past its capacity (``rate=8``,
+``answer_max=1500``), replicas with 16k-token caches that preempted 290-910 times each were
+learned at 0.10-0.98x their prefill rate and 0.15-0.69x their decode step, three of four
+rates under a third (``simulate --fleet 2:kv_tokens=16384,preempt=1+2:...,prefill=2500``);
+``benchmarks/preemptions.py`` measures lighter loads (docs/results.md, *Preemptions*).
 
 The engine counts its preemptions (vLLM's ``vllm:num_preemptions_total``), and the gateway
 reads the counter at each scrape, so it knows *in which scrape intervals* a replica preempted,

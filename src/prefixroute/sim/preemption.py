@@ -43,7 +43,7 @@ class Preemption:
         """Give each decoding request, in admission order, a block for this step's token where
         its last is full; where none is free, preempt the newest running request. Returns
         whether any was preempted."""
-        bs, step_no, running, i = self.config.block_size, self._step_no, self.running, 0
+        bs, running, i = self.config.block_size, self.running, 0
         preempted = self.preemptions
         while i < len(running):
             req = running[i]
@@ -51,8 +51,8 @@ class Preemption:
             if req not in self._decoding:
                 continue
             # This step writes the KV of its latest token: prompt + tokens generated so far.
-            needed = -(-(req._prompt + step_no - req._first_step + 1) // bs)
-            while len(req._cached) + req._anonymous < needed and req in self._decoding:
+            needed = -(-(req._prompt + self._generated(req)) // bs)
+            while self._held(req) < needed and req in self._decoding:
                 if self.cache.available():
                     self.cache.take(1)
                     req._anonymous += 1
@@ -65,7 +65,7 @@ class Preemption:
         self.running.remove(req)
         if req in self._decoding:
             del self._decoding[req]
-            req.generated = self._step_no - req._first_step + 1
+            req.generated = self._generated(req)
         else:
             self._prefilling.remove(req)
         self._release(req)
@@ -91,8 +91,14 @@ class Preemption:
     def _steps_in_blocks(self) -> int:
         """Decode steps every decoding request can take in the blocks it holds (>= 1 after
         :meth:`_grow`)."""
-        bs, step_no = self.config.block_size, self._step_no
-        return min(
-            (len(r._cached) + r._anonymous) * bs - (r._prompt + step_no - r._first_step + 1) + 1
-            for r in self._decoding
-        )
+        bs = self.config.block_size
+        return min(self._held(r) * bs - r._prompt - self._generated(r) + 1 for r in self._decoding)
+
+    def _generated(self, req: EngineRequest) -> int:
+        """Tokens a decoding request has produced by the end of the last step."""
+        return self._step_no - req._first_step + 1
+
+    @staticmethod
+    def _held(req: EngineRequest) -> int:
+        """KV blocks a request holds."""
+        return len(req._cached) + req._anonymous

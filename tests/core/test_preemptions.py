@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefixroute.core import ReplicaId, ReplicaSpeed, SpeedConfig, make_policy
+from prefixroute.core import PreemptionCounts, ReplicaId, ReplicaSpeed, SpeedConfig, make_policy
 from prefixroute.core.router import Router
 
 RATE = 5_000.0  # the true replica, tokens/s
@@ -96,3 +96,13 @@ def test_a_replica_not_registered_is_ignored() -> None:
     router = Router(make_policy("predicted_ttft"))
     assert router.observe_preemptions(ReplicaId("gone"), 3, 1.0) == 0
     assert not router.has_replica(ReplicaId("gone"))
+
+
+def test_preemption_counts_between_scrapes() -> None:
+    deltas = PreemptionCounts()
+    assert deltas.update("r", 40) is None  # the engine's whole life: a baseline
+    assert deltas.update("r", 43) == 3
+    assert deltas.update("r", 43) == 0
+    assert deltas.update("r", 2) == 2  # restarted: its count began again
+    deltas.forget("r")
+    assert deltas.update("r", 5) is None

@@ -11,7 +11,6 @@ from prefixroute.emulate import EmulatorConfig
 from prefixroute.gateway._index_size import MIN_ANSWERS
 from prefixroute.gateway._scrape import (
     EngineLoad,
-    PreemptionDeltas,
     PrefillDelta,
     PrefillDeltas,
     PrefillTotals,
@@ -55,16 +54,6 @@ def test_preemption_counts_from_vllm_and_sglang_names() -> None:
     assert parse_engine_load(sglang).preemptions == 2  # the counter, not the resetting gauge
     # SGLang writes its counter at the first retraction: none on the page is none so far.
     assert parse_engine_load(SGLANG).preemptions == 0
-
-
-def test_preemption_deltas_between_scrapes() -> None:
-    deltas = PreemptionDeltas()
-    assert deltas.update("r", 40) is None  # the engine's whole life: a baseline
-    assert deltas.update("r", 43) == 3
-    assert deltas.update("r", 43) == 0
-    assert deltas.update("r", 2) == 2  # restarted: its count began again
-    deltas.forget("r")
-    assert deltas.update("r", 5) is None
 
 
 async def test_health_rounds_feed_the_load_view(

@@ -29,6 +29,7 @@ from prefixroute.core.policies import (
     parse_policy_list,
     policy_names,
 )
+from prefixroute.core.preemptions import PreemptionCounts
 from prefixroute.core.replica_load import ReplicaLoad
 from prefixroute.core.request_key import EMPTY_KEY, Endpoint, RouteKey, key_of
 from prefixroute.core.router import Router
@@ -71,6 +72,7 @@ __all__ = [
     "ModelNotFound",
     "NoReplicaAvailable",
     "Policy",
+    "PreemptionCounts",
     "PrefixIndex",
     "PrefixrouteError",
     "ReplicaId",

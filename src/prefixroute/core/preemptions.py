@@ -10,10 +10,10 @@ learned at 0.10-0.98x their prefill rate and 0.15-0.69x their decode step, three
 rates under a third (``simulate --fleet 2:kv_tokens=16384,preempt=1+2:...,prefill=2500``);
 ``benchmarks/preemptions.py`` measures lighter loads (docs/results.md, *Preemptions*).
 
-The engine counts its preemptions (vLLM's ``vllm:num_preemptions_total``), and the gateway
-reads the counter at each scrape, so it knows *in which scrape intervals* a replica preempted,
-not which requests it slowed. So, per replica (:func:`observe`, called at each scrape with the
-preemptions since the last one):
+The engine counts its preemptions (vLLM's ``vllm:num_preemptions_total``), and the gateway and
+the simulator read the counter at each scrape (:class:`PreemptionCounts`), so they know *in
+which scrape intervals* a replica preempted, not which requests it slowed. So, per replica
+(:func:`observe`, called at each scrape with the preemptions since the last one):
 
 * an interval with a preemption taints itself and the next (the preempted requests are
   recomputed after they were preempted, while others wait behind them);
@@ -65,6 +65,25 @@ def observe(load: ReplicaLoad, preemptions: int, now: float) -> int:
         return 0
     load.preempted_s = now
     return load.speed.discard_fresh()
+
+
+class PreemptionCounts:
+    """Each replica's preemption count at its last scrape, and the increase since (None at the
+    first scrape: the count covers the engine's whole life). A count that went down means the
+    engine restarted: the new count is the interval's."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+
+    def forget(self, replica: str) -> None:
+        self._last.pop(replica, None)
+
+    def update(self, replica: str, total: int) -> int | None:
+        last = self._last.get(replica)
+        self._last[replica] = total
+        if last is None:
+            return None
+        return total if total < last else total - last
 
 
 def clean(req: InFlight) -> bool:

@@ -36,10 +36,11 @@ from typing import Any
 import aiohttp
 
 from prefixroute._tasks import cancel_and_wait, every
+from prefixroute.core import PreemptionCounts
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._index_size import IndexSizer
 from prefixroute.gateway._registry import ReplicaRecord, ReplicaRegistry
-from prefixroute.gateway._scrape import PreemptionDeltas, PrefillDeltas, parse_engine_load
+from prefixroute.gateway._scrape import PrefillDeltas, parse_engine_load
 from prefixroute.gateway._server_info import ServerInfo
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class HealthChecker:
         self._no_metrics: set[str] = set()  # replicas whose /metrics answered 404
         self._no_health: set[str] = set()  # replicas whose health path answered 404
         self._prefill = PrefillDeltas()  # each replica's last prefill totals
-        self._preempted = PreemptionDeltas()  # and preemption counts
+        self._preempted = PreemptionCounts()  # and preemption counts
         self._down: set[str] = set()  # refused connections: cleared, not answering yet
         self._sizer = IndexSizer(registry, config)  # indexes sized from the engines' KV caches
         self.server_info = ServerInfo(registry, session)  # the engines' batch sizes

@@ -28,7 +28,7 @@ observation; its speed is learned from first tokens alone.
 ``sglang:num_retracted_requests_total`` count requests the engine preempted (summed over the
 series; SGLang's gauge ``sglang:num_retracted_reqs`` resets, so it is not read). SGLang adds
 its counter at the first retraction, so a page without one counts none so far
-(:class:`PreemptionDeltas`).
+(``core.PreemptionCounts`` turns the totals into each interval's).
 
 **The KV cache's size, for the index.** In approximate and token mode the index forgets a
 replica's prefixes at a capacity; the engine knows how many tokens its KV cache holds. vLLM
@@ -196,21 +196,3 @@ class PrefillDeltas:
             return None
         return PrefillDelta(totals.tokens - base.tokens, requests, totals.seconds - base.seconds)
 
-
-class PreemptionDeltas:
-    """Each replica's preemption count at its last scrape, and the increase since (None at the
-    first scrape: the count covers the engine's whole life). A count that went down means the
-    engine restarted: the new count is the interval's."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, int] = {}
-
-    def forget(self, replica: str) -> None:
-        self._last.pop(replica, None)
-
-    def update(self, replica: str, total: int) -> int | None:
-        last = self._last.get(replica)
-        self._last[replica] = total
-        if last is None:
-            return None
-        return total if total < last else total - last

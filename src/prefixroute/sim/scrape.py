@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefixroute.core import ReplicaId, Router
+from prefixroute.core import PreemptionCounts, ReplicaId, Router
 from prefixroute.sim.replica import EngineRequest
 
 
@@ -38,7 +38,7 @@ class EngineScrapes:
     def __init__(self) -> None:
         self._now: dict[ReplicaId, _Totals] = {}
         self._seen: dict[ReplicaId, _Totals] = {}
-        self._preempted: dict[ReplicaId, int] = {}  # each engine's preemptions, last scraped
+        self._preempted = PreemptionCounts()  # each engine's preemptions, last scraped
 
     def finished(self, replica: ReplicaId, req: EngineRequest) -> None:
         """``req`` finished on ``replica``: counted as vLLM counts it then."""
@@ -54,9 +54,9 @@ class EngineScrapes:
         far): each one's interval since the last, to the router."""
         for rid, preempted in replicas:
             self._scrape_prefill(router, rid)
-            if rid in self._preempted:  # the first scrape only sets the baseline
-                router.observe_preemptions(rid, preempted - self._preempted[rid], at)
-            self._preempted[rid] = preempted
+            since = self._preempted.update(rid, preempted)  # None: the first, a baseline
+            if since is not None:
+                router.observe_preemptions(rid, since, at)
 
     def _scrape_prefill(self, router: Router, rid: ReplicaId) -> None:
         now = self._now.get(rid)

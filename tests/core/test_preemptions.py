@@ -106,3 +106,4 @@ def test_preemption_counts_between_scrapes() -> None:
     assert deltas.update("r", 2) == 2  # restarted: its count began again
     deltas.forget("r")
     assert deltas.update("r", 5) is None
+    deltas.forget("never scraped")  # a replica gone before its first scrape: nothing to forget

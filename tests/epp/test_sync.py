@@ -50,6 +50,13 @@ def applied(epp: EndpointPicker) -> float:
     return epp.metrics.registry.get_sample_value("prefixroute_sync_applied_total") or 0.0
 
 
+def settled(epp: EndpointPicker) -> bool:
+    """No other instance's request still counted in this picker's load view: their ends (the
+    sync's progress messages, published after their decisions) have arrived too."""
+    remote = epp.metrics.registry.get_sample_value("prefixroute_sync_remote_in_flight")
+    return remote == 0.0
+
+
 async def connected(*epps: EndpointPicker) -> None:
     await until(lambda: all(e.sync is not None and e.sync.connected for e in epps))
 
@@ -58,8 +65,10 @@ async def conversation(
     session: aiohttp.ClientSession, epps: list[EndpointPicker], name: str, turns: int = 4
 ) -> list[Passed]:
     """Turn i picked by ``epps[i % len]``, as a balancer in front of the pickers would; with
-    sync on, each turn waits until the others applied the previous decision (the user's think
-    time, in production). Each turn is a chat whose history is every earlier turn."""
+    sync on, each turn waits until the others applied the previous decision and heard its end
+    (the user's think time, in production): still counted in flight on its replica, the
+    previous turn may rightly send the next to an idle one. Each turn is a chat whose history
+    is every earlier turn."""
     messages: list[dict[str, str]] = []
     out: list[Passed] = []
     for turn in range(turns):
@@ -73,7 +82,7 @@ async def conversation(
         answer = passed.body["choices"][0]["message"]["content"]
         messages.append({"role": "assistant", "content": answer})
         pairs = list(zip(others, before, strict=True))
-        await until(lambda pairs=pairs: all(applied(e) > b for e, b in pairs))
+        await until(lambda pairs=pairs: all(applied(e) > b and settled(e) for e, b in pairs))
     return out
 
 
@@ -144,7 +153,8 @@ async def test_a_gateway_and_a_picker_on_one_channel_share_the_conversation(
         async with session.post(gw.url + "/v1/completions", json=first) as resp:
             assert resp.status == 200
             home = resp.headers["x-prefixroute-replica"]
-        await until(lambda: applied(epp) == 1)
+        # the user's think time: the decision and the first answer's end have both arrived
+        await until(lambda: applied(epp) == 1 and settled(epp))
         second = {**first, "prompt": first["prompt"] + "and a follow-up " * 20}
         passed = await through(epp, session, "/v1/completions", second)
     assert replica_of(passed.endpoint) == replica_of(home)

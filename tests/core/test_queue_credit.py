@@ -27,7 +27,7 @@ def last_phase(speed: ReplicaSpeed) -> PhaseObs:
 
 
 def observed(
-    queue: tuple[float, float, bool, float, int] | None, context: float = 10.0
+    queue: tuple[float, float, float, int] | None, context: float = 10.0
 ) -> PhaseObs:
     """A phase of 20 steps in 0.9 s that counted 1,000 tokens (and ``context`` work)."""
     speed = ReplicaSpeed(COLD)
@@ -36,7 +36,7 @@ def observed(
 
 
 def test_the_prefill_under_way_at_its_end_is_credited_at_the_estimates() -> None:
-    phase = observed((5_000.0, 0.3, True, 0.0, 2))
+    phase = observed((5_000.0, 0.3, 0.0, 2))
     assert phase.x[0] == pytest.approx(1_000.0 + 2_700.0)
     assert phase.credit[0] == pytest.approx(2_700.0)
     assert phase.x[1] == 20 and phase.x[4] == pytest.approx(10.0)  # steps, counted context
@@ -45,26 +45,21 @@ def test_the_prefill_under_way_at_its_end_is_credited_at_the_estimates() -> None
 def test_no_queue_no_credit() -> None:
     phase = observed(None)
     assert phase.x[0] == 1_000.0 and phase.credit == (0.0, 0.0)
-    assert observed((5_000.0, 0.0, True, 0.0, 2)).x[0] == 1_000.0  # nothing done of it yet
+    assert observed((5_000.0, 0.0, 0.0, 2)).x[0] == 1_000.0  # nothing done of it yet
 
 
 def test_never_more_than_is_queued() -> None:
-    assert observed((500.0, 0.3, True, 0.0, 2)).x[0] == pytest.approx(1_500.0)
-
-
-def test_without_decodes_no_step_is_taken_off() -> None:
-    # (Not what a finished decode phase passes: its own decodes ran all along.)
-    assert observed((5_000.0, 0.3, False, 0.0, 2)).x[0] == pytest.approx(1_000.0 + 3_000.0)
+    assert observed((500.0, 0.3, 0.0, 2)).x[0] == pytest.approx(1_500.0)
 
 
 def test_the_queue_context_work_is_credited_in_proportion() -> None:
-    phase = observed((5_000.0, 0.3, True, 50.0, 2))
+    phase = observed((5_000.0, 0.3, 50.0, 2))
     assert phase.x[4] == pytest.approx(10.0 + 50.0 * 2_700.0 / 5_000.0)
     assert phase.credit[1] == pytest.approx(27.0)
 
 
 def test_usage_corrects_the_counted_part_and_keeps_the_credit() -> None:
-    phase = observed((5_000.0, 0.3, True, 50.0, 2))
+    phase = observed((5_000.0, 0.3, 50.0, 2))
     phase.correct(2, 300.0, 5.0)  # a request in its range computed 300 more
     assert phase.x[0] == pytest.approx(1_300.0 + 2_700.0)
     assert phase.x[4] == pytest.approx(15.0 + 27.0)
@@ -77,7 +72,7 @@ def test_usage_corrects_the_counted_part_and_keeps_the_credit() -> None:
 
 def test_each_refit_takes_the_credit_again_at_the_estimates_it_starts_from() -> None:
     speed = ReplicaSpeed(COLD)
-    speed.observe_decode(0.9, 20, 1_000.0, 0.0, (0, 3), (5_000.0, 0.3, True, 0.0, 2))
+    speed.observe_decode(0.9, 20, 1_000.0, 0.0, (0, 3), (5_000.0, 0.3, 0.0, 2))
     phase = last_phase(speed)
     speed.prefill_tokens_per_s = 5_000.0  # a step is now 0.4246 s: 1 started, 0.285 s
     rederive(speed, [], [phase])
@@ -108,7 +103,7 @@ def test_a_request_ending_while_another_prefills_passes_that_queue() -> None:
 def test_the_queue_context_slows_the_progress_where_attention_is_learned() -> None:
     speed = ReplicaSpeed(COLD)
     speed.attention_s = 0.002  # 5,000 tokens with 250 token-kilotokens: 0.5 + 0.5 s
-    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, True, 250.0, 2))
+    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, 250.0, 2))
     phase = last_phase(speed)
     # At 5,000 tokens/s a step is 0.4246 s: 1 started, 0.285 s of prefill, 1,425 tokens.
     assert phase.x[0] == pytest.approx(1_000.0 + 1_425.0)
@@ -118,7 +113,7 @@ def test_the_queue_context_slows_the_progress_where_attention_is_learned() -> No
 
 def test_taken_again_the_context_credit_replaces_the_last() -> None:
     speed = ReplicaSpeed(COLD)
-    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, True, 50.0, 2))
+    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, 50.0, 2))
     phase = last_phase(speed)
     speed.prefill_tokens_per_s = 5_000.0
     rederive(speed, [], [phase])
@@ -188,7 +183,7 @@ def test_with_attention_learned_its_own_move_is_judged_beside_it() -> None:
 
 
 def observed_on(speed: ReplicaSpeed) -> PhaseObs:
-    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, True, 50.0, 2))
+    speed.observe_decode(0.9, 20, 1_000.0, 10.0, (0, 3), (5_000.0, 0.3, 50.0, 2))
     return last_phase(speed)
 
 
@@ -206,7 +201,7 @@ def test_the_load_view_counts_the_same_progress_in_seconds() -> None:
 def test_a_queued_request_s_usage_corrects_the_queue_a_phase_was_credited_from() -> None:
     # 324 tokens queued as predicted: 2,680 tokens of progress in 0.298 s, capped at 324.
     speed = ReplicaSpeed(COLD)
-    speed.observe_decode(0.298, 1, 89.0, 0.0, (0, 3), (324.0, 0.298, True, 0.0, 5))
+    speed.observe_decode(0.298, 1, 89.0, 0.0, (0, 3), (324.0, 0.298, 0.0, 5))
     phase = last_phase(speed)
     assert phase.x[0] == pytest.approx(89.0 + 324.0)
     # First token 4 (after the phase), dispatched 6th: sent after its end, not in its queue.
@@ -240,7 +235,7 @@ def test_the_load_view_passes_a_queued_request_s_usage_to_the_phase_it_was_credi
 def test_a_queue_its_usage_empties_is_credited_nothing() -> None:
     # The one request queued at the phase's end reports it computed none of its 324 tokens.
     speed = ReplicaSpeed(COLD)
-    speed.observe_decode(0.298, 1, 89.0, 0.0, (0, 3), (324.0, 0.298, True, 10.0, 5))
+    speed.observe_decode(0.298, 1, 89.0, 0.0, (0, 3), (324.0, 0.298, 10.0, 5))
     speed.correct_decode(4, -324.0, -10.0, 5)
     phase = last_phase(speed)
     assert phase.queued == 0.0

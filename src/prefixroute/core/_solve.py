@@ -64,7 +64,6 @@ class PhaseObs(Obs):
     # work), in ``x`` beside what was counted (core/queue_credit.py).
     queued: float = 0.0  # prefill tokens queued on its replica at its end
     elapsed_s: float = 0.0  # how long the replica had been on that queue, seconds
-    decoding: bool = False  # its steps carried decodes (its own, at least)
     queued_context: float = 0.0  # that queue's context work
     basis: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (rate, step, attention) of credit
     credit: tuple[float, float] = (0.0, 0.0)

@@ -129,8 +129,8 @@ class InFlight:
             # its own decodes: it decoded all along since the replica started on that queue.
             queue = None
             if load.prefilling:
-                queue = (load.queued_prefill_tokens, now - load.busy_since, True,
-                         load.queued_context, load.fixes.dispatches)  # fmt: skip
+                queue = (load.queued_prefill_tokens, now - load.busy_since, load.queued_context,
+                         load.fixes.dispatches)  # fmt: skip
             speed.observe_decode(now - self.first_token_s, output_tokens - 1, prefilled, context,
                                  (self.phase_mark, load.phase_fixes.prefills), queue)  # fmt: skip
 

@@ -61,7 +61,8 @@ def credit(speed: ReplicaSpeed, obs: PhaseObs) -> None:
     """``obs``'s work with the progress on the prefill under way at its end, at ``speed``'s
     estimates of the moment, in place of the credit it had (the queue's context work in
     proportion)."""
-    done = speed.progress(obs.queued, obs.elapsed_s, obs.decoding, obs.queued_context)
+    # Its steps carried decodes all along: its own, at least.
+    done = speed.progress(obs.queued, obs.elapsed_s, True, obs.queued_context)
     # A queue its requests' usage emptied (they computed nothing) is credited nothing.
     context = obs.queued_context * done / obs.queued if obs.queued > 0 else 0.0
     x, (before, before_context) = obs.x, obs.credit

@@ -285,21 +285,21 @@ class ReplicaSpeed:
     def observe_decode(
         self, duration_s: float, steps: int, prefilled_tokens: float, context: float = 0.0,
         firsts: tuple[int, int] = (0, 0),
-        queue: tuple[float, float, bool, float, int] | None = None,
+        queue: tuple[float, float, float, int] | None = None,
     ) -> None:
         """A request decoded ``steps`` more tokens in ``duration_s`` seconds, while the replica
         prefilled ``prefilled_tokens`` (with ``context`` work) for others in the same steps:
         its first tokens after the ``firsts[0]``-th through the ``firsts[1]``-th. ``queue``:
         it ended with prefill under way, (tokens queued, seconds the replica had been on them,
-        decoding, their context work, the replica's dispatches by then), credited as a first
-        token's queue is (core/queue_credit.py)."""
+        their context work, the replica's dispatches by then), credited as a first token's
+        queue is, with decode steps (core/queue_credit.py)."""
         if not self.config.learn or steps < 1 or not math.isfinite(duration_s) or duration_s < 0:
             return
         x = (max(0.0, prefilled_tokens), steps, 0.0, 0.0, max(0.0, context))
         obs = PhaseObs(x, duration_s, firsts[0], firsts[1])
         if queue is not None and queue[0] > 0 and queue[1] > 0:
-            obs.queued, obs.elapsed_s, obs.decoding = queue[0], queue[1], queue[2]
-            obs.queued_context, obs.queue_seq = max(0.0, queue[3]), queue[4]
+            obs.queued, obs.elapsed_s = queue[0], queue[1]
+            obs.queued_context, obs.queue_seq = max(0.0, queue[2]), queue[3]
             credit(self, obs)
         self._decode.append(obs)
         self._fresh[1] += 1

@@ -4,7 +4,8 @@
   ``learn_overhead``: without the term such TTFTs drag the rate far off and the predictions of
   short and long requests with it.
 * An engine's own prefill times, per scrape interval (``observe_engine_prefill`` and
-  ``Router.observe_engine_prefill``): they teach the rate with no first token measured.
+  ``Router.observe_engine_prefill``): they teach the rate with no first token measured, and
+  are left out while a full window of streamed first tokens teaches it (core/speed_fit.py).
 * The TTFT predictions judged past the warm-up (``ttft_ratios``, ``snapshot``).
 """
 
@@ -106,6 +107,39 @@ def test_the_router_passes_engine_prefill_times_to_the_replica_s_speed() -> None
     assert router.replica_load(r0).speed.prefill_tokens_per_s == pytest.approx(RATE, rel=0.2)
     assert router.replica_load(r1).speed.engine_observations == 0
     assert not router.has_replica(ReplicaId("gone"))
+
+
+def shared_step_intervals(speed: ReplicaSpeed, rng: random.Random, n: int) -> None:
+    """``n`` scrape intervals of a backlogged engine whose prompts shared every step: each
+    prompt's prefill time holds its neighbours' chunks too, 3x its own tokens' time."""
+    for _ in range(n):
+        requests = rng.randint(2, 8)
+        tokens = sum(rng.uniform(200, 2000) for _ in range(requests))
+        speed.observe_engine_prefill(tokens, requests, 3 * tokens / RATE)
+
+
+def first_tokens(speed: ReplicaSpeed, rng: random.Random, n: int) -> None:
+    """``n`` streamed first tokens on an idle replica, at the true rate."""
+    for _ in range(n):
+        tokens = 20 * 150 ** rng.random()
+        speed.observe_prefill(tokens, 0.0, tokens / RATE)
+
+
+def test_a_full_window_of_first_tokens_leaves_the_engine_intervals_out() -> None:
+    speed = ReplicaSpeed(SpeedConfig(window=64))  # refits every 8 once the windows are full
+    rng = random.Random(2)
+    shared_step_intervals(speed, rng, 64)
+    assert speed.prefill_tokens_per_s < 0.5 * RATE  # alone they teach a rate 3x too slow
+    first_tokens(speed, rng, 63)  # one short of a full window: the intervals still count
+    assert speed.prefill_tokens_per_s < 0.98 * RATE
+    first_tokens(speed, rng, 8)  # a full window of them, refitted: the intervals are left out
+    assert speed.prefill_tokens_per_s == pytest.approx(RATE, rel=0.01)
+    assert speed.engine_observations == 64  # kept, not fitted
+    # Answers that came whole (20 decode steps at the prior 15 ms): the intervals stand in
+    # for the first tokens the router does not see, and are fitted again.
+    for _ in range(8):
+        speed.observe_first_token(0.0, 0.0, False, 1000.0, 0.2 + 0.3, after=(0.0, 20, 0.0))
+    assert speed.prefill_tokens_per_s < 0.98 * RATE
 
 
 def test_a_negative_overhead_prior_is_rejected() -> None:

@@ -53,7 +53,8 @@ exports its own prefill times (vLLM's ``vllm:request_prefill_time_seconds`` besi
 requests took from being scheduled to their first token, and how many uncached tokens they
 computed: ``tokens / rate + requests * engine_overhead_s`` (the engine's own fixed time per
 request, no HTTP in it), free of the queue ahead and of traffic this router never saw. A third
-window in the same fit: the rate is shared, each overhead its own unknown.
+window in the same fit: the rate is shared, each overhead its own unknown; left out while this
+router sees a full window of first tokens (:func:`speed_fit.engine_window`).
 
 **How queued work turns into waiting**, for a first token and at a decode phase's end, in
 :mod:`prefixroute.core.queue_credit`: the progress on the queue, credited at each refit.
@@ -76,7 +77,7 @@ from typing import Any
 from prefixroute.core._solve import Obs, PhaseObs, QueuedObs, solve_feasible
 from prefixroute.core.queue_credit import credit, derive, rederive
 from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
-from prefixroute.core.speed_fit import normal_equations
+from prefixroute.core.speed_fit import engine_window, normal_equations
 from prefixroute.core.speed_snapshot import snapshot
 
 __all__ = ["QueuedObs", "ReplicaSpeed", "SpeedConfig", "speed_priors_of"]
@@ -368,11 +369,9 @@ class ReplicaSpeed:
         self.from_fleet = False
         rederive(self, self._prefill, self._decode)  # every queue at the current estimates
         theta = self._theta()
-        windows = (self._prefill, self._decode, self._engine)
-        a, c, self.outliers = normal_equations(cfg, theta, windows)
-        free = [0, 1]
-        if self._engine:
-            free.append(2)
+        engine = engine_window(self._prefill, self._whole, self._engine, cfg.window)
+        a, c, self.outliers = normal_equations(cfg, theta, (self._prefill, self._decode, engine))
+        free = [0, 1, 2] if engine else [0, 1]
         if cfg.learn_overhead and self._prefill:
             free.append(3)
         if cfg.learn_attention:

@@ -29,6 +29,17 @@ true) and a rate 4.4x the truth to match (10,000 tokens/s learned at 44,327). So
 is judged against its prediction plus the time of a typical request's prefill (the mean own
 uncached tokens in the first tokens' window): short phases weigh less, long ones as before; the
 outlier test still compares the prediction alone.
+
+**The engine's prefill times** (vLLM's ``vllm:request_prefill_time_seconds``, per scrape
+interval) run from a request's scheduling to its first token, so a step that carries chunks of
+``k`` prompts is in each of their ``k`` times; the model reads an interval as its prompts' own
+tokens (``tokens / rate + requests * engine overhead``). That holds while prompts rarely share
+steps, and not under a backlog, where they always do: in the simulator the intervals' sums came
+to a median 2-4x the prompts' own time, and the rates fitted with them up to 7.4x off where the
+first tokens alone held them within 1.5x. The intervals are what the router learns from when
+it sees no first tokens (answers that come whole), so they are left out only while the first
+tokens' window is full of streamed ones (:func:`engine_window`): a fleet with a share of plain
+answers fits them as before (docs/results.md, *The engine's prefill times*).
 """
 
 from __future__ import annotations
@@ -84,6 +95,15 @@ def normal_equations(
     slacks = (0.0, _typical_own(windows[0])) if len(windows) > 1 else ()
     outliers = add_observations(a, c, windows, theta, cfg.outlier_factor, slacks)
     return a, c, outliers
+
+
+def engine_window(
+    first_tokens: Sequence[Obs], whole: int, engine: Sequence[Obs], window: int
+) -> Sequence[Obs]:
+    """The engine's intervals to fit beside ``first_tokens`` (of which ``whole`` are answers
+    that came whole): ``engine``, or none while ``first_tokens`` holds ``window`` streamed
+    first tokens, a full window (module docstring)."""
+    return () if len(first_tokens) - whole >= window else engine
 
 
 def _context_per_token(window: Sequence[Obs], compiled: bool = True) -> float:

@@ -146,7 +146,10 @@ def watch(monkeypatch: pytest.MonkeyPatch) -> list[Judged]:
         own = req.uncached_tokens if req.actual_uncached is None else req.actual_uncached
         measured = req.first_token_s - req.dispatched_s
         if speed.warmed_up and measured > 0:
-            work = speed.queue_work(req.queued_ahead, req.queue_elapsed_s, req.decoding, own)
+            # The model's own prediction with the replica's count: the queue's and its own
+            # context work included (without them attention, which long prompts pay most of
+            # all, was left out, and prompts over 1,000 tokens looked predicted at 0.6-0.7x).
+            work = req.ttft_work(own)
             ratio = speed.ttft_s(*work) / measured
             judged.append(Judged(work[0] - own, own, req.decoding, ratio))
         learn(req, now, output_tokens)
@@ -234,3 +237,69 @@ async def test_predicted_ttft_within_30_percent_of_measured_at_p50(
             f"target missed: p50 error {p50:.2f} (overhead fixed at 0: {fixed_p50:.2f}); "
             f"the same request's TTFT varies by {noise:.2f} on this machine"
         )
+
+
+LONG_REQUESTS = 48  # across both engines, a third of them long
+LONG_SIZES = ((30, 300), (300, 1500), (1500, 3800))  # uncached tokens; the window is 4,096
+
+
+def long_prompts(tokenizer: HFTokenizer, seed: int) -> list[tuple[str, int]]:
+    """(prompt, max_tokens) per request: fresh prompts, in turn short, middling and long (up
+    to 3,800 of the engines' 4,096 tokens)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(LONG_REQUESTS):
+        lo, hi = LONG_SIZES[i % len(LONG_SIZES)]
+        out.append((ttft_prompt(tokenizer, 9000 + 100 * seed + i, rng.randint(lo, hi)), 4))
+    return out
+
+
+async def test_long_prompts_teach_attention_and_are_predicted(
+    engines: list[VLLMServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 11 on real engines, long prompts: the tiny model's prefill grows faster than its
+    prompt (attention over the context before each token is most of a 3,800-token prompt's
+    cost here), so each engine's model must learn attention from a mix of short and long
+    prompts, and with it predict the long ones. One at a time, round-robin (each engine gets
+    every other request, whatever its estimates), the gateway's defaults otherwise."""
+    judged = watch(monkeypatch)
+    tokenizer = HFTokenizer(MODEL)
+    config = gateway_config("round_robin", engines)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(timeout=timeout) as session, Gateway(config) as gw:
+        for engine in engines:
+            engine.reset_prefix_cache()
+        for prompt, max_tokens in long_prompts(tokenizer, seed=4):
+            body = streamed(prompt=prompt, max_tokens=max_tokens)
+            await stream_request(session, gw.url + "/v1/completions", body, "long")
+        speeds = {e.url: gw.router.replica_load(ReplicaId(e.url)).speed.snapshot() for e in engines}
+    lines = ["long prompts (round robin, one at a time):"]
+    for url, s in speeds.items():
+        lines.append(
+            f"  {url}: prefill {s['prefill_tokens_per_s']:.0f} tok/s, attention "
+            f"{s['attention_s']:.2e} s/token/1k (doubling at {_f(s['attention_tokens'])} tokens), "
+            f"first-token overhead {1e3 * s['first_token_overhead_s']:.1f} ms; "
+            f"{s['ttft_predictions']} predictions, p50 error {_f(s['ttft_error_p50'])}"
+        )
+    by_size: dict[tuple[int, int], list[float]] = {}
+    for j in judged:
+        size = next(((lo, hi) for lo, hi in LONG_SIZES if j.own < hi), LONG_SIZES[-1])
+        by_size.setdefault(size, []).append(j.ratio)
+    for (lo, hi), ratios in sorted(by_size.items()):
+        lines.append(
+            f"  own {lo}-{hi}: {len(ratios)} judged, p50 error "
+            f"{statistics.median(abs(r - 1) for r in ratios):.2f}, "
+            f"p50 ratio {statistics.median(ratios):.2f}"
+        )
+    text = "\n".join(lines)
+    print("\n" + text)
+    with open(ROOT / ".cache" / "vllm-results.md", "a") as f:
+        f.write("\n" + text + "\n")
+    for url, s in speeds.items():
+        assert s["ttft_predictions"] >= 5, (url, s)  # judged past the warm-up on each engine
+        assert s["attention_s"] > 0, (url, s)  # its cost grows with the context: learned
+    long = by_size.get(LONG_SIZES[-1], [])
+    assert len(long) >= 8, by_size  # long prompts judged on both engines together
+    error = statistics.median(abs(r - 1) for r in long)
+    if error > TARGET:  # a benchmark result on a shared machine: marked, as above
+        pytest.xfail(f"long prompts: p50 error {error:.2f} (target {TARGET})")

@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from prefixroute.core import LoadTracker, ReplicaId
+from prefixroute.core import LoadTracker, ReplicaId, ReplicaSpeed
 from prefixroute.gateway import Gateway, HFTokenizer
 
 from .engines import MODEL, ROOT, VLLMServer
@@ -177,6 +177,14 @@ def _f(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def publish(lines: list[str]) -> None:
+    """Print a pass's report and append it to .cache/vllm-results.md (kept across runs)."""
+    text = "\n".join(lines)
+    print("\n" + text)
+    with open(ROOT / ".cache" / "vllm-results.md", "a") as f:
+        f.write("\n" + text + "\n")
+
+
 def report(name: str, speeds: dict[str, dict[str, Any]], judged: list[Judged]) -> float:
     """Print each engine's learned speed and prediction error; the pooled p50 error."""
     pooled = [r for s in speeds.values() for r in s["ratios"]]
@@ -198,10 +206,7 @@ def report(name: str, speeds: dict[str, dict[str, Any]], judged: list[Judged]) -
             f"p50 ratio {_f(s['ttft_ratio_p50'])}"
         )
     lines.append("  by circumstance: " + breakdown(judged))
-    text = "\n".join(lines)
-    print("\n" + text)
-    with open(ROOT / ".cache" / "vllm-results.md", "a") as f:
-        f.write("\n" + text + "\n")
+    publish(lines)
     return p50
 
 
@@ -243,6 +248,27 @@ LONG_REQUESTS = 48  # across both engines, a third of them long
 LONG_SIZES = ((30, 300), (300, 1500), (1500, 3800))  # uncached tokens; the window is 4,096
 
 
+async def replay(
+    engines: list[VLLMServer], work: list[tuple[str, int]], concurrency: int, tag: str
+) -> list[ReplicaSpeed]:
+    """``work`` ((prompt, max_tokens) per request, streamed) through a fresh round-robin
+    gateway with ``concurrency`` in flight, in order; each engine's speed model afterwards."""
+    limit = asyncio.Semaphore(concurrency)
+    config = gateway_config("round_robin", engines)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(timeout=timeout) as session, Gateway(config) as gw:
+        for engine in engines:
+            engine.reset_prefix_cache()
+
+        async def one(prompt: str, max_tokens: int) -> None:
+            async with limit:
+                body = streamed(prompt=prompt, max_tokens=max_tokens)
+                await stream_request(session, gw.url + "/v1/completions", body, tag)
+
+        await asyncio.gather(*(one(p, n) for p, n in work))
+        return [gw.router.replica_load(ReplicaId(e.url)).speed for e in engines]
+
+
 def long_prompts(tokenizer: HFTokenizer, seed: int) -> list[tuple[str, int]]:
     """(prompt, max_tokens) per request: fresh prompts, in turn short, middling and long (up
     to 3,800 of the engines' 4,096 tokens)."""
@@ -263,16 +289,10 @@ async def test_long_prompts_teach_attention_and_are_predicted(
     prompts, and with it predict the long ones. One at a time, round-robin (each engine gets
     every other request, whatever its estimates), the gateway's defaults otherwise."""
     judged = watch(monkeypatch)
-    tokenizer = HFTokenizer(MODEL)
-    config = gateway_config("round_robin", engines)
-    timeout = aiohttp.ClientTimeout(total=300)
-    async with aiohttp.ClientSession(timeout=timeout) as session, Gateway(config) as gw:
-        for engine in engines:
-            engine.reset_prefix_cache()
-        for prompt, max_tokens in long_prompts(tokenizer, seed=4):
-            body = streamed(prompt=prompt, max_tokens=max_tokens)
-            await stream_request(session, gw.url + "/v1/completions", body, "long")
-        speeds = {e.url: gw.router.replica_load(ReplicaId(e.url)).speed.snapshot() for e in engines}
+    models = await replay(engines, long_prompts(HFTokenizer(MODEL), seed=4), 1, "long")
+    speeds: dict[str, dict[str, Any]] = {
+        e.url: m.snapshot() for e, m in zip(engines, models, strict=True)
+    }
     lines = ["long prompts (round robin, one at a time):"]
     for url, s in speeds.items():
         lines.append(
@@ -291,10 +311,7 @@ async def test_long_prompts_teach_attention_and_are_predicted(
             f"{statistics.median(abs(r - 1) for r in ratios):.2f}, "
             f"p50 ratio {statistics.median(ratios):.2f}"
         )
-    text = "\n".join(lines)
-    print("\n" + text)
-    with open(ROOT / ".cache" / "vllm-results.md", "a") as f:
-        f.write("\n" + text + "\n")
+    publish(lines)
     for url, s in speeds.items():
         assert s["ttft_predictions"] >= 5, (url, s)  # judged past the warm-up on each engine
         assert s["attention_s"] > 0, (url, s)  # its cost grows with the context: learned
@@ -325,22 +342,11 @@ async def test_predictions_hold_with_requests_in_flight(
         (ttft_prompt(tokenizer, 30000 + i, rng.randint(*rng.choice(sizes))), rng.randint(1, 24))
         for i in range(QUEUE_REQUESTS)
     ]
-    limit = asyncio.Semaphore(QUEUE_CONCURRENCY)
-    config = gateway_config("round_robin", engines)
-    timeout = aiohttp.ClientTimeout(total=300)
-    async with aiohttp.ClientSession(timeout=timeout) as session, Gateway(config) as gw:
-        for engine in engines:
-            engine.reset_prefix_cache()
-
-        async def one(prompt: str, max_tokens: int) -> None:
-            async with limit:
-                body = streamed(prompt=prompt, max_tokens=max_tokens)
-                await stream_request(session, gw.url + "/v1/completions", body, "in flight")
-
-        await asyncio.gather(*(one(p, n) for p, n in work))
-        models = [gw.router.replica_load(ReplicaId(e.url)).speed for e in engines]
-        speeds = {e.url: m.snapshot() for e, m in zip(engines, models, strict=True)}
-        pooled = [r for m in models for r in m.ttft_ratios()]
+    models = await replay(engines, work, QUEUE_CONCURRENCY, "in flight")
+    speeds: dict[str, dict[str, Any]] = {
+        e.url: m.snapshot() for e, m in zip(engines, models, strict=True)
+    }
+    pooled = [r for m in models for r in m.ttft_ratios()]
     p50 = statistics.median(abs(r - 1) for r in pooled)
     lines = [f"six in flight: p50 |predicted/measured - 1| = {p50:.3f} over {len(pooled)}"]
     for url, s in speeds.items():
@@ -351,10 +357,7 @@ async def test_predictions_hold_with_requests_in_flight(
             f"predictions, p50 error {_f(s['ttft_error_p50'])}, ratio {_f(s['ttft_ratio_p50'])}"
         )
     lines.append("  by circumstance: " + breakdown(judged))
-    text = "\n".join(lines)
-    print("\n" + text)
-    with open(ROOT / ".cache" / "vllm-results.md", "a") as f:
-        f.write("\n" + text + "\n")
+    publish(lines)
     for url, s in speeds.items():
         assert s["ttft_predictions"] >= 20, (url, s)  # judged past the warm-up on each engine
     assert sum(j.decoding for j in judged) >= 20, breakdown(judged)  # the circumstance asked

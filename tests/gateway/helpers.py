@@ -223,3 +223,22 @@ async def reset_until_live(
             async with session.post(url + "/reset_prefix_cache") as resp:
                 assert (await resp.json())["success"]
             await asyncio.sleep(0.01)
+
+
+def counter(text: str, name: str) -> float:
+    """A counter's total over its labels in a /metrics page."""
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{.*}})? (\S+)$", text, re.M))
+
+
+async def metrics_page(session: aiohttp.ClientSession, gw: Gateway) -> str:
+    """The gateway's /metrics page."""
+    async with session.get(gw.url + "/metrics") as resp:
+        return await resp.text()
+
+
+async def post_json(
+    session: aiohttp.ClientSession, url: str, body: object, **kw: Any
+) -> tuple[int, dict[str, str], str]:
+    """POST ``body`` as JSON: (status, headers, the answer's text)."""
+    async with session.post(url, json=body, **kw) as resp:
+        return resp.status, dict(resp.headers), await resp.text()

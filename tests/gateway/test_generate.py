@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from typing import Any
 
 import aiohttp
@@ -16,7 +15,17 @@ from aiohttp import web
 
 from prefixroute.gateway import Gateway, TenancyConfig
 
-from .helpers import FAST_REPLICA, STEADY, ClusterFactory, FakeFactory, GatewayFactory, words
+from .helpers import (
+    FAST_REPLICA,
+    STEADY,
+    ClusterFactory,
+    FakeFactory,
+    GatewayFactory,
+    counter,
+    metrics_page,
+    post_json,
+    words,
+)
 
 SECRET = "0123456789abcdef-tenant-salt-secret"
 
@@ -24,18 +33,7 @@ SECRET = "0123456789abcdef-tenant-salt-secret"
 async def generate(
     session: aiohttp.ClientSession, gw: Gateway, body: dict[str, Any], **kw: Any
 ) -> tuple[int, dict[str, str], str]:
-    async with session.post(gw.url + "/generate", json=body, **kw) as resp:
-        return resp.status, dict(resp.headers), await resp.text()
-
-
-def counter(text: str, name: str) -> float:
-    """A counter's total over its labels in a /metrics page."""
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{.*}})? (\S+)$", text, re.M))
-
-
-async def metrics(session: aiohttp.ClientSession, gw: Gateway) -> str:
-    async with session.get(gw.url + "/metrics") as resp:
-        return await resp.text()
+    return await post_json(session, gw.url + "/generate", body, **kw)
 
 
 async def test_a_conversation_on_generate_stays_where_it_is_cached(
@@ -57,7 +55,7 @@ async def test_a_conversation_on_generate_stays_where_it_is_cached(
             assert int(headers["x-prefixroute-predicted-cached-tokens"]) > 300
         text += " " + answer["text"]
     assert len(set(served)) == 1 and min(cached[1:]) > 300
-    page = await metrics(session, gw)
+    page = await metrics_page(session, gw)
     # Counted as requests, and every answer's meta_info read as its usage report.
     assert 'prefixroute_requests_total{reason="prefix_match"' in page
     assert counter(page, "prefixroute_actual_cached_tokens_total") == sum(cached)
@@ -90,7 +88,7 @@ async def test_a_generate_stream_is_relayed_and_its_counts_learned(
         assert raw.endswith("data: [DONE]\n\n")
         chunks = [json.loads(e[6:]) for e in raw.split("\n\n") if e.startswith("data: {")]
         assert [c["meta_info"]["completion_tokens"] for c in chunks] == [1, 2, 3, 4]
-    page = await metrics(session, gw)
+    page = await metrics_page(session, gw)
     assert counter(page, "prefixroute_actual_cached_tokens_total") == chunks[-1]["meta_info"][
         "cached_tokens"
     ] > 150  # fmt: skip

@@ -49,6 +49,8 @@ from .fakes import MODEL, completion_body, serve_every_path
 from .helpers import FAST_GATEWAY, running
 from .rawhttp import exchange, split_answer
 
+STORED = "resp_rec"  # the id of every Responses answer the recorder gives
+
 KEY = "pr-" + "p" * 40
 TOKEN = "paths-admin-token"
 BOUND_S = 10.0  # longest any request here may take, seconds
@@ -89,6 +91,9 @@ class Recorder:
         if request.path == "/generate":  # SGLang's answer
             meta = {"prompt_tokens": 10, "completion_tokens": 1, "cached_tokens": 0}
             return web.json_response({"text": " ok", "meta_info": meta})
+        if request.path.startswith("/v1/responses"):  # a Responses answer, always one id
+            usage = {"input_tokens": 10, "output_tokens": 1}
+            return web.json_response({"id": STORED, "object": "response", "usage": usage})
         return web.Response(body=completion_body(), content_type="application/json")
 
 
@@ -271,8 +276,8 @@ def test_ambiguous_paths_are_refused_before_authentication(
 
 @pytest.mark.parametrize(
     "target",
-    ["/v1/foo", "/v1/responses", "/v1/load_lora_adapter", "/v1/tokenize", "/v1/models/x",
-     "/v1/embeddings/x", "/v1/audio/transcriptions", "/v1/completions/x"],
+    ["/v1/foo", "/v1/responses/resp_1/input_items", "/v1/load_lora_adapter", "/v1/tokenize",
+     "/v1/models/x", "/v1/embeddings/x", "/v1/audio/transcriptions", "/v1/completions/x"],
 )  # fmt: skip
 @pytest.mark.parametrize("keyed", [False, True])
 def test_paths_off_the_allowlist_are_404_and_reach_no_replica(
@@ -299,7 +304,27 @@ def test_prompt_endpoints_still_reach_their_own_paths(servers: Servers, recorder
     chat = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     http(servers.port(), b"POST", b"/v1/completions", JSON, PROMPT)
     http(servers.port(), b"POST", b"/v1/chat/completions", JSON, chat.encode())
-    assert [h.raw_path for h in recorder.hits] == ["/v1/completions", "/v1/chat/completions"]
+    http(servers.port(), b"POST", b"/v1/responses", JSON, b'{"input": "hi"}')
+    assert [h.raw_path for h in recorder.hits] == [
+        "/v1/completions", "/v1/chat/completions", "/v1/responses"
+    ]  # fmt: skip
+
+
+def test_a_stored_response_is_asked_for_at_its_own_path_only(
+    servers: Servers, recorder: Recorder
+) -> None:
+    """The path is built from the checked id (and the parsed query), never the client's."""
+    answer = http(servers.port(), b"POST", b"/v1/responses", JSON, b'{"input": "hi"}')
+    assert answer.status == 200, answer
+    for method, target in ((b"GET", f"/v1/responses/{STORED}?stream=false#x"),
+                           (b"POST", f"/v1/responses/{STORED}/cancel"),
+                           (b"GET", "/v1/responses/resp_never_answered"),
+                           (b"GET", f"/v1/responses/{STORED}/input_items")):  # fmt: skip
+        http(servers.port(), method, target.encode(), JSON)
+    assert [(h.method, h.raw_path_qs) for h in recorder.hits[1:]] == [
+        ("GET", f"/v1/responses/{STORED}?stream=false"),
+        ("POST", f"/v1/responses/{STORED}/cancel"),
+    ]
 
 
 def test_the_replica_gets_the_canonical_path_and_a_reencoded_query(
@@ -398,14 +423,15 @@ async def test_upstream_target_is_the_route_not_the_request() -> None:
 
 def test_the_allowlist_is_small_and_holds_no_engine_controls() -> None:
     assert set(PASSTHROUGH_PATHS) == {"/v1/embeddings"}
-    assert {"/v1/completions", "/v1/chat/completions", "/generate", "/v1/embeddings"} == (
-        FORWARDED_PATHS
-    )
+    listed = {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/generate",
+              "/v1/embeddings"}  # fmt: skip
+    assert listed == FORWARDED_PATHS
 
 
 # --- the published description ------------------------------------------------------------------
-DOCUMENTED = {"/v1/completions", "/v1/chat/completions", "/generate", "/v1/models",
-              "/v1/embeddings", "/health", "/metrics", "/openapi.json"}  # fmt: skip
+DOCUMENTED = {"/v1/completions", "/v1/chat/completions", "/v1/responses",
+              "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel", "/generate",
+              "/v1/models", "/v1/embeddings", "/health", "/metrics", "/openapi.json"}  # fmt: skip
 
 
 def test_openapi_is_served_without_a_key_and_matches_the_routes(servers: Servers) -> None:
@@ -419,10 +445,10 @@ def test_openapi_is_served_without_a_key_and_matches_the_routes(servers: Servers
     routes: set[tuple[str, str]] = set()
     for route in servers.gateways[1].app.router.routes():
         info = route.resource.get_info() if route.resource is not None else {}
-        path = info.get("path")
+        path = info.get("path", info.get("formatter"))  # exact, or with {variables}
         # /admin/* and /dashboard answer to the admin token: not the clients' surface.
         admin = path is not None and path.startswith(("/admin/", "/dashboard"))
-        if path is not None and not admin and route.method != "HEAD":
+        if path is not None and not admin and route.method not in ("HEAD", "*"):  # "*": the 404
             routes.add((route.method.lower(), path))
     documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
     assert routes == documented
@@ -469,8 +495,12 @@ headers = st.lists(
 
 
 def assert_no_forward_off_the_list(recorder: Recorder) -> None:
+    """Every forward was a POST to an allowlisted path, or a call on the one stored response
+    the recorder ever answered (its GET, its cancel)."""
+    stored = {("GET", f"/v1/responses/{STORED}"), ("POST", f"/v1/responses/{STORED}/cancel")}
     for hit in recorder.hits:
-        assert hit.method == "POST" and hit.raw_path in FORWARDED_PATHS, hit
+        listed = hit.method == "POST" and hit.raw_path in FORWARDED_PATHS
+        assert listed or (hit.method, hit.raw_path) in stored, hit
 
 
 @settings(
@@ -519,13 +549,16 @@ def openapi_schema(servers: Servers) -> Any:
 
 
 OPERATIONS = [("post", "/v1/completions"), ("post", "/v1/chat/completions"),
+              ("post", "/v1/responses"), ("get", "/v1/responses/{response_id}"),
+              ("post", "/v1/responses/{response_id}/cancel"),
               ("post", "/generate"), ("post", "/v1/embeddings"), ("get", "/v1/models"),
               ("get", "/health"), ("get", "/metrics"), ("get", "/openapi.json")]  # fmt: skip
 
 
-# Invalid cases need something to make invalid: only the operations that take a body.
+# Invalid cases need something to make invalid: only the operations that take a body (a cancel
+# takes none).
 SURFACE = [(m, p, GenerationMode.POSITIVE) for m, p in OPERATIONS] + [
-    (m, p, GenerationMode.NEGATIVE) for m, p in OPERATIONS if m == "post"
+    (m, p, GenerationMode.NEGATIVE) for m, p in OPERATIONS if m == "post" and "{" not in p
 ]
 
 

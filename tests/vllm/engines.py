@@ -89,6 +89,9 @@ class VLLMServer:
             "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: 262,144 tokens of this model's KV cache
             "HF_HUB_OFFLINE": "1",
             "VLLM_SERVER_DEV_MODE": "1",  # /reset_prefix_cache, /server_info
+            # Store Responses API answers, so that previous_response_id can name them
+            # (test_responses.py); vLLM keeps them in memory, and only then.
+            "VLLM_ENABLE_RESPONSES_API_STORE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_CPU_OMP_THREADS_BIND": str(self.cpu) if self.cpu is not None else "auto",
         }

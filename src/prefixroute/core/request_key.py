@@ -1,9 +1,10 @@
 """One request as the router keys it: read once, the same way by every front end.
 
 The gateway and the Envoy endpoint picker hold a request as the parsed JSON object of
-``/v1/completions``, ``/v1/chat/completions`` or SGLang's native ``/generate``; the Ray Serve router
-holds Ray LLM's request model, with the same fields as attributes. :func:`key_of` reads either
-(through :func:`~prefixroute.core.prompt_key.field_of`) into one :class:`RouteKey`, and
+``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses`` or SGLang's native
+``/generate``; the Ray Serve router holds Ray LLM's request model, with the same fields as
+attributes. :func:`key_of` reads either (through :func:`~prefixroute.core.prompt_key.field_of`)
+into one :class:`RouteKey`, and
 :meth:`RouteKey.view` turns the key into the router's :class:`RequestView`, so the choice between
 text and token ids is written once.
 
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from prefixroute.core.errors import InvalidPrompt
 from prefixroute.core.prompt_key import chat_text, field_of, prompt_key, prompts_in
+from prefixroute.core.responses_input import responses_messages
 from prefixroute.core.types import RequestView
 
 if TYPE_CHECKING:
@@ -42,6 +44,7 @@ class Endpoint(StrEnum):
     COMPLETIONS = "completions"
     CHAT = "chat_completions"
     GENERATE = "generate"  # SGLang's native /generate: text or input_ids, sampling_params
+    RESPONSES = "responses"  # OpenAI's Responses API: instructions and input items
     OTHER = "other"  # any other /v1/* call: routed on load alone
 
 
@@ -62,6 +65,9 @@ class RouteKey:
     adapter: str | None = None  # the LoRA adapter ``model`` names (None: a base model)
     prompts: int = 1  # prompts in the request: a batch is keyed on its first
     choices: int = 1  # sequences generated per prompt (``n``; ``best_of`` when larger)
+    # The stored response a Responses request continues (``previous_response_id``): the
+    # replica that stored it holds the conversation before it (core/responses_input.py).
+    continues: str | None = None
 
     def view(self, router: Router, request_id: str) -> RequestView:
         """The router's view of this request: its prompt hashed once, in the key space of its
@@ -100,6 +106,8 @@ def key_of(endpoint: Endpoint, request: object) -> RouteKey:
                         prompts=prompts_in(prompt), choices=choices)  # fmt: skip
     if endpoint is Endpoint.GENERATE:
         return _generate_key(request, model, stream is True)
+    if endpoint is Endpoint.RESPONSES:
+        return _responses_key(request, model, stream is True)
     return RouteKey("", None, model, stream is True, max_tokens)
 
 
@@ -137,6 +145,20 @@ def _generate_key(request: object, model: str | None, stream: bool) -> RouteKey:
         raise InvalidPrompt(_GENERATE_PROMPTS[named])
     return RouteKey(key_text, tokens, model, stream, max_tokens, adapter=adapter,
                     prompts=prompts_in(prompt), choices=_choices(params, ("n",)))  # fmt: skip
+
+
+def _responses_key(request: object, model: str | None, stream: bool) -> RouteKey:
+    """OpenAI's ``/v1/responses``: keyed as the chat messages its ``instructions`` and
+    ``input`` stand for (:mod:`prefixroute.core.responses_input`), ``max_output_tokens``, and
+    the stored response it continues, if any."""
+    _, instructions = field_of(request, "instructions")
+    messages = responses_messages(instructions, field_of(request, "input")[1])
+    _, continues = field_of(request, "previous_response_id")
+    if continues is not None and (not isinstance(continues, str) or not continues):
+        raise InvalidPrompt("'previous_response_id' must be a non-empty string")
+    max_tokens = _max_tokens(request, ("max_output_tokens",))
+    return RouteKey(chat_text(messages), None, model, stream, max_tokens, messages,
+                    continues=continues)  # fmt: skip
 
 
 _GENERATE_PROMPTS = {  # what each /generate prompt field must be

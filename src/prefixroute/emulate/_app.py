@@ -1,7 +1,9 @@
 """The emulated replica's aiohttp application: OpenAI endpoints over one engine loop.
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (plain or SSE stream),
-SGLang's ``POST /generate`` (``_sglang``: its own request and answer shapes),
+``POST /v1/responses`` and ``GET /v1/responses/{id}`` (``_responses``: OpenAI's Responses API,
+stored answers included), SGLang's ``POST /generate`` (``_sglang``: its own request and answer
+shapes),
 ``GET /v1/models``, ``GET /health`` (200 while the engine runs, 503 otherwise),
 ``GET /metrics`` (Prometheus text, vLLM metric names), ``POST /reset_prefix_cache`` (vLLM's
 dev-mode endpoint: drops every cached prefix unless requests are running) and SGLang's
@@ -41,6 +43,7 @@ from prefixroute.emulate._openai import (
     models_body,
     parse_request,
 )
+from prefixroute.emulate._responses import ResponseStore, ResponsesWriter, parse_responses
 from prefixroute.emulate._sglang import GenerateWriter, parse_generate
 from prefixroute.events import EventPublisher
 from prefixroute.sim.replica import ReplicaModel
@@ -50,7 +53,9 @@ ENGINE = web.AppKey("prefixroute.emulate.engine", EngineLoop)
 METRICS = web.AppKey("prefixroute.emulate.metrics", CollectorRegistry)
 STARTED = web.AppKey("prefixroute.emulate.started", int)  # unix time, for /v1/models
 EVENTS = web.AppKey("prefixroute.emulate.kv_events", KVEventBridge)  # only with kv_events
+STORE = web.AppKey("prefixroute.emulate.responses", ResponseStore)  # the Responses API's
 
+Writer = ResponseWriter | GenerateWriter | ResponsesWriter  # one request's answer, by endpoint
 MAX_BODY_BYTES = 64 * 1024 * 1024  # prompts of a few million characters still fit
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
@@ -68,12 +73,15 @@ def build_app(config: EmulatorConfig) -> web.Application:
     app[CONFIG] = config
     app[ENGINE] = engine
     app[METRICS] = make_registry(engine, config.model)
+    app[STORE] = ResponseStore()
     app[STARTED] = int(time.time())
     app.cleanup_ctx.append(_events_ctx)
     app.cleanup_ctx.append(_engine_ctx)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/generate", sglang_generate)
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_get("/v1/responses/{response_id}", stored_response)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -120,13 +128,27 @@ async def sglang_generate(request: web.Request) -> web.StreamResponse:
     return await _generate(request, Endpoint.GENERATE)
 
 
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, Endpoint.RESPONSES)
+
+
+async def stored_response(request: web.Request) -> web.Response:
+    """A stored Responses answer (404 when this replica holds none by that id)."""
+    answer = request.app[STORE].answer(request.match_info["response_id"])
+    return web.json_response(answer)
+
+
 async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     config, engine = request.app[CONFIG], request.app[ENGINE]
     body = await _read_json(request)
-    writer: ResponseWriter | GenerateWriter
+    writer: Writer
     if endpoint is Endpoint.GENERATE:
         parsed = parse_generate(body, config.adapters)
         writer = GenerateWriter(parsed)
+    elif endpoint is Endpoint.RESPONSES:
+        store = request.app[STORE]
+        parsed, conversation = parse_responses(body, config.model, config.adapters, store)
+        writer = ResponsesWriter(parsed, config.model, conversation, store)
     else:
         parsed = parse_request(endpoint, body, config.model, config.adapters)
         writer = ResponseWriter(parsed, config.model)
@@ -144,7 +166,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         engine.release(gen)
 
 
-async def _whole(writer: ResponseWriter | GenerateWriter, gen: Generation) -> web.Response:
+async def _whole(writer: Writer, gen: Generation) -> web.Response:
     generated = 0
     while (item := await gen.queue.get()) != FINISHED:
         if item == ABORTED:
@@ -155,7 +177,7 @@ async def _whole(writer: ResponseWriter | GenerateWriter, gen: Generation) -> we
 
 
 async def _stream(
-    request: web.Request, writer: ResponseWriter | GenerateWriter, gen: Generation, usage: bool
+    request: web.Request, writer: Writer, gen: Generation, usage: bool
 ) -> web.StreamResponse:
     """Token events as the engine makes them, then the usage chunk (when ``usage``) and
     ``[DONE]``."""

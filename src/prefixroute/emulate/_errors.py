@@ -9,7 +9,8 @@ with the status each class answers::
     ├── ModelNotFound               404 a ``model`` this replica does not serve (core)
     ├── EngineStopped               503 the engine loop is not running (in _engine)
     └── EmulateError                500
-        └── InvalidRequest          400 malformed JSON or a bad field
+        ├── InvalidRequest          400 malformed JSON or a bad field
+        └── UnknownResponse         404 a stored response this replica does not hold
 
 Bodies are ``{"error": {"message", "type", "param", "code"}}`` as OpenAI sends them; ``code``
 is the HTTP status, as vLLM fills it (so the rows leave ``ErrorSpec.code`` unset). The table is
@@ -51,11 +52,16 @@ class InvalidRequest(EmulateError):
     """The request body is not valid JSON or has a bad field."""
 
 
+class UnknownResponse(EmulateError):
+    """A Responses API call names a response this replica has not stored."""
+
+
 ERROR_TABLE: dict[type[BaseException], ErrorSpec] = {
     InvalidRequest: ErrorSpec(400, "BadRequestError"),
     ConfigError: ErrorSpec(400, "BadRequestError"),
     RequestTooLarge: ErrorSpec(400, "BadRequestError"),
     ModelNotFound: ErrorSpec(404, "NotFoundError"),
+    UnknownResponse: ErrorSpec(404, "invalid_request_error"),  # vLLM's type for it
     EngineStopped: ErrorSpec(503, "ServiceUnavailableError"),
     PrefixrouteError: ErrorSpec(500, "InternalServerError"),
 }

@@ -1,13 +1,15 @@
 """The gateway application: OpenAI endpoints in front of replicas, routed by one Router.
 
-Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (routed on the prompt or the
-messages), ``POST /generate`` (SGLang's native call, routed on its text or token ids), ``GET
-/v1/models`` (the union of the replicas' models), the allowlisted passthrough paths of ``_paths``
-(``/v1/embeddings``: passed to a replica chosen on load alone), ``GET /health``, ``GET /metrics``,
-``GET /openapi.json``, the fleet page ``GET /dashboard`` (``_dashboard``: behind the admin token, or
-loopback-only without one) and, with an admin token, ``/admin/replicas``. Every other path is a 404
-that reaches no replica, and a replica only ever gets the route's own path
-(``_paths.upstream_target``), never the client's raw one.
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` (routed
+on the prompt or the messages; a stored response's ``GET /v1/responses/{id}`` and its ``cancel``
+go to the replica that stored it, ``_responses``), ``POST /generate`` (SGLang's native call,
+routed on its text or token ids), ``GET /v1/models`` (the union of the replicas' models), the
+allowlisted passthrough paths of ``_paths`` (``/v1/embeddings``: passed to a replica chosen on
+load alone), ``GET /health``, ``GET /metrics``, ``GET /openapi.json``, the fleet page ``GET
+/dashboard`` (``_dashboard``: behind the admin token, or loopback-only without one) and, with an
+admin token, ``/admin/replicas``. Every other path is a 404 that reaches no replica, and a
+replica only ever gets the route's own path (``_paths.upstream_target``), never the client's raw
+one.
 
 A handler does four things: parse, once (``_admit``: the body read under ``_requests``' strict
 rules into the core's route key, put in the tenant's key space, re-encoded, and tokenized with
@@ -19,8 +21,9 @@ decisions (approximate). ``--tokenizer`` keys them on the engine's token ids in 
 ``kv_block_size``. ``--kv-events`` or ``--kv-events-each`` (precise mode) also leaves the index
 to the replicas' KV events (``_precise``) and covers fresh decisions with speculative entries.
 ``--sync-redis`` shares approximate-mode decisions with other instances (``_sync``). One
-``ClientSession`` lives in ``cleanup_ctx`` with explicit timeouts: connect, and ``sock_read``
-(the longest silence between two upstream reads) but no total, which would cut long streams.
+``ClientSession`` lives in ``cleanup_ctx`` (``_lifetime``) with explicit timeouts: connect, and
+``sock_read`` (the longest silence between two upstream reads) but no total, which would cut
+long streams.
 On shutdown (``Gateway.stop``) the listener keeps accepting and answers new requests with a 503
 and ``Connection: close``, in-flight requests finish up to ``shutdown_timeout_s``, and those
 still running then are cut with an explicit error (an SSE error event, or a 503); only then is
@@ -33,13 +36,11 @@ import asyncio
 import dataclasses
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
-import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from prefixroute._pool import upstream_connector
 from prefixroute.core import (
     BlockHasher,
     ReplicaId,
@@ -62,7 +63,7 @@ from prefixroute.gateway._admission import (
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import Observer, ShuttingDown, make_error_middleware
 from prefixroute.gateway._fleetview import FLEET, FleetView
-from prefixroute.gateway._health import HealthChecker
+from prefixroute.gateway._lifetime import events_ctx, refuse_new, session_ctx
 from prefixroute.gateway._limits import Limits
 from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._openapi import OPENAPI_PATH, make_openapi_handler
@@ -119,9 +120,9 @@ def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -
     app[TENANTS] = tenants
     app[LOG_BODIES] = config.log_bodies
     app[FLEET] = fleet
-    app.cleanup_ctx.append(_events_ctx)
-    app.cleanup_ctx.append(_session_ctx)
-    app.on_shutdown.append(_refuse_new)
+    app.cleanup_ctx.append(events_ctx)
+    app.cleanup_ctx.append(session_ctx)
+    app.on_shutdown.append(refuse_new)
     _add_routes(app, config)
     return app
 
@@ -202,6 +203,10 @@ def _add_routes(app: web.Application, config: GatewayConfig) -> None:
     app.router.add_post("/v1/completions", completions, expect_handler=eh)
     app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=eh)
     app.router.add_post("/generate", generate, expect_handler=eh)
+    app.router.add_post("/v1/responses", responses, expect_handler=eh)
+    # A stored response, on the replica that stored it (_responses); paths: _paths.
+    app.router.add_get("/v1/responses/{response_id}", stored_response, expect_handler=eh)
+    app.router.add_post("/v1/responses/{response_id}/cancel", stored_response, expect_handler=eh)
     app.router.add_get("/v1/models", models, expect_handler=eh)
     for path in PASSTHROUGH_PATHS:  # an allowlist: any other /v1 path is the catch-all's 404
         app.router.add_post(path, passthrough, expect_handler=eh)
@@ -223,68 +228,6 @@ def _event_endpoints(config: GatewayConfig) -> dict[ReplicaId, EventEndpoint]:
     return by_replica(config.kv_event_endpoints(), config.replicas, "KV events")
 
 
-async def _events_ctx(app: web.Application) -> AsyncIterator[None]:
-    """KV-event subscribers (precise mode), decision sharing (sync_redis) and the tokenizer
-    threads, for the app's lifetime."""
-    state = app[STATE]
-    if state.precise is not None:
-        await state.precise.start()
-    if state.sync is not None:
-        await state.sync.start()  # never fails: an unreachable Redis is retried in background
-    try:
-        yield
-    finally:
-        if state.sync is not None:
-            await state.sync.stop()
-        if state.precise is not None:
-            await state.precise.stop()
-        if state.tokenizer is not None:
-            state.tokenizer.shutdown()
-        if state.tracing is not None:
-            state.tracing.shutdown()  # exports what is still batched
-
-
-async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
-    state = app[STATE]
-    cfg = state.config
-    timeout = aiohttp.ClientTimeout(
-        total=None,
-        connect=cfg.connect_timeout_s,
-        sock_connect=cfg.connect_timeout_s,
-        sock_read=cfg.read_timeout_s,
-    )
-    session = aiohttp.ClientSession(
-        connector=upstream_connector(cfg.upstream_idle_timeout_s),
-        timeout=timeout,
-        auto_decompress=False,  # relay bytes as the replica sent them
-        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),  # forward the client's
-        raise_for_status=False,
-        # A proxy keeps no cookies: one client's Set-Cookie must never ride on another
-        # client's request (aiohttp's default jar stores cookies from host-named replicas).
-        cookie_jar=aiohttp.DummyCookieJar(),
-    )
-    limits = state.limits
-    state.proxy = Proxy(
-        session, state.router, state.registry, state.metrics, state.sync,
-        is_cutting=lambda: limits.cutting, tracing=state.tracing,
-        on_usage_refused=state.stop_asking_stream_usage, on_usage_taken=state.stream_usage_taken,
-    )  # fmt: skip
-    state.health = HealthChecker(state.registry, session, cfg)
-    try:
-        await state.health.check_all(first=True)  # learn models; silent replicas start out
-        state.health.start()
-        yield
-    finally:
-        await state.health.stop()
-        state.proxy = state.health = None
-        await session.close()
-
-
-async def _refuse_new(app: web.Application) -> None:
-    """Refuse new requests (``Gateway.stop`` has drained already; this covers a bare runner)."""
-    app[STATE].limits.draining = True
-
-
 def _state(request: web.Request) -> tuple[GatewayState, Proxy]:
     state = request.app[STATE]
     if state.proxy is None:
@@ -292,11 +235,14 @@ def _state(request: web.Request) -> tuple[GatewayState, Proxy]:
     return state, state.proxy
 
 
-async def _proxied(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+async def _proxied(
+    request: web.Request, endpoint: Endpoint, owner: ReplicaId | None = None
+) -> web.StreamResponse:
+    """Admit, route and relay one request (``owner``: the one replica it may go to)."""
     state, proxy = _state(request)
     try:
         with state.limits.admit():
-            admitted = await _admit(request, state, endpoint)
+            admitted = await _admit(request, state, endpoint, owner)
             log_request_body(request.app, admitted.request_id, admitted.body)
             response = await proxy.forward(request, admitted)
             log_response_body(request.app, admitted.request_id, response)
@@ -313,10 +259,13 @@ async def _proxied(request: web.Request, endpoint: Endpoint) -> web.StreamRespon
         raise ShuttingDown("the gateway shut down before this request was answered") from None
 
 
-async def _admit(request: web.Request, state: GatewayState, endpoint: Endpoint) -> Admitted:
+async def _admit(
+    request: web.Request, state: GatewayState, endpoint: Endpoint, owner: ReplicaId | None
+) -> Admitted:
     """Read the request once: the body parsed and keyed, the key made the router's
     (``GatewayState.route_key``: the tenant's space, which edits the parsed body's
-    ``cache_salt``, the adapter, tokens), and the body re-encoded for the replica."""
+    ``cache_salt``, the adapter, tokens), the replica of the response it continues, if any,
+    and the body re-encoded for the replica."""
     body = await state.limits.read_body(request)
     rid = request_id_of(request)
     scope = request.get(TENANT_SCOPE)
@@ -329,6 +278,9 @@ async def _admit(request: web.Request, state: GatewayState, endpoint: Endpoint) 
         obj = parse_body(body)
         key = key_of(endpoint, obj)
     key = await state.route_key(endpoint, key, obj, scope)  # edits obj's cache_salt
+    if endpoint is Endpoint.RESPONSES:
+        isolated = scope is not None and scope.tenants.config.isolation
+        owner = state.responses.of_request(key, obj, isolated)
     asked = False
     if obj is not None:  # what the replica reads is what we parsed (see _requests)
         asked = state.ask_stream_usage(endpoint, obj)  # the usage every stream's learning needs
@@ -336,7 +288,7 @@ async def _admit(request: web.Request, state: GatewayState, endpoint: Endpoint) 
             headers["Accept-Encoding"] = "identity"
         body = encode_body(obj)
         headers["Content-Type"] = "application/json"
-    return Admitted(rid, endpoint, key, body, headers, scope, asked)
+    return Admitted(rid, endpoint, key, body, headers, scope, asked, owner)
 
 
 def _other_json(request: web.Request, body: bytes) -> object | None:
@@ -364,6 +316,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     return await _proxied(request, Endpoint.OTHER)
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await _proxied(request, Endpoint.RESPONSES)
+
+
+async def stored_response(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/responses/{id}`` or its ``cancel``: to the replica that stored it, in the
+    tenant's name (404 where this gateway does not know it: _responses)."""
+    scope = request.get(TENANT_SCOPE)
+    tenant = scope.tenant.name if scope is not None else None
+    owner = request.app[STATE].responses.of_stored(tenant, request.match_info["response_id"])
+    return await _proxied(request, Endpoint.OTHER, owner)
 
 
 async def models(request: web.Request) -> web.Response:

@@ -20,12 +20,14 @@ layers close that, each sufficient on its own:
   re-encoded from the parsed ``request.query``. So even a path that slipped through the first
   layer would reach only the endpoint its route names.
 
-The allowlist itself is the route table: ``/v1/completions``, ``/v1/chat/completions`` and SGLang's
-``/generate`` (full admission: tenant, salt, limits, routing on the prompt), ``/v1/models``
-(answered here), and :data:`PASSTHROUGH_PATHS`, routed on load alone. vLLM's OpenAI server also
-serves engine controls (``/reset_prefix_cache``, ``/sleep``, ``/v1/load_lora_adapter``), internals
-(``/metrics``, ``/health``, ``/tokenize``) and stateful APIs (``/v1/responses``); none of them is on
-the list, and every other path under ``/v1/`` is the catch-all's 404.
+The allowlist itself is the route table: ``/v1/completions``, ``/v1/chat/completions``,
+``/v1/responses`` and SGLang's ``/generate`` (full admission: tenant, salt, limits, routing on the
+prompt), ``/v1/models`` (answered here), :data:`PASSTHROUGH_PATHS`, routed on load alone, and a
+stored response's ``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel``, sent to the
+replica that stored it (:data:`STORED_RESPONSE_PATHS`). vLLM's OpenAI server also serves engine
+controls (``/reset_prefix_cache``, ``/sleep``, ``/v1/load_lora_adapter``) and internals
+(``/metrics``, ``/health``, ``/tokenize``); none of them is on the list, and every other path
+under ``/v1/`` is the catch-all's 404.
 
 One exception to the segment rules: the admin API names a replica by its URL-quoted URL in one
 segment (``/admin/replicas/http%3A%2F%2F10.0.0.11%3A8000/drain``), which decodes to slashes and
@@ -46,12 +48,13 @@ from yarl import URL
 
 from prefixroute.core import Endpoint
 
-# Routed on their prompt, and the call each is: OpenAI's two, and SGLang's native one (its own
+# Routed on their prompt, and the call each is: OpenAI's three, and SGLang's native one (its own
 # request and answer shapes: text or input_ids in, meta_info out).
 PROMPT_ENDPOINTS = {
     "/v1/completions": Endpoint.COMPLETIONS,
     "/v1/chat/completions": Endpoint.CHAT,
     "/generate": Endpoint.GENERATE,
+    "/v1/responses": Endpoint.RESPONSES,
 }
 PROMPT_PATHS = tuple(PROMPT_ENDPOINTS)
 # OpenAI endpoints that carry no prefix worth routing on: forwarded on load alone, after tenant
@@ -59,6 +62,13 @@ PROMPT_PATHS = tuple(PROMPT_ENDPOINTS)
 # (besides audio transcription, which takes multipart uploads we do not parse); keep it short.
 PASSTHROUGH_PATHS = ("/v1/embeddings",)
 FORWARDED_PATHS = frozenset(PROMPT_PATHS + PASSTHROUGH_PATHS)  # all that upstream_target sends
+# A stored response, on the replica that stored it (gateway/_responses.py): these two routes'
+# paths are built from their validated id, never copied from the client.
+STORED_RESPONSE_PATHS = {
+    "/v1/responses/{response_id}": "/v1/responses/{}",
+    "/v1/responses/{response_id}/cancel": "/v1/responses/{}/cancel",
+}
+RESPONSE_ID = re.compile(r"\A[A-Za-z0-9_-]{1,256}\Z")  # vLLM's are resp_ and hex digits
 
 _ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 _ENCODED_SEPARATOR = re.compile(r"%(2f|5c)", re.IGNORECASE)
@@ -167,12 +177,19 @@ def make_path_middleware() -> Middleware:
 
 def upstream_target(request: web.Request) -> str:
     """The path and query to send upstream for ``request``: its route's canonical path (one of
-    :data:`FORWARDED_PATHS`) and its parsed query, re-encoded. Never the client's raw string.
+    :data:`FORWARDED_PATHS`, or a stored response's, built from its checked id) and its parsed
+    query, re-encoded. Never the client's raw string.
 
     Raises RuntimeError when the matched route is not an exact, forwarded one: a handler that
     proxies from any other route is a bug, and a 500 is better than forwarding it.
     """
     resource = request.match_info.route.resource
+    if resource is not None and resource.canonical in STORED_RESPONSE_PATHS:
+        response_id = request.match_info["response_id"]
+        if not RESPONSE_ID.match(response_id):  # the handler checked it: a bug if not
+            raise RuntimeError(f"response id {response_id!r} is not one the gateway forwards")
+        path = STORED_RESPONSE_PATHS[resource.canonical].format(response_id)
+        return URL.build(path=path, query=request.query).raw_path_qs
     if not isinstance(resource, web.PlainResource) or resource.canonical not in FORWARDED_PATHS:
         raise RuntimeError(f"route {resource!r} is not one the gateway forwards")
     return URL.build(path=resource.canonical, query=request.query).raw_path_qs

@@ -34,7 +34,8 @@ Calibration: each answer's ``usage`` goes to the router (``observe_usage``, then
 with the completion tokens) when the replica's response ends, and a stream's first event is
 its measured first token, so the router learns every replica's prefill rate and decode step
 from real traffic (``core.speed``). A plain answer's first token is guessed when due, and its
-whole time teaches at its end (``_accounting``).
+whole time teaches at its end (``_accounting``). The replica of each Responses answer is noted,
+and a call naming a stored response goes there only (``_responses``).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ from prefixroute.gateway._relay import (
     upstream_error,
 )
 from prefixroute.gateway._requests import Admitted, Endpoint, payload_of
+from prefixroute.gateway._responses import ResponseOwners, pinned
 from prefixroute.gateway._tracing import RequestTracing, under_span
 from prefixroute.gateway._upstream_answers import (
     ReplicaBusy,
@@ -140,6 +142,7 @@ class Proxy:
         tracing: RequestTracing | None = None,
         on_usage_refused: Callable[[str], None] = lambda replica: None,
         on_usage_taken: Callable[[str], None] = lambda replica: None,
+        responses: ResponseOwners | None = None,
     ) -> None:
         self.session = session
         self.listener = listener
@@ -151,6 +154,7 @@ class Proxy:
         self.tracing = tracing  # otlp_endpoint: a span per request (_tracing)
         self.on_usage_refused = on_usage_refused  # (its name) refused stream_options: stop asking
         self.on_usage_taken = on_usage_taken  # (its name) answered 200 to stream_options
+        self.responses = responses if responses is not None else ResponseOwners()  # stored ones
         self._ids = itertools.count()
 
     async def forward(self, request: web.Request, admitted: Admitted) -> web.StreamResponse:
@@ -192,6 +196,7 @@ class Proxy:
             try:
                 candidates = self.registry.candidates(call.admitted.key.model, failed)
                 candidates = window.fitting(self.registry, candidates, needed)
+                candidates = pinned(call.admitted.owner, candidates)  # a stored response's
             except (NoReplicaAvailable, Overloaded):
                 if last is not None:  # nowhere left to retry: report the upstream failure
                     raise last from None
@@ -233,7 +238,7 @@ class Proxy:
                 continue
             finally:
                 release(None)
-            self._account(call.rid, call.admitted.endpoint, decision, result, verdict)
+            self._account(call.rid, call.admitted, decision, result, verdict)
             return result.response
 
     def _route(self, call: _Call, candidates: list[ReplicaId], hash_s: float) -> Decision:
@@ -340,9 +345,9 @@ class Proxy:
                             if is_event_stream(resp):
                                 ctl = StreamControl(
                                     name, started, first_token, release.after_answer,
-                                    self.is_cutting,
-                                    cfg.client_buffer_bytes, cfg.client_write_timeout_s,
-                                    admitted.usage_asked,
+                                    self.is_cutting, cfg.client_buffer_bytes,
+                                    cfg.client_write_timeout_s, admitted.usage_asked,
+                                    self.responses.recorder(admitted, replica),
                                 )  # fmt: skip
                                 return await relay_stream(request, resp, extra, ctl)
                             return await relay_plain(request, resp, extra, cfg.client_buffer_bytes)
@@ -370,17 +375,19 @@ class Proxy:
         return under_span(self.tracing, call.span, name, dict(call.admitted.headers))
 
     def _account(
-        self, rid: str, endpoint: Endpoint, decision: Decision, result: RelayResult,
+        self, rid: str, admitted: Admitted, decision: Decision, result: RelayResult,
         verdict: Verdict,
     ) -> None:  # fmt: skip
         if result.cut is not None:
             self.metrics.cut_streams.labels(result.cut).inc()
         verdict.answered(decision.replica, result)
         # What its usage says, once the answer has gone out (RelayResult.read_usage).
-        asyncio.get_running_loop().call_soon(self._usage, rid, endpoint, decision, result)
+        asyncio.get_running_loop().call_soon(self._usage, rid, admitted, decision, result)
 
-    def _usage(self, rid: str, endpoint: Endpoint, decision: Decision, result: RelayResult) -> None:
-        replica, usage = decision.replica, result.read_usage()
+    def _usage(self, rid: str, admitted: Admitted, decision: Decision, result: RelayResult) -> None:
+        replica, usage, endpoint = decision.replica, result.read_usage(), admitted.endpoint
+        if result.response_id is not None and result.status == 200:  # it may store it
+            self.responses.record(admitted.key.tenant, result.response_id, replica)
         # Usage is judged missing only of an answer that ended as the replica meant it to.
         whole = not (result.failure or result.cut or result.client_gone or result.error_status)
         if endpoint is not Endpoint.OTHER and result.status == 200 and whole:
@@ -388,12 +395,6 @@ class Proxy:
             self.metrics.observe_usage(
                 replica, decision.predicted_cached_tokens, result.cached_tokens, prompt
             )
-        log.debug(
-            "%s -> %s (%s) status=%d predicted_cached=%d cached=%s",
-            rid,
-            replica,
-            decision.reason.value,
-            result.status,
-            decision.predicted_cached_tokens,
-            result.cached_tokens,
-        )
+        log.debug("%s -> %s (%s) status=%d predicted_cached=%d cached=%s", rid, replica,
+                  decision.reason.value, result.status, decision.predicted_cached_tokens,
+                  result.cached_tokens)  # fmt: skip

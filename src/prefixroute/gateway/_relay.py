@@ -38,7 +38,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from prefixroute.gateway._errors import UpstreamError, UpstreamTimeout, error_body
 from prefixroute.gateway._sse import SSEScanner
-from prefixroute.gateway._usage import Usage, usage_in_body
+from prefixroute.gateway._usage import Usage, response_id_in_body, usage_in_body
 
 HOP_BY_HOP = frozenset(
     {
@@ -72,13 +72,18 @@ class RelayResult:
     usage: Usage | None = None  # the replica's token counts, when it reported them
     error_status: int | None = None  # a 200 stream reported an error in-band: its code (_sse)
     body: bytes | None = None  # a plain answer's body, its usage not read yet (read_usage)
+    response_id: str | None = None  # the Responses API's id of what it answered (stored there)
 
     def read_usage(self) -> Usage | None:
-        """The usage, read from a plain answer's body on the first call: the gateway reads it
-        once the answer has gone out (its parse is no wait of the client's, 10-60 us)."""
+        """The usage (and a Responses answer's id), read from a plain answer's body on the
+        first call: the gateway reads it once the answer has gone out (its parse is no wait of
+        the client's, 10-60 us)."""
         if self.body is not None:
-            self.usage, self.body = usage_in_body(self.body), None
+            body, self.body = self.body, None
+            self.usage = usage_in_body(body)
             self.cached_tokens = self.usage.cached_tokens if self.usage is not None else None
+            if self.response_id is None and b'"response"' in body:
+                self.response_id = response_id_in_body(body)
         return self.usage
 
 
@@ -95,6 +100,9 @@ class StreamControl:
     buffer_bytes: int  # bytes the transport may hold for a slow client
     write_timeout_s: float  # longest wait for a client to make room, seconds
     hide_usage: bool = False  # the gateway asked for the usage: keep its event from the client
+    # A Responses stream's id (its replica may store it), told before the client sees it: a
+    # client that continues it the moment it reads the end must find its replica known.
+    on_response_id: Callable[[str], None] | None = None
 
 
 class _SlowClient(Exception):
@@ -186,8 +194,9 @@ async def relay_stream(
     usage = scanner.usage if scanner is not None else None
     cached = usage.cached_tokens if usage is not None else None
     error = scanner.error_status if scanner is not None else None
+    stored = scanner.response_id if scanner is not None else None
     return RelayResult(relay.started(), resp.status, cached, failure, usage=usage,
-                       error_status=error)  # fmt: skip
+                       error_status=error, response_id=stored)  # fmt: skip
 
 
 class _StreamRelay:
@@ -209,6 +218,7 @@ class _StreamRelay:
         self.scanner = None if compressed else SSEScanner(hide_usage=ctl.hide_usage)
         self.out: web.StreamResponse | None = None  # the client's response, once started
         self._waiting_first = True  # no data event relayed yet
+        self._id_untold = ctl.on_response_id is not None  # a Responses stream's id, not told
 
     def started(self) -> web.StreamResponse:
         assert self.out is not None, "the client's response had started"
@@ -241,6 +251,10 @@ class _StreamRelay:
             _hold_for_client(self.request, self.ctl.buffer_bytes)
             self.ctl.on_started()
         if ready:
+            if self._id_untold and scanner is not None and scanner.response_id is not None:
+                self._id_untold = False
+                assert self.ctl.on_response_id is not None
+                self.ctl.on_response_id(scanner.response_id)
             if self._waiting_first and (scanner is None or scanner.saw_data):
                 self._waiting_first = False
                 self.ctl.on_first_data()

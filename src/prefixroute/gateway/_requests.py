@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from multidict import CIMultiDict
 
-from prefixroute.core import EMPTY_KEY, Endpoint, InvalidPrompt, RouteKey
+from prefixroute.core import EMPTY_KEY, Endpoint, InvalidPrompt, ReplicaId, RouteKey
 from prefixroute.core import key_of as _core_key_of
 from prefixroute.gateway._errors import BadRequest, InvalidJSON
 
@@ -75,6 +75,7 @@ class Admitted:
     # The gateway asked for the stream's usage the client did not (``_usage``): the relay
     # keeps the usage-only event from the client.
     usage_asked: bool = False
+    owner: ReplicaId | None = None  # the one replica it may go to: its stored response's
 
 
 def _no_constant(name: str) -> object:

@@ -8,18 +8,21 @@ in practice; an event split across chunks waits only for its own end.
 
 While relaying it notes the first event that carries output (the first token, for the load view and
 the speed model) and the ``cached_tokens`` of any event carrying ``usage`` (the final chunk, with
-vLLM) or SGLang's ``meta_info`` (every chunk of a ``/generate`` stream: the last one is parsed,
-once, when the usage is read). A chat stream's opening chunk with only the assistant's role is not
-the first token: vLLM and SGLang send it with the first token, but servers written otherwise send it
-when the stream opens, before any prefill, and every first token they served read as instant. Events
-are parsed as JSON until the first token and when they mention ``"usage"``; the rest is a byte
-search.
+vLLM; a Responses stream's ``response.completed``) or SGLang's ``meta_info`` (every chunk of a
+``/generate`` stream: the last one is parsed, once, when the usage is read). A chat stream's
+opening chunk with only the assistant's role is not the first token: vLLM and SGLang send it with
+the first token, but servers written otherwise send it when the stream opens, before any prefill,
+and every first token they served read as instant. Nor is a Responses stream's opening
+(``response.created``, ``response.in_progress``, an item or a part added): its first token is its
+first ``*.delta`` event, and its id (from ``response.created``) is noted. Events are parsed as JSON
+until the first token and when they mention ``"usage"``; the rest is a byte search.
 
 An event that reports an error in-band (``{"error": {...}}``, or vLLM's older ``{"object":
 "error", ...}``: what vLLM and SGLang send when a request fails after its stream started) is not
-output: ``error_status`` keeps its code (500 when it names none), so the request teaches no
-first token and its replica is judged by it (``_verdict``), where a healthy 200 was counted
-before and a replica failing every request in-band was learned as the fastest of its fleet.
+output: ``error_status`` keeps its code (500 when it names none; a Responses stream's ``error``
+and ``response.failed`` events too), so the request teaches no first token and its replica is
+judged by it (``_verdict``), where a healthy 200 was counted before and a replica failing every
+request in-band was learned as the fastest of its fleet.
 
 With ``hide_usage`` (the gateway asked for the usage the client did not,
 :func:`~prefixroute.gateway._usage.ask_for_stream_usage`) a usage-only event is read and not
@@ -44,6 +47,7 @@ class SSEScanner:
         self._meta_line: bytes | None = None
         self.hide_usage = hide_usage  # keep usage-only events from the client (module doc)
         self.error_status: int | None = None  # the first in-band error event's code (module doc)
+        self.response_id: str | None = None  # a Responses stream's id (its response.created)
 
     @property
     def usage(self) -> Usage | None:
@@ -91,10 +95,12 @@ class SSEScanner:
 
     def _scan(self, events: bytes) -> None:
         """Note the first token and an in-band error among complete ``events``."""
-        if self.error_status is None and b'"error"' in events:
+        if self.error_status is None and (b'"error"' in events or _FAILED in events):
             self.error_status = _error_in(events)
         if not self.saw_data and b"data:" in events:
             self.saw_data = _carries_output(events)
+        if self.response_id is None and b'"response.created"' in events:
+            self.response_id = _created_id(events)
 
     @property
     def pending(self) -> int:
@@ -172,6 +178,11 @@ def _carries_output(events: bytes) -> bool:
             return True
         if error_status_of(obj) is not None:
             continue  # an error reported in-band is no output (module docstring)
+        kind = obj.get("type")
+        if isinstance(kind, str) and kind.startswith("response."):  # the Responses API's
+            if kind.endswith(".delta"):  # text, reasoning, a function call's arguments...
+                return True
+            continue  # created, in_progress, an item or part added: nothing generated yet
         if "choices" not in obj and isinstance(obj.get("meta_info"), dict):
             if _generated_natively(obj):  # SGLang's /generate
                 return True
@@ -183,10 +194,22 @@ def _carries_output(events: bytes) -> bool:
     return False
 
 
+def _created_id(events: bytes) -> str | None:
+    """The id of the response that a ``response.created`` event among ``events`` announces."""
+    for event in _BOUNDARY.split(events)[::2]:
+        if b'"response.created"' in event:
+            obj = _data_of(event)
+            response = obj.get("response") if isinstance(obj, dict) else None
+            rid = response.get("id") if isinstance(response, dict) else None
+            if isinstance(rid, str):
+                return rid
+    return None
+
+
 def _error_in(events: bytes) -> int | None:
     """The code of the first in-band error event among ``events`` (None: none is)."""
     for event in _BOUNDARY.split(events)[::2]:
-        if b'"error"' in event:
+        if b'"error"' in event or _FAILED in event:
             status = error_status_of(_data_of(event))
             if status is not None:
                 return status
@@ -199,7 +222,10 @@ def error_status_of(obj: object) -> int | None:
     output, whatever it holds)."""
     if not isinstance(obj, dict) or "choices" in obj:
         return None
-    if obj.get("object") == "error":
+    kind = obj.get("type")
+    if kind == "response.failed":  # the Responses API's failure: no code of HTTP's
+        return 500
+    if obj.get("object") == "error" or kind == "error":  # (the Responses API's error event)
         detail: object = obj
     elif "error" in obj:
         detail = obj["error"]
@@ -240,4 +266,5 @@ def _last_boundary_end(data: bytes) -> int:
 
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+_FAILED = b'"response.failed"'  # a Responses stream's failure (its error may be null)
 _BOUNDARY = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")

@@ -21,6 +21,7 @@ from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._precise import PreciseMode
 from prefixroute.gateway._proxy import Proxy
 from prefixroute.gateway._registry import ReplicaRegistry
+from prefixroute.gateway._responses import ResponseOwners
 from prefixroute.gateway._tenants import TenantScope
 from prefixroute.gateway._tokenize import TokenizerPool
 from prefixroute.gateway._tracing import RequestTracing
@@ -28,6 +29,10 @@ from prefixroute.gateway._usage import ask_for_stream_usage
 from prefixroute.sync import RouteSync
 
 log = logging.getLogger(__name__)
+
+# Calls whose streams need no asking: every /generate chunk carries its meta_info, a Responses
+# stream ends with its usage (response.completed), and any other call is not read.
+_OWN_USAGE = frozenset({Endpoint.OTHER, Endpoint.GENERATE, Endpoint.RESPONSES})
 
 
 @dataclass(slots=True)
@@ -47,12 +52,13 @@ class GatewayState:
     asks_stream_usage: bool = True
     # Replicas that answered 200 to a stream we asked the usage of: they take stream_options.
     took_stream_usage: set[str] = dataclasses.field(default_factory=set)
+    responses: ResponseOwners = dataclasses.field(default_factory=ResponseOwners)  # stored ones
 
     def ask_stream_usage(self, endpoint: Endpoint, obj: object) -> bool:
         """Ask for the usage of a stream whose client did not (``_usage``), in the parsed body
         ``obj``, while the gateway asks; returns whether it did. Both front ends call this."""
-        if endpoint in (Endpoint.OTHER, Endpoint.GENERATE) or not self.asks_stream_usage:
-            return False  # (every /generate chunk carries its meta_info: nothing to ask)
+        if endpoint in _OWN_USAGE or not self.asks_stream_usage:
+            return False
         return ask_for_stream_usage(obj)
 
     def stream_usage_taken(self, replica: str) -> None:

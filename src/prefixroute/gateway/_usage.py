@@ -42,11 +42,16 @@ def _count(value: object) -> int | None:
 
 def usage_of(obj: object) -> Usage | None:
     """The usage in a parsed response or stream chunk, or None when it has none: OpenAI's
-    ``usage``, or the ``meta_info`` of SGLang's ``/generate`` (``prompt_tokens``,
-    ``completion_tokens`` and ``cached_tokens``, in every chunk of a stream)."""
+    ``usage``, the Responses API's (``input_tokens``, ``output_tokens`` and
+    ``input_tokens_details.cached_tokens``, in the response or, streamed, in the response that
+    ``response.completed`` carries), or the ``meta_info`` of SGLang's ``/generate``
+    (``prompt_tokens``, ``completion_tokens`` and ``cached_tokens``, in every chunk of a
+    stream)."""
     if not isinstance(obj, Mapping):
         return None
     usage = obj.get("usage")
+    if usage is None and isinstance(obj.get("response"), Mapping):  # a Responses stream event
+        usage = obj["response"].get("usage")
     if not isinstance(usage, Mapping):
         meta = obj.get("meta_info")
         if isinstance(meta, Mapping) and "prompt_tokens" in meta:
@@ -56,6 +61,10 @@ def usage_of(obj: object) -> Usage | None:
                 _count(meta.get("cached_tokens")),
             )
         return None
+    if "input_tokens" in usage:  # the Responses API's names
+        details = usage.get("input_tokens_details")
+        cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+        return Usage(_count(usage.get("input_tokens")), _count(usage.get("output_tokens")), cached)
     details = usage.get("prompt_tokens_details")
     cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else None
     return Usage(
@@ -120,6 +129,18 @@ def usage_in_body(body: bytes) -> Usage | None:
         return usage_of(json.loads(body))
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+def response_id_in_body(body: bytes) -> str | None:
+    """The id of the response a whole Responses API answer is (``"object": "response"``), or
+    None (another answer, or not JSON)."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(obj, dict) and obj.get("object") == "response" and isinstance(obj.get("id"), str):
+        return str(obj["id"])
+    return None
 
 
 def cached_tokens_of(obj: object) -> int | None:

@@ -1,0 +1,221 @@
+"""OpenAI's Responses API (``/v1/responses``) through the gateway, on emulated replicas that
+answer it as vLLM does and store every answer (emulate/_responses.py).
+
+From the spec (gateway/_responses.py, core/responses_input.py): a conversation resent whole
+is routed on its prefix like a chat; its usage (``input_tokens``, cached tokens) is learned from
+a whole answer and from a stream's ``response.completed``; a continuation
+(``previous_response_id``), ``GET /v1/responses/{id}`` and ``cancel`` go to the replica that
+stored the response, whatever the load says; ids are per tenant, and under isolation an unknown
+continuation and a chosen id are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from prefixroute.gateway import Gateway, TenancyConfig
+
+from . import helpers as h
+from .helpers import STEADY, ClusterFactory, FakeFactory, GatewayFactory, words
+
+SECRET = "0123456789abcdef-tenant-salt-secret"
+REPLICA = "x-prefixroute-replica"
+
+
+async def respond(
+    session: aiohttp.ClientSession, gw: Gateway, body: dict[str, Any], **kw: Any
+) -> tuple[int, dict[str, str], str]:
+    return await h.post_json(session, gw.url + "/v1/responses", body, **kw)
+
+
+def events(raw: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in raw.split("\n") if line.startswith("data: {")]
+
+
+async def test_a_conversation_resent_whole_stays_where_it_is_cached(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    cluster = await make_cluster(4)
+    gw = await make_gateway(cluster.urls, **STEADY)
+    items: list[dict[str, Any]] = []
+    served, cached = [], []
+    for turn in range(4):
+        items.append({"role": "user", "content": [{"type": "input_text", "text": words(120)}]})
+        body = {"instructions": words(200), "input": items, "max_output_tokens": 3,
+                "stream": turn % 2 == 1}  # fmt: skip
+        status, headers, raw = await respond(session, gw, body)
+        assert status == 200, raw
+        answer = events(raw)[-1]["response"] if body["stream"] else json.loads(raw)
+        assert answer["object"] == "response" and answer["usage"]["output_tokens"] == 3
+        served.append(headers[REPLICA])
+        cached.append(answer["usage"]["input_tokens_details"]["cached_tokens"])
+        if turn:
+            assert int(headers["x-prefixroute-predicted-cached-tokens"]) > 300
+        text = answer["output"][0]["content"][0]["text"]
+        items.append({"role": "assistant", "content": [{"type": "output_text", "text": text}]})
+    assert len(set(served)) == 1 and min(cached[1:]) > 300
+    page = await h.metrics_page(session, gw)
+    # Every answer's usage read, whole and streamed.
+    assert h.counter(page, "prefixroute_actual_cached_tokens_total") == sum(cached)
+    assert h.counter(page, "prefixroute_usage_missing_total") == 0
+
+
+async def test_a_stream_is_relayed_as_sent_and_its_first_token_is_its_first_delta(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    cluster = await make_cluster(1)
+    gw = await make_gateway(cluster.urls, **STEADY)
+    body = {"input": words(300), "max_output_tokens": 4, "stream": True}
+    status, headers, raw = await respond(session, gw, body)
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    kinds = [e["type"] for e in events(raw)]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert kinds.count("response.output_text.delta") == 4
+    assert "[DONE]" not in raw  # nothing of the chat stream's added
+    page = await h.metrics_page(session, gw)
+    assert h.counter(page, "prefixroute_usage_missing_total") == 0
+
+
+async def test_continuations_go_to_the_replica_that_stored_the_response(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """Each continuation carries only its new input: nothing in its prefix says where the
+    conversation is, and any other replica answers it 404."""
+    cluster = await make_cluster(4)
+    gw = await make_gateway(cluster.urls, **STEADY)
+    homes: set[str] = set()
+    for conversation in range(6):
+        body: dict[str, Any] = {"input": f"conversation {conversation}: " + words(150),
+                                "max_output_tokens": 2}  # fmt: skip
+        status, headers, raw = await respond(session, gw, body)
+        assert status == 200, raw
+        home, previous = headers[REPLICA], json.loads(raw)["id"]
+        homes.add(home)
+        for turn in range(3):
+            body = {"input": f"and then {turn}?", "previous_response_id": previous,
+                    "max_output_tokens": 2, "stream": turn == 1}  # fmt: skip
+            status, headers, raw = await respond(session, gw, body)
+            assert status == 200, raw
+            assert headers[REPLICA] == home
+            answer = events(raw)[-1]["response"] if turn == 1 else json.loads(raw)
+            assert answer["usage"]["input_tokens_details"]["cached_tokens"] > 140
+            previous = answer["id"]
+        async with session.get(gw.url + f"/v1/responses/{previous}") as resp:
+            assert resp.status == 200 and resp.headers[REPLICA] == home
+            assert (await resp.json())["id"] == previous
+    assert len(homes) > 1  # the first turns were spread: the pin, not one busy replica
+
+
+async def test_unknown_or_malformed_stored_responses_are_404_here(
+    make_gateway: GatewayFactory, make_fake: FakeFactory, session: aiohttp.ClientSession
+) -> None:
+    fake = await make_fake()
+    gw = await make_gateway([fake.url], **STEADY)
+    for path in ("/v1/responses/resp_unknown", "/v1/responses/resp_unknown/cancel",
+                 "/v1/responses/" + "a" * 257, "/v1/responses/a+b"):  # fmt: skip
+        method = session.post if path.endswith("/cancel") else session.get
+        async with method(gw.url + path) as resp:
+            assert resp.status == 404, path
+            assert "error" in await resp.json()
+    assert [s.path for s in fake.seen if s.path.startswith("/v1/")] == []
+
+
+async def test_a_stored_responses_replica_down_is_a_503_not_another_replica(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    cluster = await make_cluster(2)
+    gw = await make_gateway(cluster.urls, health_interval_s=0.05, failure_threshold=1)
+    status, headers, raw = await respond(session, gw, {"input": words(50), "max_output_tokens": 1})
+    assert status == 200, raw
+    home = cluster.urls.index(headers[REPLICA])
+    await cluster.replicas[home].kill()
+    while True:  # until the gateway's probes have taken it out
+        async with session.get(gw.url + "/health") as resp:
+            if (await resp.json())["ready"] == 1:
+                break
+        await asyncio.sleep(0.02)
+    body = {"input": "more", "previous_response_id": json.loads(raw)["id"], "max_output_tokens": 1}
+    status, headers, raw = await respond(session, gw, body)
+    # Not the other replica (which would answer 404: it holds no such response).
+    assert status == 503, raw
+    assert "error" in json.loads(raw)
+
+
+async def test_tenants_reach_only_their_own_stored_responses(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    cluster = await make_cluster(1)  # one replica: only the gateway can keep them apart
+    tenancy = TenancyConfig(isolation=True, cache_salt_secret=SECRET)
+    gw = await make_gateway(cluster.urls, tenancy=tenancy, **STEADY)
+    a, b = {"x-tenant-id": "team-a"}, {"x-tenant-id": "team-b"}
+    status, _, raw = await respond(session, gw, {"input": words(50), "max_output_tokens": 1},
+                                   headers=a)  # fmt: skip
+    assert status == 200, raw
+    stored = json.loads(raw)["id"]
+    more = {"input": "more", "previous_response_id": stored, "max_output_tokens": 1}
+    status, _, raw = await respond(session, gw, more, headers=b)
+    assert status == 404 and "not found" in json.loads(raw)["error"]["message"]
+    async with session.get(gw.url + f"/v1/responses/{stored}", headers=b) as resp:
+        assert resp.status == 404
+    async with session.get(gw.url + f"/v1/responses/{stored}", headers=a) as resp:
+        assert resp.status == 200
+    status, _, raw = await respond(session, gw, more, headers=a)
+    assert status == 200, raw
+    # Under isolation a client may not pick its response's id (it could take another's).
+    chosen = {"input": "x", "request_id": stored, "max_output_tokens": 1}
+    status, _, raw = await respond(session, gw, chosen, headers=b)
+    assert status == 400 and "request_id" in json.loads(raw)["error"]["message"]
+
+
+async def test_bad_responses_requests_are_400s_that_reach_no_replica(
+    make_gateway: GatewayFactory, make_fake: FakeFactory, session: aiohttp.ClientSession
+) -> None:
+    fake = await make_fake()
+    gw = await make_gateway([fake.url], **STEADY)
+    for body in ({}, {"input": []}, {"input": "x", "previous_response_id": 5},
+                 {"input": "x", "instructions": ["no"]}):  # fmt: skip
+        status, _, raw = await respond(session, gw, body)
+        assert status == 400, (body, raw)
+        assert json.loads(raw)["error"]["message"]
+    assert [s.path for s in fake.seen if s.path.startswith("/v1/")] == []
+
+
+async def test_a_streamed_responses_replica_is_known_before_its_stream_ends(
+    make_gateway: GatewayFactory, make_fake: FakeFactory, session: aiohttp.ClientSession
+) -> None:
+    """A client may continue (or fetch) a response the moment it reads ``response.completed``,
+    while the replica has not closed the stream yet: the gateway must know its replica from
+    the stream's first event, not from its end."""
+    release = asyncio.Event()
+    created = {"id": "resp_early", "object": "response", "status": "in_progress", "output": []}
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":
+            return web.json_response({**created, "status": "completed"})
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        for kind, fields in (("response.created", {"response": created}),
+                             ("response.output_text.delta", {"delta": "hi"}),
+                             ("response.completed", {"response": created})):  # fmt: skip
+            data = json.dumps({**fields, "type": kind})
+            await out.write(f"event: {kind}\ndata: {data}\n\n".encode())
+        await release.wait()  # the stream stays open until the client has fetched it
+        await out.write_eof()
+        return out
+
+    fake = await make_fake(handler=answer)
+    gw = await make_gateway([fake.url], **STEADY)
+    body = {"input": "hello", "stream": True, "max_output_tokens": 1}
+    async with session.post(gw.url + "/v1/responses", json=body) as stream:
+        seen = b""
+        while b"response.completed" not in seen:
+            seen += await stream.content.readany()
+        async with session.get(gw.url + "/v1/responses/resp_early") as resp:
+            status = resp.status
+        release.set()
+        await stream.read()
+    assert status == 200

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 
 import aiohttp
@@ -162,3 +163,30 @@ async def test_a_streams_usage_is_asked_for_and_kept_from_the_client(
         for r in stack.epp.router.replicas
     )
     assert timed == (0 if body_mode == "BUFFERED" else 2)
+
+
+async def test_responses_continued_by_id_go_to_the_replica_that_stored_them(
+    make_stack: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    """The Responses API through Envoy: each continuation carries only its new input, and the
+    emulated replicas store their answers (any other replica would answer 404)."""
+    stack = await make_stack("round_robin")  # round robin would move every turn
+    for stream in (False, True):
+        body: dict[str, object] = {"input": words(100), "max_output_tokens": 2}
+        async with session.post(stack.url + "/v1/responses", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            home, previous = resp.headers["x-prefixroute-replica"], (await resp.json())["id"]
+        for turn in range(3):
+            body = {"input": f"and {turn}?", "previous_response_id": previous,
+                    "max_output_tokens": 2, "stream": stream}  # fmt: skip
+            async with session.post(stack.url + "/v1/responses", json=body) as resp:
+                raw = await resp.text()
+                assert resp.status == 200, raw
+                assert resp.headers["x-prefixroute-replica"] == home
+            if stream:
+                last = [line for line in raw.split("\n") if line.startswith("data: {")][-1]
+                answer = json.loads(last[6:])["response"]
+            else:
+                answer = json.loads(raw)
+            assert answer["usage"]["input_tokens_details"]["cached_tokens"] > 100
+            previous = answer["id"]

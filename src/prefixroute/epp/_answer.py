@@ -13,6 +13,7 @@ from prefixroute.gateway import (
     SSEScanner,
     Usage,
     refuses_stream_options,
+    response_id_in_body,
     usage_in_body,
     window_said,
 )
@@ -61,6 +62,15 @@ class AnswerReader:
             self.scanner.flush()
             return self.scanner.usage
         return usage_in_body(b"".join(self._plain)) if self._plain else None
+
+    def response_id(self, ended: bool) -> str | None:
+        """The id of the Responses answer read so far: a stream's from ``response.created``, a
+        plain one's from its body once ``ended`` (None: not known, or not such an answer)."""
+        if self.scanner is not None:
+            return self.scanner.response_id
+        if ended and self._plain:
+            return response_id_in_body(b"".join(self._plain))
+        return None
 
     def refused_stream_options(self) -> bool:
         """A plain 400 that says the replica does not take ``stream_options``."""

@@ -9,24 +9,21 @@ Request side. The body is the routing key, so it is held until its end. ``FULL_D
 destination header, the ``envoy.lb`` metadata) and the whole body back as one streamed chunk.
 ``BUFFERED``: an empty headers answer, then the destination in the body answer. Picking is the
 gateway's (``_admit``: tenant, key space, adapter, tokens; ``Router.route`` among the registry's
-candidates, narrowed to the proxy's subset hint). With ``fallbacks`` (N > 0) up to N more
-endpoints follow the primary, each the policy's next choice (``Router.explain``, which records
-nothing). Errors are an ``ImmediateResponse`` with the gateway's status, headers and JSON body.
+candidates, narrowed to the proxy's subset hint; a stored response's calls, to its replica only:
+``_stored``). With ``fallbacks`` (N > 0) up to N more endpoints follow the primary, each the
+policy's next choice (``Router.explain``, which records nothing). Errors are an
+``ImmediateResponse`` with the gateway's status, headers and JSON body.
 
 Response side, the gateway relay's accounting (``gateway._proxy``, ``gateway._verdict``): the
 answer is read by ``_answer.AnswerReader``; its first output is the first token, timed only in
-the streamed body modes (``BUFFERED`` holds the whole answer to its end, so the picker learns no
-prefill time from it); at the end the usage goes to ``Router.observe_usage`` and
-``Router.complete`` (a 4xx, a request turned away, first to ``Router.withdraw``), the metrics
-count the answer and judge the replica, and a 400 over the context window teaches the replica's
-window (Envoy relays it; the next request that needs more goes elsewhere). ``close`` ends, once,
-a request that did not end cleanly, and frees the tenant's slot. When the proxy says a fallback
-served the answer (``x-gateway-destination-endpoint-served``), the primary failed it: its
-failure counts, its accounting ends, and the request is routed again to the fallback, as the
-gateway's retry is. Response chunks go back at once, so streaming is not held up; a buffered
-answer goes back whole, less the usage event the picker asked for. A plain answer's first token
-is guessed when due, its whole time learned (``gateway._accounting``). ``sync_redis``: decisions,
-first tokens, withdrawals and ends go to the Redis sync too, as the gateway's.
+the streamed body modes; at the end the usage goes to ``Router.observe_usage`` and
+``Router.complete`` (a request turned away, first to ``Router.withdraw``), the metrics count the
+answer and judge the replica, and a 400 over the context window teaches the replica's window.
+``close`` ends, once, a request that did not end cleanly. When the proxy says a fallback served
+the answer, the primary failed it: its failure counts, and the request is routed again to the
+fallback, as the gateway's retry is. A buffered answer goes back whole, less the usage event the
+picker asked for. A plain answer's first token is guessed when due (``gateway._accounting``).
+``sync_redis``: decisions, first tokens, withdrawals and ends go to the Redis sync too.
 """
 
 from __future__ import annotations
@@ -49,6 +46,7 @@ from prefixroute.epp._admit import Admission, admit, request_key
 from prefixroute.epp._answer import AnswerReader
 from prefixroute.epp._candidates import eligible, endpoint_of, fallbacks, replica_of
 from prefixroute.epp._shared import PickShared, count_answer, judge_answer, refused
+from prefixroute.epp._stored import StoredNote, pinned, stored_owner  # a stored response's
 from prefixroute.gateway import (
     PREDICTED_HEADER,
     PROMPT_ENDPOINTS,
@@ -99,6 +97,7 @@ class PickStream:
         self._done = False  # accounting ended (complete was called), or nothing to account
         self._plain = False  # no stream asked: its first token guessed, its whole time learned
         self._guess: FirstTokenGuess | None = None  # the guess when due (gateway._accounting)
+        self._stored: StoredNote | None = None  # a Responses call: its answer's id (_stored)
 
     # --- the messages -----------------------------------------------------------------------
     async def handle(self, req: proto.Request) -> list[proto.Response]:
@@ -178,11 +177,12 @@ class PickStream:
                 self.s.state, self._endpoint(), body, scope,
                 ask_usage=self._editable_answer,  # the usage event can be kept back
             )  # fmt: skip
+            owner, self._stored = stored_owner(self.s.state, self._path, key, body, scope)
             started = time.perf_counter()  # the decision's time includes hashing, as serve's
             view = self._view = key.view(self.s.router, self.rid)
             if self.admission is not None:  # the tenant's prompt-token budget
                 self.admission.scope.charge_prompt(view.prompt_tokens)
-            self.destinations = self._route(view, started)
+            self.destinations = self._route(view, started, owner)
             self._plain = not key.stream  # no first token to see (gateway._accounting)
             if self._plain:
                 self._guess = guess_first_token(self.s.router, self.s.sync, self.rid, self.s.clock)
@@ -235,11 +235,11 @@ class PickStream:
             body, replaced, end_of_body,
         )  # fmt: skip
 
-    def _route(self, view: RequestView, started: float) -> list[str]:
+    def _route(self, view: RequestView, started: float, owner: ReplicaId | None) -> list[str]:
         """Route ``view``: the primary's endpoint, then the fallbacks' (``started``: when its
-        hashing began, ``perf_counter``)."""
+        hashing began, ``perf_counter``; ``owner``: the one replica it may go to)."""
         s = self.s
-        candidates = eligible(s.registry, view, self.subset)
+        candidates = pinned(owner, eligible(s.registry, view, self.subset))
         now = s.clock()
         span, tracing = self._span, s.state.tracing
         decision = s.router.route(view, now, candidates, explain=span is not None)
@@ -330,6 +330,8 @@ class PickStream:
         chunk, reader = body.body, self._reader
         if reader is not None and self.decision is not None and not self._done:
             chunk, output = reader.feed(chunk, body.end_of_stream)  # our usage event kept back
+            if self._stored is not None and self.status == 200:  # a Responses answer's id
+                self._stored.read(reader, self.served or self.decision.replica, body.end_of_stream)
             if output:
                 self._first()
             if body.end_of_stream:

@@ -50,6 +50,7 @@ from prefixroute.gateway._registry import (
     normalize_url,
 )
 from prefixroute.gateway._requests import encode_body, key_of, parse_body
+from prefixroute.gateway._responses import ResponseOwners, pinned
 from prefixroute.gateway._server import Gateway
 from prefixroute.gateway._sse import SSEScanner
 from prefixroute.gateway._state import GatewayState
@@ -60,6 +61,7 @@ from prefixroute.gateway._tracing import RequestTracing
 from prefixroute.gateway._usage import (
     Usage,
     refuses_stream_options,
+    response_id_in_body,
     usage_in_body,
 )
 from prefixroute.gateway._verdict import GATEWAY_STATUSES, judge_error_event
@@ -85,6 +87,7 @@ __all__ = [
     "GatewayConfig",
     "GatewayMetrics",
     "GatewayState",
+    "ResponseOwners",
     "HFTokenizer",
     "HealthChecker",
     "PayloadTooLarge",
@@ -125,11 +128,13 @@ __all__ = [
     "needed_tokens",
     "normalize_url",
     "parse_body",
+    "pinned",
     "read_secret",
     "refuses_stream_options",
     "run_on_uvloop",
     "spec_for",
     "upstream_headers",
+    "response_id_in_body",
     "usage_in_body",
     "window_said",
 ]

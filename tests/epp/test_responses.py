@@ -1,0 +1,98 @@
+"""The Responses API through the picker (epp/_stored.py): a stored response's continuation,
+``GET`` and ``cancel`` are picked to the replica that answered it, and to it alone (no
+fallbacks); its id is noted from a stream's ``response.created`` or a plain answer's body;
+per tenant, with the gateway's refusals as immediate responses."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prefixroute.epp import PickShared, PickStream
+from prefixroute.gateway import TenancyConfig
+
+from .support import (
+    ENDPOINTS,
+    pick,
+    picked,
+    request_headers,
+    response_body,
+    response_headers,
+    shared,
+)
+
+SSE = "text/event-stream"
+SECRET = "0123456789abcdef-tenant-salt-secret"
+
+
+def responses_body(text: str, **fields: Any) -> bytes:
+    return json.dumps({"model": "m", "input": text, "max_output_tokens": 2, **fields}).encode()
+
+
+def created(response_id: str) -> bytes:
+    data = {"type": "response.created", "response": {"id": response_id, "object": "response"}}
+    return f"event: response.created\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def answered(s: PickShared, response_id: str, stream: bool, text: str = "hello") -> str:
+    """A Responses request picked and answered with ``response_id``: the endpoint it went to."""
+    p = PickStream(s)
+    out = await pick(p, responses_body(text, stream=stream), "/v1/responses")
+    header = picked(out)[0]
+    assert header is not None
+    endpoint = header.split(",")[0]  # the primary, before any fallbacks
+    assert endpoint in ENDPOINTS
+    await p.handle(response_headers(200, SSE if stream else "application/json"))
+    if stream:
+        await p.handle(response_body(created(response_id)))
+        await p.handle(response_body(b"", end_of_stream=True))
+    else:
+        whole = {"id": response_id, "object": "response", "usage": {"input_tokens": 3}}
+        await p.handle(response_body(json.dumps(whole).encode(), end_of_stream=True))
+    return endpoint
+
+
+async def test_a_continuation_goes_to_the_replica_that_answered_and_to_no_fallback() -> None:
+    s = shared("round_robin", fallbacks=2)  # round robin: anything else would move it
+    for stream in (True, False):
+        home = await answered(s, f"resp_{stream}", stream)
+        for _ in range(3):
+            p = PickStream(s)
+            body = responses_body("next?", previous_response_id=f"resp_{stream}")
+            out = await pick(p, body, "/v1/responses")
+            assert picked(out) == (home, home)  # one endpoint: no fallback to a stranger
+        for path in (f"/v1/responses/resp_{stream}", f"/v1/responses/resp_{stream}/cancel"):
+            p = PickStream(s)
+            out = await p.handle(request_headers(path, end_of_stream=True))
+            assert picked(out) == (home, home)
+
+
+async def test_a_stream_is_noted_as_soon_as_it_names_its_response() -> None:
+    s = shared("round_robin")
+    p = PickStream(s)
+    home = picked(await pick(p, responses_body("hi", stream=True), "/v1/responses"))[0]
+    await p.handle(response_headers(200, SSE))
+    await p.handle(response_body(created("resp_early")))  # the stream goes on
+    out = await pick(PickStream(s), responses_body("more", previous_response_id="resp_early"),
+                     "/v1/responses")  # fmt: skip
+    assert picked(out)[0] == home
+
+
+async def test_unknown_ids_and_other_tenants_are_refused_and_an_unavailable_home_is_a_503() -> None:
+    s = shared("round_robin", tenancy=TenancyConfig(isolation=True, cache_salt_secret=SECRET))
+    home = await answered(s, "resp_a", stream=False)
+    p = PickStream(s)
+    out = await p.handle(request_headers("/v1/responses/resp_a", end_of_stream=True,
+                                         extra={"x-tenant-id": "team-b"}))  # fmt: skip
+    assert out[0].immediate_response.status.code == 404
+    out = await pick(PickStream(s), responses_body("x", previous_response_id="resp_zzz"),
+                     "/v1/responses")  # fmt: skip
+    assert out[0].immediate_response.status.code == 404
+    out = await pick(PickStream(s), responses_body("x", request_id="resp_a"), "/v1/responses")
+    assert out[0].immediate_response.status.code == 400
+    s.registry.record_probe(f"http://{home}", False, 100.0)  # type: ignore[arg-type]
+    for _ in range(3):
+        s.registry.record_failure(f"http://{home}", 100.0, "probe")  # type: ignore[arg-type]
+    out = await pick(PickStream(s), responses_body("x", previous_response_id="resp_a"),
+                     "/v1/responses")  # fmt: skip
+    assert out[0].immediate_response.status.code == 503

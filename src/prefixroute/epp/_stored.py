@@ -52,5 +52,5 @@ class StoredNote:
             return
         response_id = reader.response_id(ended)
         if response_id is not None:
-            self.state.responses.record(self.tenant, response_id, replica)
+            self.state.responses.answered(self.tenant, response_id, replica)
             self.noted = True

@@ -177,6 +177,8 @@ def gateway_state(
             config.sync_redis, config.sync_channel, router, metrics.registry,
             history=config.sync_history,
         )  # fmt: skip
+        # The stored Responses answers' replicas, shared both ways (_responses).
+        state.responses.publish, state.sync.on_stored = state.sync.stored, state.responses.record
     if config.otlp_endpoint is not None:
         state.tracing = RequestTracing.to_otlp(config.otlp_endpoint, config.trace_service_name)
     return state

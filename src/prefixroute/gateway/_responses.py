@@ -16,10 +16,12 @@ isolation on, a continuation whose id the gateway does not know is refused (404)
 routed, and a client may not choose the id of its response (vLLM's ``request_id`` field):
 otherwise a tenant that learned or guessed another's id could read that conversation, or
 overwrite it. Without isolation a continuation of an unknown id is routed as any request (it
-may have been answered through another gateway instance: the map is per instance, and
-``--sync-redis`` does not share it); ``GET`` and ``cancel`` of an unknown id are 404 here, since
-nothing says which replica to ask. The map keeps the latest ``OWNERS_KEPT`` ids (a few tens of
-MB at most); an older one is forgotten as an unknown one.
+may have been answered through an instance this one does not hear from); ``GET`` and ``cancel``
+of an unknown id are 404 here, since nothing says which replica to ask. With ``--sync-redis``
+the instances share the map: each answer's replica is published (``publish``) and the others'
+recorded, the latest few thousand replayed to an instance that starts later. The map keeps the
+latest ``OWNERS_KEPT`` ids (a few tens of MB at most); an older one is forgotten as an unknown
+one.
 """
 
 from __future__ import annotations
@@ -41,9 +43,18 @@ class ResponseOwners:
     def __init__(self, capacity: int = OWNERS_KEPT) -> None:
         self.capacity = capacity
         self._owners: OrderedDict[tuple[str | None, str], ReplicaId] = OrderedDict()
+        # Tells the other instances of each answer here (``RouteSync.stored``), if any.
+        self.publish: Callable[[str | None, str, ReplicaId], None] | None = None
 
     def __len__(self) -> int:
         return len(self._owners)
+
+    def answered(self, tenant: str | None, response_id: str, replica: ReplicaId) -> None:
+        """``replica`` answered ``tenant``'s response ``response_id`` here: recorded, and
+        published to the other instances."""
+        self.record(tenant, response_id, replica)
+        if self.publish is not None:
+            self.publish(tenant, response_id, replica)
 
     def record(self, tenant: str | None, response_id: str, replica: ReplicaId) -> None:
         """``replica`` answered (and may store) ``tenant``'s response ``response_id``."""
@@ -63,7 +74,7 @@ class ResponseOwners:
         if admitted.endpoint is not Endpoint.RESPONSES:
             return None
         tenant = admitted.key.tenant
-        return lambda response_id: self.record(tenant, response_id, replica)
+        return lambda response_id: self.answered(tenant, response_id, replica)
 
     def of_request(self, key: RouteKey, body: object, isolated: bool) -> ReplicaId | None:
         """The replica a ``POST /v1/responses`` (keyed ``key``, parsed ``body``) must go to:

@@ -25,6 +25,10 @@ The same sync serves the endpoint picker (``prefixroute.epp``) and the Ray Serve
 channel and format. It needs only a ``Router`` and a Prometheus registry, and runs on the loop
 that calls :meth:`RouteSync.start`.
 
+The replica of each stored Responses API answer (``gateway/_responses.py``) travels the same
+way, in the history too, so that a conversation continued by id at any instance goes where its
+response is stored (:meth:`RouteSync.stored`, ``on_stored``).
+
 Nothing here is on the request path. :meth:`RouteSync.routed` (and its ``first_token`` and
 ``completed``) puts the message in a bounded queue and returns; a full queue (Redis slow or
 down) drops its oldest message and counts it. A publisher task drains the queue in pipelined
@@ -50,11 +54,11 @@ from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from prefixroute._tasks import cancel_and_wait
-from prefixroute.core import Decision, RequestView, Router
+from prefixroute.core import Decision, ReplicaId, RequestView, Router
 from prefixroute.sync._metrics import SyncMetrics
-from prefixroute.sync._remote import RemoteRequests, without_withdrawn
+from prefixroute.sync._remote import RemoteRequests, StoredHook, without_withdrawn
 from prefixroute.sync._url import redacted
-from prefixroute.sync._wire import encode, encode_progress, encode_withdrawn
+from prefixroute.sync._wire import encode, encode_progress, encode_stored, encode_withdrawn
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +140,21 @@ class RouteSync:
         instance replaying it leaves the decision out (``_remote.without_withdrawn``)."""
         payload = encode_withdrawn(self.instance_id, request_id)
         self._put(payload, keep=self.router.insert_on_route)  # as its decision was
+
+    def stored(self, tenant: str | None, response_id: str, replica: ReplicaId) -> None:
+        """``replica`` answered ``tenant``'s Responses API response ``response_id`` (and may
+        store it): the others send its continuations there too. Kept in the history, so that
+        an instance that starts later knows the recent ones."""
+        self._put(encode_stored(self.instance_id, tenant, response_id, replica))
+
+    @property
+    def on_stored(self) -> StoredHook | None:
+        """Where the others' stored responses are noted (the front end's map)."""
+        return self.remote.on_stored
+
+    @on_stored.setter
+    def on_stored(self, hook: StoredHook | None) -> None:
+        self.remote.on_stored = hook
 
     def _put(self, payload: bytes, keep: bool = True) -> None:
         if not self._tasks:

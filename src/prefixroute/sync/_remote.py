@@ -9,7 +9,8 @@ balancer, and all of them pile a conversation's turns onto the replica that hold
 request's blocks are kept by its key, and its instance's word that the replica turned it away
 takes them back out here too (:meth:`Router.withdraw`). The history replays index entries, never
 load: those requests are long over; a decision withdrawn later is left out of the replay
-(:func:`without_withdrawn`).
+(:func:`without_withdrawn`). The replica of another instance's stored Responses answer goes to
+``on_stored``, the front end's map (``gateway/_responses.py``), live or replayed.
 
 A remote request whose end never arrives (its instance died, or this one was disconnected) is
 dropped after ``REMOTE_TTL_S``, and all of them are dropped when the subscription breaks, since
@@ -22,6 +23,7 @@ passes the lock that guards it: every call into the router here is made holding 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -29,7 +31,10 @@ import msgspec
 
 from prefixroute.core import ReplicaId, Router
 from prefixroute.sync._metrics import SyncMetrics
-from prefixroute.sync._wire import Progress, Routed, Withdrawn, decode
+from prefixroute.sync._wire import Progress, Routed, Stored, Withdrawn, decode
+
+# Where another instance's stored Responses answer is noted: (tenant, response id, replica).
+StoredHook = Callable[[str | None, str, ReplicaId], None]
 
 REMOTE_TTL_S = 600.0  # a remote request not heard of for this long is taken as over, seconds
 EXPIRE_EVERY_S = 1.0  # how often remote requests are checked for expiry, seconds
@@ -51,6 +56,7 @@ class RemoteRequests:
         self.instance_id = instance_id  # ours: messages naming it are our own, heard back
         self.metrics = metrics
         self.share_load = share_load  # count the others' requests in the load view
+        self.on_stored: StoredHook | None = None  # the front end's map of stored responses
         # "instance/request id" -> when dispatched (time.monotonic()), oldest first, for expiry
         self._remote: dict[str, float] = {}
         self._expired_at = 0.0  # last expiry pass, time.monotonic()
@@ -80,6 +86,10 @@ class RemoteRequests:
         if isinstance(msg, Withdrawn):
             if live:
                 self._withdrawn(f"{msg.instance}/{msg.request_id}")
+            return False
+        if isinstance(msg, Stored):  # live or replayed: the replica still holds it
+            if self.on_stored is not None:
+                self.on_stored(msg.tenant, msg.response_id, ReplicaId(msg.replica))
             return False
         try:  # only now: every instance also hears its own decisions, whose hashes it has
             hashes = msg.block_hashes()
@@ -180,8 +190,7 @@ def without_withdrawn(history: list[bytes]) -> list[bytes]:
             if msg.request_id:  # a decision without an id was never counted: none to find
                 pending.add((msg.instance, msg.request_id))
             continue
-        key = (msg.instance, msg.request_id)
-        if isinstance(msg, Routed) and key in pending:
+        if isinstance(msg, Routed) and (key := (msg.instance, msg.request_id)) in pending:
             pending.discard(key)
             continue
         kept.append(payload)

@@ -2,7 +2,8 @@
 
 A decision is (instance, replica, block hashes) and, when it is to count as load, the request's
 id and sizes; a request's first token and end follow as small progress messages, and so does
-the word that the replica turned it away. Hashes travel
+the word that the replica turned it away; so does the replica of each stored Responses API
+answer. Hashes travel
 as one bytes field, little-endian uint64 (8 bytes a block), so a 500-block prompt costs 4 KB
 and no per-hash framing. Instances must agree on this format and on replica ids (normalized
 base URLs); an instance ignores what it cannot decode and counts it (``_metrics``).
@@ -59,7 +60,18 @@ class Withdrawn(msgspec.Struct, array_like=True, frozen=True, tag=2):
     request_id: str
 
 
-Message = Routed | Progress | Withdrawn
+class Stored(msgspec.Struct, array_like=True, frozen=True, tag=3):
+    """A replica answered (and may store) a Responses API response: its continuations and
+    fetches go there at every instance (``gateway/_responses.py``). An older instance skips
+    the tag as undecodable."""
+
+    instance: str
+    tenant: str | None  # whose it is (None: no tenancy)
+    response_id: str
+    replica: str
+
+
+Message = Routed | Progress | Withdrawn | Stored
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
@@ -97,6 +109,10 @@ def encode_progress(instance: str, request_id: str, done: bool) -> bytes:
 
 def encode_withdrawn(instance: str, request_id: str) -> bytes:
     return _encoder.encode(Withdrawn(instance, request_id))
+
+
+def encode_stored(instance: str, tenant: str | None, response_id: str, replica: ReplicaId) -> bytes:
+    return _encoder.encode(Stored(instance, tenant, response_id, replica))
 
 
 def decode(payload: bytes) -> Message:

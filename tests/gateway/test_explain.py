@@ -121,3 +121,26 @@ async def test_a_tenant_is_explained_in_its_own_key_space(
     finally:
         for f in replicas:
             await f.stop()
+
+
+async def test_a_responses_request_is_explained_as_the_same_chat(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """``/admin/explain/v1/responses``: keyed as the chat its instructions and input stand for,
+    so it is drawn to where that chat's prefix is."""
+    replicas = await fakes(3)
+    try:
+        gw = await make_gateway([f.url for f in replicas], admin_token=TOKEN, **STEADY)
+        first = await send(session, gw.url, "/v1/chat/completions", chat("What is a KV cache?"))
+        body = {"model": "emulated", "instructions": SYSTEM, "input": "What is a KV cache?"}
+        async with session.post(
+            f"{gw.url}/admin/explain/v1/responses", json=body, headers=BEARER
+        ) as resp:
+            assert resp.status == 200
+            why = await resp.json()
+        assert why["replica"] == first.headers["x-prefixroute-replica"]
+        assert why["reason"] == "prefix_match" and why["predicted_cached_tokens"] > 0
+    finally:
+        for f in replicas:
+            await f.stop()
+

@@ -219,3 +219,25 @@ async def test_a_streamed_responses_replica_is_known_before_its_stream_ends(
         release.set()
         await stream.read()
     assert status == 200
+
+
+async def test_two_isolated_tenants_share_no_cached_blocks_on_responses(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """The gateway's ``cache_salt`` reaches the replica on ``/v1/responses`` too: on one
+    replica, the second tenant's same prompt finds nothing of the first's cached."""
+    cluster = await make_cluster(1)
+    tenancy = TenancyConfig(isolation=True, cache_salt_secret=SECRET)
+    gw = await make_gateway(cluster.urls, tenancy=tenancy, **STEADY)
+    # The client's own cache_salt is the gateway's to replace.
+    body = {"instructions": words(200), "input": "hello", "max_output_tokens": 1,
+            "cache_salt": "shared"}  # fmt: skip
+
+    async def cached_as(team: str) -> int:
+        status, _, raw = await respond(session, gw, body, headers={"x-tenant-id": team})
+        assert status == 200, raw
+        return int(json.loads(raw)["usage"]["input_tokens_details"]["cached_tokens"])
+
+    assert await cached_as("team-a") == 0
+    assert await cached_as("team-b") == 0
+    assert await cached_as("team-a") > 150

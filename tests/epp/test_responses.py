@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from prefixroute.core import ReplicaId
 from prefixroute.epp import PickShared, PickStream
 from prefixroute.gateway import TenancyConfig
 
@@ -96,3 +97,29 @@ async def test_unknown_ids_and_other_tenants_are_refused_and_an_unavailable_home
     out = await pick(PickStream(s), responses_body("x", previous_response_id="resp_a"),
                      "/v1/responses")  # fmt: skip
     assert out[0].immediate_response.status.code == 503
+
+
+async def test_a_fetch_teaches_the_router_nothing() -> None:
+    """A stored response's ``GET`` computes nothing, and its usage is the stored answer's."""
+    s = shared("round_robin")
+    home = await answered(s, "resp_f", stream=False)
+    speed = s.router.replica_load(ReplicaId(f"http://{home}")).speed
+    before = (s.router.usage_reports, speed.prefill_observations, speed.whole_observations)
+    for stream in (False, True):
+        p = PickStream(s)
+        out = await p.handle(request_headers("/v1/responses/resp_f", end_of_stream=True))
+        assert picked(out)[0] == home
+        usage = {"input_tokens": 900, "output_tokens": 5,
+                 "input_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+        whole = {"id": "resp_f", "object": "response", "usage": usage}
+        if stream:
+            await p.handle(response_headers(200, SSE))
+            delta = {"type": "response.output_text.delta", "delta": "x"}
+            done = {"type": "response.completed", "response": whole}
+            body = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in (delta, done))
+        else:
+            await p.handle(response_headers(200))
+            body = json.dumps(whole).encode()
+        await p.handle(response_body(body, end_of_stream=True))
+    after = (s.router.usage_reports, speed.prefill_observations, speed.whole_observations)
+    assert after == before

@@ -37,9 +37,9 @@ async def test_a_role_only_opening_chunk_is_not_the_first_token(
     seen: list[float] = []
     first_token = gw.router.first_token
 
-    def noted(request_id: str, now: float) -> None:
+    def noted(request_id: str, now: float, measured: bool = True) -> None:
         seen.append(now)
-        first_token(request_id, now)
+        first_token(request_id, now, measured)
 
     gw.router.first_token = noted  # type: ignore[method-assign]
     body = {"messages": [{"role": "user", "content": "hello"}], "stream": True}

@@ -241,3 +241,61 @@ async def test_two_isolated_tenants_share_no_cached_blocks_on_responses(
     assert await cached_as("team-a") == 0
     assert await cached_as("team-b") == 0
     assert await cached_as("team-a") > 150
+
+
+async def test_fetching_a_stored_response_teaches_the_router_nothing(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A ``GET`` computes nothing, and the usage in its answer is the stored answer's: taken as
+    the fetch's own, each poll would teach the speed model a whole prompt prefilled in a
+    millisecond (a client polling a background response sends many)."""
+    cluster = await make_cluster(1)
+    gw = await make_gateway(cluster.urls, **STEADY)
+    status, _, raw = await respond(session, gw, {"input": words(300), "max_output_tokens": 3})
+    assert status == 200, raw
+    stored = json.loads(raw)["id"]
+    speed = gw.router.replica_load(gw.router.replicas[0]).speed
+
+    def taught() -> tuple[int, ...]:
+        return (gw.router.usage_reports, speed.prefill_observations, speed.decode_observations,
+                speed.whole_observations)  # fmt: skip
+
+    before = taught()
+    assert before[0] == 1  # the answer itself was learned from
+    for _ in range(5):
+        async with session.get(gw.url + f"/v1/responses/{stored}") as resp:
+            assert resp.status == 200
+            assert (await resp.json())["usage"]["input_tokens"] > 300
+    assert taught() == before
+    assert gw.router.replica_load(gw.router.replicas[0]).in_flight == 0
+
+
+async def test_a_streamed_fetch_is_no_first_token_to_learn_from(
+    make_gateway: GatewayFactory, make_fake: FakeFactory, session: aiohttp.ClientSession
+) -> None:
+    """``GET /v1/responses/{id}?stream=true`` replays a stored stream: its first delta is no
+    prefill's end, and its usage is the stored answer's."""
+    usage = {"input_tokens": 900, "output_tokens": 5, "input_tokens_details": {"cached_tokens": 0}}
+    stored = {"id": "resp_replayed", "object": "response", "usage": usage}
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        for kind, fields in (("response.created", {"response": {**stored, "usage": None}}),
+                             ("response.output_text.delta", {"delta": "hi"}),
+                             ("response.completed", {"response": stored})):  # fmt: skip
+            data = json.dumps({**fields, "type": kind})
+            await out.write(f"event: {kind}\ndata: {data}\n\n".encode())
+        await out.write_eof()
+        return out
+
+    fake = await make_fake(handler=answer)
+    gw = await make_gateway([fake.url], **STEADY)
+    status, _, raw = await respond(session, gw, {"input": "hi", "stream": True})
+    assert status == 200, raw
+    speed = gw.router.replica_load(gw.router.replicas[0]).speed
+    before = (gw.router.usage_reports, speed.prefill_observations, speed.decode_observations)
+    async with session.get(gw.url + "/v1/responses/resp_replayed?stream=true") as resp:
+        assert resp.status == 200 and "response.completed" in await resp.text()
+    assert (gw.router.usage_reports, speed.prefill_observations,
+            speed.decode_observations) == before  # fmt: skip

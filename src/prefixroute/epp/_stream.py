@@ -1,8 +1,7 @@
 """One ext_proc stream (one HTTP request through Envoy): pick on the request, learn from the answer.
 
-Envoy sends, on one gRPC stream, the request headers and body (in chunks), maybe trailers, then
-the response headers and body. :class:`PickStream` turns each into the responses Envoy waits for
-(``handle``), with no I/O, its time from a given clock.
+Envoy sends, on one gRPC stream, the request headers and body, maybe trailers, then the response
+headers and body: :class:`PickStream` answers each (``handle``), with no I/O, on a given clock.
 
 Request side. The body is the routing key, so it is held until its end. ``FULL_DUPLEX_STREAMED``
 (the protocol's mode): nothing is answered until the body ends, then the headers answer (the
@@ -19,10 +18,9 @@ answer is read by ``_answer.AnswerReader``; its first output is the first token,
 the streamed body modes; at the end the usage goes to ``Router.observe_usage`` and
 ``Router.complete`` (a request turned away, first to ``Router.withdraw``), the metrics count the
 answer and judge the replica, and a 400 over the context window teaches the replica's window.
-``close`` ends, once, a request that did not end cleanly. When the proxy says a fallback served
-the answer, the primary failed it: its failure counts, and the request is routed again to the
-fallback, as the gateway's retry is. A buffered answer goes back whole, less the usage event the
-picker asked for. A plain answer's first token is guessed when due (``gateway._accounting``).
+``close`` ends, once, a request that did not end cleanly. A fallback that served the answer
+means the primary failed it, and the request is routed again to the fallback, as the gateway's
+retry is. A plain answer's first token is guessed when due (``gateway._accounting``).
 ``sync_redis``: decisions, first tokens, withdrawals and ends go to the Redis sync too.
 """
 
@@ -98,6 +96,7 @@ class PickStream:
         self._plain = False  # no stream asked: its first token guessed, its whole time learned
         self._guess: FirstTokenGuess | None = None  # the guess when due (gateway._accounting)
         self._stored: StoredNote | None = None  # a Responses call: its answer's id (_stored)
+        self._fetch = False  # a stored response's GET or cancel: its answer teaches nothing
 
     # --- the messages -----------------------------------------------------------------------
     async def handle(self, req: proto.Request) -> list[proto.Response]:
@@ -178,6 +177,7 @@ class PickStream:
                 ask_usage=self._editable_answer,  # the usage event can be kept back
             )  # fmt: skip
             owner, self._stored = stored_owner(self.s.state, self._path, key, body, scope)
+            self._untimed = self._fetch = owner is not None and self._stored is None  # (_stored)
             started = time.perf_counter()  # the decision's time includes hashing, as serve's
             view = self._view = key.view(self.s.router, self.rid)
             if self.admission is not None:  # the tenant's prompt-token budget
@@ -360,7 +360,7 @@ class PickStream:
         if decision is None or self._done:
             return
         reader = self._reader
-        usage = reader.usage() if reader is not None else None
+        usage = reader.usage() if reader is not None and not self._fetch else None
         replica, s = self.served or decision.replica, self.s
         status = self.status
         if self._usage_asked and status == 200:  # its 400s naming them are requests' own

@@ -71,12 +71,14 @@ class Release:
     after the request is routed; ``plain``: the client asked for no stream (module docstring)."""
 
     def __init__(
-        self, router: Router, listener: RouteListener | None, rid: str, plain: bool
-    ) -> None:
+        self, router: Router, listener: RouteListener | None, rid: str, plain: bool,
+        learns: bool = True,
+    ) -> None:  # fmt: skip
         self.router = router
         self.listener = listener
         self.rid = rid
         self.plain = plain
+        self.learns = learns  # False: its usage is not its own (a stored response's fetch)
         self.done = False
         self._guess = guess_first_token(router, listener, rid) if plain else None
 
@@ -106,6 +108,8 @@ class Release:
 
     def _learn(self, usage: Usage | Callable[[], Usage | None] | None, now: float) -> None:
         usage = usage() if callable(usage) else usage
+        if not self.learns:
+            usage = None
         # A plain answer read whole, with its usage: its time covers prefill and decode.
         whole = self.plain and usage is not None
         end(self.router, self.listener, self.rid, now, usage, whole)

@@ -290,7 +290,8 @@ async def _admit(
             headers["Accept-Encoding"] = "identity"
         body = encode_body(obj)
         headers["Content-Type"] = "application/json"
-    return Admitted(rid, endpoint, key, body, headers, scope, asked, owner)
+    fetch = endpoint is Endpoint.OTHER and owner is not None  # a stored response's GET, cancel
+    return Admitted(rid, endpoint, key, body, headers, scope, asked, owner, learns=not fetch)
 
 
 def _other_json(request: web.Request, body: bytes) -> object | None:

@@ -207,7 +207,8 @@ class Proxy:
                 call = dataclasses.replace(call, can_move=len(candidates) > 1)
             larger = window.larger_window(self.registry, decision.replica, candidates)
             can_retry = attempt + 1 < MAX_ATTEMPTS and call.can_move
-            release = Release(self.router, self.listener, call.rid, not call.admitted.key.stream)
+            adm = call.admitted  # (a stored response's fetch learns nothing: _responses)
+            release = Release(self.router, self.listener, call.rid, not adm.key.stream, adm.learns)
             try:
                 result = await self._attempt(call, decision, can_retry, release, larger)
                 if result.status in TURNED_AWAY:  # (before the end, which waits a loop turn)
@@ -319,7 +320,7 @@ class Proxy:
         cfg = self.config
 
         def first_token() -> None:  # timed now; the router's work once the bytes went out
-            loop.call_soon(self._first_token, rid, replica, time.monotonic())
+            loop.call_soon(self._first_token, rid, replica, time.monotonic(), admitted.learns)
 
         try:
             async with asyncio.timeout(None) as timer:
@@ -356,13 +357,12 @@ class Proxy:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise upstream_error(exc, name) from exc
 
-    def _first_token(self, rid: str, replica: ReplicaId, now: float) -> None:
-        """``rid``'s first token came from ``replica`` at ``now``. Run on the loop's turn after
-        its first bytes were written: the client's first token does not wait for what the
-        router learns from it (a misjudged prediction's observation, a refit of the speed
-        model)."""
+    def _first_token(self, rid: str, replica: ReplicaId, now: float, measured: bool) -> None:
+        """``rid``'s first token came from ``replica`` at ``now`` (``measured``: a token, not a
+        stored answer's replay). Run on the loop's turn after its first bytes were written: the
+        client's first token does not wait for what the router learns from it."""
         self.registry.progressed(replica, now)
-        self.router.first_token(rid, now)
+        self.router.first_token(rid, now, measured)
         if self.listener is not None:
             self.listener.first_token(rid)
 

@@ -76,6 +76,9 @@ class Admitted:
     # keeps the usage-only event from the client.
     usage_asked: bool = False
     owner: ReplicaId | None = None  # the one replica it may go to: its stored response's
+    # Its answer teaches the router (its first token, its usage): not a stored response's
+    # fetch, which computes nothing, and whose usage is the stored answer's (_responses).
+    learns: bool = True
 
 
 def _no_constant(name: str) -> object:

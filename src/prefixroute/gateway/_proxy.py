@@ -207,8 +207,7 @@ class Proxy:
                 call = dataclasses.replace(call, can_move=len(candidates) > 1)
             larger = window.larger_window(self.registry, decision.replica, candidates)
             can_retry = attempt + 1 < MAX_ATTEMPTS and call.can_move
-            adm = call.admitted  # (a stored response's fetch learns nothing: _responses)
-            release = Release(self.router, self.listener, call.rid, not adm.key.stream, adm.learns)
+            release = Release(self.router, self.listener, call.rid, not call.admitted.key.stream)
             try:
                 result = await self._attempt(call, decision, can_retry, release, larger)
                 if result.status in TURNED_AWAY:  # (before the end, which waits a loop turn)
@@ -318,6 +317,7 @@ class Proxy:
         url = replica + upstream_target(request)  # the route's own path: never the raw one
         loop = asyncio.get_running_loop()
         cfg = self.config
+        release.learns = admitted.learns  # a stored response's fetch learns nothing (_responses)
 
         def first_token() -> None:  # timed now; the router's work once the bytes went out
             loop.call_soon(self._first_token, rid, replica, time.monotonic(), admitted.learns)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefixroute.core import Endpoint, InvalidPrompt, key_of
+from prefixroute.core import Endpoint, InvalidPrompt, ReplicaId, Router, key_of, make_policy
 
 CHAT = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi there"}]
 
@@ -73,3 +73,25 @@ def test_previous_response_id_is_kept_as_what_the_request_continues() -> None:
 def test_bad_requests_say_what_is_wrong(body: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidPrompt, match=message):
         key_of(Endpoint.RESPONSES, body)
+
+
+def test_a_continuations_usage_teaches_no_characters_per_token() -> None:
+    """Its prompt at the replica is the stored conversation and its new input, of which the
+    request carries only the input: 5,000 tokens counted against 9 characters would teach the
+    model's characters per token a ratio 2,000x too small (types.py: RequestView.extended). A
+    request that is all its prompt still teaches it."""
+    router = Router(make_policy("round_robin"))
+    router.add_replica(ReplicaId("http://r:1"))
+    prior = router.chars_per_token_of("m")
+    body = {"model": "m", "input": "and then?", "previous_response_id": "resp_1"}
+    view = key_of(Endpoint.RESPONSES, body).view(router, "c1")
+    assert view.extended and view.char_units
+    router.route(view, 0.0)
+    router.observe_usage("c1", 5000, 4990)
+    router.complete("c1", 1.0, 1)
+    assert router.chars_per_token_of("m") == prior
+    whole = key_of(Endpoint.RESPONSES, {"model": "m", "input": "and then?"}).view(router, "w1")
+    assert not whole.extended
+    router.route(whole, 2.0)
+    router.observe_usage("w1", 5000, 4990)
+    assert router.chars_per_token_of("m") < prior

@@ -23,6 +23,7 @@ each front end translates into its own error (HTTP 400, a failed Serve request).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -73,11 +74,13 @@ class RouteKey:
         """The router's view of this request: its prompt hashed once, in the key space of its
         seed and adapter."""
         text = None if self.tokens is not None else self.text or ""
-        return router.view(
+        view = router.view(
             request_id, tokens=self.tokens, text=text, output_tokens=self.max_tokens,
             model=self.model, tenant=self.tenant, seed=self.seed, adapter=self.adapter,
             sequences=self.prompts * self.choices, batch=self.prompts > 1,
         )  # fmt: skip
+        # A continuation: the replica prepends the stored conversation (RequestView.extended).
+        return view if self.continues is None else dataclasses.replace(view, extended=True)
 
 
 EMPTY_KEY = RouteKey("", None)  # no body: route on load alone, among all replicas

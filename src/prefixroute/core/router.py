@@ -214,7 +214,7 @@ class Router(RouterReads, PlainAnswerCalls, PreemptionCalls):
         if self.speculative is not None:
             self.speculative.add(decision.replica, request.block_hashes, now, request.request_id)
         self.loads.dispatch(request, decision, now)
-        if request.char_units and not request.batch:  # a batch's usage counts every prompt
+        if request.char_units and not (request.batch or request.extended):  # usage: one prompt
             self.tokens.routed(request.request_id, request.model, request.prompt_units)
         return decision
 

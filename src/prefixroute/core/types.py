@@ -32,6 +32,10 @@ class RequestView:
     # is a batch (several prompts; the view is its first). Such usage teaches less (Router).
     sequences: int = 1
     batch: bool = False
+    # The replica puts what it stored before this prompt (a Responses API continuation, whose
+    # conversation so far is not in the request): its usage counts more than this prompt, so
+    # it teaches no characters per token (Router.route). Its uncached count is still its own.
+    extended: bool = False
 
     @property
     def tokens_per_unit(self) -> float:

@@ -17,7 +17,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from prefixroute.core import ReplicaId
 from prefixroute.gateway import Gateway, TenancyConfig
+from prefixroute.gateway._state import STATE
 
 from . import helpers as h
 from .helpers import STEADY, ClusterFactory, FakeFactory, GatewayFactory, words
@@ -262,11 +264,21 @@ async def test_fetching_a_stored_response_teaches_the_router_nothing(
 
     before = taught()
     assert before[0] == 1  # the answer itself was learned from
+    owners = gw.app[STATE].responses
+    noted: list[str] = []
+    answered = owners.answered
+
+    def spy(tenant: str | None, response_id: str, replica: ReplicaId) -> None:
+        noted.append(response_id)
+        answered(tenant, response_id, replica)
+
+    owners.answered = spy  # type: ignore[method-assign]
     for _ in range(5):
         async with session.get(gw.url + f"/v1/responses/{stored}") as resp:
             assert resp.status == 200
             assert (await resp.json())["usage"]["input_tokens"] > 300
     assert taught() == before
+    assert noted == []  # nor is a fetch an answer to note (or to publish to other instances)
     assert gw.router.replica_load(gw.router.replicas[0]).in_flight == 0
 
 

@@ -386,8 +386,8 @@ class Proxy:
 
     def _usage(self, rid: str, admitted: Admitted, decision: Decision, result: RelayResult) -> None:
         replica, usage, endpoint = decision.replica, result.read_usage(), admitted.endpoint
-        if result.response_id is not None and result.status == 200:  # it may store it
-            self.responses.answered(admitted.key.tenant, result.response_id, replica)
+        if endpoint is Endpoint.RESPONSES and result.response_id and result.status == 200:
+            self.responses.answered(admitted.key.tenant, result.response_id, replica)  # stored
         # Usage is judged missing only of an answer that ended as the replica meant it to.
         whole = not (result.failure or result.cut or result.client_gone or result.error_status)
         if endpoint is not Endpoint.OTHER and result.status == 200 and whole:

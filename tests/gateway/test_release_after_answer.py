@@ -128,14 +128,14 @@ async def test_a_plain_answers_usage_is_read_after_the_client_has_it(
     cluster = await make_cluster(1, EmulatorConfig(ReplicaConfig(block_size=16)))
     gw = await make_gateway(cluster.urls)
     parsed: list[float] = []
-    real = _relay.usage_in_body
+    real = _relay.answer_in_body
 
     def slow_usage(body: bytes) -> Any:
         time.sleep(0.5)
         parsed.append(time.monotonic())
         return real(body)
 
-    monkeypatch.setattr(_relay, "usage_in_body", slow_usage)
+    monkeypatch.setattr(_relay, "answer_in_body", slow_usage)
     reports = gw.router.usage_reports
     seen = await _client_thread(_fetch, gw.url, {"prompt": words(100), "max_tokens": 4})
     while not parsed:

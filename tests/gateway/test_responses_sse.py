@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from prefixroute.gateway._sse import SSEScanner
-from prefixroute.gateway._usage import response_id_in_body, usage_in_body, usage_of
+from prefixroute.gateway._usage import answer_in_body, usage_in_body, usage_of
 
 
 def event(kind: str, **fields: object) -> bytes:
@@ -32,7 +32,7 @@ TAIL = event("response.output_text.done", text="Your") + event(
 
 
 def test_the_opening_events_are_not_the_first_token_and_name_the_response() -> None:
-    s = SSEScanner()
+    s = SSEScanner(responses=True)
     assert s.feed(HEAD) == HEAD
     assert not s.saw_data  # created, in progress, an item and a part added: nothing generated
     assert s.response_id == "resp_abc"
@@ -41,13 +41,13 @@ def test_the_opening_events_are_not_the_first_token_and_name_the_response() -> N
 
 
 def test_a_function_calls_arguments_are_output_too() -> None:
-    s = SSEScanner()
+    s = SSEScanner(responses=True)
     s.feed(HEAD + event("response.function_call_arguments.delta", delta='{"a"'))
     assert s.saw_data
 
 
 def test_the_usage_is_read_from_response_completed() -> None:
-    s = SSEScanner()
+    s = SSEScanner(responses=True)
     for chunk in (HEAD, DELTA, TAIL):
         s.feed(chunk)
     assert s.usage is not None
@@ -56,24 +56,31 @@ def test_the_usage_is_read_from_response_completed() -> None:
 
 
 def test_error_and_failed_events_are_errors_not_output() -> None:
-    s = SSEScanner()
+    s = SSEScanner(responses=True)
     s.feed(HEAD + event("error", code="server_error", message="boom"))
     assert (s.saw_data, s.error_status) == (False, 500)
-    failed = SSEScanner()
+    failed = SSEScanner(responses=True)
     failed.feed(HEAD + event("response.failed", response={**OPENING, "status": "failed"}))
     assert (failed.saw_data, failed.error_status) == (False, 500)
-    coded = SSEScanner()
+    coded = SSEScanner(responses=True)
     coded.feed(event("error", code=429, message="slow down"))
     assert coded.error_status == 429
+
+
+def test_a_stream_not_of_the_responses_api_is_not_searched_for_one() -> None:
+    s = SSEScanner()
+    s.feed(HEAD + event("response.failed", response={**OPENING, "status": "failed"}))
+    assert (s.response_id, s.error_status) == (None, None)
 
 
 def test_a_whole_answers_usage_and_id() -> None:
     body = json.dumps({"id": "resp_9", "object": "response", "usage": USAGE}).encode()
     usage = usage_in_body(body)
     assert usage is not None and (usage.prompt_tokens, usage.cached_tokens) == (34, 32)
-    assert response_id_in_body(body) == "resp_9"
+    assert answer_in_body(body) == (usage, "resp_9")  # one parse for both
     # Only a response object names a stored response; chat completions have ids too.
-    assert response_id_in_body(b'{"id": "chatcmpl-1", "object": "chat.completion"}') is None
-    assert response_id_in_body(b"not json") is None
+    chat = b'{"id": "chatcmpl-1", "object": "chat.completion", "usage": {"prompt_tokens": 3}}'
+    assert answer_in_body(chat)[1] is None
+    assert answer_in_body(b"not json") == (None, None)
     assert usage_of({"usage": {"input_tokens": "x", "output_tokens": 2}}) is not None
     assert usage_of({"response": {"usage": None}}) is None

@@ -46,33 +46,21 @@ def parse_request(
     """Validate a request body; raises InvalidRequest (400) or ModelNotFound (404)."""
     if not isinstance(body, Mapping):
         raise InvalidRequest("the request body must be a JSON object")
-    model = body.get("model") or None  # "" is no model: vLLM serves its default for it
-    if model is not None and model != served_model and model not in adapters:
-        raise ModelNotFound(f"The model `{model}` does not exist.")
+    adapter = adapter_of(body, served_model, adapters)
     if body.get("n") not in (None, 1):
         raise InvalidRequest("only n=1 is supported", param="n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest("'stream' must be a boolean", param="stream")
+    stream = stream_of(body)
     max_tokens = body.get("max_tokens")
     if max_tokens is None and endpoint is Endpoint.CHAT:
         max_tokens = body.get("max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise InvalidRequest("'max_tokens' must be a positive integer", param="max_tokens")
+    max_tokens = positive(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, "max_tokens")
     if endpoint is Endpoint.CHAT:
         tokens = tokenize(render_chat(_messages(body.get("messages"))))
     else:
         tokens = _prompt_tokens(body.get("prompt"))
     if not tokens:
         raise InvalidRequest("the prompt is empty", param="prompt")
-    salt = body.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not salt):
-        raise InvalidRequest(  # vLLM's own check and message
-            "Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt"
-        )
-    adapter = model if model is not None and model != served_model else None
+    salt = salt_of(body)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, Mapping):
         raise InvalidRequest("'stream_options' must be an object", param="stream_options")
@@ -84,6 +72,40 @@ def parse_request(
     # defaults include_usage to true: `{}` gets usage).
     include_usage = bool(options.get("include_usage", True)) if options is not None else False
     return ParsedRequest(endpoint, tokens, max_tokens, stream, salt, adapter, include_usage)
+
+
+def adapter_of(
+    body: Mapping[str, object], served_model: str, adapters: tuple[str, ...]
+) -> str | None:
+    """The LoRA adapter ``body`` names as its model (None: the base model); raises
+    ModelNotFound for a model this replica does not serve."""
+    model = body.get("model") or None  # "" is no model: vLLM serves its default for it
+    if model is not None and model != served_model and model not in adapters:
+        raise ModelNotFound(f"The model `{model}` does not exist.")
+    return model if model is not None and model != served_model else None
+
+
+def stream_of(body: Mapping[str, object]) -> bool:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be a boolean", param="stream")
+    return stream
+
+
+def positive(value: object, name: str) -> int:
+    """An output limit, field ``name``: a positive integer (InvalidRequest otherwise)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidRequest(f"'{name}' must be a positive integer", param=name)
+    return value
+
+
+def salt_of(body: Mapping[str, object]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise InvalidRequest(  # vLLM's own check and message
+            "Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt"
+        )
+    return salt
 
 
 def _messages(raw: object) -> list[tuple[str, str]]:

@@ -33,9 +33,16 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from prefixroute.core import Endpoint, ModelNotFound
+from prefixroute.core import Endpoint
 from prefixroute.emulate._errors import InvalidRequest, UnknownResponse
-from prefixroute.emulate._openai import DEFAULT_MAX_TOKENS, ParsedRequest
+from prefixroute.emulate._openai import (
+    DEFAULT_MAX_TOKENS,
+    ParsedRequest,
+    adapter_of,
+    positive,
+    salt_of,
+    stream_of,
+)
 from prefixroute.emulate._tokenizer import filler, message_text, render_chat, tokenize
 
 STORED_KEPT = 10_000  # stored responses kept (the latest)
@@ -76,20 +83,10 @@ def parse_responses(
     UnknownResponse (404)."""
     if not isinstance(body, Mapping):
         raise InvalidRequest("the request body must be a JSON object")
-    model = body.get("model") or None
-    if model is not None and model != served_model and model not in adapters:
-        raise ModelNotFound(f"The model `{model}` does not exist.")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest("'stream' must be a boolean", "stream")
-    limit = body.get("max_output_tokens", DEFAULT_MAX_TOKENS)
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise InvalidRequest("'max_output_tokens' must be a positive integer", "max_output_tokens")
-    salt = body.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not salt):
-        raise InvalidRequest(
-            "Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt"
-        )
+    adapter = adapter_of(body, served_model, adapters)
+    stream = stream_of(body)
+    limit = positive(body.get("max_output_tokens", DEFAULT_MAX_TOKENS), "max_output_tokens")
+    salt = salt_of(body)
     conversation: list[Message] = []
     previous = body.get("previous_response_id")
     if previous is not None:
@@ -101,7 +98,6 @@ def parse_responses(
         raise InvalidRequest("'instructions' must be a string", "instructions")
     conversation += _input(body.get("input"))
     prompt = [("system", instructions), *conversation] if instructions else conversation
-    adapter = model if model is not None and model != served_model else None
     parsed = ParsedRequest(Endpoint.RESPONSES, tokenize(render_chat(prompt)), limit, stream,
                            salt, adapter, include_usage=True)  # fmt: skip
     return parsed, conversation

@@ -35,6 +35,7 @@ from prefixroute.gateway import (
     Tenants,
     TenantScope,
     encode_body,
+    isolated,
     key_of,
     parse_body,
     upstream_headers,
@@ -106,7 +107,6 @@ async def request_key(
     if endpoint is Endpoint.OTHER:
         return key, None, False
     asked = ask_usage and state.ask_stream_usage(endpoint, obj)
-    isolated = scope is not None and scope.tenants.config.isolation
-    if isolated or asked:
+    if isolated(scope) or asked:
         return key, encode_body(obj), asked  # cache_salt or stream_options: the replica reads it
     return key, None, False

@@ -12,9 +12,8 @@ from __future__ import annotations
 from prefixroute.gateway import (
     SSEScanner,
     Usage,
+    answer_in_body,
     refuses_stream_options,
-    response_id_in_body,
-    usage_in_body,
     window_said,
 )
 
@@ -22,13 +21,17 @@ MAX_PLAIN_BODY = 1024 * 1024  # bytes of a plain answer kept to read its usage (
 
 
 class AnswerReader:
-    def __init__(self, content_type: str, compressed: bool, hide_usage: bool) -> None:
-        """``hide_usage``: the picker asked for the stream's usage, so its event is kept back."""
+    def __init__(
+        self, content_type: str, compressed: bool, hide_usage: bool, responses: bool = False
+    ) -> None:
+        """``hide_usage``: the picker asked for the stream's usage, so its event is kept back;
+        ``responses``: a Responses API answer, whose id is read (``response_id``)."""
         stream = content_type.startswith("text/event-stream")
-        self.scanner = SSEScanner(hide_usage=hide_usage) if stream and not compressed else None
+        self.scanner = SSEScanner(hide_usage, responses) if stream and not compressed else None
         self.raw_stream = stream and compressed  # unreadable: its first chunk is the first token
         self._plain: list[bytes] = []
         self._plain_bytes = 0
+        self._whole: tuple[Usage | None, str | None] | None = None  # its usage and id, parsed
 
     @property
     def edits(self) -> bool:
@@ -61,16 +64,20 @@ class AnswerReader:
         if self.scanner is not None:
             self.scanner.flush()
             return self.scanner.usage
-        return usage_in_body(b"".join(self._plain)) if self._plain else None
+        return self._answer()[0]
 
     def response_id(self, ended: bool) -> str | None:
         """The id of the Responses answer read so far: a stream's from ``response.created``, a
         plain one's from its body once ``ended`` (None: not known, or not such an answer)."""
         if self.scanner is not None:
             return self.scanner.response_id
-        if ended and self._plain:
-            return response_id_in_body(b"".join(self._plain))
-        return None
+        return self._answer()[1] if ended else None
+
+    def _answer(self) -> tuple[Usage | None, str | None]:
+        """A plain answer's usage and Responses id, parsed once, at its end."""
+        if self._whole is None:
+            self._whole = answer_in_body(b"".join(self._plain)) if self._plain else (None, None)
+        return self._whole
 
     def refused_stream_options(self) -> bool:
         """A plain 400 that says the replica does not take ``stream_options``."""

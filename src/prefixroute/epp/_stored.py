@@ -16,7 +16,14 @@ import re
 
 from prefixroute.core import Endpoint, ReplicaId, RouteKey
 from prefixroute.epp._answer import AnswerReader
-from prefixroute.gateway import PROMPT_ENDPOINTS, GatewayState, TenantScope, parse_body, pinned
+from prefixroute.gateway import (
+    PROMPT_ENDPOINTS,
+    GatewayState,
+    TenantScope,
+    isolated,
+    parse_body,
+    pinned,
+)
 
 __all__ = ["StoredNote", "pinned", "stored_owner"]  # pinned: the gateway's, for the picker
 
@@ -29,10 +36,10 @@ def stored_owner(
     """The one replica a request to ``path`` (keyed ``key``) may go to (None: any), and what
     notes its answer's id where it is a Responses call; raises the gateway's NotFound or
     BadRequest (``ResponseOwners``)."""
-    isolated = scope is not None and scope.tenants.config.isolation
     if PROMPT_ENDPOINTS.get(path) is Endpoint.RESPONSES:
-        obj = parse_body(body) if isolated and b'"request_id"' in body else None
-        return state.responses.of_request(key, obj, isolated), StoredNote(state, key.tenant)
+        refusing = isolated(scope)
+        obj = parse_body(body) if refusing and b'"request_id"' in body else None
+        return state.responses.of_request(key, obj, refusing), StoredNote(state, key.tenant)
     stored = STORED_PATH.match(path)
     if stored is None:
         return None, None

@@ -278,8 +278,8 @@ class PickStream:
         if decision is None:  # an answer to a request we did not route (our own error)
             return [proto.response_headers_response({})]
         self._note_served(proto.served_of(req), decision)
-        compressed = "content-encoding" in headers
-        self._reader = AnswerReader(headers.get("content-type", ""), compressed, self._usage_asked)
+        reading = ("content-encoding" in headers, self._usage_asked, self._stored is not None)
+        self._reader = AnswerReader(headers.get("content-type", ""), *reading)
         extra = {
             REPLICA_HEADER: self.s.registry.public_name(self.served or decision.replica),
             REASON_HEADER: decision.reason.value,

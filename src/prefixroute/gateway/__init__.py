@@ -55,13 +55,13 @@ from prefixroute.gateway._server import Gateway
 from prefixroute.gateway._sse import SSEScanner
 from prefixroute.gateway._state import GatewayState
 from prefixroute.gateway._tenant_config import TenancyConfig, TenantLimits, TenantSpec
-from prefixroute.gateway._tenants import Tenants, TenantScope, upstream_headers
+from prefixroute.gateway._tenants import Tenants, TenantScope, isolated, upstream_headers
 from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
 from prefixroute.gateway._tracing import RequestTracing
 from prefixroute.gateway._usage import (
     Usage,
+    answer_in_body,
     refuses_stream_options,
-    response_id_in_body,
     usage_in_body,
 )
 from prefixroute.gateway._verdict import GATEWAY_STATUSES, judge_error_event
@@ -107,6 +107,7 @@ __all__ = [
     "Usage",
     "FirstTokenGuess",
     "admin_listener",
+    "answer_in_body",
     "build_app",
     "build_config",
     "by_replica",
@@ -127,6 +128,7 @@ __all__ = [
     "load_toml",
     "needed_tokens",
     "normalize_url",
+    "isolated",
     "parse_body",
     "pinned",
     "read_secret",
@@ -134,7 +136,6 @@ __all__ = [
     "run_on_uvloop",
     "spec_for",
     "upstream_headers",
-    "response_id_in_body",
     "usage_in_body",
     "window_said",
 ]

@@ -71,14 +71,13 @@ class Release:
     after the request is routed; ``plain``: the client asked for no stream (module docstring)."""
 
     def __init__(
-        self, router: Router, listener: RouteListener | None, rid: str, plain: bool,
-        learns: bool = True,
-    ) -> None:  # fmt: skip
+        self, router: Router, listener: RouteListener | None, rid: str, plain: bool
+    ) -> None:
         self.router = router
         self.listener = listener
         self.rid = rid
         self.plain = plain
-        self.learns = learns  # False: its usage is not its own (a stored response's fetch)
+        self.learns = True  # False: its usage is not its own (a stored response's fetch: _proxy)
         self.done = False
         self._guess = guess_first_token(router, listener, rid) if plain else None
 

@@ -84,6 +84,7 @@ from prefixroute.gateway._tenants import (
     TENANT_SCOPE,
     TENANTS,
     Tenants,
+    isolated,
     make_tenant_middleware,
     upstream_headers,
 )
@@ -281,8 +282,7 @@ async def _admit(
         key = key_of(endpoint, obj)
     key = await state.route_key(endpoint, key, obj, scope)  # edits obj's cache_salt
     if endpoint is Endpoint.RESPONSES:
-        isolated = scope is not None and scope.tenants.config.isolation
-        owner = state.responses.of_request(key, obj, isolated)
+        owner = state.responses.of_request(key, obj, isolated(scope))
     asked = False
     if obj is not None:  # what the replica reads is what we parsed (see _requests)
         asked = state.ask_stream_usage(endpoint, obj)  # the usage every stream's learning needs

@@ -38,7 +38,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from prefixroute.gateway._errors import UpstreamError, UpstreamTimeout, error_body
 from prefixroute.gateway._sse import SSEScanner
-from prefixroute.gateway._usage import Usage, response_id_in_body, usage_in_body
+from prefixroute.gateway._usage import Usage, answer_in_body
 
 HOP_BY_HOP = frozenset(
     {
@@ -72,18 +72,17 @@ class RelayResult:
     usage: Usage | None = None  # the replica's token counts, when it reported them
     error_status: int | None = None  # a 200 stream reported an error in-band: its code (_sse)
     body: bytes | None = None  # a plain answer's body, its usage not read yet (read_usage)
-    response_id: str | None = None  # the Responses API's id of what it answered (stored there)
+    # A plain Responses answer's id (read_usage; a stream's is told as it comes: StreamControl)
+    response_id: str | None = None
 
     def read_usage(self) -> Usage | None:
         """The usage (and a Responses answer's id), read from a plain answer's body on the
         first call: the gateway reads it once the answer has gone out (its parse is no wait of
         the client's, 10-60 us)."""
         if self.body is not None:
-            body, self.body = self.body, None
-            self.usage = usage_in_body(body)
+            self.usage, self.response_id = answer_in_body(self.body)
+            self.body = None
             self.cached_tokens = self.usage.cached_tokens if self.usage is not None else None
-            if self.response_id is None and b'"response"' in body:
-                self.response_id = response_id_in_body(body)
         return self.usage
 
 
@@ -194,9 +193,8 @@ async def relay_stream(
     usage = scanner.usage if scanner is not None else None
     cached = usage.cached_tokens if usage is not None else None
     error = scanner.error_status if scanner is not None else None
-    stored = scanner.response_id if scanner is not None else None
     return RelayResult(relay.started(), resp.status, cached, failure, usage=usage,
-                       error_status=error, response_id=stored)  # fmt: skip
+                       error_status=error)  # fmt: skip
 
 
 class _StreamRelay:
@@ -215,7 +213,8 @@ class _StreamRelay:
         self.request, self.resp, self.extra, self.ctl = request, resp, extra, ctl
         # A compressed stream cannot be cut at event boundaries: relay it raw, unobserved.
         compressed = "Content-Encoding" in resp.headers
-        self.scanner = None if compressed else SSEScanner(hide_usage=ctl.hide_usage)
+        responses = ctl.on_response_id is not None  # a Responses stream: its id is watched for
+        self.scanner = None if compressed else SSEScanner(ctl.hide_usage, responses)
         self.out: web.StreamResponse | None = None  # the client's response, once started
         self._waiting_first = True  # no data event relayed yet
         self._id_untold = ctl.on_response_id is not None  # a Responses stream's id, not told

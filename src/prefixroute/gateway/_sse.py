@@ -38,7 +38,7 @@ from prefixroute.gateway._usage import Usage, is_usage_only, usage_of
 
 
 class SSEScanner:
-    def __init__(self, hide_usage: bool = False) -> None:
+    def __init__(self, hide_usage: bool = False, responses: bool = False) -> None:
         self._tail = b""  # bytes after the last complete event, bytes
         self.saw_data = False  # a data event went by (the first token)
         self._usage: Usage | None = None  # the last usage-bearing event's
@@ -47,7 +47,10 @@ class SSEScanner:
         self._meta_line: bytes | None = None
         self.hide_usage = hide_usage  # keep usage-only events from the client (module doc)
         self.error_status: int | None = None  # the first in-band error event's code (module doc)
-        self.response_id: str | None = None  # a Responses stream's id (its response.created)
+        # A Responses API stream: its id (from response.created) and its response.failed
+        # are watched for; other streams pay no search for them.
+        self.responses = responses
+        self.response_id: str | None = None
 
     @property
     def usage(self) -> Usage | None:
@@ -95,11 +98,12 @@ class SSEScanner:
 
     def _scan(self, events: bytes) -> None:
         """Note the first token and an in-band error among complete ``events``."""
-        if self.error_status is None and (b'"error"' in events or _FAILED in events):
+        failed = self.responses and _FAILED in events
+        if self.error_status is None and (b'"error"' in events or failed):
             self.error_status = _error_in(events)
         if not self.saw_data and b"data:" in events:
             self.saw_data = _carries_output(events)
-        if self.response_id is None and b'"response.created"' in events:
+        if self.responses and self.response_id is None and b'"response.created"' in events:
             self.response_id = _created_id(events)
 
     @property

@@ -226,6 +226,12 @@ class TenantScope:
             raise
 
 
+def isolated(scope: TenantScope | None) -> bool:
+    """Whether the request whose scope this is (None: no tenant middleware) is under tenant
+    isolation: its tenant's keys, salt and stored responses are its own."""
+    return scope is not None and scope.tenants.config.isolation
+
+
 def salt_field(endpoint: Endpoint) -> str:
     """The request field that namespaces a request's KV blocks in the engine: vLLM's (and
     SGLang's OpenAI) ``cache_salt``, and on SGLang's ``/generate`` its ``extra_key``, which its

@@ -131,16 +131,17 @@ def usage_in_body(body: bytes) -> Usage | None:
         return None
 
 
-def response_id_in_body(body: bytes) -> str | None:
-    """The id of the response a whole Responses API answer is (``"object": "response"``), or
-    None (another answer, or not JSON)."""
+def answer_in_body(body: bytes) -> tuple[Usage | None, str | None]:
+    """A whole answer's usage and, for a Responses API answer (``"object": "response"``), its
+    id, from one parse; (None, None) for a body that mentions neither or is not JSON."""
+    if b'"usage"' not in body and b'"meta_info"' not in body and b'"response"' not in body:
+        return None, None
     try:
         obj = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        return None
-    if isinstance(obj, dict) and obj.get("object") == "response" and isinstance(obj.get("id"), str):
-        return str(obj["id"])
-    return None
+        return None, None
+    stored = obj.get("id") if isinstance(obj, dict) and obj.get("object") == "response" else None
+    return usage_of(obj), stored if isinstance(stored, str) else None
 
 
 def cached_tokens_of(obj: object) -> int | None:

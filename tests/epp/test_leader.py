@@ -209,15 +209,24 @@ async def test_two_picker_processes_one_ready_then_the_other(
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(lease_api.kubeconfig())
     env = dict(os.environ, KUBECONFIG=str(kubeconfig))
-    ports = [free_port(), free_port()]
-    procs = [
-        subprocess.Popen(
-            [_prefixroute(), "epp", "--endpoint", "127.0.0.1:9", "--grpc-port", str(port),
-             "--http-port", "0", "--ha-enable-leader-election", "--k8s-namespace", "team"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        for port in ports
-    ]
+    ports = [free_port()]
+    while (port := free_port()) == ports[0]:  # two binds of port 0 may both get one port
+        pass
+    ports.append(port)
+    logs = [tmp_path / f"picker-{i}.log" for i in range(2)]  # what each said, for a failure
+    procs = []
+    for port, log in zip(ports, logs, strict=True):
+        with log.open("wb") as stderr:  # the process has its own copy
+            procs.append(subprocess.Popen(
+                [_prefixroute(), "epp", "--endpoint", "127.0.0.1:9", "--grpc-port", str(port),
+                 "--http-port", "0", "--ha-enable-leader-election", "--k8s-namespace", "team"],
+                env=env, stdout=subprocess.DEVNULL, stderr=stderr,
+            ))  # fmt: skip
+
+    def said() -> str:
+        return "\n".join(f"picker {i} (exit {p.poll()}):\n{log.read_text()[-3000:]}"
+                         for i, (p, log) in enumerate(zip(procs, logs, strict=True)))  # fmt: skip
+
     try:
 
         async def ready() -> list[bool]:
@@ -232,7 +241,11 @@ async def test_two_picker_processes_one_ready_then_the_other(
         async def one_ready() -> bool:
             return sum(await ready()) == 1
 
-        await until(one_ready, timeout_s=60, every_s=0.2)
+        try:
+            await until(one_ready, timeout_s=60, every_s=0.2)
+        except AssertionError as exc:
+            state = f"ready: {await ready()}, Lease writes {lease_api.writes}"
+            raise AssertionError(f"{state}\n{said()}") from exc
         leader = (await ready()).index(True)
         holder = lease_api.holder("team")
         assert holder is not None and holder.startswith(os.uname().nodename + "_")

@@ -190,3 +190,38 @@ async def test_responses_continued_by_id_go_to_the_replica_that_stored_them(
                 answer = json.loads(raw)
             assert answer["usage"]["input_tokens_details"]["cached_tokens"] > 100
             previous = answer["id"]
+
+
+async def test_a_messages_conversation_stays_where_it_is_cached(
+    make_stack: StackFactory, session: aiohttp.ClientSession
+) -> None:
+    """Anthropic's Messages API through Envoy, as Claude Code sends it (its system prompt
+    stamped per request, the cache marker on the newest turn): every turn where the last one
+    left its prefix, each answer's usage read by the picker, streamed or whole."""
+    stack = await make_stack(DEFAULT_POLICY)
+    history: list[dict[str, object]] = []
+    served, cached = set(), []
+    for turn in range(4):
+        history.append({"role": "user", "content": [{"type": "text", "text": words(80)}]})
+        messages = json.loads(json.dumps(history))
+        messages[-1]["content"][0]["cache_control"] = {"type": "ephemeral"}
+        system = [{"type": "text", "text": f"x-anthropic-billing-header: cch={turn};"},
+                  {"type": "text", "text": words(100)}]  # fmt: skip
+        body = {"model": "emulated", "system": system, "messages": messages, "max_tokens": 2,
+                "stream": turn % 2 == 1}  # fmt: skip
+        async with session.post(stack.url + "/v1/messages", json=body) as resp:
+            raw = await resp.text()
+            assert resp.status == 200, raw
+            served.add(resp.headers["x-prefixroute-replica"])
+        if body["stream"]:
+            lines = [line for line in raw.split("\n") if line.startswith("data: {")]
+            events = [json.loads(line[6:]) for line in lines]
+            (usage,) = [e["usage"] for e in events if e["type"] == "message_delta"]
+            text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+        else:
+            answer = json.loads(raw)
+            usage, text = answer["usage"], answer["content"][0]["text"]
+        cached.append(usage["cache_read_input_tokens"])
+        history.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
+    assert len(served) == 1 and min(cached[1:]) > 100, (served, cached)
+    assert stack.epp.router.usage_reports == 4

@@ -144,3 +144,26 @@ async def test_a_responses_request_is_explained_as_the_same_chat(
         for f in replicas:
             await f.stop()
 
+
+
+async def test_a_messages_request_is_explained_as_the_same_chat(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """``/admin/explain/v1/messages``: keyed as the chat its system prompt and messages stand
+    for (core/messages_input.py), so it is drawn to where that chat's prefix is."""
+    replicas = await fakes(3)
+    try:
+        gw = await make_gateway([f.url for f in replicas], admin_token=TOKEN, **STEADY)
+        first = await send(session, gw.url, "/v1/chat/completions", chat("What is a KV cache?"))
+        body = {"model": "emulated", "system": [{"type": "text", "text": SYSTEM}], "max_tokens": 4,
+                "messages": [{"role": "user", "content": "What is a KV cache?"}]}  # fmt: skip
+        async with session.post(
+            f"{gw.url}/admin/explain/v1/messages", json=body, headers=BEARER
+        ) as resp:
+            assert resp.status == 200
+            why = await resp.json()
+        assert why["replica"] == first.headers["x-prefixroute-replica"]
+        assert why["reason"] == "prefix_match" and why["predicted_cached_tokens"] > 0
+    finally:
+        for f in replicas:
+            await f.stop()

@@ -292,12 +292,21 @@ def test_paths_off_the_allowlist_are_404_and_reach_no_replica(
     assert recorder.hits == []
 
 
-def test_embeddings_pass_through_to_exactly_that_path(servers: Servers, recorder: Recorder) -> None:
-    body = json.dumps({"model": MODEL, "input": "hello"}).encode()
+PASSED = ["/v1/embeddings", "/v1/messages/count_tokens", "/v1/rerank", "/rerank", "/v2/rerank",
+          "/v1/score", "/score", "/pooling", "/classify", "/tokenize", "/detokenize"]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", PASSED)
+def test_load_routed_calls_pass_through_to_exactly_their_path(
+    servers: Servers, recorder: Recorder, path: str
+) -> None:
+    """vLLM's other model calls (the set vLLM's production-stack router forwards, and the
+    pooling calls since; gateway/_paths.py) reach a replica at their own path."""
+    body = json.dumps({"model": MODEL, "input": "hello", "query": "q", "documents": ["a"]})
     for keyed in (False, True):
-        answer = http(servers.port(keyed), b"POST", b"/v1/embeddings", JSON + AUTH, body)
+        answer = http(servers.port(keyed), b"POST", path.encode(), JSON + AUTH, body.encode())
         assert answer.status == 200, answer
-    assert [(h.method, h.raw_path_qs) for h in recorder.hits] == [("POST", "/v1/embeddings")] * 2
+    assert [(h.method, h.raw_path_qs) for h in recorder.hits] == [("POST", path)] * 2
 
 
 def test_prompt_endpoints_still_reach_their_own_paths(servers: Servers, recorder: Recorder) -> None:
@@ -305,8 +314,9 @@ def test_prompt_endpoints_still_reach_their_own_paths(servers: Servers, recorder
     http(servers.port(), b"POST", b"/v1/completions", JSON, PROMPT)
     http(servers.port(), b"POST", b"/v1/chat/completions", JSON, chat.encode())
     http(servers.port(), b"POST", b"/v1/responses", JSON, b'{"input": "hi"}')
+    http(servers.port(), b"POST", b"/v1/messages", JSON, chat.encode())
     assert [h.raw_path for h in recorder.hits] == [
-        "/v1/completions", "/v1/chat/completions", "/v1/responses"
+        "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"
     ]  # fmt: skip
 
 
@@ -422,16 +432,20 @@ async def test_upstream_target_is_the_route_not_the_request() -> None:
 
 
 def test_the_allowlist_is_small_and_holds_no_engine_controls() -> None:
-    assert set(PASSTHROUGH_PATHS) == {"/v1/embeddings"}
-    listed = {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/generate",
-              "/v1/embeddings"}  # fmt: skip
+    assert set(PASSTHROUGH_PATHS) == set(PASSED)
+    listed = {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+              "/generate", *PASSED}  # fmt: skip
     assert listed == FORWARDED_PATHS
+    controls = {"/reset_prefix_cache", "/sleep", "/wake_up", "/collective_rpc", "/pause",
+                "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/update_weights",
+                "/start_profile", "/abort_requests", "/server_info", "/metrics"}  # fmt: skip
+    assert not controls & FORWARDED_PATHS
 
 
 # --- the published description ------------------------------------------------------------------
-DOCUMENTED = {"/v1/completions", "/v1/chat/completions", "/v1/responses",
+DOCUMENTED = {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
               "/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel", "/generate",
-              "/v1/models", "/v1/embeddings", "/health", "/metrics", "/openapi.json"}  # fmt: skip
+              "/v1/models", *PASSED, "/health", "/metrics", "/openapi.json"}  # fmt: skip
 
 
 def test_openapi_is_served_without_a_key_and_matches_the_routes(servers: Servers) -> None:

@@ -1,10 +1,10 @@
 """One request as the router keys it: read once, the same way by every front end.
 
 The gateway and the Envoy endpoint picker hold a request as the parsed JSON object of
-``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses`` or SGLang's native
-``/generate``; the Ray Serve router holds Ray LLM's request model, with the same fields as
-attributes. :func:`key_of` reads either (through :func:`~prefixroute.core.prompt_key.field_of`)
-into one :class:`RouteKey`, and
+``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, Anthropic's ``/v1/messages``
+(:mod:`prefixroute.core.messages_input`) or SGLang's native ``/generate``; the Ray Serve router
+holds Ray LLM's request model, with the same fields as attributes. :func:`key_of` reads either
+(through :func:`~prefixroute.core.prompt_key.field_of`) into one :class:`RouteKey`, and
 :meth:`RouteKey.view` turns the key into the router's :class:`RequestView`, so the choice between
 text and token ids is written once.
 
@@ -30,6 +30,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from prefixroute.core.errors import InvalidPrompt
+from prefixroute.core.messages_input import anthropic_messages
 from prefixroute.core.prompt_key import chat_text, field_of, prompt_key, prompts_in
 from prefixroute.core.responses_input import responses_messages
 from prefixroute.core.types import RequestView
@@ -46,6 +47,7 @@ class Endpoint(StrEnum):
     CHAT = "chat_completions"
     GENERATE = "generate"  # SGLang's native /generate: text or input_ids, sampling_params
     RESPONSES = "responses"  # OpenAI's Responses API: instructions and input items
+    MESSAGES = "messages"  # Anthropic's Messages API (vLLM serves it): system and messages
     OTHER = "other"  # any other /v1/* call: routed on load alone
 
 
@@ -111,6 +113,10 @@ def key_of(endpoint: Endpoint, request: object) -> RouteKey:
         return _generate_key(request, model, stream is True)
     if endpoint is Endpoint.RESPONSES:
         return _responses_key(request, model, stream is True)
+    if endpoint is Endpoint.MESSAGES:
+        _, system = field_of(request, "system")
+        messages = anthropic_messages(system, field_of(request, "messages")[1])
+        return RouteKey(chat_text(messages), None, model, stream is True, max_tokens, messages)
     return RouteKey("", None, model, stream is True, max_tokens)
 
 

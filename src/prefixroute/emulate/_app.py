@@ -2,14 +2,13 @@
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (plain or SSE stream),
 ``POST /v1/responses`` and ``GET /v1/responses/{id}`` (``_responses``: OpenAI's Responses API,
-stored answers included), SGLang's ``POST /generate`` (``_sglang``: its own request and answer
-shapes),
-``GET /v1/models``, ``GET /health`` (200 while the engine runs, 503 otherwise),
-``GET /metrics`` (Prometheus text, vLLM metric names), ``POST /reset_prefix_cache`` (vLLM's
-dev-mode endpoint: drops every cached prefix unless requests are running) and SGLang's
-``GET /get_server_info`` (the few fields of it that say the engine's size: its batch size, as
-``max_running_requests`` and one data-parallel rank's ``effective_max_running_requests_per_dp``,
-its KV cache and its context window).
+stored answers included), Anthropic's ``POST /v1/messages`` (``_messages``, as vLLM serves it),
+SGLang's ``POST /generate`` (``_sglang``: its own request and answer shapes), ``GET /v1/models``,
+``GET /health`` (200 while the engine runs, 503 otherwise), ``GET /metrics`` (Prometheus text,
+vLLM metric names), ``POST /reset_prefix_cache`` (vLLM's dev-mode endpoint: drops every cached
+prefix unless requests are running) and SGLang's ``GET /get_server_info`` (the few fields of it
+that say the engine's size: its batch size, as ``max_running_requests`` and one data-parallel
+rank's ``effective_max_running_requests_per_dp``, its KV cache and its context window).
 
 With ``kv_events`` set, the replica publishes its KV-cache changes after every step on a ZMQ
 socket, in vLLM's wire format (``_kv_events``), and a reset publishes ``AllBlocksCleared``.
@@ -34,6 +33,7 @@ from prefixroute.emulate._config import EmulatorConfig
 from prefixroute.emulate._engine import ABORTED, FINISHED, EngineLoop, EngineStopped, Generation
 from prefixroute.emulate._errors import InvalidRequest, error_middleware
 from prefixroute.emulate._kv_events import KVEventBridge
+from prefixroute.emulate._messages import MessagesWriter, parse_messages
 from prefixroute.emulate._metrics import make_registry
 from prefixroute.emulate._openai import (
     Endpoint,
@@ -55,7 +55,8 @@ STARTED = web.AppKey("prefixroute.emulate.started", int)  # unix time, for /v1/m
 EVENTS = web.AppKey("prefixroute.emulate.kv_events", KVEventBridge)  # only with kv_events
 STORE = web.AppKey("prefixroute.emulate.responses", ResponseStore)  # the Responses API's
 
-Writer = ResponseWriter | GenerateWriter | ResponsesWriter  # one request's answer, by endpoint
+# One request's answer, by endpoint.
+Writer = ResponseWriter | GenerateWriter | ResponsesWriter | MessagesWriter
 MAX_BODY_BYTES = 64 * 1024 * 1024  # prompts of a few million characters still fit
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
@@ -81,6 +82,7 @@ def build_app(config: EmulatorConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/generate", sglang_generate)
     app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/messages", messages)
     app.router.add_get("/v1/responses/{response_id}", stored_response)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
@@ -132,6 +134,10 @@ async def responses(request: web.Request) -> web.StreamResponse:
     return await _generate(request, Endpoint.RESPONSES)
 
 
+async def messages(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, Endpoint.MESSAGES)
+
+
 async def stored_response(request: web.Request) -> web.Response:
     """A stored Responses answer (404 when this replica holds none by that id)."""
     answer = request.app[STORE].answer(request.match_info["response_id"])
@@ -149,6 +155,9 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         store = request.app[STORE]
         parsed, conversation = parse_responses(body, config.model, config.adapters, store)
         writer = ResponsesWriter(parsed, config.model, conversation, store)
+    elif endpoint is Endpoint.MESSAGES:
+        parsed = parse_messages(body, config.model, config.adapters)
+        writer = MessagesWriter(parsed, config.model)
     else:
         parsed = parse_request(endpoint, body, config.model, config.adapters)
         writer = ResponseWriter(parsed, config.model)

@@ -62,7 +62,7 @@ from prefixroute.gateway._tenants import TENANTS, Tenants, TenantScope
 
 MAX_ADMIN_BODY = 64 * 1024  # bytes
 EXPLAINED = {Endpoint.COMPLETIONS: "/v1/completions", Endpoint.CHAT: "/v1/chat/completions",
-             Endpoint.RESPONSES: "/v1/responses"}  # fmt: skip
+             Endpoint.RESPONSES: "/v1/responses", Endpoint.MESSAGES: "/v1/messages"}  # fmt: skip
 
 
 def add_routes(app: web.Application, membership_refusal: str | None = None) -> None:

@@ -1,15 +1,15 @@
 """The gateway application: OpenAI endpoints in front of replicas, routed by one Router.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` (routed
-on the prompt or the messages; a stored response's ``GET /v1/responses/{id}`` and its ``cancel``
-go to the replica that stored it, ``_responses``), ``POST /generate`` (SGLang's native call,
-routed on its text or token ids), ``GET /v1/models`` (the union of the replicas' models), the
-allowlisted passthrough paths of ``_paths`` (``/v1/embeddings``: passed to a replica chosen on
-load alone), ``GET /health``, ``GET /metrics``, ``GET /openapi.json``, the fleet page ``GET
-/dashboard`` (``_dashboard``: behind the admin token, or loopback-only without one) and, with an
-admin token, ``/admin/replicas``. Every other path is a 404 that reaches no replica, and a
-replica only ever gets the route's own path (``_paths.upstream_target``), never the client's raw
-one.
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` and
+Anthropic's ``POST /v1/messages`` (routed on the prompt or the messages; a stored response's
+``GET /v1/responses/{id}`` and its ``cancel`` go to the replica that stored it, ``_responses``),
+``POST /generate`` (SGLang's native call, routed on its text or token ids), ``GET /v1/models``
+(the union of the replicas' models), the allowlisted passthrough paths of ``_paths``
+(``/v1/embeddings``, rerank, score, tokenize...: passed to a replica chosen on load alone),
+``GET /health``, ``GET /metrics``, ``GET /openapi.json``, the fleet page ``GET /dashboard``
+(``_dashboard``: behind the admin token, or loopback-only without one) and, with an admin token,
+``/admin/replicas``. Every other path is a 404 that reaches no replica, and a replica only ever
+gets the route's own path (``_paths.upstream_target``), never the client's raw one.
 
 A handler does four things: parse, once (``_admit``: the body read under ``_requests``' strict
 rules into the core's route key, put in the tenant's key space, re-encoded, and tokenized with
@@ -207,6 +207,7 @@ def _add_routes(app: web.Application, config: GatewayConfig) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=eh)
     app.router.add_post("/generate", generate, expect_handler=eh)
     app.router.add_post("/v1/responses", responses, expect_handler=eh)
+    app.router.add_post("/v1/messages", messages, expect_handler=eh)
     # A stored response, on the replica that stored it (_responses); paths: _paths.
     app.router.add_get("/v1/responses/{response_id}", stored_response, expect_handler=eh)
     app.router.add_post("/v1/responses/{response_id}/cancel", stored_response, expect_handler=eh)
@@ -323,6 +324,10 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 async def responses(request: web.Request) -> web.StreamResponse:
     return await _proxied(request, Endpoint.RESPONSES)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    return await _proxied(request, Endpoint.MESSAGES)
 
 
 async def stored_response(request: web.Request) -> web.StreamResponse:

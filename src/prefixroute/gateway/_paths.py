@@ -21,13 +21,14 @@ layers close that, each sufficient on its own:
   layer would reach only the endpoint its route names.
 
 The allowlist itself is the route table: ``/v1/completions``, ``/v1/chat/completions``,
-``/v1/responses`` and SGLang's ``/generate`` (full admission: tenant, salt, limits, routing on the
-prompt), ``/v1/models`` (answered here), :data:`PASSTHROUGH_PATHS`, routed on load alone, and a
-stored response's ``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel``, sent to the
-replica that stored it (:data:`STORED_RESPONSE_PATHS`). vLLM's OpenAI server also serves engine
-controls (``/reset_prefix_cache``, ``/sleep``, ``/v1/load_lora_adapter``) and internals
-(``/metrics``, ``/health``, ``/tokenize``); none of them is on the list, and every other path
-under ``/v1/`` is the catch-all's 404.
+``/v1/responses``, ``/v1/messages`` and SGLang's ``/generate`` (full admission: tenant, salt,
+limits, routing on the prompt), ``/v1/models`` (answered here), :data:`PASSTHROUGH_PATHS`, routed
+on load alone, and a stored response's ``GET /v1/responses/{id}`` and ``POST
+/v1/responses/{id}/cancel``, sent to the replica that stored it (:data:`STORED_RESPONSE_PATHS`).
+vLLM's OpenAI server also serves engine controls (``/reset_prefix_cache``, ``/sleep``,
+``/v1/load_lora_adapter``, ``/collective_rpc``) and internals (``/metrics``, ``/health``,
+``/server_info``); none of them is on the list, and every other path under ``/v1/`` is the
+catch-all's 404.
 
 One exception to the segment rules: the admin API names a replica by its URL-quoted URL in one
 segment (``/admin/replicas/http%3A%2F%2F10.0.0.11%3A8000/drain``), which decodes to slashes and
@@ -48,20 +49,38 @@ from yarl import URL
 
 from prefixroute.core import Endpoint
 
-# Routed on their prompt, and the call each is: OpenAI's three, and SGLang's native one (its own
-# request and answer shapes: text or input_ids in, meta_info out).
+# Routed on their prompt, and the call each is: OpenAI's three, Anthropic's Messages (vLLM
+# serves it), and SGLang's native one (its own request and answer shapes: text or input_ids in,
+# meta_info out).
 PROMPT_ENDPOINTS = {
     "/v1/completions": Endpoint.COMPLETIONS,
     "/v1/chat/completions": Endpoint.CHAT,
     "/generate": Endpoint.GENERATE,
     "/v1/responses": Endpoint.RESPONSES,
+    "/v1/messages": Endpoint.MESSAGES,
 }
 PROMPT_PATHS = tuple(PROMPT_ENDPOINTS)
-# OpenAI endpoints that carry no prefix worth routing on: forwarded on load alone, after tenant
-# authentication and rate limits. vLLM documents /v1/embeddings as its one other OpenAI API
-# (besides audio transcription, which takes multipart uploads we do not parse); keep it short.
-PASSTHROUGH_PATHS = ("/v1/embeddings",)
+# Model calls with a JSON body that carry no prefix worth routing on (one pass over a short
+# input, no decoding): forwarded on load alone, after tenant authentication and rate limits.
+# vLLM's embeddings, Anthropic token counting, re-rank (Jina's and Cohere's paths), score,
+# pooling and classification, and its tokenizer: the set vLLM's production-stack router
+# forwards (vllm_router/routers/main_router.py), plus the pooling calls it added since.
+# Audio transcription (multipart uploads, which we do not parse) is not among them.
+PASSTHROUGH_PATHS = (
+    "/v1/embeddings",
+    "/v1/messages/count_tokens",
+    "/v1/rerank",
+    "/rerank",
+    "/v2/rerank",
+    "/v1/score",
+    "/score",
+    "/pooling",
+    "/classify",
+    "/tokenize",
+    "/detokenize",
+)
 FORWARDED_PATHS = frozenset(PROMPT_PATHS + PASSTHROUGH_PATHS)  # all that upstream_target sends
+_MODEL_CALLS = frozenset(p for p in FORWARDED_PATHS if not p.startswith("/v1/"))
 # A stored response, on the replica that stored it (gateway/_responses.py): these two routes'
 # paths are built from their validated id, never copied from the client.
 STORED_RESPONSE_PATHS = {
@@ -93,9 +112,9 @@ class PathProblem(StrEnum):
 
 def is_model_call(path: str) -> bool:
     """Whether ``path`` is a call for a model, counted in ``prefixroute_requests_total``: every
-    ``/v1/`` path but the models list (an unknown one too: its 404 is counted), and
-    ``/generate``."""
-    return (path.startswith("/v1/") and path != "/v1/models") or path == "/generate"
+    ``/v1/`` path but the models list (an unknown one too: its 404 is counted), ``/generate``
+    and the passthrough calls outside ``/v1/`` (``/rerank``, ``/tokenize``...)."""
+    return (path.startswith("/v1/") and path != "/v1/models") or path in _MODEL_CALLS
 
 
 def path_problem(raw_target: str) -> PathProblem | None:

@@ -14,8 +14,11 @@ opening chunk with only the assistant's role is not the first token: vLLM and SG
 the first token, but servers written otherwise send it when the stream opens, before any prefill,
 and every first token they served read as instant. Nor is a Responses stream's opening
 (``response.created``, ``response.in_progress``, an item or a part added): its first token is its
-first ``*.delta`` event, and its id (from ``response.created``) is noted. Events are parsed as JSON
-until the first token and when they mention ``"usage"``; the rest is a byte search.
+first ``*.delta`` event, and its id (from ``response.created``) is noted. An Anthropic Messages
+stream's first token is its first ``content_block_delta`` (``message_start``, a block's start,
+``ping`` come before any), and its usage comes in ``message_start`` and ``message_delta``.
+Events are parsed as JSON until the first token and when they mention ``"usage"``; the rest is a
+byte search.
 
 An event that reports an error in-band (``{"error": {...}}``, or vLLM's older ``{"object":
 "error", ...}``: what vLLM and SGLang send when a request fails after its stream started) is not
@@ -112,10 +115,12 @@ class SSEScanner:
         return len(self._tail)
 
     def _read_usage(self, events: bytes) -> None:
-        """Parse the last line that mentions usage (only the last report counts)."""
+        """Parse the last line that mentions usage (the last report counts, and an earlier
+        one only for the counts it leaves out: Anthropic's closing ``message_delta`` may give
+        only the output tokens, its ``message_start`` the prompt's)."""
         usage = _usage_in_line(_last_line(events, b'"usage"'))
         if usage is not None:
-            self._usage = usage
+            self._usage = usage if self._usage is None else _merged(usage, self._usage)
             self._meta_line = None
 
     def _take_usage(self, events: bytes) -> bytes:
@@ -129,6 +134,15 @@ class SSEScanner:
                 continue
             kept.append(event + boundary)
         return b"".join(kept)
+
+
+def _merged(last: Usage, earlier: Usage) -> Usage:
+    """``last``, its missing counts taken from ``earlier``."""
+    return Usage(
+        last.prompt_tokens if last.prompt_tokens is not None else earlier.prompt_tokens,
+        last.completion_tokens if last.completion_tokens is not None else earlier.completion_tokens,
+        last.cached_tokens if last.cached_tokens is not None else earlier.cached_tokens,
+    )
 
 
 def _last_line(events: bytes, needle: bytes) -> bytes:
@@ -183,6 +197,8 @@ def _carries_output(events: bytes) -> bool:
         if error_status_of(obj) is not None:
             continue  # an error reported in-band is no output (module docstring)
         kind = obj.get("type")
+        if kind in _ANTHROPIC_OPENING:  # Anthropic's: the message, a block, a ping, no output
+            continue
         if isinstance(kind, str) and kind.startswith("response."):  # the Responses API's
             if kind.endswith(".delta"):  # text, reasoning, a function call's arguments...
                 return True
@@ -271,4 +287,10 @@ def _last_boundary_end(data: bytes) -> int:
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 _FAILED = b'"response.failed"'  # a Responses stream's failure (its error may be null)
+# An Anthropic Messages stream's events before and around its output (a content_block_delta is
+# output; these never are: a block's start holds no generated text, not even a tool's input).
+_ANTHROPIC_OPENING = frozenset(
+    {"message_start", "content_block_start", "ping", "content_block_stop", "message_delta",
+     "message_stop"}
+)  # fmt: skip
 _BOUNDARY = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")

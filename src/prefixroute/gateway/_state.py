@@ -31,8 +31,11 @@ from prefixroute.sync import RouteSync
 log = logging.getLogger(__name__)
 
 # Calls whose streams need no asking: every /generate chunk carries its meta_info, a Responses
-# stream ends with its usage (response.completed), and any other call is not read.
-_OWN_USAGE = frozenset({Endpoint.OTHER, Endpoint.GENERATE, Endpoint.RESPONSES})
+# stream ends with its usage (response.completed), a Messages stream carries it in its
+# message_start and message_delta events, and any other call is not read.
+_OWN_USAGE = frozenset(
+    {Endpoint.OTHER, Endpoint.GENERATE, Endpoint.RESPONSES, Endpoint.MESSAGES}
+)
 
 
 @dataclass(slots=True)

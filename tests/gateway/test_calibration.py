@@ -189,7 +189,10 @@ async def test_attention_is_learned_unless_the_setting_turns_it_off(
                 cluster.urls, policy="round_robin", admin_token=TOKEN, learn_attention=learn,
                 **STEADY,
             )  # fmt: skip
-            for i in range(24):  # distinct prompts of 100-3,000 words, one at a time
+            # Distinct prompts of 100-3,000 words, one at a time: 24 per replica. With 12, the
+            # learned doubling context ran 1,450-2,660 on a loaded VM (6,417 once in CI); with
+            # 24, 760-2,090 (true: 1,000).
+            for i in range(48):
                 body = {"prompt": f"{learn} q{i} " + words(rng.randrange(100, 3000)),
                         "max_tokens": 2, "stream": True}  # fmt: skip
                 assert (await send(session, gw.url, "/v1/completions", body)).complete

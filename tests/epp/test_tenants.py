@@ -117,6 +117,24 @@ async def test_a_valid_key_names_the_tenant_and_stays_with_the_picker() -> None:
     assert mutation(out) == ({"x-gateway-destination-endpoint": picked(out)[0]}, ["authorization"])
 
 
+async def test_an_x_api_key_names_the_tenant_and_neither_key_reaches_the_replica() -> None:
+    """Anthropic's header (its SDKs send it) is a key as a bearer token is, in the picker as in
+    the gateway; the replica gets neither the client's ``x-api-key`` nor its bearer token."""
+    s = shared(tenancy=KEYS)
+    for headers in ({"x-api-key": KEY_A}, {"x-api-key": KEY_A, "authorization": "Bearer " + KEY_A}):
+        stream = PickStream(s)
+        out = await pick(stream, completion("hi"), headers=headers)
+        assert stream.admission is not None and stream.admission.scope.tenant.name == "acme"
+        assert sorted(mutation(out)[1]) == sorted(headers)
+    stream = PickStream(s)
+    out = await stream.handle(request_headers(extra={"x-api-key": "pr-wrong"}))
+    assert refusal(out)[0] == 401
+    s = shared(tenancy=KEYS, upstream_api_key="replica-key-123")
+    out = await pick(PickStream(s), completion("hi"), headers={"x-api-key": KEY_A})
+    sets, removed = mutation(out)
+    assert sets["authorization"] == "Bearer replica-key-123" and removed == ["x-api-key"]
+
+
 async def test_the_upstream_key_replaces_the_clients() -> None:
     s = shared(tenancy=KEYS, upstream_api_key="replica-key-123")
     out = await pick(PickStream(s), completion("hi"), headers={"authorization": f"Bearer {KEY_A}"})

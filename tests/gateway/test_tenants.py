@@ -225,6 +225,37 @@ async def test_api_keys(
     assert salts[0] == salts[1] != salts[2]
 
 
+async def test_anthropics_x_api_key_header_is_a_key_too_and_reaches_no_replica(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession, make_fake: FakeFactory
+) -> None:
+    """Anthropic's SDKs (and Claude Code with ANTHROPIC_API_KEY) send ``x-api-key: <key>``, not
+    a bearer token (gateway/_tenants.py): it names the tenant (here: its isolation salt), a
+    wrong one is a 401, a bearer token wins over it, and the replica never sees the client's
+    key in either header."""
+    fake = await make_fake()
+    tenancy = isolated(tenants=(TenantSpec("team-a", (hash_api_key(KEY_A),)),
+                                TenantSpec("team-b", (hash_api_key(KEY_B),))))  # fmt: skip
+    gw = await make_gateway([fake.url], tenancy=tenancy, **STEADY)
+    body = {"model": "emulated", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    reply = await send(session, gw.url, "/v1/messages", body, headers={"x-api-key": "wrong"})
+    assert reply.status == 401 and reply.error is not None
+    assert reply.error["code"] == "invalid_api_key"
+
+    def calls() -> list[Seen]:
+        return [seen for seen in fake.seen if seen.path == "/v1/messages"]
+
+    assert not calls()
+    salts = []
+    for headers in ({"Authorization": f"Bearer {KEY_B}"}, {"x-api-key": KEY_B},
+                    {"Authorization": f"Bearer {KEY_A}", "x-api-key": KEY_B}):  # fmt: skip
+        reply = await send(session, gw.url, "/v1/messages", body, headers=headers)
+        assert reply.status == 200, reply
+        sent = calls()[-1].headers
+        assert "x-api-key" not in sent and "Authorization" not in sent  # the keys were ours
+        salts.append(json.loads(calls()[-1].body)["cache_salt"])
+    assert salts[0] == salts[1] != salts[2]  # team-b, team-b, team-a
+
+
 async def test_upstream_key_replaces_the_clients(
     make_gateway: GatewayFactory, session: aiohttp.ClientSession, make_fake: FakeFactory
 ) -> None:

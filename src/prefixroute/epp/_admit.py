@@ -2,16 +2,17 @@
 
 **Tenant.** The picker holds the gateway's own ``Tenants``, built from the same ``[tenancy]``
 table of the same ``--config`` file, and reads the client's headers, which Envoy forwards: with
-API keys configured, ``Authorization: Bearer <key>`` names the tenant (a missing or unknown key:
-401); without, the tenant header (``x-tenant-id`` by default; a malformed name: 400). The
-tenant's limiter then admits the request (``max_in_flight``, ``requests_per_second``: 429 with
-Retry-After, the body naming the limit). Every refusal happens on the request headers, before
-the body, and is the gateway's status and JSON body (``gateway.error_response``) sent as an
-``ImmediateResponse``. The tenant's in-flight slot is held until the ext_proc stream ends (the
-answer's end, streaming included), as the gateway's middleware holds it until its handler
-returns. The client's key was the picker's to check, not the replica's: the replica gets the
-gateway's upstream key in its place (``upstream_api_key``), or no ``Authorization`` at all, as
-``gateway.upstream_headers`` decides for the gateway's own upstream requests.
+API keys configured, ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` names the tenant
+(a missing or unknown key: 401); without, the tenant header (``x-tenant-id`` by default; a
+malformed name: 400). The tenant's limiter then admits the request (``max_in_flight``,
+``requests_per_second``: 429 with Retry-After, the body naming the limit). Every refusal happens
+on the request headers, before the body, and is the gateway's status and JSON body
+(``gateway.error_response``) sent as an ``ImmediateResponse``. The tenant's in-flight slot is
+held until the ext_proc stream ends (the answer's end, streaming included), as the gateway's
+middleware holds it until its handler returns. The client's key was the picker's to check, not
+the replica's: the replica gets the gateway's upstream key in its place (``upstream_api_key``),
+or no credential header at all, as ``gateway.upstream_headers`` decides for the gateway's own
+upstream requests.
 
 **Key.** The body is parsed under the gateway's rules, then ``GatewayState.route_key`` puts the
 key in the tenant's key space (under ``[tenancy] isolation``: its own hash seed, and the body's
@@ -31,6 +32,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from prefixroute.core import EMPTY_KEY, Endpoint, PrefixrouteError, RouteKey
 from prefixroute.gateway import (
+    API_KEY_HEADER,
     GatewayState,
     Tenants,
     TenantScope,
@@ -42,6 +44,7 @@ from prefixroute.gateway import (
 )
 
 AUTHORIZATION = "authorization"
+CREDENTIALS = (AUTHORIZATION, API_KEY_HEADER)  # where a client's key may come
 
 
 @dataclass(slots=True)
@@ -76,17 +79,23 @@ def admit(tenants: Tenants, headers: Mapping[str, str], now: float) -> Admission
 
 
 def _credentials(headers: CIMultiDict[str], scope: TenantScope) -> tuple[dict[str, str], list[str]]:
-    """The ``Authorization`` change the replica's request needs: what the gateway's
-    ``upstream_headers`` would send in place of the client's."""
+    """The credential headers' changes the replica's request needs (``Authorization`` and
+    Anthropic's ``x-api-key``): what the gateway's ``upstream_headers`` would send in place of
+    the client's."""
     client = CIMultiDict[str]()
-    if AUTHORIZATION in headers:
-        client[AUTHORIZATION] = headers[AUTHORIZATION]
-    upstream = upstream_headers(CIMultiDictProxy(client), "", scope).get(AUTHORIZATION)
-    if upstream == client.get(AUTHORIZATION):
-        return {}, []
-    if upstream is None:
-        return {}, [AUTHORIZATION]
-    return {AUTHORIZATION: upstream}, []
+    for name in CREDENTIALS:
+        if name in headers:
+            client[name] = headers[name]
+    upstream = upstream_headers(CIMultiDictProxy(client), "", scope)
+    sets: dict[str, str] = {}
+    removed: list[str] = []
+    for name in CREDENTIALS:
+        value = upstream.get(name)
+        if value is None and name in client:
+            removed.append(name)
+        elif value is not None and value != client.get(name):
+            sets[name] = value
+    return sets, removed
 
 
 async def request_key(

@@ -15,7 +15,7 @@ from prefixroute.gateway._accounting import FirstTokenGuess, guess_first_token
 from prefixroute.gateway._accounting import end as end_accounting
 from prefixroute.gateway._admin import admin_listener
 from prefixroute.gateway._app import build_app, gateway_state
-from prefixroute.gateway._auth import generate_api_key, hash_api_key
+from prefixroute.gateway._auth import API_KEY_HEADER, generate_api_key, hash_api_key
 from prefixroute.gateway._config import (
     ADMIN_TOKEN_ENV,
     UPSTREAM_API_KEY_ENV,
@@ -72,6 +72,7 @@ from prefixroute.gateway._verdict import GATEWAY_STATUSES, judge_error_event
 # core's ``RouteKey`` (``prefixroute.core.request_key``).
 __all__ = [
     "ADMIN_TOKEN_ENV",
+    "API_KEY_HEADER",
     "CONFIG_HELP",
     "GATEWAY_STATUSES",
     "PREDICTED_HEADER",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prefixroute.gateway._tenant_config import TenantSpec
 
@@ -41,6 +41,20 @@ def _digest(secret: str) -> bytes:
 def secrets_equal(given: str, expected: str) -> bool:
     """Constant-time equality of two secrets, whatever their lengths."""
     return hmac.compare_digest(_digest(given), _digest(expected))
+
+
+API_KEY_HEADER = "x-api-key"  # Anthropic's credential header (its SDKs send it by default)
+
+
+def client_key(headers: Mapping[str, str]) -> str | None:
+    """A client's API key: ``Authorization: Bearer <key>`` (OpenAI's), else ``x-api-key:
+    <key>`` (Anthropic's, as its SDKs and Claude Code with ``ANTHROPIC_API_KEY`` send it);
+    None when neither carries one."""
+    bearer = bearer_token(headers.get("Authorization", ""))
+    if bearer is not None:
+        return bearer
+    key = headers.get(API_KEY_HEADER, "").strip()
+    return key or None
 
 
 def bearer_token(authorization: str) -> str | None:

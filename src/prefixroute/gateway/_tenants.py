@@ -4,8 +4,9 @@
 ``/admin/*``, so anything not listed there is denied by default:
 
 * API keys configured (any ``api_key_sha256``): the request must carry
-  ``Authorization: Bearer <key>`` with one of them (else 401), and the key's owner is the
-  tenant. The tenant header is ignored, so a key holder cannot claim another tenant.
+  ``Authorization: Bearer <key>`` with one of them, or ``x-api-key: <key>`` (Anthropic's header,
+  which its SDKs send), else 401; the key's owner is the tenant. The tenant header is ignored,
+  so a key holder cannot claim another tenant. Neither header reaches a replica.
 * No keys: the tenant header (``x-tenant-id`` by default) names the tenant, as sent. That mode
   is for a gateway behind an authenticating proxy that sets the header; without the header the
   request belongs to the default tenant.
@@ -49,7 +50,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from prefixroute.core import BlockHasher, Endpoint, RouteKey
 from prefixroute.gateway._admission import REQUEST_ID_HEADER
-from prefixroute.gateway._auth import KeyTable, bearer_token
+from prefixroute.gateway._auth import API_KEY_HEADER, KeyTable, client_key
 from prefixroute.gateway._errors import BadRequest, RateLimited, Unauthorized
 from prefixroute.gateway._ratelimit import TenantLimiter
 from prefixroute.gateway._relay import request_headers
@@ -103,10 +104,12 @@ class Tenants:
     def identify(self, headers: Mapping[str, str]) -> str:
         """The tenant of a request; raises Unauthorized or BadRequest."""
         if len(self.keys):
-            tenant = self.keys.tenant_of(bearer_token(headers.get("Authorization", "")))
+            tenant = self.keys.tenant_of(client_key(headers))
             if tenant is None:
                 self.rejections.labels("api_key").inc()
-                raise Unauthorized("a valid API key is required (Authorization: Bearer <key>)")
+                raise Unauthorized(
+                    "a valid API key is required (Authorization: Bearer <key>, or x-api-key)"
+                )
             return tenant
         named = headers.get(self.config.header)
         if named is None:
@@ -275,8 +278,10 @@ def upstream_headers(
     if request_id:
         headers[REQUEST_ID_HEADER] = request_id
     tenants = scope.tenants if scope is not None else None
-    if tenants is not None and tenants.upstream_api_key is not None:
-        headers["Authorization"] = f"Bearer {tenants.upstream_api_key}"
-    elif tenants is not None and len(tenants.keys):
-        headers.popall("Authorization", None)  # the client's key was for us, not the replica
+    if tenants is not None and (tenants.upstream_api_key is not None or len(tenants.keys)):
+        # The client's key was for us, not the replica, in either header it may come in.
+        headers.popall("Authorization", None)
+        headers.popall(API_KEY_HEADER, None)
+        if tenants.upstream_api_key is not None:  # vLLM's --api-key takes a bearer token only
+            headers["Authorization"] = f"Bearer {tenants.upstream_api_key}"
     return headers

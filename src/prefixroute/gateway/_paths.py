@@ -90,6 +90,7 @@ STORED_RESPONSE_PATHS = {
 RESPONSE_ID = re.compile(r"\A[A-Za-z0-9_-]{1,256}\Z")  # vLLM's are resp_ and hex digits
 
 _ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # NUL, CR, LF, tab, ... DEL
 _ENCODED_SEPARATOR = re.compile(r"%(2f|5c)", re.IGNORECASE)
 # /admin/replicas/{ref} and /admin/replicas/{ref}/drain: ref is one opaque, quoted segment.
 _ADMIN_REF = re.compile(r"\A/admin/replicas/([^/]+)(/drain)?\Z")
@@ -135,6 +136,8 @@ def path_problem(raw_target: str) -> PathProblem | None:
 
 def _check(raw: str, *, segments: bool) -> PathProblem | None:
     """Check ``raw`` as sent, decoded once, and decoded twice."""
+    if "%" not in raw:  # nothing to decode (every client path of ours): one stage, not three
+        return _check_stage(raw, segments=segments)
     stages = [raw]
     for _ in range(2):
         try:
@@ -153,7 +156,7 @@ def _check(raw: str, *, segments: bool) -> PathProblem | None:
 def _check_stage(text: str, *, segments: bool) -> PathProblem | None:
     if not text.isascii():
         return PathProblem.NOT_ASCII
-    if any(ord(c) < 0x20 or c == "\x7f" for c in text):
+    if _CONTROL.search(text):
         return PathProblem.CONTROL_CHAR
     if "\\" in text:
         return PathProblem.BACKSLASH

@@ -60,7 +60,7 @@ async def test_a_coding_agents_conversation_stays_on_one_engine(engines: list[VL
         Gateway(config) as gw,
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session,
     ):
-        homes = []
+        homes, prompts = [], 0
         for user in range(2):
             history: list[dict[str, Any]] = []
             served = []
@@ -78,6 +78,9 @@ async def test_a_coding_agents_conversation_stays_on_one_engine(engines: list[VL
                         "stream": turn == 1}  # fmt: skip
                 (replica, predicted), usage, text = await _message(session, gw, body)
                 served.append(replica)
+                # Anthropic's split, as vLLM fills it: the prompt is all three counts.
+                prompts += sum(usage.get(k, 0) for k in (
+                    "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
                 if turn:
                     # vLLM's own count: the conversation so far was in that engine's cache;
                     # and the router's key knew it (a per-request stamp in the key: 0).
@@ -88,5 +91,6 @@ async def test_a_coding_agents_conversation_stays_on_one_engine(engines: list[VL
             homes.append(served[0])
         missing = _total(gw, "prefixroute_usage_missing_total")
         cached = _total(gw, "prefixroute_actual_cached_tokens_total")
+        reported = _total(gw, "prefixroute_prompt_tokens_total")
     print(f"\nMessages API on vLLM: homes {homes}, cached tokens reported {cached:.0f}")
-    assert missing == 0 and cached > 0
+    assert missing == 0 and cached > 0 and reported == prompts

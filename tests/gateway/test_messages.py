@@ -66,7 +66,8 @@ async def test_a_coding_agents_conversation_stays_where_it_is_cached(
         assert usage["output_tokens"] == 3
         served.append(headers[REPLICA])
         cached.append(usage["cache_read_input_tokens"])
-        prompts.append(usage["input_tokens"] + usage["cache_read_input_tokens"])
+        prompts.append(usage["input_tokens"] + usage["cache_read_input_tokens"]
+                       + usage["cache_creation_input_tokens"])  # fmt: skip
         if turn:
             assert int(headers["x-prefixroute-predicted-cached-tokens"]) > 300
         history.append({"role": "assistant", "text": text})
@@ -75,6 +76,7 @@ async def test_a_coding_agents_conversation_stays_where_it_is_cached(
     # Every answer's usage read, whole and streamed, in Anthropic's split.
     assert h.counter(page, "prefixroute_actual_cached_tokens_total") == sum(cached)
     assert h.counter(page, "prefixroute_usage_missing_total") == 0
+    assert h.counter(page, "prefixroute_prompt_tokens_total") == sum(prompts)
     load = gw.router.replica_load(gw.registry.find(served[0]).id)
     assert load.completed == 4
 

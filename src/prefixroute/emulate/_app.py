@@ -157,7 +157,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         writer = ResponsesWriter(parsed, config.model, conversation, store)
     elif endpoint is Endpoint.MESSAGES:
         parsed = parse_messages(body, config.model, config.adapters)
-        writer = MessagesWriter(parsed, config.model)
+        writer = MessagesWriter(parsed, config.model, config.engine.block_size)
     else:
         parsed = parse_request(endpoint, body, config.model, config.adapters)
         writer = ResponseWriter(parsed, config.model)

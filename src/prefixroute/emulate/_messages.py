@@ -7,12 +7,14 @@ here), ``system`` (a string or text blocks, rendered first; Claude Code's per-re
 ``x-anthropic-billing-header`` block dropped, as vLLM drops it), ``stream`` and ``cache_salt``.
 
 The answer is a ``message``: one text block, ``stop_reason`` ``max_tokens`` (every answer here
-runs to its limit), and ``usage`` in Anthropic's split: ``input_tokens`` is the prompt less
-``cache_read_input_tokens``. A stream is named events (``event: TYPE`` and ``data: {"type":
-TYPE, ...}``): ``message_start`` (the message, empty, with the prompt's usage), then
-``content_block_start``, one ``content_block_delta`` per token, ``content_block_stop``,
-``message_delta`` (the stop reason and the whole usage) and ``message_stop``; no ``[DONE]``.
-Usage is always in it: vLLM asks its engine for it on every Messages stream.
+runs to its limit), and ``usage`` in Anthropic's split as vLLM 0.32 fills it: the prompt's tokens
+read from the cache (``cache_read_input_tokens``), its full blocks computed and cached now
+(``cache_creation_input_tokens``), and the rest (``input_tokens``: its last, partial block).
+A stream is named events (``event: TYPE`` and ``data: {"type": TYPE, ...}``): ``message_start``
+(the message, empty, with the prompt's usage), then ``content_block_start``, one
+``content_block_delta`` per token, ``content_block_stop``, ``message_delta`` (the stop reason
+and the whole usage) and ``message_stop``; no ``[DONE]``. Usage is always in it: vLLM asks its
+engine for it on every Messages stream.
 """
 
 from __future__ import annotations
@@ -87,14 +89,17 @@ def _text(content: object, field: str) -> str:
 class MessagesWriter:
     """Builds one Messages request's answer or stream events (the app's three calls)."""
 
-    def __init__(self, parsed: ParsedRequest, model: str) -> None:
+    def __init__(self, parsed: ParsedRequest, model: str, block_size: int) -> None:
         self.parsed = parsed
         self.model = parsed.adapter or model
+        self.block_size = block_size
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
 
     def usage(self, generated: int, cached_tokens: int) -> dict[str, int]:
         prompt = len(self.parsed.tokens)
-        return {"input_tokens": prompt - cached_tokens, "output_tokens": generated,
+        written = max(0, prompt // self.block_size * self.block_size - cached_tokens)
+        return {"input_tokens": prompt - cached_tokens - written, "output_tokens": generated,
+                "cache_creation_input_tokens": written,
                 "cache_read_input_tokens": cached_tokens}  # fmt: skip
 
     def message(self, generated: int, cached_tokens: int, done: bool) -> dict[str, Any]:

@@ -272,7 +272,7 @@ def assert_clear(answer: Answer, allowed: frozenset[int] | None = None) -> None:
 
 
 # --- strategies -------------------------------------------------------------------------------
-ENDPOINTS = [b"/v1/completions", b"/v1/chat/completions"]
+ENDPOINTS = [b"/v1/completions", b"/v1/chat/completions", b"/v1/messages"]
 texts = st.text(max_size=300)
 json_scalars = (
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | texts
@@ -300,6 +300,8 @@ request_objects = st.fixed_dictionaries(
         "prompt": texts | token_ids | st.lists(texts, max_size=3) | st.lists(token_ids, max_size=2)
         | json_values,
         "messages": messages,
+        "system": texts | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}),
+                                   max_size=3) | json_values,
         "max_tokens": st.integers(-5, 40) | st.sampled_from([10**12, 2**63]) | json_values,
         "stream": st.booleans() | json_values,
         "cache_salt": texts | json_values,

@@ -2,6 +2,7 @@
 
 from prefixroute.bench._client import Outcome, stream_completion
 from prefixroute.bench._replay import (
+    APIS,
     ReplayConfig,
     ReplayResult,
     itl_percentiles,
@@ -10,6 +11,7 @@ from prefixroute.bench._replay import (
 )
 
 __all__ = [
+    "APIS",
     "Outcome",
     "ReplayConfig",
     "ReplayResult",

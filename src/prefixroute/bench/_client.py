@@ -1,5 +1,8 @@
 """One completion, timed: streamed (first token, gaps between tokens, end and the usage block) or
-plain (its end and usage only: a plain answer shows no first token)."""
+plain (its end and usage only: a plain answer shows no first token). OpenAI's answers and
+Anthropic's Messages answers are read alike: a Messages stream's content is its
+``content_block_delta`` events, and its usage (in ``message_start`` and ``message_delta``, or a
+whole message's) is Anthropic's split, the prompt being all three of its input counts."""
 
 from __future__ import annotations
 
@@ -97,6 +100,8 @@ async def _read_stream(out: Outcome, resp: aiohttp.ClientResponse, t0: float) ->
                 out.itl_s.append(now - last)
             last = now
         _usage(out, chunk.get("usage"))
+        if isinstance(chunk.get("message"), dict):  # Anthropic's message_start
+            _usage(out, chunk["message"].get("usage"))
 
 
 async def _read_whole(out: Outcome, resp: aiohttp.ClientResponse) -> None:
@@ -121,6 +126,15 @@ def _usage(out: Outcome, usage: Any) -> None:
     """The answer's ``usage`` block, when it has one."""
     if not isinstance(usage, dict) or not usage:
         return
+    if not {"input_tokens", "output_tokens"}.isdisjoint(usage):  # Anthropic's split
+        parts = [usage.get(k) for k in ("input_tokens", "cache_read_input_tokens",
+                                         "cache_creation_input_tokens")]  # fmt: skip
+        if isinstance(parts[0], int):  # a closing delta may give the output alone
+            out.prompt_tokens = sum(p for p in parts if isinstance(p, int))
+            out.cached_tokens = parts[1] if isinstance(parts[1], int) else None
+        if isinstance(usage.get("output_tokens"), int):
+            out.completion_tokens = usage["output_tokens"]
+        return
     out.prompt_tokens = usage.get("prompt_tokens")
     out.completion_tokens = usage.get("completion_tokens")
     details = usage.get("prompt_tokens_details")
@@ -143,6 +157,8 @@ def _count(value: str | None) -> int | None:
 
 
 def _has_content(chunk: dict[str, Any]) -> bool:
+    if chunk.get("type") == "content_block_delta":  # Anthropic's
+        return True
     for choice in chunk.get("choices") or ():
         if choice.get("text") or (choice.get("delta") or {}).get("content"):
             return True

@@ -5,6 +5,9 @@ after the previous answer ended, exactly as the simulator schedules them. Wall-c
 divided by ``time_scale`` so a run against emulated replicas sped up by the same factor reports
 times in the workload's own seconds, comparable with ``simulate`` line by line.
 
+Each turn is a completion (its text the prompt), or with ``api="messages"`` an Anthropic Messages
+request (its text one user message), for a fleet served through that API (Claude Code's).
+
 With ``plain`` (a share, 0..1) that share of the requests asks for no stream, as clients that
 do not stream do (batch jobs, SDK defaults), drawn per request from ``seed`` as ``simulate
 --plain`` draws them. A plain answer shows no first token: its record has an end and usage but
@@ -37,6 +40,16 @@ class ReplayConfig:
     max_connections: int = 1024
     plain: float = 0.0  # share of the requests sent without a stream (module docstring)
     seed: int = 0  # draws which requests are plain
+    api: str = "completions"  # the call each turn is: one of APIS (module docstring)
+
+    def __post_init__(self) -> None:
+        if self.api not in APIS:
+            raise ValueError(f"api must be one of {', '.join(APIS)}, not {self.api!r}")
+
+
+# The calls a turn can be sent as, by name: OpenAI's completion (its text the prompt) or
+# Anthropic's Messages API (which vLLM serves; its text one user message).
+APIS = {"completions": "/v1/completions", "messages": "/v1/messages"}
 
 
 def prompt_text(turn: Turn) -> str:
@@ -133,7 +146,7 @@ class _Replay:
         self, session: Session, i: int, turn: Turn, http: aiohttp.ClientSession
     ) -> bool:
         """Send one turn and record it; False when it failed."""
-        body = _body(turn, self.cfg.model)  # built before the arrival time is taken
+        body = _body(turn, self.cfg.model, self.cfg.api)  # built before the arrival time
         rec = RequestRecord(
             request_id=f"{session.session_id}/{i}",
             session_id=session.session_id,
@@ -143,10 +156,11 @@ class _Replay:
             output_tokens=turn.output_tokens,
         )
         self.records.append(rec)
-        url = self.cfg.url.rstrip("/") + "/v1/completions"
+        url = self.cfg.url.rstrip("/") + APIS[self.cfg.api]
         if self.is_plain(rec.request_id):
             rec.plain = True
-            del body["stream"], body["stream_options"]
+            del body["stream"]
+            body.pop("stream_options", None)
             out = await plain_completion(http, url, body)
         else:
             out = await stream_completion(http, url, body)
@@ -164,16 +178,25 @@ class _Replay:
         return out.ok
 
 
-def _body(turn: Turn, model: str | None) -> dict[str, object]:
-    """A streamed completion that generates exactly the turn's output tokens."""
-    body: dict[str, object] = {
-        "prompt": prompt_text(turn),
-        "max_tokens": turn.output_tokens,
-        "min_tokens": turn.output_tokens,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+def _body(turn: Turn, model: str | None, api: str = "completions") -> dict[str, object]:
+    """A streamed completion that generates exactly the turn's output tokens; as a Messages
+    request, its text is one user message (vLLM's Messages API takes no ``min_tokens``: the
+    answer may end sooner), and its stream carries its usage unasked."""
+    if api == "messages":
+        body: dict[str, object] = {
+            "messages": [{"role": "user", "content": prompt_text(turn)}],
+            "max_tokens": turn.output_tokens,
+            "stream": True,
+        }
+    else:
+        body = {
+            "prompt": prompt_text(turn),
+            "max_tokens": turn.output_tokens,
+            "min_tokens": turn.output_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
     if model:
         body["model"] = model
     return body

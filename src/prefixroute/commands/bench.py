@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from prefixroute.bench import ReplayConfig, ReplayResult, itl_percentiles, replay
+from prefixroute.bench import APIS, ReplayConfig, ReplayResult, itl_percentiles, replay
 from prefixroute.commands._args import (
     POLICY_PARAM_HELP,
     add_slo_argument,
@@ -101,6 +101,11 @@ def add_parser(sub: Any) -> None:
         help="share of the requests sent without a stream, 0..1, drawn per request from "
         "--seed (their TTFT is not seen: TTFT and the SLO are over the streamed ones)",
     )  # fmt: skip
+    p.add_argument(
+        "--api", choices=sorted(APIS), default="completions",
+        help="send each turn as an OpenAI completion (its text the prompt) or an Anthropic "
+        "Messages request (its text one user message: /v1/messages, which vLLM serves)",
+    )  # fmt: skip
     add_slo_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="write a TTFT CDF and load plot")
@@ -132,15 +137,23 @@ async def _reachable(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         raise ConfigError(f"cannot reach {url}: {why}") from None
 
 
-def _replay_config(args: argparse.Namespace, url: str) -> ReplayConfig:
+def _replay_config(
+    args: argparse.Namespace, url: str, served: str | None = None
+) -> ReplayConfig:
+    """The replay's settings; ``served``: the model the emulated replicas serve, named in
+    Messages requests when ``--model`` is not given (the Messages API requires one)."""
+    model = args.model or (served if args.api == "messages" else None)
+    if args.api == "messages" and model is None:
+        raise ConfigError("--api messages needs --model: the Messages API requires a model")
     return ReplayConfig(
-        url, args.model, args.time_scale, args.timeout, plain=args.plain, seed=args.seed
-    )
+        url, model, args.time_scale, args.timeout, plain=args.plain, seed=args.seed,
+        api=args.api,
+    )  # fmt: skip
 
 
 async def _run_url(args: argparse.Namespace, workload: Workload) -> list[ReplayResult]:
-    await _reachable(args.url)
     cfg = _replay_config(args, args.url)
+    await _reachable(args.url)
     bar = LazyProgress(workload.num_requests, f"{workload.name} -> {args.url}", True)
     try:
         return [await replay(workload, cfg, args.label, bar.update)]
@@ -172,7 +185,7 @@ async def _run_emulated(
                 policy_params=params.get(policy, {}),
             )
             async with Gateway(gw_cfg) as gw:
-                cfg = _replay_config(args, gw.url)
+                cfg = _replay_config(args, gw.url, emulator.model)
                 bar = LazyProgress(workload.num_requests, f"{workload.name} / {policy}", True)
                 try:
                     result = await replay(workload, cfg, policy, bar.update)

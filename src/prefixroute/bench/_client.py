@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from prefixroute._pool import send
+from prefixroute._usage_counts import Usage, merged, usage_of
 
 _JSON = {"Content-Type": "application/json"}
 PREDICTED_HEADER = "x-prefixroute-predicted-cached-tokens"  # the gateway's (gateway._proxy)
@@ -99,9 +100,7 @@ async def _read_stream(out: Outcome, resp: aiohttp.ClientResponse, t0: float) ->
             else:
                 out.itl_s.append(now - last)
             last = now
-        _usage(out, chunk.get("usage"))
-        if isinstance(chunk.get("message"), dict):  # Anthropic's message_start
-            _usage(out, chunk["message"].get("usage"))
+        _usage(out, chunk)
 
 
 async def _read_whole(out: Outcome, resp: aiohttp.ClientResponse) -> None:
@@ -111,7 +110,7 @@ async def _read_whole(out: Outcome, resp: aiohttp.ClientResponse) -> None:
         error = answer.get("error") if isinstance(answer, dict) else answer
         out.error = f"not an answer: {str(error)[:200]}"
         return
-    _usage(out, answer.get("usage"))
+    _usage(out, answer)
 
 
 def _answered(out: Outcome, resp: aiohttp.ClientResponse) -> None:
@@ -122,23 +121,16 @@ def _answered(out: Outcome, resp: aiohttp.ClientResponse) -> None:
     out.predicted_cached_tokens = _count(resp.headers.get(PREDICTED_HEADER))
 
 
-def _usage(out: Outcome, usage: Any) -> None:
-    """The answer's ``usage`` block, when it has one."""
-    if not isinstance(usage, dict) or not usage:
+def _usage(out: Outcome, answer: dict[str, Any]) -> None:
+    """The usage an answer or a stream event reports, if any (the gateway's reader: OpenAI's,
+    or Anthropic's split), over what earlier events reported."""
+    usage = usage_of(answer)
+    if usage is None:
         return
-    if not {"input_tokens", "output_tokens"}.isdisjoint(usage):  # Anthropic's split
-        parts = [usage.get(k) for k in ("input_tokens", "cache_read_input_tokens",
-                                         "cache_creation_input_tokens")]  # fmt: skip
-        if isinstance(parts[0], int):  # a closing delta may give the output alone
-            out.prompt_tokens = sum(p for p in parts if isinstance(p, int))
-            out.cached_tokens = parts[1] if isinstance(parts[1], int) else None
-        if isinstance(usage.get("output_tokens"), int):
-            out.completion_tokens = usage["output_tokens"]
-        return
-    out.prompt_tokens = usage.get("prompt_tokens")
-    out.completion_tokens = usage.get("completion_tokens")
-    details = usage.get("prompt_tokens_details")
-    out.cached_tokens = details.get("cached_tokens") if isinstance(details, dict) else None
+    earlier = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+    usage = merged(usage, earlier)
+    out.prompt_tokens, out.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+    out.cached_tokens = usage.cached_tokens
 
 
 def _nothing() -> None:

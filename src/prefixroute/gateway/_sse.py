@@ -37,7 +37,8 @@ from __future__ import annotations
 import json
 import re
 
-from prefixroute.gateway._usage import Usage, is_usage_only, usage_of
+from prefixroute._usage_counts import Usage, merged, usage_of
+from prefixroute.gateway._usage import is_usage_only
 
 
 class SSEScanner:
@@ -120,7 +121,7 @@ class SSEScanner:
         only the output tokens, its ``message_start`` the prompt's)."""
         usage = _usage_in_line(_last_line(events, b'"usage"'))
         if usage is not None:
-            self._usage = usage if self._usage is None else _merged(usage, self._usage)
+            self._usage = usage if self._usage is None else merged(usage, self._usage)
             self._meta_line = None
 
     def _take_usage(self, events: bytes) -> bytes:
@@ -134,15 +135,6 @@ class SSEScanner:
                 continue
             kept.append(event + boundary)
         return b"".join(kept)
-
-
-def _merged(last: Usage, earlier: Usage) -> Usage:
-    """``last``, its missing counts taken from ``earlier``."""
-    return Usage(
-        last.prompt_tokens if last.prompt_tokens is not None else earlier.prompt_tokens,
-        last.completion_tokens if last.completion_tokens is not None else earlier.completion_tokens,
-        last.cached_tokens if last.cached_tokens is not None else earlier.cached_tokens,
-    )
 
 
 def _last_line(events: bytes, needle: bytes) -> bytes:

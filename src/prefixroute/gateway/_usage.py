@@ -20,78 +20,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from prefixroute._usage_counts import Usage, usage_of
 from prefixroute.gateway._requests import encode_body
 
-# Anthropic's Messages API: a whole answer (``"type": "message"``) and the two stream events
-# that carry usage (the opening one's in its message, the closing delta's its own).
-ANTHROPIC_USAGE = frozenset({"message", "message_start", "message_delta"})
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """A response's token counts (each None when the replica did not report it)."""
-
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    cached_tokens: int | None
-
-
-def _count(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
-
-
-def usage_of(obj: object) -> Usage | None:
-    """The usage in a parsed response or stream chunk, or None when it has none: OpenAI's
-    ``usage``, the Responses API's (``input_tokens``, ``output_tokens`` and
-    ``input_tokens_details.cached_tokens``, in the response or, streamed, in the response that
-    ``response.completed`` carries), Anthropic's (:func:`_anthropic`, in a ``message``, a
-    stream's ``message_start`` and ``message_delta``), or the ``meta_info`` of SGLang's
-    ``/generate`` (``prompt_tokens``, ``completion_tokens`` and ``cached_tokens``, in every chunk
-    of a stream)."""
-    if not isinstance(obj, Mapping):
-        return None
-    usage = obj.get("usage")
-    if usage is None and isinstance(obj.get("response"), Mapping):  # a Responses stream event
-        usage = obj["response"].get("usage")
-    kind = obj.get("type")
-    if kind in ANTHROPIC_USAGE:
-        if kind == "message_start" and isinstance(obj.get("message"), Mapping):
-            usage = obj["message"].get("usage")
-        return _anthropic(usage) if isinstance(usage, Mapping) else None
-    if not isinstance(usage, Mapping):
-        meta = obj.get("meta_info")
-        if isinstance(meta, Mapping) and "prompt_tokens" in meta:
-            return Usage(
-                _count(meta.get("prompt_tokens")),
-                _count(meta.get("completion_tokens")),
-                _count(meta.get("cached_tokens")),
-            )
-        return None
-    if "input_tokens" in usage:  # the Responses API's names
-        details = usage.get("input_tokens_details")
-        cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else None
-        return Usage(_count(usage.get("input_tokens")), _count(usage.get("output_tokens")), cached)
-    details = usage.get("prompt_tokens_details")
-    cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else None
-    return Usage(
-        _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), cached
-    )
-
-
-def _anthropic(usage: Mapping[str, object]) -> Usage:
-    """Anthropic's counts: ``input_tokens`` is the prompt *less* what was read from the cache
-    (``cache_read_input_tokens``) and written to it (``cache_creation_input_tokens``), vLLM's
-    ``prompt_tokens`` less its cached tokens; the prompt is their sum."""
-    fresh = _count(usage.get("input_tokens"))
-    read = _count(usage.get("cache_read_input_tokens"))
-    written = _count(usage.get("cache_creation_input_tokens")) or 0
-    prompt = None if fresh is None else fresh + (read or 0) + written
-    return Usage(prompt, _count(usage.get("output_tokens")), read)
-
+__all__ = ["Usage", "usage_of"]  # read here by the gateway and the picker (_usage_counts)
 
 def ask_for_stream_usage(obj: object) -> bool:
     """Ask the replica for a stream's usage when the client did not: sets

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+import pytest
 
 from prefixroute.gateway import TenancyConfig
 
@@ -123,42 +124,27 @@ async def test_a_tenant_is_explained_in_its_own_key_space(
             await f.stop()
 
 
-async def test_a_responses_request_is_explained_as_the_same_chat(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+QUESTION = "What is a KV cache?"
+AS_CHAT = {  # the same conversation as each other API's request body
+    "/v1/responses": {"model": "emulated", "instructions": SYSTEM, "input": QUESTION},
+    "/v1/messages": {"model": "emulated", "system": [{"type": "text", "text": SYSTEM}],
+                     "max_tokens": 4, "messages": [{"role": "user", "content": QUESTION}]},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", sorted(AS_CHAT))
+async def test_another_apis_request_is_explained_as_the_same_chat(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession, path: str
 ) -> None:
-    """``/admin/explain/v1/responses``: keyed as the chat its instructions and input stand for,
-    so it is drawn to where that chat's prefix is."""
+    """``/admin/explain/v1/responses`` and ``/admin/explain/v1/messages``: keyed as the chat
+    their instructions and input, or system prompt and messages, stand for
+    (core/responses_input.py, core/messages_input.py), so drawn to where that chat's prefix is."""
     replicas = await fakes(3)
     try:
         gw = await make_gateway([f.url for f in replicas], admin_token=TOKEN, **STEADY)
-        first = await send(session, gw.url, "/v1/chat/completions", chat("What is a KV cache?"))
-        body = {"model": "emulated", "instructions": SYSTEM, "input": "What is a KV cache?"}
+        first = await send(session, gw.url, "/v1/chat/completions", chat(QUESTION))
         async with session.post(
-            f"{gw.url}/admin/explain/v1/responses", json=body, headers=BEARER
-        ) as resp:
-            assert resp.status == 200
-            why = await resp.json()
-        assert why["replica"] == first.headers["x-prefixroute-replica"]
-        assert why["reason"] == "prefix_match" and why["predicted_cached_tokens"] > 0
-    finally:
-        for f in replicas:
-            await f.stop()
-
-
-
-async def test_a_messages_request_is_explained_as_the_same_chat(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
-) -> None:
-    """``/admin/explain/v1/messages``: keyed as the chat its system prompt and messages stand
-    for (core/messages_input.py), so it is drawn to where that chat's prefix is."""
-    replicas = await fakes(3)
-    try:
-        gw = await make_gateway([f.url for f in replicas], admin_token=TOKEN, **STEADY)
-        first = await send(session, gw.url, "/v1/chat/completions", chat("What is a KV cache?"))
-        body = {"model": "emulated", "system": [{"type": "text", "text": SYSTEM}], "max_tokens": 4,
-                "messages": [{"role": "user", "content": "What is a KV cache?"}]}  # fmt: skip
-        async with session.post(
-            f"{gw.url}/admin/explain/v1/messages", json=body, headers=BEARER
+            f"{gw.url}/admin/explain{path}", json=AS_CHAT[path], headers=BEARER
         ) as resp:
             assert resp.status == 200
             why = await resp.json()

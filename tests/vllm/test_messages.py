@@ -15,18 +15,14 @@ import aiohttp
 import pytest
 
 from prefixroute.gateway import Gateway, GatewayConfig
-from prefixroute.gateway._state import STATE
 
 from .engines import BLOCK_SIZE, MODEL_NAME, VLLMServer
+from .metrics import total
 
 pytestmark = pytest.mark.vllm
 
 REPLICA = "x-prefixroute-replica"
 
-
-def _total(gw: Gateway, name: str) -> float:
-    registry = gw.app[STATE].metrics.registry
-    return sum(s.value for m in registry.collect() for s in m.samples if s.name == name)
 
 
 async def _message(
@@ -89,8 +85,8 @@ async def test_a_coding_agents_conversation_stays_on_one_engine(engines: list[VL
                 history.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
             assert len(set(served)) == 1, served
             homes.append(served[0])
-        missing = _total(gw, "prefixroute_usage_missing_total")
-        cached = _total(gw, "prefixroute_actual_cached_tokens_total")
-        reported = _total(gw, "prefixroute_prompt_tokens_total")
+        missing = total(gw, "prefixroute_usage_missing_total")
+        cached = total(gw, "prefixroute_actual_cached_tokens_total")
+        reported = total(gw, "prefixroute_prompt_tokens_total")
     print(f"\nMessages API on vLLM: homes {homes}, cached tokens reported {cached:.0f}")
     assert missing == 0 and cached > 0 and reported == prompts

@@ -15,18 +15,14 @@ import aiohttp
 import pytest
 
 from prefixroute.gateway import Gateway, GatewayConfig
-from prefixroute.gateway._state import STATE
 
 from .engines import BLOCK_SIZE, MODEL_NAME, VLLMServer
+from .metrics import total
 
 pytestmark = pytest.mark.vllm
 
 REPLICA = "x-prefixroute-replica"
 
-
-def _total(gw: Gateway, name: str) -> float:
-    registry = gw.app[STATE].metrics.registry
-    return sum(s.value for m in registry.collect() for s in m.samples if s.name == name)
 
 
 async def _respond(
@@ -73,7 +69,7 @@ async def test_a_conversation_continued_by_id_stays_with_the_engine_that_stored_
                 assert answer["usage"]["input_tokens_details"]["cached_tokens"] >= BLOCK_SIZE
             async with session.get(gw.url + f"/v1/responses/{answer['id']}") as resp:
                 assert resp.status == 200 and resp.headers[REPLICA] == home
-        missing = _total(gw, "prefixroute_usage_missing_total")
-        reported = _total(gw, "prefixroute_prompt_tokens_total")
+        missing = total(gw, "prefixroute_usage_missing_total")
+        reported = total(gw, "prefixroute_prompt_tokens_total")
     print(f"\nResponses API on vLLM: homes {homes}, prompt tokens reported {reported:.0f}")
     assert missing == 0 and reported > 0

@@ -10,16 +10,12 @@ import aiohttp
 import pytest
 
 from prefixroute.gateway import Gateway, GatewayConfig
-from prefixroute.gateway._state import STATE
 
 from .engines import BLOCK_SIZE, MODEL_NAME, VLLMServer
+from .metrics import total
 
 pytestmark = pytest.mark.vllm
 
-
-def _total(gw: Gateway, name: str) -> float:
-    registry = gw.app[STATE].metrics.registry
-    return sum(s.value for m in registry.collect() for s in m.samples if s.name == name)
 
 
 @pytest.mark.parametrize("stream_usage", [True, False], ids=["asked by the gateway", "off"])
@@ -43,8 +39,8 @@ async def test_a_stream_whose_client_did_not_ask_for_usage(
                   if line.startswith("data: {")]  # fmt: skip
         assert raw.rstrip().endswith("data: [DONE]")
         assert events and all(e.get("choices") for e in events), "usage reached the client"
-        reported = _total(gw, "prefixroute_prompt_tokens_total")
-        missing = _total(gw, "prefixroute_usage_missing_total")
+        reported = total(gw, "prefixroute_prompt_tokens_total")
+        missing = total(gw, "prefixroute_usage_missing_total")
     if stream_usage:
         assert reported > 0 and missing == 0
     else:  # vLLM sent none: what the gateway learned before this change

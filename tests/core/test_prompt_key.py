@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from prefixroute.core.prompt_key import InvalidPrompt, chat_text, content_text, prompt_key
+from prefixroute.core.prompt_key import (
+    InvalidPrompt,
+    chat_text,
+    content_text,
+    lax_bool,
+    prompt_key,
+)
 
 
 @dataclass
@@ -75,3 +81,21 @@ def test_unreadable_prompts_raise_invalid_prompt(call: object, says: str) -> Non
     with pytest.raises(InvalidPrompt, match=says) as err:
         call()  # type: ignore[operator]
     assert isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("value", "read"),
+    [
+        (True, True), (False, False), (1, True), (0, False), (1.0, True), (0.0, False),
+        ("true", True), ("True", True), ("YES", True), ("on", True), ("t", True), ("y", True),
+        ("1", True), ("false", False), ("No", False), ("off", False), ("f", False),
+        ("n", False), ("0", False),
+        # Not booleans to pydantic: the engine refuses them.
+        (2, None), (-1, None), (0.5, None), ("", None), ("maybe", None), (" true", None),
+        (None, None), ([True], None), ({}, None),
+    ],
+)  # fmt: skip
+def test_booleans_read_as_the_engines_request_models_read_them(value: object, read: object) -> None:
+    """pydantic's lax booleans (vLLM's and SGLang's request models): bool, 0/1, 0.0/1.0 and
+    the strings of its conversion table, in any case."""
+    assert lax_bool(value) is read

@@ -36,7 +36,9 @@ def test_completions_text_or_token_ids() -> None:
     assert key_of(Endpoint.COMPLETIONS, {"prompt": "abc"}) == RouteKey("abc", None)
     ids = key_of(Endpoint.COMPLETIONS, {"prompt": [1, 2], "add_special_tokens": False})
     assert (ids.text, ids.tokens, ids.add_special_tokens) == (None, [1, 2], False)
-    assert key_of(Endpoint.COMPLETIONS, {"prompt": "a", "stream": "yes"}).stream is False
+    # "stream" read as the engines read it (pydantic's lax booleans): "yes" and 1 stream.
+    for stream, streams in (("yes", True), (1, True), ("no", False), (0, False), ("maybe", False)):
+        assert key_of(Endpoint.COMPLETIONS, {"prompt": "a", "stream": stream}).stream is streams
 
 
 @pytest.mark.parametrize(

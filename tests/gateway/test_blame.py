@@ -133,6 +133,7 @@ async def test_bodies_that_are_not_utf8_json_are_refused_before_any_replica(
         "lone surrogate": b'{"prompt": "\\ud800 x"}',
         "NaN": b'{"prompt": "x", "temperature": NaN}',
         "-Infinity": b'{"prompt": "x", "temperature": -Infinity}',
+        "overflow": b'{"prompt": "x", "temperature": 1e999999}',  # would go out as Infinity
     }
     for what, raw in bad.items():
         async with _post_bytes(session, gw, raw) as r:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -88,10 +89,12 @@ def test_invalid_json() -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        "{\"prompt\": \"\u00e9\"}".encode("utf-16"),  # valid JSON, not UTF-8
+        '{"prompt": "\u00e9"}'.encode("utf-16"),  # valid JSON, not UTF-8
         b'{"prompt": "\xff"}',  # not UTF-8 at all
         b'{"prompt": NaN}',  # not JSON
         b'{"prompt": "a", "max_tokens": Infinity}',
+        b'{"prompt": "a", "temperature": 1e999999}',  # JSON, but beyond a double: Infinity
+        b'{"prompt": "a", "top_p": -1E400}',
     ],
 )
 def test_strict_json(body: bytes) -> None:
@@ -104,6 +107,15 @@ def test_the_replica_gets_the_parsed_object_re_encoded() -> None:
     assert encode_body(obj) == '{"prompt":"b","x":"\u00e9"}'.encode()
     with pytest.raises(InvalidJSON, match="lone surrogate"):
         encode_body(parse_body(b'{"prompt": "\\ud800"}'))
+    # What goes upstream is JSON: a NaN or infinity in the object is refused, not written.
+    for number in (math.nan, math.inf):
+        with pytest.raises(InvalidJSON, match="JSON cannot carry"):
+            encode_body({"prompt": "a", "temperature": number})
+    # Large and tiny numbers that fit a double are kept as they parse.
+    assert json.loads(encode_body(parse_body(b'{"t": 1e308, "u": 1e-400}'))) == {
+        "t": 1e308,
+        "u": 0.0,
+    }
 
 
 def test_other_calls_route_on_their_model_alone() -> None:

@@ -117,6 +117,18 @@ def test_the_gateway_asks_for_usage_only_where_it_is_missing_and_allowed() -> No
         ({"stream": True}, {"include_usage": True}),
         ({"stream": True, "stream_options": None}, {"include_usage": True}),
         ({"stream": True, "stream_options": {"include_usage": False}}, {"include_usage": True}),
+        # Booleans as the engines' request models read them (pydantic's lax mode).
+        ({"stream": 1}, {"include_usage": True}),
+        ({"stream": "yes"}, {"include_usage": True}),
+        ({"stream": True, "stream_options": {"include_usage": None}}, {"include_usage": True}),
+        ({"stream": "true", "stream_options": {"include_usage": "False"}}, {"include_usage": True}),
+        (
+            {
+                "stream": True,
+                "stream_options": {"include_usage": 0, "continuous_usage_stats": "no"},
+            },
+            {"include_usage": True, "continuous_usage_stats": "no"},
+        ),
     ]
     for body, options in asked:
         assert ask_for_stream_usage(body) is True
@@ -124,12 +136,18 @@ def test_the_gateway_asks_for_usage_only_where_it_is_missing_and_allowed() -> No
     left = [
         {"stream": False},
         {"prompt": "x"},  # no stream: a replica refuses stream_options there (vLLM)
-        {"stream": "yes"},
+        {"stream": 0},
+        {"stream": "no"},
+        {"stream": "maybe"},  # not a boolean: the replica refuses it
         {"stream": True, "stream_options": {"include_usage": True}},  # asked: the client's
+        {"stream": True, "stream_options": {"include_usage": 1}},  # asked, as vLLM reads it
+        {"stream": True, "stream_options": {"include_usage": "true"}},
+        {"stream": True, "stream_options": {"include_usage": "perhaps"}},  # the replica's 400
         # asked too: include_usage defaults to true in vLLM's and SGLang's StreamOptions
         {"stream": True, "stream_options": {}},
         {"stream": True, "stream_options": {"continuous_usage_stats": False}},
         {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+        {"stream": True, "stream_options": {"include_usage": False, "continuous_usage_stats": 1}},
         {"stream": True, "stream_options": "x"},  # the replica's to refuse
         [1, 2],
     ]

@@ -36,6 +36,25 @@ def field_of(obj: object, name: str) -> tuple[bool, object]:
     return False, None
 
 
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def lax_bool(value: object) -> bool | None:
+    """``value`` as the engines read a boolean field of a request (vLLM's and SGLang's request
+    models are pydantic's, in its lax mode): true and false, 1 and 0 (1.0 and 0.0), and the
+    strings ``"true"``, ``"yes"``, ``"on"``, ``"1"``... in any case. None: not a boolean there
+    (the engine refuses the request). A client's ``"stream": 1`` is a stream."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return True if value == 1 else False if value == 0 else None
+    if isinstance(value, str):
+        lower = value.lower()
+        return True if lower in _TRUE else False if lower in _FALSE else None
+    return None
+
+
 def chat_text(messages: object) -> str:
     """``"role: content\\n"`` per message, in order."""
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence) or not messages:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from prefixroute.core.errors import InvalidPrompt
 from prefixroute.core.messages_input import anthropic_messages
-from prefixroute.core.prompt_key import chat_text, field_of, prompt_key, prompts_in
+from prefixroute.core.prompt_key import chat_text, field_of, lax_bool, prompt_key, prompts_in
 from prefixroute.core.responses_input import responses_messages
 from prefixroute.core.types import RequestView
 
@@ -94,7 +94,7 @@ def key_of(endpoint: Endpoint, request: object) -> RouteKey:
     _, model = field_of(request, "model")
     if model is not None and not isinstance(model, str):
         raise InvalidPrompt("'model' must be a string")
-    _, stream = field_of(request, "stream")
+    stream = lax_bool(field_of(request, "stream")[1]) is True  # "stream": 1 streams
     max_tokens = _max_tokens(request)
     _, special = field_of(request, "add_special_tokens")
     special = special if isinstance(special, bool) else None
@@ -102,22 +102,22 @@ def key_of(endpoint: Endpoint, request: object) -> RouteKey:
     if endpoint is Endpoint.CHAT:
         _, messages = field_of(request, "messages")
         chat = chat_text(messages)  # validates: a non-empty list of messages
-        return RouteKey(chat, None, model, stream is True, max_tokens, _mappings(messages),
+        return RouteKey(chat, None, model, stream, max_tokens, _mappings(messages),
                         special, choices=choices)  # fmt: skip
     if endpoint is Endpoint.COMPLETIONS:
         _, prompt = field_of(request, "prompt")
         text, tokens = prompt_key(prompt)
-        return RouteKey(text, tokens, model, stream is True, max_tokens, None, special,
+        return RouteKey(text, tokens, model, stream, max_tokens, None, special,
                         prompts=prompts_in(prompt), choices=choices)  # fmt: skip
     if endpoint is Endpoint.GENERATE:
-        return _generate_key(request, model, stream is True)
+        return _generate_key(request, model, stream)
     if endpoint is Endpoint.RESPONSES:
-        return _responses_key(request, model, stream is True)
+        return _responses_key(request, model, stream)
     if endpoint is Endpoint.MESSAGES:
         _, system = field_of(request, "system")
         messages = anthropic_messages(system, field_of(request, "messages")[1])
-        return RouteKey(chat_text(messages), None, model, stream is True, max_tokens, messages)
-    return RouteKey("", None, model, stream is True, max_tokens)
+        return RouteKey(chat_text(messages), None, model, stream, max_tokens, messages)
+    return RouteKey("", None, model, stream, max_tokens)
 
 
 def _choices(request: object, names: tuple[str, ...] = ("n", "best_of")) -> int:

@@ -12,8 +12,9 @@ core's ``InvalidPrompt`` into the gateway's ``BadRequest`` (a 400).
 
 **What goes upstream is what we parsed.** A JSON body is read as strict UTF-8 (Python's decoder
 would also take UTF-16 and UTF-32, which a replica may not), without ``NaN``/``Infinity`` (not
-JSON) and without lone surrogates (not Unicode), and is sent to the replica re-encoded from the
-parsed object (:func:`encode_body`). So the replica reads exactly the fields the gateway routed
+JSON), numbers that overflow a double (``1e999`` is JSON, but would go out as ``Infinity``)
+and lone surrogates (not Unicode), and is sent to the replica re-encoded from the parsed object
+(:func:`encode_body`). So the replica reads exactly the fields the gateway routed
 and admitted on: a duplicate key, a compression header or an odd encoding cannot make it read
 something else, or fail on input we passed (a failure that would be blamed on the replica).
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -85,6 +87,17 @@ def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def _finite(text: str) -> float:
+    """A JSON number as a float, refused when it overflows one: ``1e999`` is valid JSON, but
+    parsed it is ``inf``, and re-encoded it would reach the replica as ``Infinity``, which is
+    not JSON at all (a strict parser there refuses the request the gateway admitted)."""
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        short = text if len(text) <= 24 else text[:21] + "..."
+        raise ValueError(f"the number {short} is out of range (beyond a double)")
+    return value
+
+
 def parse_body(body: bytes) -> object:
     """The JSON value of a request body; raises InvalidJSON (see the module docstring)."""
     try:
@@ -92,7 +105,7 @@ def parse_body(body: bytes) -> object:
     except UnicodeDecodeError as exc:
         raise InvalidJSON(f"the request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except (ValueError, RecursionError) as exc:
         raise InvalidJSON(f"the request body is not valid JSON: {exc}") from exc
     if too_deep(body, obj):  # deep bodies fail later, elsewhere (module docstring)
@@ -123,9 +136,12 @@ def encode_body(obj: object) -> bytes:
     """``obj`` as the bytes a replica gets: compact UTF-8 JSON; InvalidJSON for a string with
     a lone surrogate (``"\\ud800"`` parses, but is no Unicode text a replica can encode)."""
     try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    except UnicodeEncodeError:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # (a ValueError too: first)
         raise InvalidJSON("the request body holds a lone surrogate (not Unicode text)") from None
+    except ValueError as exc:  # NaN or infinity: parse_body lets none in, a caller might
+        raise InvalidJSON(f"the request body holds a number JSON cannot carry: {exc}") from None
 
 
 def route_key(endpoint: Endpoint, body: bytes) -> RouteKey:

@@ -22,9 +22,11 @@ import json
 from collections.abc import Mapping
 
 from prefixroute._usage_counts import Usage, usage_of
+from prefixroute.core.prompt_key import lax_bool
 from prefixroute.gateway._requests import encode_body
 
 __all__ = ["Usage", "usage_of"]  # read here by the gateway and the picker (_usage_counts)
+
 
 def ask_for_stream_usage(obj: object) -> bool:
     """Ask the replica for a stream's usage when the client did not: sets
@@ -33,17 +35,21 @@ def ask_for_stream_usage(obj: object) -> bool:
     a stream, a client that asked already, one that turned ``continuous_usage_stats`` on (its
     own usage protocol), or ``stream_options`` that is not an object (the replica's to refuse).
     A ``stream_options`` object without ``include_usage`` has asked: vLLM's and SGLang's
-    ``StreamOptions`` default it to true, so the client gets its usage from the engine."""
-    if not isinstance(obj, dict) or obj.get("stream") is not True:
+    ``StreamOptions`` default it to true, so the client gets its usage from the engine. Their
+    booleans are read as the engines read them (``lax_bool``: ``1`` and ``"true"`` are true),
+    and one they would refuse is left for them to refuse."""
+    if not isinstance(obj, dict) or lax_bool(obj.get("stream")) is not True:
         return False
     options = obj.get("stream_options")
     if options is None:
         obj["stream_options"] = {"include_usage": True}
         return True
-    if not isinstance(options, dict) or options.get("include_usage", True) is True:
+    if not isinstance(options, dict):
         return False
-    if options.get("continuous_usage_stats"):
-        return False
+    for name, default in (("include_usage", True), ("continuous_usage_stats", None)):
+        value = options.get(name, default)
+        if value is not None and lax_bool(value) is not False:  # on, or not a boolean
+            return False
     options["include_usage"] = True
     return True
 

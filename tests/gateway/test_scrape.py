@@ -5,6 +5,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from prefixroute.core import index_blocks_for
 from prefixroute.emulate import EmulatorConfig
@@ -18,7 +19,8 @@ from prefixroute.gateway._scrape import (
 )
 from prefixroute.sim.replica import ReplicaConfig
 
-from .helpers import ClusterFactory, GatewayFactory, send, words
+from .fakes import completion_body
+from .helpers import ClusterFactory, FakeFactory, GatewayFactory, send, words
 
 METRICS = Path(__file__).resolve().parents[1] / "data" / "metrics"  # engines' /metrics pages
 
@@ -232,3 +234,66 @@ async def test_an_emulated_engine_s_preemptions_reach_the_router(
         while load.preemptions == 0:
             await asyncio.sleep(0.01)
     assert gw.registry.describe(gw.registry.get(rid))["speed"]["preemptions"] > 0  # admin API
+
+
+# Pages an engine (or something posing as one) may serve that hold numbers no count can be.
+ODD_PAGES = {
+    "nan and infinite counts": (
+        'vllm:num_requests_running{model_name="m"} NaN\n'
+        'vllm:num_requests_waiting{model_name="m"} +Inf\n'
+        'vllm:kv_cache_usage_perc{model_name="m"} NaN\n'
+    ),
+    "negative counts": (
+        'vllm:num_requests_running{model_name="m"} -3\n'
+        'vllm:num_preemptions_total{model_name="m"} -1\n'
+    ),
+    "nan prefill counters": VLLM_PREFILL.replace(" 15.0", " NaN"),
+    "a kv cache past any machine": 'sglang:max_total_num_tokens{name="m"} 1e30\n',
+    "a block count past any machine": (
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="1000000000000000000000"} 1.0\n'
+    ),
+}
+
+
+@pytest.mark.parametrize("page", ODD_PAGES.values(), ids=list(ODD_PAGES))
+def test_numbers_no_count_can_be_are_no_reading(page: str) -> None:
+    """A NaN, an infinity or a negative count is left out, as a page without it, and a KV
+    cache larger than any machine's is not believed (it would size the index past memory)."""
+    load = parse_engine_load(page)
+    assert (load.num_running, load.num_waiting, load.kv_usage) == (None, None, None)
+    assert load.kv_tokens is None and load.preemptions == 0
+    if load.prefill is not None:  # the NaN count left out: no interval is made of it
+        assert load.prefill.requests == load.prefill.requests  # not NaN
+
+
+async def test_a_replica_with_an_odd_metrics_page_is_served_and_can_come_back(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """One replica's /metrics must neither stop the gateway from starting nor keep the replica
+    out of rotation once its /health answers again."""
+    page = {"text": "".join(ODD_PAGES.values())}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.path == "/metrics":
+            return web.Response(text=page["text"], content_type="text/plain")
+        return web.Response(body=completion_body(), content_type="application/json")
+
+    odd = await make_fake(handler=handler)
+    fine = await make_fake()
+    gw = await make_gateway([odd.url, fine.url])  # starts: before, the first round raised
+    record = gw.registry.find(odd.url)
+    assert record.healthy
+    served = set()
+    for i in range(8):
+        async with session.post(gw.url + "/v1/completions", json={"prompt": f"p{i}"}) as r:
+            assert r.status == 200
+            served.add(r.headers["x-prefixroute-replica"])
+    assert odd.url in served
+    odd.failing = True  # its health fails: out of rotation
+    async with asyncio.timeout(5):
+        while record.healthy:
+            await asyncio.sleep(0.02)
+    odd.failing = False  # answering again, the page still odd: back in
+    async with asyncio.timeout(5):
+        while not record.healthy:
+            await asyncio.sleep(0.02)

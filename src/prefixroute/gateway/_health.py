@@ -62,6 +62,7 @@ class HealthChecker:
         self._prefill = PrefillDeltas()  # each replica's last prefill totals
         self._preempted = PreemptionCounts()  # and preemption counts
         self._down: set[str] = set()  # refused connections: cleared, not answering yet
+        self._odd: set[str] = set()  # replicas whose models or metrics failed to apply (logged)
         self._sizer = IndexSizer(registry, config)  # indexes sized from the engines' KV caches
         self.server_info = ServerInfo(registry, session)  # the engines' batch sizes
 
@@ -89,13 +90,20 @@ class HealthChecker:
         ``first``: the replica was just registered (see ``ReplicaRegistry.record_probe``).
         """
         ok = await self._probe(record)
-        if ok and (record.models is None or not record.healthy):
-            await self.refresh_models(record)
-            self.server_info.joined(record)  # it may have restarted with another batch size
-        if ok and self.config.scrape_metrics:
-            self.server_info.ask(record)  # in the background: a first answer can take seconds
-            if record.url not in self._no_metrics:
-                await self.scrape(record)
+        try:
+            if ok and (record.models is None or not record.healthy):
+                await self.refresh_models(record)
+                self.server_info.joined(record)  # it may have restarted with another batch size
+            if ok and self.config.scrape_metrics:
+                self.server_info.ask(record)  # in the background: a first answer can take seconds
+                if record.url not in self._no_metrics:
+                    await self.scrape(record)
+            self._odd.discard(record.url)
+        except Exception:  # noqa: BLE001 - what a replica says must not stop its probe counting
+            if record.url not in self._odd:  # once, not every round
+                log.warning("replica %s: could not use what it reported", record.url,
+                            exc_info=True)  # fmt: skip
+            self._odd.add(record.url)
         self.registry.record_probe(record.id, ok, time.monotonic(), first)
         return ok
 

@@ -59,6 +59,7 @@ SGLANG_PROMPT, SGLANG_CACHED = "sglang:prompt_tokens_total", "sglang:cached_toke
 PREEMPTIONS = ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total")
 VLLM_CACHE_CONFIG = "vllm:cache_config_info"
 SGLANG_KV_TOKENS = "sglang:max_total_num_tokens"
+MAX_KV_TOKENS = 2**40  # tokens; beyond any engine's KV cache (a node holds tens of millions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,10 @@ def parse_engine_load(text: str) -> EngineLoad:
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
+                # Every number read here is a count, a time or a share: a NaN, an infinity or
+                # a negative one is no reading (and would fail the arithmetic below).
+                if not 0.0 <= s.value < math.inf:
+                    continue
                 if s.name == VLLM_CACHE_CONFIG:
                     kv_tokens.append(_config_kv_tokens(s.labels))
                 # SGLang has one histogram per stage under one name: keep prefill's.
@@ -104,13 +109,15 @@ def parse_engine_load(text: str) -> EngineLoad:
     sglang_kv = samples.get(SGLANG_KV_TOKENS)
     if not kv_tokens and sglang_kv:
         kv_tokens = [round(v) if math.isfinite(v) else 0 for v in sglang_kv]
+    # Every engine's size, or none: a sum missing one engine would be too small (and one past
+    # any real machine's is a wrong page: it would size the index past memory).
+    kv_total = sum(kv_tokens) if kv_tokens and min(kv_tokens) > 0 else None
     return EngineLoad(
         round(sum(running)) if running else None,
         round(sum(waiting)) if waiting else None,
         sum(usage) / len(usage) if usage else None,
         _prefill_totals(samples),
-        # Every engine's size, or none: a sum missing one engine would be too small.
-        sum(kv_tokens) if kv_tokens and min(kv_tokens) > 0 else None,
+        kv_total if kv_total is not None and kv_total <= MAX_KV_TOKENS else None,
         round(sum(first(PREEMPTIONS) or [0.0])),
     )
 

@@ -21,9 +21,10 @@ from prefixroute.core import ReplicaId
 from prefixroute.emulate import EmulatedTokenizer, EmulatorConfig
 from prefixroute.events import StreamState
 from prefixroute.gateway import Gateway
+from prefixroute.gateway._health import HealthChecker
 from prefixroute.sim.replica import ReplicaConfig
 
-from .helpers import STEADY, ClusterFactory, GatewayFactory, send, words
+from .helpers import STEADY, ClusterFactory, FakeFactory, GatewayFactory, send, words
 from .test_precise import batches
 
 BS = 16  # the replica's KV block size, tokens
@@ -100,3 +101,34 @@ async def test_the_same_prompt_under_two_models_shares_no_predicted_cache(
     if precise:
         stats = next(iter(gw.event_streams.values())).indexer.stats
         assert stats.adapter_blocks > 0 and stats.skipped_blocks == 0
+
+
+async def test_an_adapter_loaded_at_runtime_becomes_routable_and_an_unloaded_one_goes(
+    make_fake: FakeFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM and SGLang load LoRA adapters while they run (``/v1/load_lora_adapter``): a healthy
+    replica's model list is asked again every ``models_refresh_s``, so a new adapter's requests
+    are served and an unloaded one's are a 404 again, without the replica leaving rotation."""
+    monkeypatch.setattr(HealthChecker, "models_refresh_s", 0.1)
+    fake = await make_fake(models=("base",))
+    gw = await make_gateway([fake.url])
+
+    async def status(model: str) -> int:
+        body = {"model": model, "prompt": "hello", "max_tokens": 1}
+        async with session.post(gw.url + "/v1/completions", json=body) as resp:
+            return resp.status
+
+    assert await status("base") == 200
+    assert await status("sql") == 404  # not served (yet)
+    fake.models = ("base", "sql")  # the adapter is loaded
+    async with asyncio.timeout(5):
+        while await status("sql") != 200:
+            await asyncio.sleep(0.05)
+    fake.models = ("base",)  # and unloaded
+    async with asyncio.timeout(5):
+        while await status("sql") != 404:
+            await asyncio.sleep(0.05)
+    assert gw.registry.find(fake.url).healthy

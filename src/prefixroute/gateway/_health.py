@@ -6,7 +6,11 @@ OpenAI-compatible server written without one): it is probed on ``/v1/models`` fr
 the change is logged once. Without this, such a fleet was never healthy and every request was
 refused. A replica whose
 models are not known yet, or that is coming back, also gets ``GET /v1/models``, so requests that
-name a model reach only replicas that serve it. Results go to the registry, which decides.
+name a model reach only replicas that serve it; so does every replica once ``models_refresh_s``
+(10 s) has passed since its last list, because engines change their models while they run:
+vLLM and SGLang load and unload LoRA adapters at runtime (``/v1/load_lora_adapter``), each
+served under its own model name. Without it, an adapter loaded after a replica joined was a 404
+for as long as the replica stayed healthy. Results go to the registry, which decides.
 A healthy replica's ``/metrics`` is scraped in the same round for the engine's own load
 (``_scrape``); a replica without one (404) is not asked again. Where the engine exports its
 prefill times, each round's increase teaches the router that replica's prefill rate
@@ -49,6 +53,8 @@ MODELS_PATH = "/v1/models"  # every OpenAI-compatible server has it: the fallbac
 
 
 class HealthChecker:
+    models_refresh_s = 10.0  # seconds between a healthy replica's model lists (docstring)
+
     def __init__(
         self, registry: ReplicaRegistry, session: aiohttp.ClientSession, config: GatewayConfig
     ) -> None:
@@ -63,6 +69,7 @@ class HealthChecker:
         self._preempted = PreemptionCounts()  # and preemption counts
         self._down: set[str] = set()  # refused connections: cleared, not answering yet
         self._odd: set[str] = set()  # replicas whose models or metrics failed to apply (logged)
+        self._listed: dict[str, float] = {}  # replica URL -> when its models were last asked
         self._sizer = IndexSizer(registry, config)  # indexes sized from the engines' KV caches
         self.server_info = ServerInfo(registry, session)  # the engines' batch sizes
 
@@ -94,6 +101,8 @@ class HealthChecker:
             if ok and (record.models is None or not record.healthy):
                 await self.refresh_models(record)
                 self.server_info.joined(record)  # it may have restarted with another batch size
+            elif ok and self._models_stale(record):
+                await self.refresh_models(record)  # adapters loaded or unloaded meanwhile
             if ok and self.config.scrape_metrics:
                 self.server_info.ask(record)  # in the background: a first answer can take seconds
                 if record.url not in self._no_metrics:
@@ -174,7 +183,11 @@ class HealthChecker:
         router.engine_cleared(record.id)
         log.warning("replica %s %s: the prefixes it cached are taken as lost", record.url, why)
 
+    def _models_stale(self, record: ReplicaRecord) -> bool:
+        return time.monotonic() >= self._listed.get(record.url, 0.0) + self.models_refresh_s
+
     async def refresh_models(self, record: ReplicaRecord) -> None:
+        self._listed[record.url] = time.monotonic()
         try:
             async with self.session.get(record.url + MODELS_PATH, timeout=self._timeout) as resp:
                 if resp.status != 200:

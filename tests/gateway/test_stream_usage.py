@@ -207,3 +207,34 @@ async def test_a_client_that_asked_for_usage_keeps_its_accept_encoding(
     assert done and events[-1]["usage"]["prompt_tokens"] == 7
     sent = [s for s in fake.seen if s.path == "/v1/completions"]
     assert sent[0].headers["Accept-Encoding"] == "gzip"
+
+
+async def _shouting(request: web.Request) -> web.StreamResponse:
+    """A stream sent as ``Text/Event-Stream`` (media types are case-insensitive), with the usage
+    event that was asked for."""
+    out = web.StreamResponse(headers={"Content-Type": "Text/Event-Stream; Charset=UTF-8"})
+    await out.prepare(request)
+    usage = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6,
+             "prompt_tokens_details": {"cached_tokens": 4}}  # fmt: skip
+    await out.write(b'data: {"choices":[{"index":0,"text":"ok"}]}\n\n')
+    await out.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+    await out.write(b"data: [DONE]\n\n")
+    await out.write_eof()
+    return out
+
+
+async def test_a_stream_whose_content_type_is_not_lower_case_is_relayed_as_a_stream(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """Scanned as a stream: the usage event the gateway asked for is kept from the client and
+    learned from. Before, a case-sensitive check relayed it as a plain answer: buffered whole,
+    the usage event leaked to the client, nothing learned."""
+    fake = await make_fake(handler=_shouting)
+    gw = await make_gateway([fake.url])
+    body = {"prompt": "hello", "max_tokens": 1, "stream": True}
+    async with session.post(gw.url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200
+        assert "Content-Length" not in resp.headers  # relayed as it came, not buffered whole
+        events, done = parse_stream(await resp.text())
+    assert done and [e["choices"][0]["text"] for e in events] == ["ok"]
+    assert _total(gw, "prefixroute_actual_cached_tokens_total") == 4

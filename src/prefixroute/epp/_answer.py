@@ -13,6 +13,7 @@ from prefixroute.gateway import (
     SSEScanner,
     Usage,
     answer_in_body,
+    is_event_stream_type,
     refuses_stream_options,
     window_said,
 )
@@ -26,7 +27,7 @@ class AnswerReader:
     ) -> None:
         """``hide_usage``: the picker asked for the stream's usage, so its event is kept back;
         ``responses``: a Responses API answer, whose id is read (``response_id``)."""
-        stream = content_type.startswith("text/event-stream")
+        stream = is_event_stream_type(content_type)
         self.scanner = SSEScanner(hide_usage, responses) if stream and not compressed else None
         self.raw_stream = stream and compressed  # unreadable: its first chunk is the first token
         self._plain: list[bytes] = []

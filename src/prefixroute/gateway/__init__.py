@@ -52,7 +52,7 @@ from prefixroute.gateway._registry import (
 from prefixroute.gateway._requests import encode_body, key_of, parse_body
 from prefixroute.gateway._responses import ResponseOwners, pinned
 from prefixroute.gateway._server import Gateway
-from prefixroute.gateway._sse import SSEScanner
+from prefixroute.gateway._sse import SSEScanner, is_event_stream_type
 from prefixroute.gateway._state import GatewayState
 from prefixroute.gateway._tenant_config import TenancyConfig, TenantLimits, TenantSpec
 from prefixroute.gateway._tenants import Tenants, TenantScope, isolated, upstream_headers
@@ -122,6 +122,7 @@ __all__ = [
     "generate_api_key",
     "guess_first_token",
     "hash_api_key",
+    "is_event_stream_type",
     "is_model_call",
     "judge_error_event",
     "key_of",

@@ -37,7 +37,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from prefixroute.gateway._errors import UpstreamError, UpstreamTimeout, error_body
-from prefixroute.gateway._sse import SSEScanner
+from prefixroute.gateway._sse import SSEScanner, is_event_stream_type
 from prefixroute.gateway._usage import Usage, answer_in_body
 
 HOP_BY_HOP = frozenset(
@@ -127,7 +127,8 @@ def response_headers(headers: CIMultiDictProxy[str], extra: Mapping[str, str]) -
 
 
 def is_event_stream(resp: aiohttp.ClientResponse) -> bool:
-    return resp.headers.get("Content-Type", "").startswith("text/event-stream")
+    return is_event_stream_type(resp.headers.get("Content-Type", ""))
+
 
 
 def failure_kind(exc: BaseException) -> str:

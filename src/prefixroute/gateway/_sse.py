@@ -41,6 +41,12 @@ from prefixroute._usage_counts import Usage, merged, usage_of
 from prefixroute.gateway._usage import is_usage_only
 
 
+def is_event_stream_type(content_type: str) -> bool:
+    """A Content-Type of server-sent events: a media type is case-insensitive (RFC 9110
+    8.3.1), and ``Text/Event-Stream`` from a replica was buffered whole as a plain answer."""
+    return content_type.lstrip().lower().startswith("text/event-stream")
+
+
 class SSEScanner:
     def __init__(self, hide_usage: bool = False, responses: bool = False) -> None:
         self._tail = b""  # bytes after the last complete event, bytes

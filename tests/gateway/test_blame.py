@@ -221,6 +221,61 @@ async def test_stream_without_a_first_event_in_time_is_retried_elsewhere(
         release.set()
 
 
+async def test_keep_alive_comments_are_not_a_start(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """SSE comments (``: ping``) that a server sends while a request waits are not its first
+    event: a replica that pings and then breaks is retried elsewhere (the client sees a clean
+    stream), and one that only ever pings meets the first-byte deadline, not the read timeout
+    that every ping restarted. The comments that came before a first event still reach the
+    client."""
+
+    async def ping_then_break(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await out.write(b": keep-alive\n\n")
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.abort()
+        return out
+
+    async def ping_forever(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        while True:
+            await out.write(b": ping\r\n\r\n")
+            await asyncio.sleep(0.05)
+
+    async def ping_then_answer(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await out.write(b": ping\n\n")
+        await asyncio.sleep(0.02)
+        await out.write(b'data: {"choices":[{"text":"ok"}]}\n\ndata: [DONE]\n\n')
+        await out.write_eof()
+        return out
+
+    body = {"prompt": "x", "max_tokens": 1, "stream": True}
+    for failing in (ping_then_break, ping_forever):
+        a, b = await make_fake(handler=failing), await make_fake(handler=one_event_stream)
+        gw = await make_gateway(
+            [a.url, b.url], policy="round_robin", read_timeout_s=30.0,
+            first_byte_floor_s=0.3, first_byte_cap_s=0.5, health_interval_s=60,
+        )  # fmt: skip
+        for _ in range(2):  # round robin: one of the two starts on the failing replica
+            t0 = time.monotonic()
+            async with session.post(gw.url + "/v1/completions", json=body) as r:
+                text = await r.text()
+            assert r.status == 200 and '"ok"' in text and "[DONE]" in text, failing.__name__
+            assert '"error"' not in text, failing.__name__
+            assert time.monotonic() - t0 < 3.0, failing.__name__
+        assert gw.registry.find(b.url).total_failures == 0
+    c = await make_fake(handler=ping_then_answer)
+    gw = await make_gateway([c.url])
+    async with session.post(gw.url + "/v1/completions", json=body) as r:
+        assert await r.read() == b': ping\n\ndata: {"choices":[{"text":"ok"}]}\n\ndata: [DONE]\n\n'
+
+
 async def test_plain_request_waiting_on_a_replica_taken_out_moves_at_once(
     make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:

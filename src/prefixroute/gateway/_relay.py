@@ -37,7 +37,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from prefixroute.gateway._errors import UpstreamError, UpstreamTimeout, error_body
-from prefixroute.gateway._sse import SSEScanner, is_event_stream_type
+from prefixroute.gateway._sse import SSEScanner, is_event_stream_type, only_comments
 from prefixroute.gateway._usage import Usage, answer_in_body
 
 HOP_BY_HOP = frozenset(
@@ -218,6 +218,7 @@ class _StreamRelay:
         self.scanner = None if compressed else SSEScanner(ctl.hide_usage, responses)
         self.out: web.StreamResponse | None = None  # the client's response, once started
         self._waiting_first = True  # no data event relayed yet
+        self._held = b""  # keep-alive comments that came before the first event (_relay)
         self._id_untold = ctl.on_response_id is not None  # a Responses stream's id, not told
 
     def started(self) -> web.StreamResponse:
@@ -243,6 +244,14 @@ class _StreamRelay:
             ready = scanner.feed(chunk) if scanner is not None else chunk
         else:
             ready = scanner.flush() if scanner is not None else b""
+        if self.out is None and chunk and scanner is not None and ready and only_comments(ready):
+            # Keep-alive comments before any event are no start: held, so that a replica
+            # that fails now is still retried elsewhere and the first-byte deadline still runs
+            # (a replica that only ever pinged held a stream past every timeout).
+            self._held += ready
+            return
+        if self._held:
+            ready, self._held = self._held + ready, b""
         if self.out is None and (ready or not chunk):
             self.out = web.StreamResponse(
                 status=self.resp.status, headers=response_headers(self.resp.headers, self.extra)

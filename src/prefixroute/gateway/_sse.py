@@ -47,6 +47,12 @@ def is_event_stream_type(content_type: str) -> bool:
     return content_type.lstrip().lower().startswith("text/event-stream")
 
 
+def only_comments(events: bytes) -> bool:
+    """Whether complete ``events`` hold nothing but SSE comments (lines that start with ``:``,
+    the keep-alives some servers send while a request waits: ``: ping``)."""
+    return all(not line or line.startswith(b":") for line in _LINES.split(events))
+
+
 class SSEScanner:
     def __init__(self, hide_usage: bool = False, responses: bool = False) -> None:
         self._tail = b""  # bytes after the last complete event, bytes
@@ -292,3 +298,4 @@ _ANTHROPIC_OPENING = frozenset(
      "message_stop"}
 )  # fmt: skip
 _BOUNDARY = re.compile(rb"(\r\n\r\n|\n\n|\r\r)")
+_LINES = re.compile(rb"\r\n|\r|\n")

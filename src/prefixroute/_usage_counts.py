@@ -26,9 +26,23 @@ class Usage:
     completion_tokens: int | None
     cached_tokens: int | None
 
+    def __post_init__(self) -> None:
+        # No engine finds more of a prompt cached than the prompt: a replica that says so is
+        # believed up to the prompt (its word against the router's prediction, not more).
+        prompt, cached = self.prompt_tokens, self.cached_tokens
+        if prompt is not None and cached is not None and cached > prompt:
+            object.__setattr__(self, "cached_tokens", prompt)
+
+
+# A count past this is no request's (context windows are millions of tokens at most): a replica
+# that reports one is not believed. Twelve answers of 1e30 tokens once took the model's learned
+# characters per token to its floor (every prompt then counted 16x) and the token counters,
+# which never go down, to 6e30.
+MAX_TOKENS = 2**31 - 1
+
 
 def _count(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS:
         return value
     return None
 

@@ -24,6 +24,15 @@ def test_urls_are_normalised() -> None:
     for bad in ("h:80", "ftp://h", "http://h?x=1", "http://"):
         with pytest.raises(Exception, match="replica URL"):
             normalize_url(bad)
+    assert normalize_url("http://h:1") == "http://h:1"  # the ports' range, both ends in
+    assert normalize_url("http://h:65535") == "http://h:65535"
+    for port in ("0", "65536", "99999", "x", "-1"):
+        with pytest.raises(ConfigError, match="port must be 1-65535"):
+            normalize_url(f"http://127.0.0.1:{port}")
+    # Credentials would be the replica's id: in logs and in /metrics' labels.
+    for creds in ("u:p@", "u@", ":p@"):
+        with pytest.raises(ConfigError, match="no user or password"):
+            normalize_url(f"http://{creds}127.0.0.1:8000")
 
 
 @pytest.mark.parametrize(

@@ -107,6 +107,16 @@ def normalize_url(url: str) -> ReplicaId:
         raise ConfigError(f"a replica URL must be http(s)://host[:port][/prefix], got {url!r}")
     if parts.query or parts.fragment:
         raise ConfigError(f"a replica URL takes no query or fragment: {url!r}")
+    # Credentials in the URL would be the replica's id: in logs, the admin API and the labels
+    # of an unauthenticated /metrics (the upstream key goes by --upstream-api-key-file).
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(f"a replica URL takes no user or password (user@host): {url!r}")
+    try:
+        port = parts.port  # urlsplit checks only when asked: 99999 and "x" raise here
+    except ValueError:
+        port = 0
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"a replica URL's port must be 1-65535: {url!r}")
     if "v1" in parts.path.lower().split("/"):
         raise ConfigError(
             "a replica URL must be http(s)://host[:port] without /v1 (the gateway adds "

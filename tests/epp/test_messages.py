@@ -65,3 +65,7 @@ async def test_a_bad_request_is_refused_before_any_pick() -> None:
     assert stream.decision is None
     status = out[-1].immediate_response.status.code
     assert status == 400, out
+    # In Anthropic's error shape, as its SDKs read it (gateway/_errors.py).
+    answer = json.loads(out[-1].immediate_response.body)
+    assert answer["type"] == "error" and answer["error"]["type"] == "invalid_request_error"
+    assert answer["error"]["message"]

@@ -10,12 +10,14 @@ its own)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
-from prefixroute.gateway import Gateway
+from prefixroute.gateway import Gateway, TenancyConfig, TenantSpec, hash_api_key
 
 from . import helpers as h
 from .helpers import STEADY, ClusterFactory, FakeFactory, GatewayFactory, words
@@ -113,3 +115,68 @@ async def test_a_bad_request_is_a_400_that_reaches_no_replica(
         status, _, raw = await message(session, gw, body)
         assert status == 400 and "error" in json.loads(raw), raw
     assert [s.path for s in fake.seen if s.path.startswith("/v1/")] == []
+
+
+def anthropic_error(raw: str, kind: str) -> None:
+    """``raw`` is an error as Anthropic's API writes it, of type ``kind``, with a message."""
+    body = json.loads(raw)
+    assert set(body) == {"type", "error"} and body["type"] == "error", raw
+    assert body["error"]["type"] == kind and body["error"]["message"], raw
+
+
+async def test_the_gateways_own_errors_take_anthropics_shape_on_its_api(
+    make_gateway: GatewayFactory, make_fake: FakeFactory, session: aiohttp.ClientSession
+) -> None:
+    """Anthropic's SDKs and Claude Code read ``{"type": "error", "error": {"type", "message"}}``;
+    the OpenAI routes keep OpenAI's shape."""
+    fake = await make_fake()
+    key = "pr-" + "k" * 40
+    tenancy = TenancyConfig(tenants=(TenantSpec("team", (hash_api_key(key),)),))
+    gw = await make_gateway([fake.url], tenancy=tenancy, **STEADY)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    status, _, raw = await message(session, gw, chat)  # no key
+    assert status == 401
+    anthropic_error(raw, "authentication_error")
+    status, _, raw = await h.post_json(session, gw.url + "/v1/messages/count_tokens", chat)
+    assert status == 401
+    anthropic_error(raw, "authentication_error")
+    auth = {"x-api-key": key}
+    for body, code, kind in (
+        ({"model": "nope", **chat}, 404, "not_found_error"),
+        ({"model": "emulated", "messages": []}, 400, "invalid_request_error"),
+    ):
+        async with session.post(gw.url + "/v1/messages", json=body, headers=auth) as resp:
+            assert resp.status == code
+            anthropic_error(await resp.text(), kind)
+    async with session.post(gw.url + "/v1/messages", data=b"{", headers=auth) as resp:
+        assert resp.status == 400
+        anthropic_error(await resp.text(), "invalid_request_error")
+    # The OpenAI routes: OpenAI's shape.
+    body = {"model": "nope", "messages": chat["messages"]}
+    async with session.post(gw.url + "/v1/chat/completions", json=body, headers=auth) as resp:
+        assert resp.status == 404
+        assert (await resp.json())["error"]["code"] == "model_not_found"
+
+
+async def test_a_messages_stream_that_breaks_ends_with_anthropics_error_event(
+    make_gateway: GatewayFactory, make_fake: FakeFactory, session: aiohttp.ClientSession
+) -> None:
+    async def breaks(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await out.write(b'event: message_start\ndata: {"type":"message_start","message":{}}\n\n')
+        await out.write(b'event: content_block_delta\ndata: {"type":"content_block_delta",'
+                        b'"index":0,"delta":{"type":"text_delta","text":"a"}}\n\n')  # fmt: skip
+        await asyncio.sleep(0.02)
+        assert request.transport is not None
+        request.transport.abort()
+        return out
+
+    fake = await make_fake(handler=breaks)
+    gw = await make_gateway([fake.url], **STEADY)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+    status, _, raw = await message(session, gw, body)
+    assert status == 200 and "[DONE]" not in raw
+    last = raw.rstrip("\n").split("\n\n")[-1].split("\n")
+    assert last[0] == "event: error"
+    anthropic_error(last[1].removeprefix("data: "), "api_error")

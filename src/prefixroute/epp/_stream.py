@@ -57,6 +57,7 @@ from prefixroute.gateway import (
     Usage,
     error_response,
     guess_first_token,
+    is_anthropic,
     is_model_call,
     spec_for,
 )
@@ -257,7 +258,7 @@ class PickStream:
         """The gateway's answer to ``exc`` (status, Retry-After, JSON body), from the picker."""
         self.refused = True
         self._done = True  # nothing was routed: nothing to account
-        answer = error_response(exc, self.s.state.config.retry_after_s)
+        answer = error_response(exc, self.s.state.config.retry_after_s, is_anthropic(self._path))
         self._end_span(answer.status)
         if self._counted:
             self.s.metrics.count_request("none", answer.status, "none")

@@ -31,7 +31,13 @@ from prefixroute.gateway._context_window import (
     needed_tokens,
     window_said,
 )
-from prefixroute.gateway._errors import PayloadTooLarge, error_body, error_response, spec_for
+from prefixroute.gateway._errors import (
+    PayloadTooLarge,
+    error_body,
+    error_response,
+    is_anthropic,
+    spec_for,
+)
 from prefixroute.gateway._fleetview import DecisionEntry, FleetView
 from prefixroute.gateway._health import HealthChecker
 from prefixroute.gateway._metrics import GatewayMetrics
@@ -122,6 +128,7 @@ __all__ = [
     "generate_api_key",
     "guess_first_token",
     "hash_api_key",
+    "is_anthropic",
     "is_event_stream_type",
     "is_model_call",
     "judge_error_event",

@@ -29,6 +29,11 @@ walks the exception's MRO, so a subclass without its own row gets its parent's. 
 is the outermost layer: whatever escapes a handler becomes a JSON error, never a traceback.
 Once a streamed response has started the status cannot change; the relay ends such streams
 with an SSE error event itself, so no error ever reaches this table after the first byte.
+
+On Anthropic's Messages API (``/v1/messages`` and its ``count_tokens``) the same errors take
+Anthropic's shape, ``{"type": "error", "error": {"type": ..., "message": ...}}`` with its error
+types by status (:func:`anthropic_error_body`): its SDKs and Claude Code read that shape, and
+showed the gateway's 401s and 429s as raw JSON.
 """
 
 from __future__ import annotations
@@ -160,10 +165,33 @@ def error_body(message: str, err_type: str, code: str | int | None) -> dict[str,
     return {"error": {"message": message, "type": err_type, "param": None, "code": code}}
 
 
-def error_response(exc: BaseException, retry_after_s: int) -> web.Response:
-    """The JSON response for ``exc``."""
+# Anthropic's error types by status (its API's errors page); any other status: api_error.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 408: "invalid_request_error", 409: "invalid_request_error",
+    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+    504: "timeout_error",
+}  # fmt: skip
+ANTHROPIC_PATH = "/v1/messages"  # and what is below it (count_tokens)
+
+
+def anthropic_error_body(message: str, status: int) -> dict[str, object]:
+    """An error as Anthropic's Messages API writes it (module docstring)."""
+    kind = _ANTHROPIC_TYPES.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def is_anthropic(path: str) -> bool:
+    """Whether ``path`` is Anthropic's Messages API, whose errors take its shape."""
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def error_response(exc: BaseException, retry_after_s: int, anthropic: bool = False) -> web.Response:
+    """The JSON response for ``exc`` (in Anthropic's shape with ``anthropic``)."""
     if isinstance(exc, web.HTTPException):  # aiohttp's own: unknown route, wrong method
         body = error_body(exc.reason, "invalid_request_error", None)
+        if anthropic:
+            body = anthropic_error_body(exc.reason, exc.status)
         return web.json_response(body, status=exc.status, dumps=_compact)
     spec = spec_for(exc)
     # Never show a foreign exception's text: it may carry internals.
@@ -174,6 +202,8 @@ def error_response(exc: BaseException, retry_after_s: int) -> web.Response:
     body = error_body(message, spec.type, spec.code)
     if isinstance(exc, RateLimited):
         body["error"]["limit"] = exc.limit  # type: ignore[index]
+    if anthropic:
+        body = anthropic_error_body(message, spec.status)
     return web.json_response(body, status=spec.status, headers=headers, dumps=_compact)
 
 
@@ -202,10 +232,10 @@ def make_error_middleware(retry_after_s: int, observe: Observer | None = None) -
             if exc.status < 400:
                 raise
             log.debug("%s %.200r: %d", request.method, request.path, exc.status)
-            response = error_response(exc, retry_after_s)
+            response = error_response(exc, retry_after_s, is_anthropic(request.path))
         except Exception as exc:
             _log_error(request, exc, tracebacks)
-            response = error_response(exc, retry_after_s)
+            response = error_response(exc, retry_after_s, is_anthropic(request.path))
             if isinstance(exc, MalformedBody):
                 response.force_close()
         if observe is not None:

@@ -36,7 +36,13 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from prefixroute.gateway._errors import UpstreamError, UpstreamTimeout, error_body
+from prefixroute.gateway._errors import (
+    UpstreamError,
+    UpstreamTimeout,
+    anthropic_error_body,
+    error_body,
+    is_anthropic,
+)
 from prefixroute.gateway._sse import SSEScanner, is_event_stream_type, only_comments
 from prefixroute.gateway._usage import Usage, answer_in_body
 
@@ -279,7 +285,7 @@ class _StreamRelay:
         if failure is not None:
             message = f"replica {ctl.replica} failed mid-stream ({failure})"
             body = error_body(message, "upstream_error", 502)
-            await _end_with_error(out, body, ctl.write_timeout_s)
+            await _end_with_error(out, body, ctl.write_timeout_s, self._anthropic(message, 502))
         else:
             await _write_eof(out, ctl.write_timeout_s)
 
@@ -288,8 +294,15 @@ class _StreamRelay:
         self.ctl.on_upstream_end(None)
         message = "the gateway shut down before the stream ended"
         body = error_body(message, "service_unavailable", 503)
+        timeout_s, anthropic = min(self.ctl.write_timeout_s, 1.0), self._anthropic(message, 503)
         with contextlib.suppress(_SlowClient):
-            await _end_with_error(self.started(), body, min(self.ctl.write_timeout_s, 1.0))
+            await _end_with_error(self.started(), body, timeout_s, anthropic)
+
+    def _anthropic(self, message: str, status: int) -> dict[str, object] | None:
+        """The error in Anthropic's shape on its Messages API, else None."""
+        if not is_anthropic(self.request.path):
+            return None
+        return anthropic_error_body(message, status)
 
 
 def _hold_for_client(request: web.Request, buffer_bytes: int) -> None:
@@ -314,12 +327,19 @@ async def _write(out: web.StreamResponse, data: bytes, timeout_s: float) -> None
 
 
 async def _end_with_error(
-    out: web.StreamResponse, error: Mapping[str, object], timeout_s: float
-) -> None:
-    """End a started stream the way vLLM ends a failed one: an error event, then [DONE]."""
-    body = json.dumps(error, separators=(",", ":"))
+    out: web.StreamResponse, error: Mapping[str, object], timeout_s: float,
+    anthropic: Mapping[str, object] | None = None,
+) -> None:  # fmt: skip
+    """End a started stream the way vLLM ends a failed one: an error event, then [DONE]; on
+    Anthropic's Messages API as its streams end in error (``event: error``, its shape, no
+    [DONE])."""
+    if anthropic is not None:
+        event = f"event: error\ndata: {json.dumps(anthropic, separators=(',', ':'))}\n\n"
+    else:
+        body = json.dumps(error, separators=(",", ":"))
+        event = f"data: {body}\n\ndata: [DONE]\n\n"
     try:
-        await _write(out, f"data: {body}\n\ndata: [DONE]\n\n".encode(), timeout_s)
+        await _write(out, event.encode(), timeout_s)
     except ConnectionResetError:
         return
     await _write_eof(out, timeout_s)

@@ -24,7 +24,17 @@ from prefixroute.gateway import (
     hash_api_key,
 )
 
-from .support import BUFFERED, ENDPOINTS, pick, picked, request_body, request_headers, shared
+from .support import (
+    BUFFERED,
+    ENDPOINTS,
+    pick,
+    picked,
+    request_body,
+    request_headers,
+    response_body,
+    response_headers,
+    shared,
+)
 
 SECRET = "0123456789abcdef-tenant-salt-secret"
 KEY_A = "pr-" + "a" * 40
@@ -185,6 +195,24 @@ async def test_the_prompt_token_budget_is_charged_on_the_hashed_prompt() -> None
     status, body, _ = refusal(await pick(PickStream(s), completion(long)))
     assert status == 429 and body["error"]["limit"] == "prompt_tokens_per_minute"
     assert rejections(s, "prompt_tokens_per_minute") == 1
+
+
+async def test_the_prompt_budget_is_set_right_by_the_replicas_count_as_the_gateways() -> None:
+    """Charged on the estimate at the pick, then set right by the answer's usage, as serve
+    does (gateway/_ratelimit.py ``settle_prompt``): the second long prompt fits the budget."""
+    tenancy = TenancyConfig(default_limits=TenantLimits(prompt_tokens_per_minute=300))
+    s = shared(tenancy=tenancy)
+    long = " ".join(f"w{i}" for i in range(200))  # ~ 250 tokens at 4 characters each
+    first = PickStream(s)
+    assert picked(await pick(first, completion(long)))[0] in ENDPOINTS
+    usage = {"prompt_tokens": 20, "completion_tokens": 1, "total_tokens": 21}
+    answer = json.dumps({"choices": [{"text": "x"}], "usage": usage}).encode()
+    await first.handle(response_headers())
+    await first.handle(response_body(answer, end_of_stream=True))
+    first.close()
+    second = PickStream(s)
+    assert picked(await pick(second, completion(long)))[0] in ENDPOINTS  # 280 left, not 50
+    assert rejections(s, "prompt_tokens_per_minute") == 0
 
 
 async def test_isolation_keeps_tenants_apart_and_salts_the_body_as_the_gateway() -> None:

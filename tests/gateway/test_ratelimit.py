@@ -112,3 +112,24 @@ def test_reconfigure_keeps_levels_and_in_flight() -> None:
     lim.configure(TenantLimits(), 0.0)
     assert lim.requests is None
     assert lim.describe(0.0)["limits"]["requests_per_second"] is None
+
+
+def test_a_prompt_charged_on_an_estimate_is_set_right_by_the_replicas_count() -> None:
+    """The budget is charged on the router's estimate before routing; the replica's own count
+    then gives back what was over-charged (never above the bucket's capacity) or takes what
+    was under-charged (into debt: the request was served)."""
+    lim = TenantLimiter("t", TenantLimits(prompt_tokens_per_minute=600), now=0.0)  # 10/s
+    assert lim.prompt_tokens is not None
+    lim.charge_prompt(500, 0.0)
+    lim.settle_prompt(500, 50, 0.0)  # the replica counted 50: 450 back
+    assert lim.prompt_tokens.level == pytest.approx(550.0)
+    lim.settle_prompt(100, 0, 0.0)  # more back than was ever taken: the bucket stays full
+    assert lim.prompt_tokens.level == pytest.approx(600.0)
+    lim.charge_prompt(100, 0.0)
+    lim.settle_prompt(100, 1_300, 0.0)  # counted 1,300: 1,200 more, into debt
+    assert lim.prompt_tokens.level == pytest.approx(-700.0)
+    lim.settle_prompt(0, 0, 10.0)  # refilled to the time of the count first: 10 s at 10/s
+    assert lim.prompt_tokens.level == pytest.approx(-600.0)
+    with pytest.raises(RateLimited):
+        lim.charge_prompt(1, 10.0)
+    TenantLimiter("u", TenantLimits(), now=0.0).settle_prompt(5, 9, 0.0)  # no budget: nothing

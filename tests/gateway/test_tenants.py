@@ -9,19 +9,21 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from polling import until
 from prometheus_client import CollectorRegistry
 
 from prefixroute.core import EMPTY_KEY, Endpoint, RouteKey
 from prefixroute.gateway import Gateway, TenancyConfig, TenantLimits, TenantSpec, hash_api_key
 from prefixroute.gateway._requests import key_of
-from prefixroute.gateway._tenants import Tenants, TenantScope
+from prefixroute.gateway._tenants import TENANTS, Tenants, TenantScope
 
-from .fakes import FakeReplica, Seen, held_until
+from .fakes import FakeReplica, Seen, completion_body, held_until
 from .helpers import (
     STEADY,
     ClusterFactory,
@@ -239,7 +241,7 @@ async def test_anthropics_x_api_key_header_is_a_key_too_and_reaches_no_replica(
     body = {"model": "emulated", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
     reply = await send(session, gw.url, "/v1/messages", body, headers={"x-api-key": "wrong"})
     assert reply.status == 401 and reply.error is not None
-    assert reply.error["code"] == "invalid_api_key"
+    assert reply.error["type"] == "authentication_error"  # in Anthropic's shape (_errors)
 
     def calls() -> list[Seen]:
         return [seen for seen in fake.seen if seen.path == "/v1/messages"]
@@ -420,3 +422,32 @@ def test_isolation_reads_the_key_and_edits_the_parsed_body() -> None:
     open_scope = TenantScope(no_isolation.get("team-b", 0.0), no_isolation)
     key = open_scope.isolate_key(Endpoint.COMPLETIONS, RouteKey("p", None), plain)
     assert (key.tenant, key.seed, plain) == ("team-b", None, {"prompt": "p"})
+
+
+async def test_the_prompt_budget_is_set_right_by_the_replicas_count(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """Charged on the router's estimate before routing, then set right by the answer's
+    ``usage.prompt_tokens``: a prompt the router mis-counted does not keep its tenant out (one
+    long prompt at a ratio learned on short chats once did for an hour)."""
+
+    async def counts_3000(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=completion_body(prompt=3_000), content_type="application/json")
+
+    fake = await make_fake(handler=counts_3000)
+    limits = TenantLimits(prompt_tokens_per_minute=6_000)  # refilled at 100 a second
+    tenancy = TenancyConfig(tenants=(TenantSpec("t", limits=limits),))
+    gw = await make_gateway([fake.url], tenancy=tenancy, **STEADY)
+    limiter = gw.app[TENANTS].get("t", time.monotonic()).limiter
+    bucket = limiter.prompt_tokens
+    assert bucket is not None
+    body = {"prompt": "x" * 16_000, "max_tokens": 1}  # about 4,000 tokens at 4 characters each
+    reply = await send(session, gw.url, "/v1/completions", body, headers=team("t"))
+    assert reply.status == 200
+    # Set right once the answer went out: 6,000 less the replica's 3,000, not less the
+    # estimate's 4,000 (refilled meanwhile at 100 a second).
+    async with asyncio.timeout(5):
+        while not bucket.level >= 2_900:
+            await asyncio.sleep(0.01)
+    bucket.refill(time.monotonic())
+    assert bucket.level < 3_500

@@ -15,14 +15,13 @@ policy's next choice (``Router.explain``, which records nothing). Errors are an
 
 Response side, the gateway relay's accounting (``gateway._proxy``, ``gateway._verdict``): the
 answer is read by ``_answer.AnswerReader``; its first output is the first token, timed only in
-the streamed body modes; at the end the usage goes to ``Router.observe_usage`` and
-``Router.complete`` (a request turned away, first to ``Router.withdraw``), the metrics count the
-answer and judge the replica, and a 400 over the context window teaches the replica's window.
-``close`` ends, once, a request that did not end cleanly. A fallback that served the answer
-means the primary failed it, and the request is routed again to the fallback, as the gateway's
-retry is. A plain answer's first token is guessed when due (``gateway._accounting``).
-``sync_redis``: decisions, first tokens, withdrawals and ends go to the Redis sync too.
-"""
+the streamed body modes; at the end the usage goes to ``Router.observe_usage``,
+``Router.complete`` (a request turned away, first to ``Router.withdraw``) and the tenant's
+prompt budget, the metrics count the answer and judge the replica, and a 400 over the context
+window teaches the window. ``close`` ends, once, a request that did not end cleanly. A fallback
+that served the answer means the primary failed it: the request is routed again to it, as the
+gateway retries. A plain answer's first token is guessed when due (``gateway._accounting``).
+``sync_redis``: decisions, first tokens, withdrawals and ends go to the Redis sync too."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ class PickStream:
     def __init__(self, shared: PickShared) -> None:
         self.s = shared
         self.rid = f"epp-{next(shared.ids)}"  # the router's request id
-        self.full_duplex_request = shared.default_full_duplex
-        duplex = shared.default_full_duplex
+        self.full_duplex_request = duplex = shared.default_full_duplex
         self.response_mode = proto.FULL_DUPLEX_STREAMED if duplex else proto.BUFFERED  # body mode
         self.headers: dict[str, str] = {}
         self.subset: list[str] | None = None
@@ -125,9 +123,8 @@ class PickStream:
         return []
 
     def close(self) -> None:
-        """The gRPC stream ended: a request still in flight ends here (once), its tenant's slot
-        is freed. One whose answer had started is counted, as the gateway counts a stream cut
-        short; whose fault the cut was the picker cannot tell, so no replica is judged."""
+        """The gRPC stream ended: a request in flight ends here (once), its tenant's slot freed;
+        one whose answer had started is counted as serve counts a cut stream (no replica judged)."""
         decision = self.decision
         if decision is not None and not self._done and self.status and self._counted:
             self._count(self.served or decision.replica, self.status, decision)
@@ -399,3 +396,5 @@ class PickStream:
             self._guess.cancel()
         whole = self._plain and usage is not None and not self._untimed  # a fallback: unsent
         self.s.end(self.rid, usage, whole, later)  # later: a clean end (PickShared.later)
+        if usage is not None and self.admission and self._view and not self._fetch:  # as serve
+            self.admission.scope.settle_prompt(self._view.prompt_tokens, usage)

@@ -78,6 +78,7 @@ class Release:
         self.rid = rid
         self.plain = plain
         self.learns = True  # False: its usage is not its own (a stored response's fetch: _proxy)
+        self.settle: Callable[[Usage], None] | None = None  # the tenant's charge, set right
         self.done = False
         self._guess = guess_first_token(router, listener, rid) if plain else None
 
@@ -109,6 +110,8 @@ class Release:
         usage = usage() if callable(usage) else usage
         if not self.learns:
             usage = None
+        if usage is not None and self.settle is not None:
+            self.settle(usage)
         # A plain answer read whole, with its usage: its time covers prefill and decode.
         whole = self.plain and usage is not None
         end(self.router, self.listener, self.rid, now, usage, whole)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import time
@@ -297,13 +298,9 @@ class Proxy:
         return result
 
     async def _send(
-        self,
-        call: _Call,
-        decision: Decision,
-        can_retry: bool,
-        release: Release,
+        self, call: _Call, decision: Decision, can_retry: bool, release: Release,
         larger_window: int = 0,
-    ) -> RelayResult:
+    ) -> RelayResult:  # fmt: skip
         request, rid, admitted = call.request, call.rid, call.admitted
         stream = admitted.key.stream
         replica = decision.replica
@@ -318,6 +315,8 @@ class Proxy:
         loop = asyncio.get_running_loop()
         cfg = self.config
         release.learns = admitted.learns  # a stored response's fetch learns nothing (_responses)
+        if (scope := admitted.scope) is not None:  # its prompt budget, charged on an estimate
+            release.settle = functools.partial(scope.settle_prompt, call.view.prompt_tokens)
 
         def first_token() -> None:  # timed now; the router's work once the bytes went out
             loop.call_soon(self._first_token, rid, replica, time.monotonic(), admitted.learns)

@@ -113,6 +113,16 @@ class TenantLimiter:
                 wait,
             )
 
+    def settle_prompt(self, charged: int, counted: int, now: float) -> None:
+        """Set right a prompt charged at ``charged`` tokens (the router's estimate) that the
+        replica counted as ``counted``: the difference goes back to the budget, or is taken
+        from it, into debt if need be (the request was served; later ones wait it out)."""
+        bucket = self.prompt_tokens
+        if bucket is None:
+            return
+        bucket.refill(now)
+        bucket.level = min(bucket.capacity, bucket.level + charged - counted)
+
     def idle(self, now: float) -> bool:
         """Nothing in flight and every bucket full: forgetting this limiter loses nothing."""
         return self.in_flight == 0 and all(

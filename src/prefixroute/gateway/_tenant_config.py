@@ -35,7 +35,7 @@ class TenantLimits:
 
     requests_per_second: float | None = None  # sustained request rate, requests/s
     burst: int | None = None  # requests allowed at once above the rate (default: one second's)
-    prompt_tokens_per_minute: int | None = None  # estimated prompt tokens per minute, tokens
+    prompt_tokens_per_minute: int | None = None  # prompt tokens per minute (estimate, then usage)
     max_in_flight: int | None = None  # requests of this tenant in flight at once
 
     def __post_init__(self) -> None:

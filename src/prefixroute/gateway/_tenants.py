@@ -55,6 +55,7 @@ from prefixroute.gateway._errors import BadRequest, RateLimited, Unauthorized
 from prefixroute.gateway._ratelimit import TenantLimiter
 from prefixroute.gateway._relay import request_headers
 from prefixroute.gateway._tenant_config import TENANT_NAME, TenancyConfig, TenantLimits
+from prefixroute.gateway._usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,15 @@ class TenantScope:
         except RateLimited as exc:
             self.tenants.rejections.labels(exc.limit).inc()
             raise
+
+    def settle_prompt(self, charged: int, usage: Usage) -> None:
+        """The replica's count of a prompt charged at ``charged`` (the router's estimate) sets
+        the tenant's budget right: an estimate off by the model's characters per token (or an
+        image counted as ten tokens) was never corrected, and one long prompt, counted at a
+        ratio learned on short chats, kept its tenant out for an hour."""
+        if usage.prompt_tokens is not None:
+            now = time.monotonic()
+            self.tenant.limiter.settle_prompt(charged, usage.prompt_tokens, now)
 
 
 def isolated(scope: TenantScope | None) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -231,3 +232,32 @@ class ClosingReplica(_RawReplica):
             linger = struct.pack("ii", 1, 0)
             writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
         writer.close()
+
+
+class BadChunkReplica(_RawReplica):
+    """Answers ``GET /health``; answers every other request 200 with a chunked body whose first
+    chunk is fine (``first``) and whose next chunk-size line is not hex, then closes."""
+
+    def __init__(self, first: bytes, content_type: str) -> None:
+        super().__init__()
+        self.first, self.content_type = first, content_type
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if head.startswith(b"GET "):
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    await writer.drain()
+                    continue
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                await reader.readexactly(int(length.group(1)) if length else 0)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: " + self.content_type.encode()
+                             + b"\r\nTransfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+                writer.write(b"%x\r\n%s\r\n" % (len(self.first), self.first))
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                writer.write(b"zzzz\r\nnot a chunk\r\n")
+                await writer.drain()
+                writer.close()
+                return

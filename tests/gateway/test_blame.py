@@ -20,7 +20,7 @@ from aiohttp import web
 
 from prefixroute.gateway import Gateway, ReplicaStatus
 
-from .fakes import FakeReplica, Handler, completion_body, one_event_stream
+from .fakes import BadChunkReplica, FakeReplica, Handler, completion_body, one_event_stream
 from .helpers import FakeFactory, GatewayFactory
 
 POISON = "poison-pill"
@@ -274,6 +274,36 @@ async def test_keep_alive_comments_are_not_a_start(
     gw = await make_gateway([c.url])
     async with session.post(gw.url + "/v1/completions", json=body) as r:
         assert await r.read() == b': ping\n\ndata: {"choices":[{"text":"ok"}]}\n\ndata: [DONE]\n\n'
+
+
+async def test_a_malformed_chunk_from_a_replica_fails_the_answer_instead_of_hanging(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """aiohttp's C parser drops the connection on a bad chunk-size line without ending the
+    body's reader, and the read timeout never fires: the client waited forever. The gateway's
+    watch (gateway/_relay.py) fails the answer within about a second: a stream ends with an
+    error event and [DONE], a plain answer is a 502."""
+    event = b'data: {"choices":[{"text":"a"}]}\n\n'
+    stream = BadChunkReplica(event, "text/event-stream")
+    plain = BadChunkReplica(b'{"choices": [', "application/json")
+    for replica, body in ((stream, {"stream": True}), (plain, {})):
+        await replica.start()
+        try:
+            gw = await make_gateway([replica.url], read_timeout_s=30.0, health_interval_s=60)
+            t0 = time.monotonic()
+            async with asyncio.timeout(10):
+                async with session.post(gw.url + "/v1/completions",
+                                        json={"prompt": "x", "max_tokens": 2, **body}) as r:
+                    text = await r.text()  # fmt: skip
+            assert time.monotonic() - t0 < 5.0
+            if body:
+                assert r.status == 200 and text.startswith(event.decode()), text
+                assert '"error"' in text and text.endswith("data: [DONE]\n\n"), text
+            else:
+                assert r.status == 502, text
+            assert gw.router.replica_load(gw.registry.find(replica.url).id).in_flight == 0
+        finally:
+            await replica.stop()
 
 
 async def test_plain_request_waiting_on_a_replica_taken_out_moves_at_once(

@@ -158,12 +158,43 @@ def upstream_error(exc: BaseException, replica: str) -> UpstreamError:
     return UpstreamError(f"replica {replica} failed: {type(exc).__name__}")
 
 
+WATCH_S = 1.0  # seconds between looks at an upstream connection while its answer is read
+
+
+class _Watch:
+    """aiohttp's C parser, given a malformed chunk by a replica, drops the connection without
+    ending the body's reader: a read then waited forever, past the read timeout, holding the
+    client and its in-flight slot. Every ``WATCH_S`` while an answer is read, a connection
+    found gone with the body neither ended nor failed fails it, as a reset does."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.resp = resp
+        self.handle = asyncio.get_running_loop().call_later(WATCH_S, self._look)
+
+    def _look(self) -> None:
+        content, conn = self.resp.content, self.resp.connection
+        if content.is_eof() or content.exception() is not None or conn is None:
+            return  # ended (or released): nothing left to watch
+        if conn.protocol is None or conn.protocol.transport is None:
+            lost = "the replica's connection closed with its answer unfinished"
+            content.set_exception(aiohttp.ClientPayloadError(lost))
+            return
+        self.handle = asyncio.get_running_loop().call_later(WATCH_S, self._look)
+
+    def __enter__(self) -> _Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.cancel()
+
+
 async def relay_plain(
     request: web.Request, resp: aiohttp.ClientResponse, extra: Mapping[str, str], buffer_bytes: int
 ) -> RelayResult:
     """Read the whole body, then answer with it (errors while reading propagate). The body is
     left to the transport's buffer, so no task waits on a client that reads it slowly."""
-    body = await resp.read()
+    with _Watch(resp):
+        body = await resp.read()
     _hold_for_client(request, max(buffer_bytes, len(body)))
     out = web.Response(status=resp.status, body=body, headers=response_headers(resp.headers, extra))
     plain = resp.status == 200 and "Content-Encoding" not in resp.headers
@@ -180,7 +211,8 @@ async def relay_stream(
     relay = _StreamRelay(request, resp, extra, ctl)
     failure: str | None = None
     try:
-        failure = await relay.pump()
+        with _Watch(resp):
+            failure = await relay.pump()
         await relay.end(failure)
     except ConnectionResetError:  # the client went away (aiohttp's reset error subclasses it)
         return RelayResult(relay.started(), resp.status, None, failure, client_gone=True)

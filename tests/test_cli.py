@@ -141,7 +141,46 @@ _BAD_INPUT = {
         "a replica URL must be http(s)://host[:port] without /v1 (the gateway adds /v1/...), "
         "got 'http://127.0.0.1:9/v1'",
     ),
+    # Each of these ran and failed later: every request (or the health loop), the engine, or
+    # the simulation (a decode step of no time ended every conversation at its first turn).
+    "serve NaN timeout": (
+        ["serve", "--port", "0", "--emulate", "1", "--read-timeout", "nan"],
+        "gateway settings must be positive and finite: read_timeout_s",
+    ),
+    "epp port past 65535": (  # gRPC bound it modulo 65536
+        ["epp", "--endpoint", "127.0.0.1:9", "--grpc-port", "70000", "--http-port", "0"],
+        "grpc_port out of range (0-65535): 70000",
+    ),
+    "emulate NaN time scale": (
+        ["emulate", "--port", "0", "--time-scale", "nan"],
+        "time scale must be positive and finite, got nan",
+    ),
+    "emulate NaN prefill rate": (
+        ["emulate", "--port", "0", "--prefill-rate", "nan"],
+        "prefill rate must be positive and decode step time non-negative, both finite: "
+        "got nan and 0.015",
+    ),
+    "simulate decode step 0": (
+        ["simulate", "-w", "seed-conversation", "--decode-step-ms", "0"],
+        "the simulator needs a decode step above 0 s on every replica",
+    ),
+    "simulate NaN speed change": (
+        ["simulate", "-w", "seed-conversation", "--speed-change", "r1@0:prefill=nan"],
+        "a speed change's prefill rate must be positive and finite: nan",
+    ),
 }
+
+
+@pytest.mark.parametrize("command", ["simulate", "demo", "bench"])
+def test_a_negative_seed_is_one_line_and_exit_2(command: str) -> None:
+    """numpy's generators take no negative seed: it was a traceback."""
+    done = subprocess.run(
+        [str(EXE), command, "--seed", "-1"], capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, NO_COLOR="1"),
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr and done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == f"prefixroute {command}: error: argument --seed: a seed is 0 or more, got -1"
 
 
 @pytest.mark.parametrize("case", list(_BAD_INPUT))

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from prefixroute.core import BlockHasher, ConfigError, RequestTooLarge
@@ -40,6 +42,11 @@ def test_decodes_take_one_token_each_of_the_step_budget(decoding: int) -> None:
     assert prompt.first_token_s == pytest.approx(start + sum(durations))
 
 
+SPEEDS = (
+    "prefill rate must be positive and decode step time non-negative, both finite: got {} and {}"
+)
+
+
 @pytest.mark.parametrize(
     ("field", "bad", "good", "message"),
     [
@@ -52,18 +59,12 @@ def test_decodes_take_one_token_each_of_the_step_budget(decoding: int) -> None:
         ("block_size", 0, 1, "replica sizes (capacity, block size, budget, batch) must be >= 1"),
         ("step_tokens", 0, 1, "replica sizes (capacity, block size, budget, batch) must be >= 1"),
         ("max_running", 0, 1, "replica sizes (capacity, block size, budget, batch) must be >= 1"),
-        (
-            "prefill_tokens_per_s",
-            0.0,
-            0.5,
-            "prefill rate must be positive and decode step time non-negative",
-        ),
-        (
-            "decode_step_s",
-            -0.001,
-            0.0,
-            "prefill rate must be positive and decode step time non-negative",
-        ),
+        ("prefill_tokens_per_s", 0.0, 0.5, SPEEDS.format(0.0, 0.015)),
+        ("prefill_tokens_per_s", math.inf, 1e12, SPEEDS.format(math.inf, 0.015)),
+        ("prefill_tokens_per_s", math.nan, 0.5, SPEEDS.format(math.nan, 0.015)),
+        ("decode_step_s", -0.001, 0.0, SPEEDS.format(10_000.0, -0.001)),
+        ("decode_step_s", math.inf, 1e6, SPEEDS.format(10_000.0, math.inf)),
+        ("decode_step_s", math.nan, 0.0, SPEEDS.format(10_000.0, math.nan)),
     ],
 )
 def test_replica_config_bounds(field: str, bad: float, good: float, message: str) -> None:

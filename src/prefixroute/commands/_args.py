@@ -75,6 +75,15 @@ def policy_value(value: str, name: str) -> int | float:
     return number
 
 
+def seed(text: str) -> int:
+    """An argparse type: a seed, a whole number of 0 or more (numpy's generators take no
+    negative one: ``--seed -1`` ended in a traceback)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a seed is 0 or more, got {value}")
+    return value
+
+
 def check_positive(value: float, flag: str) -> None:
     """ConfigError unless ``value`` is a finite number above zero (a timeout, an SLO): zero
     or less would fail every request, and argparse's ``float`` takes ``nan`` and ``inf``."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from prefixroute.commands._args import (
     check_slo,
     checked_policy_params,
     parse_pairs,
+    seed,
 )
 from prefixroute.core import DEFAULT_POLICY, ConfigError, PrefixrouteError, parse_policy_list
 from prefixroute.sim import (
@@ -70,7 +72,7 @@ def add_parser(sub: Any) -> None:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a workload parameter (repeatable; see simulate --list)",
     )  # fmt: skip
-    p.add_argument("--seed", type=int, default=0, help="seed for the workload")
+    p.add_argument("--seed", type=seed, default=0, help="seed for the workload")
     p.add_argument(
         "--policy", "-p", default=f"round_robin,cache_aware,{DEFAULT_POLICY}",
         help="policies to compare on emulated replicas (comma list)",
@@ -226,8 +228,8 @@ def _fleet(args: argparse.Namespace, engine: ReplicaConfig) -> Fleet | None:
 
 def _check(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Every flag checked before anything starts; returns the ``--policy-param`` settings."""
-    if args.time_scale <= 0:
-        raise ConfigError("--time-scale must be positive")
+    if not 0 < args.time_scale < math.inf:
+        raise ConfigError(f"--time-scale must be positive and finite, got {args.time_scale}")
     check_positive(args.timeout, "--timeout")  # else every request would time out at once
     if not 0.0 <= args.plain <= 1.0:
         raise ConfigError(f"--plain must be a share between 0 and 1, got {args.plain}")

@@ -15,6 +15,7 @@ from prefixroute.commands._args import (
     add_replica_arguments,
     check_jobs,
     replica_config_from,
+    seed,
 )
 from prefixroute.core import DEFAULT_POLICY
 from prefixroute.sim import compare_policies, make_console, make_workload, print_report, write_plot
@@ -31,7 +32,7 @@ def add_parser(sub: Any) -> None:
     add_replica_arguments(p)
     p.add_argument("--large", default="multi-turn", help="the larger workload (default multi-turn)")
     p.add_argument("--plot", type=Path, default=Path("out/demo.png"), help="plot of the large run")
-    p.add_argument("--seed", type=int, default=0, help="seed for workloads and routing")
+    p.add_argument("--seed", type=seed, default=0, help="seed for workloads and routing")
     add_jobs_argument(p)  # the large run's policies; the worked examples take milliseconds
     p.set_defaults(run=run, replicas=5)
 

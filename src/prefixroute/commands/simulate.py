@@ -18,6 +18,7 @@ from prefixroute.commands._args import (
     checked_policy_params,
     parse_pairs,
     replica_config_from,
+    seed,
 )
 from prefixroute.core import DEFAULT_POLICY, ConfigError, parse_policy_list, policy_names
 from prefixroute.sim import (
@@ -92,7 +93,7 @@ def add_parser(sub: Any) -> None:
         "learn_ttft_overhead; see --fleet's overhead_ms)",
     )
     _add_what_the_router_sees(p)
-    p.add_argument("--seed", type=int, default=0, help="seed for workload and routing")
+    p.add_argument("--seed", type=seed, default=0, help="seed for workload and routing")
     add_jobs_argument(p)
     add_slo_argument(p)
     output = p.add_mutually_exclusive_group()  # each replaces the tables on stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from prefixroute.core import ConfigError
@@ -44,8 +45,8 @@ class EmulatorConfig:
         return EventEndpoint.for_publisher(self.kv_events) if self.kv_events else None
 
     def __post_init__(self) -> None:
-        if self.time_scale <= 0:
-            raise ConfigError(f"time scale must be positive, got {self.time_scale}")
+        if not 0 < self.time_scale < math.inf:
+            raise ConfigError(f"time scale must be positive and finite, got {self.time_scale}")
         if not self.model:
             raise ConfigError("the model name must not be empty")
         names = (self.model, *self.adapters)

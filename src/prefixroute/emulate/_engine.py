@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -80,8 +81,8 @@ class EngineLoop:
         after_step: Callable[[], None] | None = None,
         speed_changes: Sequence[SpeedChange] = (),
     ) -> None:
-        if time_scale <= 0:
-            raise ConfigError(f"time scale must be positive, got {time_scale}")
+        if not 0 < time_scale < math.inf:
+            raise ConfigError(f"time scale must be positive and finite, got {time_scale}")
         self.model = model
         self.time_scale = time_scale  # wall seconds per model second
         self.after_step = after_step  # called after each applied step (KV events go out here)

@@ -121,6 +121,11 @@ class EppConfig:
     def __post_init__(self) -> None:
         if self.fallbacks < 0:
             raise ConfigError(f"fallbacks must be 0 or more, got {self.fallbacks}")
+        ports = {"grpc_port": self.grpc_port, "http_port": self.http_port,
+                 "grpc_health_port": self.grpc_health_port}  # fmt: skip
+        for name, port in ports.items():  # gRPC binds port % 65536: 70000 listened on 4464
+            if port is not None and not 0 <= port <= 65535:
+                raise ConfigError(f"{name} out of range (0-65535): {port}")
 
 
 class _Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]

@@ -11,6 +11,7 @@ reads the TOML file.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -319,9 +320,10 @@ class GatewayConfig:
             "client_buffer_bytes": self.client_buffer_bytes,
             "client_write_timeout_s": self.client_write_timeout_s,
         }
-        bad = [name for name, value in positive.items() if value <= 0]
+        # NaN passed "<= 0" (every request then failed, the health loop died): finite too.
+        bad = [name for name, value in positive.items() if not 0 < value < math.inf]
         if bad:
-            raise ConfigError(f"gateway settings must be positive: {', '.join(bad)}")
+            raise ConfigError(f"gateway settings must be positive and finite: {', '.join(bad)}")
         if self.first_byte_cap_s < self.first_byte_floor_s:
             raise ConfigError("first_byte_cap_s must not be below first_byte_floor_s")
         if self.index_capacity_blocks is not None and self.index_capacity_blocks < 1:

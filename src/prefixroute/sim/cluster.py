@@ -73,6 +73,12 @@ class ClusterSim:
         # Replica r{i} runs fleet.configs[i]; without a fleet every replica runs replica_config.
         self.fleet = fleet or Fleet.uniform(replicas, self.replica_config)
         self.replicas = self.fleet.size
+        # A decode step of no time never ends in the kernel (a zero-second plan idles it:
+        # sim/stepper.py): every conversation stopped after its first turn, reported as failed.
+        steps = [c.decode_step_s for c in self.fleet.configs]
+        steps += [ch.decode_step_s for ch in self.fleet.changes if ch.decode_step_s is not None]
+        if min(steps) <= 0:
+            raise ConfigError("the simulator needs a decode step above 0 s on every replica")
         self.seed = seed
         self.on_progress = on_progress  # called with the number of completed requests
         self.trace_speeds = trace_speeds  # sample learned vs true speed after each completion

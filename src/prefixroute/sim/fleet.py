@@ -22,6 +22,7 @@ and ``--speed-change`` is ``REPLICA@SECONDS:KEY=VALUE,...`` with keys ``prefill`
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -67,12 +68,13 @@ class SpeedChange:
     decode_step_s: float | None = None  # new decode step, seconds
 
     def __post_init__(self) -> None:
-        if self.at_s < 0:
-            raise ConfigError(f"a speed change needs a time >= 0, got {self.at_s}")
-        if self.prefill_tokens_per_s is not None and self.prefill_tokens_per_s <= 0:
-            raise ConfigError("a speed change's prefill rate must be positive")
-        if self.decode_step_s is not None and self.decode_step_s < 0:
-            raise ConfigError("a speed change's decode step must be non-negative")
+        if not 0 <= self.at_s < math.inf:
+            raise ConfigError(f"a speed change needs a finite time >= 0, got {self.at_s}")
+        rate, step = self.prefill_tokens_per_s, self.decode_step_s
+        if rate is not None and not 0 < rate < math.inf:
+            raise ConfigError(f"a speed change's prefill rate must be positive and finite: {rate}")
+        if step is not None and not 0 <= step < math.inf:
+            raise ConfigError(f"a speed change's decode step must be >= 0 and finite: {step}")
 
     def apply(self, config: ReplicaConfig) -> ReplicaConfig:
         """``config`` with this change's speeds."""

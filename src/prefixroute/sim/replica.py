@@ -82,8 +82,11 @@ class ReplicaConfig:
     def __post_init__(self) -> None:
         if min(self.kv_capacity_blocks, self.block_size, self.step_tokens, self.max_running) < 1:
             raise ConfigError("replica sizes (capacity, block size, budget, batch) must be >= 1")
-        if self.prefill_tokens_per_s <= 0 or self.decode_step_s < 0:
-            raise ConfigError("prefill rate must be positive and decode step time non-negative")
+        if not 0 < self.prefill_tokens_per_s < math.inf or not 0 <= self.decode_step_s < math.inf:
+            raise ConfigError(
+                "prefill rate must be positive and decode step time non-negative, both finite: "
+                f"got {self.prefill_tokens_per_s} and {self.decode_step_s}"
+            )
         if not self.first_token_overhead_s >= 0:
             raise ConfigError("first-token overhead must be non-negative")
         if not 0 <= self.attention_tokens < math.inf:

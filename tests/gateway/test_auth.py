@@ -74,6 +74,14 @@ def test_hash_key_command_reads_stdin(tmp_path: object) -> None:
         text=True,
     )
     assert short.returncode == 2 and "at least" in short.stderr
+    # A key with blanks at an end: no request can send it (a header's value loses them, and
+    # the gateway strips the rest), so its digest would never match.
+    for padded in (key + " ", " " + key, key + "\t"):
+        out = subprocess.run(
+            [sys.executable, "-m", "prefixroute.cli", "hash-key"],
+            input=padded + "\n", capture_output=True, text=True,
+        )  # fmt: skip
+        assert out.returncode == 2 and "spaces or tabs at an end" in out.stderr, repr(padded)
 
 
 def test_hash_key_with_stdin_closed_is_one_line() -> None:

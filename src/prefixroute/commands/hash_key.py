@@ -39,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"sha256: {hash_api_key(key)}")
         return 0
     key = _read_key()
+    if key != key.strip():  # a header's value loses them (and the gateway strips the rest)
+        raise ConfigError(
+            "the API key has spaces or tabs at an end, which no request can send: remove them"
+        )
     if len(key) < MIN_KEY_CHARS:
         raise ConfigError(
             f"an API key needs at least {MIN_KEY_CHARS} random characters "

@@ -157,3 +157,14 @@ def test_a_plot_format_refused_at_save_time_is_one_line(tmp_path: Path) -> None:
     cmp = compare_policies(make_workload("seed-conversation", 0), ["round_robin"], progress=False)
     with pytest.raises(ConfigError, match="cannot write plot .*plot.txt.*txt"):
         write_plot(cmp.metrics, cmp.ttfts_ms, tmp_path / "plot.txt", "title")
+
+
+def test_a_plot_path_without_a_suffix_is_reported_as_the_png_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """matplotlib adds ``.png`` to a path without a suffix: the report names that file."""
+    plot = tmp_path / "plot"
+    argv = ["simulate", "-w", "seed-conversation", "-p", "round_robin", "--plot", str(plot)]
+    assert main(argv) == 0
+    assert (tmp_path / "plot.png").is_file() and not plot.exists()
+    assert f"plot written to {plot}.png" in capsys.readouterr().out.replace("\n", "")

@@ -112,8 +112,8 @@ both as predicted time to first token.
     )
     title = f"{large.name}: {large.num_requests:,} requests, {args.replicas} replicas"
     print_report(cmp.metrics, title, console)
-    write_plot(cmp.metrics, cmp.ttfts_ms, args.plot, title)
-    console.print(f"\nplot written to {args.plot}")
+    plot = write_plot(cmp.metrics, cmp.ttfts_ms, args.plot, title)
+    console.print(f"\nplot written to {plot}")
     exe = command_name(sys.argv[0])
     console.print(f"Next: `{exe} simulate --list`, then `{exe} simulate -w hot-prefix -p all`.")
 

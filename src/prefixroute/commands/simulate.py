@@ -234,7 +234,7 @@ def _report(
         print_report(cmp.metrics, title, console)
     if args.plot:
         plot = args.plot.with_stem(f"{args.plot.stem}-{name}") if several else args.plot
-        write_plot(cmp.metrics, cmp.ttfts_ms, plot, title)
+        plot = write_plot(cmp.metrics, cmp.ttfts_ms, plot, title)
         if tables:
             console.print(f"plot written to {plot}")
     return header | {"policies": cmp.metrics}

@@ -280,8 +280,12 @@ def check_plot_path(path: Path) -> None:
 
 def write_plot(
     metrics: Sequence[PolicyMetrics], ttfts_ms: dict[str, list[float]], path: Path, title: str
-) -> None:
-    """TTFT CDF per policy (left) and requests per replica per policy (right)."""
+) -> Path:
+    """TTFT CDF per policy (left) and requests per replica per policy (right); returns the file
+    written: ``path``, with ``.png`` added when it has no suffix (as matplotlib adds it: the
+    report named the file without it)."""
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -324,6 +328,7 @@ def write_plot(
         raise ConfigError(f"cannot write plot {path}: {exc}") from exc
     finally:
         plt.close(fig)
+    return path
 
 
 def _replica_order(name: str) -> tuple[int, str]:

@@ -164,6 +164,14 @@ _BAD_INPUT = {
         ["simulate", "-w", "seed-conversation", "--decode-step-ms", "0"],
         "the simulator needs a decode step above 0 s on every replica",
     ),
+    "serve --emulate beside replicas": (  # --emulate was ignored without a word
+        ["serve", "--port", "0", "--emulate", "2", "--replica", "http://127.0.0.1:9"],
+        "--emulate starts replicas of its own: give it or replicas, not both",
+    ),
+    "simulate a policy twice": (  # it ran twice, reported twice under one name
+        ["simulate", "-w", "seed-conversation", "-p", "round_robin,round_robin"],
+        "a policy named twice in 'round_robin,round_robin': round_robin",
+    ),
     "simulate NaN speed change": (
         ["simulate", "-w", "seed-conversation", "--speed-change", "r1@0:prefill=nan"],
         "a speed change's prefill rate must be positive and finite: nan",

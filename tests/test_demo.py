@@ -37,3 +37,17 @@ def test_demo_prints_the_articles_numbers_and_writes_its_plot(tmp_path: Path) ->
     # The closing hint repeats the command as it was run: `make demo` runs the venv's script,
     # which a newcomer does not have on PATH.
     assert f"Next: `{exe} simulate --list`" in out
+
+
+def test_a_plot_format_matplotlib_cannot_write_is_refused_before_the_demo_runs(
+    tmp_path: Path,
+) -> None:
+    """It was refused once the whole demo had run (about 5 s), after its report."""
+    exe = Path(sys.executable).with_name("prefixroute")
+    done = subprocess.run(
+        [str(exe), "demo", "--plot", str(tmp_path / "d.txt")],
+        cwd=tmp_path, env=dict(os.environ, NO_COLOR="1"), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""  # nothing of the demo printed
+    assert "matplotlib cannot write .txt files" in done.stderr.strip().splitlines()[-1]

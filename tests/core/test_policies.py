@@ -635,6 +635,15 @@ def test_parse_policy_list_refuses_an_empty_name_between_two(spec: str) -> None:
         parse_policy_list(spec)
 
 
+def test_parse_policy_list_refuses_a_policy_named_twice() -> None:
+    """It ran twice and was reported twice under one name: refused, naming it."""
+    spec = "round_robin,kv_cost, round_robin,random,kv_cost"
+    with pytest.raises(ConfigError) as info:
+        parse_policy_list(spec)
+    assert str(info.value) == f"a policy named twice in {spec!r}: kv_cost, round_robin"
+    assert parse_policy_list("round_robin,kv_cost") == ["round_robin", "kv_cost"]
+
+
 @pytest.mark.parametrize("spec", ["kv_costX", "Xround_robin,", ",random_"])
 def test_parse_policy_list_drops_only_commas_and_spaces_at_the_ends(spec: str) -> None:
     """Each name is checked as written: only the list's own separators are forgiven."""

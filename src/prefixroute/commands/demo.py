@@ -18,7 +18,14 @@ from prefixroute.commands._args import (
     seed,
 )
 from prefixroute.core import DEFAULT_POLICY
-from prefixroute.sim import compare_policies, make_console, make_workload, print_report, write_plot
+from prefixroute.sim import (
+    check_plot_path,
+    compare_policies,
+    make_console,
+    make_workload,
+    print_report,
+    write_plot,
+)
 
 BASELINES = ("round_robin", "least_loaded")
 LARGE_POLICIES = ("round_robin", "least_loaded", "cache_aware", "prefix_affinity", DEFAULT_POLICY)
@@ -44,6 +51,7 @@ def _say(console: Any, title: str, text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_jobs(args)
+    check_plot_path(args.plot)  # before the demo runs, not once it is over
     console = make_console()
     _conversation(args, console)
     _shared_prompt(args, console)

@@ -52,7 +52,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--emulate",
         type=int,
-        default=4,
+        default=None,
         metavar="N",
         help="with no replicas given, start N emulated replicas in-process (default 4)",
     )
@@ -103,7 +103,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"kv_events name replicas, but {why}")
     if config.replica_speeds and not config.replicas:
         raise ConfigError("replica_speeds name replicas, but no replica is given")
-    run_on_uvloop(_serve(config, args.emulate, args.emulate_time_scale))
+    if args.emulate is not None and config.replicas:  # it was ignored without a word
+        raise ConfigError("--emulate starts replicas of its own: give it or replicas, not both")
+    emulate = 4 if args.emulate is None else args.emulate
+    if emulate < 1:
+        raise ConfigError(f"--emulate starts at least one replica, got {emulate}")
+    run_on_uvloop(_serve(config, emulate, args.emulate_time_scale))
     return 0
 
 

@@ -97,6 +97,9 @@ def parse_policy_list(spec: str) -> list[str]:
         raise ConfigError("no policy given")
     if "" in names:
         raise ConfigError(f"an empty policy name in {spec!r}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # run twice, reported twice under one name (and twice in the JSON)
+        raise ConfigError(f"a policy named twice in {spec!r}: {', '.join(twice)}")
     for n in names:
         if n not in POLICIES:
             raise UnknownPolicy(f"unknown policy {n!r}; valid: {', '.join(POLICIES)}")

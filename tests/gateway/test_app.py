@@ -201,3 +201,23 @@ async def test_graceful_shutdown_drains_in_flight(
         await gw.stop()
         replies = await asyncio.gather(*reqs)
     assert all(r.complete for r in replies), replies
+
+
+async def test_a_known_path_with_a_wrong_method_is_a_405_naming_the_methods(
+    gateway_of: GatewayOf, session: aiohttp.ClientSession
+) -> None:
+    """"Not Found" for ``GET /v1/chat/completions`` sent users looking for a wrong base URL;
+    a path no route has is still a 404."""
+    gw = await gateway_of(1)
+    for method, path, allow in (
+        ("GET", "/v1/chat/completions", "POST"),
+        ("PUT", "/v1/completions", "POST"),
+        ("POST", "/health", "GET,HEAD"),
+        ("DELETE", "/v1/models", "GET,HEAD"),
+    ):
+        async with session.request(method, gw.url + path) as resp:
+            assert resp.status == 405, (method, path)
+            assert resp.headers["Allow"] == allow
+            assert (await resp.json())["error"]["message"] == "Method Not Allowed"
+    async with session.get(gw.url + "/v1/nothing/here") as resp:
+        assert resp.status == 404 and "Allow" not in resp.headers

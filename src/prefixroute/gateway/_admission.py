@@ -94,13 +94,22 @@ async def expect_handler(request: web.Request) -> web.StreamResponse | None:
 
 
 async def not_found(request: web.Request) -> web.StreamResponse:
+    """A 404, or a 405 naming the methods (``Allow``) when another route has the path: "Not
+    Found" for ``GET /v1/chat/completions`` sent users looking for a wrong base URL."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        match, methods = await resource.resolve(request)
+        if match is None:  # its path matched with another method (else methods is empty)
+            allowed |= methods
+    if allowed:
+        raise web.HTTPMethodNotAllowed(request.method, sorted(allowed))
     raise web.HTTPNotFound()
 
 
 def add_catch_all(app: web.Application) -> None:
-    """Register last: an unknown path (any method) is a 404 that goes through this expect
-    handler and the middlewares too; aiohttp's own 404/405 route would use its default one.
-    A known path with a wrong method is then a 404 rather than a 405."""
+    """Register last: an unknown path (any method) is a 404, and a known path with a wrong
+    method a 405 (:func:`not_found`), that go through this expect handler and the middlewares
+    too; aiohttp's own 404/405 route would use its default one."""
     app.router.add_route("*", "/{tail:.*}", not_found, expect_handler=expect_handler)
 
 

@@ -168,7 +168,8 @@ def error_body(message: str, err_type: str, code: str | int | None) -> dict[str,
 # Anthropic's error types by status (its API's errors page); any other status: api_error.
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 408: "invalid_request_error", 409: "invalid_request_error",
+    404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+    409: "invalid_request_error",
     413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
     504: "timeout_error",
 }  # fmt: skip
@@ -192,7 +193,8 @@ def error_response(exc: BaseException, retry_after_s: int, anthropic: bool = Fal
         body = error_body(exc.reason, "invalid_request_error", None)
         if anthropic:
             body = anthropic_error_body(exc.reason, exc.status)
-        return web.json_response(body, status=exc.status, dumps=_compact)
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None  # a 405's
+        return web.json_response(body, status=exc.status, headers=allow, dumps=_compact)
     spec = spec_for(exc)
     # Never show a foreign exception's text: it may carry internals.
     message = str(exc) if isinstance(exc, PrefixrouteError) else "internal error"

@@ -221,3 +221,27 @@ async def test_a_known_path_with_a_wrong_method_is_a_405_naming_the_methods(
             assert (await resp.json())["error"]["message"] == "Method Not Allowed"
     async with session.get(gw.url + "/v1/nothing/here") as resp:
         assert resp.status == 404 and "Allow" not in resp.headers
+
+
+async def test_a_prompt_body_a_web_page_could_send_cross_site_is_refused(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A page may POST text/plain, a form or multipart to any origin without a CORS preflight:
+    such a body read as JSON let any page a user opened send requests through the user's
+    browser. Refused (415) before any replica; JSON, and types no page sends unasked, pass."""
+    fake = await make_fake()
+    gw = await make_gateway([fake.url])
+    body = json.dumps({"model": "emulated", "prompt": "hi", "max_tokens": 1}).encode()
+    for ctype in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                  "multipart/form-data; boundary=x"):  # fmt: skip
+        headers = {"Content-Type": ctype}
+        async with session.post(gw.url + "/v1/completions", data=body, headers=headers) as r:
+            assert r.status == 415, ctype
+            error = (await r.json())["error"]
+        assert error["code"] == "unsupported_media_type"
+        assert error["message"].startswith("the request body must be JSON"), error
+    assert [s for s in fake.seen if s.path.startswith("/v1/")] == []
+    for ctype in ("application/json", "Application/JSON; charset=utf-8", "application/x-ndjson"):
+        headers = {"Content-Type": ctype}
+        async with session.post(gw.url + "/v1/completions", data=body, headers=headers) as r:
+            assert r.status == 200, ctype

@@ -61,7 +61,12 @@ from prefixroute.gateway._admission import (
     request_id_of,
 )
 from prefixroute.gateway._config import GatewayConfig
-from prefixroute.gateway._errors import Observer, ShuttingDown, make_error_middleware
+from prefixroute.gateway._errors import (
+    Observer,
+    ShuttingDown,
+    UnsupportedMediaType,
+    make_error_middleware,
+)
 from prefixroute.gateway._fleetview import FLEET, FleetView
 from prefixroute.gateway._lifetime import events_ctx, refuse_new, session_ctx
 from prefixroute.gateway._limits import Limits
@@ -279,6 +284,8 @@ async def _admit(
         obj = _other_json(request, body)
         key = other_key(obj)
     else:
+        if request.content_type in CROSS_SITE_TYPES:
+            raise UnsupportedMediaType(_NOT_JSON.format(request.content_type))
         obj = parse_body(body)
         key = key_of(endpoint, obj)
     key = await state.route_key(endpoint, key, obj, scope)  # edits obj's cache_salt
@@ -295,13 +302,29 @@ async def _admit(
     return Admitted(rid, endpoint, key, body, headers, scope, asked, owner, learns=not fetch)
 
 
+# A prompt body declared as one of the types a web page may POST to any origin without a CORS
+# preflight (the Fetch standard's safelisted ones) is refused, not read as JSON: reading it let
+# any page a user opened send requests here through the user's browser (vLLM and SGLang refuse
+# every type but JSON; other types, such as aiohttp's default application/octet-stream for
+# bytes, are read as JSON as before).
+CROSS_SITE_TYPES = frozenset(
+    {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data"}
+)
+_NOT_JSON = "the request body must be JSON (Content-Type: application/json), not {}"
+
+
+def is_json_type(content_type: str) -> bool:
+    """``application/json`` or a ``+json`` type (aiohttp gives the media type lower-cased)."""
+    return content_type == "application/json" or content_type.endswith("+json")
+
+
 def _other_json(request: web.Request, body: bytes) -> object | None:
     """A passthrough body parsed as the prompt endpoints' are, when it is JSON (declared, or
     undeclared); None for an empty body or another declared type (a file upload, say), which
     is forwarded as sent."""
     ctype = request.content_type  # application/octet-stream when the client sent none
     declared = "Content-Type" in request.headers
-    if not body or (declared and ctype != "application/json" and not ctype.endswith("+json")):
+    if not body or (declared and not is_json_type(ctype)):
         return None
     return parse_body(body)
 

@@ -17,6 +17,7 @@ the status each class answers (core errors first; gateway errors below ``Gateway
         ├── NotFound                      404 an unknown admin resource
         ├── Conflict                      409 adding a replica twice
         ├── PayloadTooLarge               413 body over --max-body-bytes
+        ├── UnsupportedMediaType          415 a prompt body declared as another type than JSON
         ├── TooManyRequests               429 over --max-in-flight (Retry-After)
         │   └── RateLimited               429 a tenant over one of its limits (names it)
         ├── Overloaded                    503 every candidate at its in-flight cap (Retry-After)
@@ -84,6 +85,10 @@ class Unauthorized(GatewayError):
     """A request without a valid API key, or an admin call without the right bearer token."""
 
 
+class UnsupportedMediaType(BadRequest):
+    """A prompt body declared as something other than JSON."""
+
+
 class RequestTimeout(GatewayError):
     """The client did not send its whole request body within the configured time."""
 
@@ -143,6 +148,7 @@ ERROR_TABLE: dict[type[BaseException], ErrorSpec] = {
     ModelNotFound: ErrorSpec(404, "invalid_request_error", "model_not_found"),
     Conflict: ErrorSpec(409, "invalid_request_error", "conflict"),
     PayloadTooLarge: ErrorSpec(413, "invalid_request_error", "request_too_large"),
+    UnsupportedMediaType: ErrorSpec(415, "invalid_request_error", "unsupported_media_type"),
     TooManyRequests: ErrorSpec(429, "rate_limit_error", "too_many_requests", True),
     RateLimited: ErrorSpec(429, "rate_limit_error", "rate_limit_exceeded", True),
     Overloaded: ErrorSpec(503, "service_unavailable", "replicas_overloaded", True),

@@ -24,6 +24,15 @@ token costs more the longer the prompt before it), lognormal jitter on every ste
 tokens, vLLM's metric names and error bodies. ``--replica benchmarks/foreign_replica_c.py``;
 kept as written.
 
+``foreign_replica_d.py`` was written on 2026-12-06 by a fourth helper that had not read this
+repository, as a re-implementation of llm-d-inference-sim (the Go vLLM simulator of the llm-d
+project and the Gateway API Inference Extension's tests) from that project's own docs and
+source: up to ``--max-num-seqs`` requests at once, each with its own time to first token
+(``prefill-overhead + uncached x prefill-time-per-token``, scaled by ``time-factor-under-load``
+with the running count) and none waiting on another's prefill, a FIFO queue beyond that, an LRU
+block cache, its regex tokenizer and vLLM's metric names. It takes llm-d's flags: ``--replica
+benchmarks/foreign_replica_d.py --rate-as time-per-token --model NAME --replica-arg=...``.
+
 For each policy this starts fresh replicas at the ``--fleet`` speeds, one ``prefixroute serve``
 with default settings, and ``prefixroute bench --url`` on the workload. It prints each policy's
 prefill against the floor (in the replicas' tokens), TTFT, and the default's p99 as a ratio to
@@ -58,6 +67,12 @@ from _procs import spawn, stop_all, wait_ready
 from prefixroute.core import DEFAULT_POLICY
 
 REPLICA = Path(__file__).with_name("foreign_replica.py")
+# How a replica is told its prefill rate: ours and the first three foreign replicas take
+# tokens/s; llm-d-inference-sim (foreign_replica_d.py) takes the time per token.
+RATE_FLAGS = {
+    "tps": lambda tps: ["--prefill-tps", f"{tps:g}"],
+    "time-per-token": lambda tps: ["--prefill-time-per-token", f"{1e6 / tps:.0f}us"],
+}
 BASELINES = ("round_robin", "least_loaded", "cache_aware")
 LEARNED = "prefixroute_replica_prefill_tokens_per_second"
 ATTENTION = "prefixroute_replica_prefill_attention_seconds{"
@@ -142,8 +157,8 @@ def run_policy(
     logs = [tempfile.TemporaryFile() for _ in args.fleet]  # noqa: SIM115
     replicas = [
         subprocess.Popen(
-            [sys.executable, str(args.replica), "--port", str(port), "--prefill-tps",
-             str(rep.tps), "--seed", str(i), *args.replica_arg, *rep.flags],
+            [sys.executable, str(args.replica), "--port", str(port),
+             *RATE_FLAGS[args.rate_as](rep.tps), "--seed", str(i), *args.replica_arg, *rep.flags],
             stdout=subprocess.DEVNULL, stderr=log,
         )  # fmt: skip
         for i, (port, rep, log) in enumerate(zip(ports, args.fleet, logs, strict=True))
@@ -173,6 +188,8 @@ def run_policy(
                  "--label", policy, "-w", args.workload, "--seed", str(args.seed)]  # fmt: skip
         for kv in args.set:
             bench += ["--set", kv]
+        if args.model:
+            bench += ["--model", args.model]
         if args.plain:
             bench += ["--plain", str(args.plain)]
         out = subprocess.run(bench, check=False, capture_output=True, text=True)
@@ -213,6 +230,11 @@ def main(argv: list[str]) -> None:
                    help="passed to every replica (e.g. --replica-arg=--no-cached-report)")
     p.add_argument("--serve-arg", action="append", default=[],
                    help="passed to every gateway (e.g. --serve-arg=--config=gw.toml; default none)")
+    p.add_argument("--rate-as", choices=list(RATE_FLAGS), default="tps",
+                   help="how the replica takes its prefill rate (time-per-token: llm-d-inference-"
+                   "sim's --prefill-time-per-token, foreign_replica_d.py; default tps)")
+    p.add_argument("--model", default="", help="the model each request names (a replica that "
+                   "checks it, such as llm-d-inference-sim, needs its own; default: none)")
     p.add_argument("--tell-max-running", type=int, default=0, metavar="N",
                    help="give the gateway each replica's batch size, N (--replica-speed "
                    "URL=max_running=N; default 0: it learns it from their metrics, if it can)")

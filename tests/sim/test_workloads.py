@@ -22,7 +22,7 @@ from prefixroute.sim.workloads import (
     workload_names,
     workload_params,
 )
-from prefixroute.sim.workloads._data import shared_data_dir
+from prefixroute.sim.workloads._data import data_file, shared_data_dir
 from prefixroute.sim.workloads._text import WordTokenizer
 
 NAMES = [
@@ -292,3 +292,13 @@ def test_missing_data_file_is_a_config_error(tmp_path: Path) -> None:
 def test_sessions_are_plain_data() -> None:
     w = make_workload("no-sharing", overrides={"requests": "3"})
     assert all(isinstance(s, Session) for s in w.sessions) and w.num_requests == 3
+
+
+def test_a_missing_data_file_says_how_to_give_one(tmp_path: Path) -> None:
+    """A checkout that is not beside ``shared/`` has no default data: the error says how to
+    give the file (``--set path=FILE``); a file given and missing is named, no more."""
+    hint = r"\(give the workload its file: --set path=FILE\)$"
+    with pytest.raises(ConfigError, match=r"not found: .*nope\.jsonl " + hint):
+        data_file("", "nope.jsonl")
+    with pytest.raises(ConfigError, match=r"not found: .*given\.jsonl$"):
+        data_file(str(tmp_path / "given.jsonl"), "nope.jsonl")

@@ -24,5 +24,6 @@ def data_file(path: str, default: str) -> Path:
     """``path`` if given, else ``default`` under the shared data directory; it must exist."""
     file = Path(path).expanduser() if path else shared_data_dir() / default
     if not file.is_file():
-        raise ConfigError(f"data file not found: {file}")
+        hint = "" if path else " (give the workload its file: --set path=FILE)"
+        raise ConfigError(f"data file not found: {file}{hint}")
     return file

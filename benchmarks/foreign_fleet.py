@@ -30,8 +30,9 @@ project and the Gateway API Inference Extension's tests) from that project's own
 source: up to ``--max-num-seqs`` requests at once, each with its own time to first token
 (``prefill-overhead + uncached x prefill-time-per-token``, scaled by ``time-factor-under-load``
 with the running count) and none waiting on another's prefill, a FIFO queue beyond that, an LRU
-block cache, its regex tokenizer and vLLM's metric names. It takes llm-d's flags: ``--replica
-benchmarks/foreign_replica_d.py --rate-as time-per-token --model NAME --replica-arg=...``.
+block cache, its regex tokenizer and vLLM's metric names. It takes llm-d's flags, the model's
+name among them (for the requests too): ``--replica benchmarks/foreign_replica_d.py --rate-as
+time-per-token --model NAME --replica-arg=--model=NAME --replica-arg=...``.
 
 For each policy this starts fresh replicas at the ``--fleet`` speeds, one ``prefixroute serve``
 with default settings, and ``prefixroute bench --url`` on the workload. It prints each policy's

@@ -96,3 +96,19 @@ async def test_no_body_where_a_prompt_belongs_is_a_400_as_serve() -> None:
     # A call routed on load alone (no prompt) still is, body or not.
     out = await PickStream(shared()).handle(request_headers("/v1/models", end_of_stream=True))
     assert picked(out)[0]
+
+
+async def test_a_prompt_body_a_page_could_send_cross_site_is_refused_as_serve_does() -> None:
+    """A prompt body declared text/plain (a form, multipart) is a 415 before any pick, as in
+    ``serve`` (gateway/_requests.py ``check_json_type``); JSON passes."""
+    body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 1}).encode()
+    for ctype in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded"):
+        stream = PickStream(shared())
+        out = await pick(stream, body, headers={"content-type": ctype})
+        assert stream.decision is None
+        answer = out[-1].immediate_response
+        assert answer.status.code == 415, ctype
+        assert json.loads(answer.body)["error"]["code"] == "unsupported_media_type"
+    stream = PickStream(shared())
+    await pick(stream, body, headers={"content-type": "application/json"})
+    assert stream.decision is not None

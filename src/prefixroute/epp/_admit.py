@@ -36,6 +36,7 @@ from prefixroute.gateway import (
     GatewayState,
     Tenants,
     TenantScope,
+    check_json_type,
     encode_body,
     isolated,
     key_of,
@@ -103,14 +104,17 @@ async def request_key(
     endpoint: Endpoint,
     body: bytes,
     scope: TenantScope | None,
+    content_type: str = "",
     ask_usage: bool = False,
 ) -> tuple[RouteKey, bytes | None, bool]:
-    """The router's key of ``body`` sent to ``endpoint``, the body to send in its place (None:
-    the body as the client sent it), and whether that body asks for a stream's usage the client
-    did not (``ask_usage``: the gateway's ``stream_usage``, where the answer can be edited);
-    raises the gateway's 400s."""
+    """The router's key of ``body`` sent to ``endpoint`` (declared as ``content_type``), the
+    body to send in its place (None: the body as the client sent it), and whether that body asks
+    for a stream's usage the client did not (``ask_usage``: the gateway's ``stream_usage``,
+    where the answer can be edited); raises the gateway's 400s and 415 (``check_json_type``)."""
     if not body and endpoint is Endpoint.OTHER:  # routed on load alone, in the tenant's name
         return await state.route_key(Endpoint.OTHER, EMPTY_KEY, None, scope), None, False
+    if endpoint is not Endpoint.OTHER:
+        check_json_type(content_type)  # as serve checks it
     obj = parse_body(body)  # an empty one where a prompt belongs: serve's 400, invalid JSON
     key = await state.route_key(endpoint, key_of(endpoint, obj), obj, scope)  # edits obj
     if endpoint is Endpoint.OTHER:

@@ -171,7 +171,7 @@ class PickStream:
         try:
             scope = self.admission.scope if self.admission is not None else None
             key, replaced, self._usage_asked = await request_key(
-                self.s.state, self._endpoint(), body, scope,
+                self.s.state, self._endpoint(), body, scope, self.headers.get("content-type", ""),
                 ask_usage=self._editable_answer,  # the usage event can be kept back
             )  # fmt: skip
             owner, self._stored = stored_owner(self.s.state, self._path, key, body, scope)

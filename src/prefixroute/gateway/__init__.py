@@ -55,7 +55,7 @@ from prefixroute.gateway._registry import (
     by_replica,
     normalize_url,
 )
-from prefixroute.gateway._requests import encode_body, key_of, parse_body
+from prefixroute.gateway._requests import check_json_type, encode_body, key_of, parse_body
 from prefixroute.gateway._responses import ResponseOwners, pinned
 from prefixroute.gateway._server import Gateway
 from prefixroute.gateway._sse import SSEScanner, is_event_stream_type
@@ -118,6 +118,7 @@ __all__ = [
     "build_app",
     "build_config",
     "by_replica",
+    "check_json_type",
     "config_fields",
     "encode_body",
     "end_accounting",

@@ -64,7 +64,6 @@ from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import (
     Observer,
     ShuttingDown,
-    UnsupportedMediaType,
     make_error_middleware,
 )
 from prefixroute.gateway._fleetview import FLEET, FleetView
@@ -79,6 +78,7 @@ from prefixroute.gateway._registry import ReplicaRegistry, by_replica
 from prefixroute.gateway._requests import (
     Admitted,
     Endpoint,
+    check_json_type,
     encode_body,
     key_of,
     other_key,
@@ -284,8 +284,7 @@ async def _admit(
         obj = _other_json(request, body)
         key = other_key(obj)
     else:
-        if request.content_type in CROSS_SITE_TYPES:
-            raise UnsupportedMediaType(_NOT_JSON.format(request.content_type))
+        check_json_type(request.headers.get("Content-Type", ""))
         obj = parse_body(body)
         key = key_of(endpoint, obj)
     key = await state.route_key(endpoint, key, obj, scope)  # edits obj's cache_salt
@@ -300,17 +299,6 @@ async def _admit(
         headers["Content-Type"] = "application/json"
     fetch = endpoint is Endpoint.OTHER and owner is not None  # a stored response's GET, cancel
     return Admitted(rid, endpoint, key, body, headers, scope, asked, owner, learns=not fetch)
-
-
-# A prompt body declared as one of the types a web page may POST to any origin without a CORS
-# preflight (the Fetch standard's safelisted ones) is refused, not read as JSON: reading it let
-# any page a user opened send requests here through the user's browser (vLLM and SGLang refuse
-# every type but JSON; other types, such as aiohttp's default application/octet-stream for
-# bytes, are read as JSON as before).
-CROSS_SITE_TYPES = frozenset(
-    {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data"}
-)
-_NOT_JSON = "the request body must be JSON (Content-Type: application/json), not {}"
 
 
 def is_json_type(content_type: str) -> bool:

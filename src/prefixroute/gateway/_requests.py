@@ -40,7 +40,7 @@ from multidict import CIMultiDict
 
 from prefixroute.core import EMPTY_KEY, Endpoint, InvalidPrompt, ReplicaId, RouteKey
 from prefixroute.core import key_of as _core_key_of
-from prefixroute.gateway._errors import BadRequest, InvalidJSON
+from prefixroute.gateway._errors import BadRequest, InvalidJSON, UnsupportedMediaType
 
 if TYPE_CHECKING:
     from prefixroute.gateway._tenants import TenantScope
@@ -81,6 +81,26 @@ class Admitted:
     # Its answer teaches the router (its first token, its usage): not a stored response's
     # fetch, which computes nothing, and whose usage is the stored answer's (_responses).
     learns: bool = True
+
+
+# A prompt body declared as one of the types a web page may POST to any origin without a CORS
+# preflight (the Fetch standard's safelisted ones) is refused, not read as JSON: reading it let
+# any page a user opened send requests here through the user's browser (vLLM and SGLang refuse
+# every type but JSON; other types, such as aiohttp's default application/octet-stream for
+# bytes, are read as JSON as before).
+CROSS_SITE_TYPES = frozenset(
+    {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data"}
+)
+
+
+def check_json_type(content_type: str) -> None:
+    """UnsupportedMediaType for a prompt body declared (``content_type``, the header's value)
+    as a type a web page may send cross-site (module's CROSS_SITE_TYPES)."""
+    media = content_type.partition(";")[0].strip().lower()
+    if media in CROSS_SITE_TYPES:
+        raise UnsupportedMediaType(
+            f"the request body must be JSON (Content-Type: application/json), not {media}"
+        )
 
 
 def _no_constant(name: str) -> object:

@@ -136,7 +136,6 @@ def is_event_stream(resp: aiohttp.ClientResponse) -> bool:
     return is_event_stream_type(resp.headers.get("Content-Type", ""))
 
 
-
 def failure_kind(exc: BaseException) -> str:
     """A short label for an upstream failure (a metrics label value)."""
     if isinstance(exc, TimeoutError):

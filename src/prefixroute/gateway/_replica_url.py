@@ -24,10 +24,10 @@ def normalize_url(url: str) -> ReplicaId:
     if parts.username is not None or parts.password is not None:
         raise ConfigError(f"a replica URL takes no user or password (user@host): {url!r}")
     try:
-        port = parts.port  # urlsplit checks only when asked: 99999 and "x" raise here
+        port = parts.port  # urlsplit checks it (a number, 0-65535) only when asked: 99999 raises
     except ValueError:
         port = 0
-    if port is not None and not 1 <= port <= 65535:
+    if port == 0:
         raise ConfigError(f"a replica URL's port must be 1-65535: {url!r}")
     if "v1" in parts.path.lower().split("/"):
         raise ConfigError(

@@ -242,3 +242,17 @@ async def post_json(
     """POST ``body`` as JSON: (status, headers, the answer's text)."""
     async with session.post(url, json=body, **kw) as resp:
         return resp.status, dict(resp.headers), await resp.text()
+
+
+async def wait_answering(url: str, tries: int = 300) -> None:
+    """Until the replica at ``url`` (a process just started) answers ``/v1/models`` with a 200:
+    at most ``tries`` looks, 50 ms apart."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(tries):
+            try:
+                async with http.get(url + "/v1/models") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)

@@ -7,7 +7,6 @@ replica like it was learned at the speed model's bound, 200,000 tokens/s."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 import socket
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from .helpers import GatewayFactory
+from .helpers import GatewayFactory, wait_answering
 
 REPLICA = Path(__file__).resolve().parents[2] / "benchmarks" / "foreign_replica.py"
 TRUE_RATE = 5_000.0  # its prefill rate, tokens/s
@@ -34,14 +33,7 @@ async def foreign() -> AsyncIterator[str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(200):
-                try:
-                    async with http.get(url + "/v1/models") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.05)
+        await wait_answering(url, tries=200)
         yield url
     finally:
         proc.terminate()

@@ -8,7 +8,6 @@ from that cache, and the router must learn the replica's prefill rate from its s
 
 from __future__ import annotations
 
-import asyncio
 import random
 import socket
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from .helpers import STEADY, GatewayFactory
+from .helpers import STEADY, GatewayFactory, wait_answering
 
 REPLICA = Path(__file__).resolve().parents[2] / "benchmarks" / "foreign_replica_d.py"
 TRUE_RATE = 5_000.0  # its prefill rate, tokens/s (200 us a token)
@@ -40,15 +39,8 @@ async def _started(count: int) -> tuple[list[str], list[subprocess.Popen[bytes]]
         procs.append(subprocess.Popen([sys.executable, str(REPLICA), *args], stdout=quiet,
                                       stderr=quiet))  # fmt: skip
         urls.append(f"http://127.0.0.1:{port}")
-    async with aiohttp.ClientSession() as http:
-        for url in urls:
-            for _ in range(300):
-                try:
-                    async with http.get(url + "/v1/models") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.05)
+    for url in urls:
+        await wait_answering(url)
     return urls, procs
 
 

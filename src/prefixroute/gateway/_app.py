@@ -61,11 +61,7 @@ from prefixroute.gateway._admission import (
     request_id_of,
 )
 from prefixroute.gateway._config import GatewayConfig
-from prefixroute.gateway._errors import (
-    Observer,
-    ShuttingDown,
-    make_error_middleware,
-)
+from prefixroute.gateway._errors import Observer, ShuttingDown, make_error_middleware
 from prefixroute.gateway._fleetview import FLEET, FleetView
 from prefixroute.gateway._lifetime import events_ctx, refuse_new, session_ctx
 from prefixroute.gateway._limits import Limits
@@ -80,6 +76,7 @@ from prefixroute.gateway._requests import (
     Endpoint,
     check_json_type,
     encode_body,
+    is_json_type,
     key_of,
     other_key,
     parse_body,
@@ -299,11 +296,6 @@ async def _admit(
         headers["Content-Type"] = "application/json"
     fetch = endpoint is Endpoint.OTHER and owner is not None  # a stored response's GET, cancel
     return Admitted(rid, endpoint, key, body, headers, scope, asked, owner, learns=not fetch)
-
-
-def is_json_type(content_type: str) -> bool:
-    """``application/json`` or a ``+json`` type (aiohttp gives the media type lower-cased)."""
-    return content_type == "application/json" or content_type.endswith("+json")
 
 
 def _other_json(request: web.Request, body: bytes) -> object | None:

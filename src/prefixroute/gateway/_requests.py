@@ -93,6 +93,12 @@ CROSS_SITE_TYPES = frozenset(
 )
 
 
+def is_json_type(media_type: str) -> bool:
+    """``application/json`` or a ``+json`` type (``media_type`` lower-cased, no parameters:
+    aiohttp's ``request.content_type``)."""
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
 def check_json_type(content_type: str) -> None:
     """UnsupportedMediaType for a prompt body declared (``content_type``, the header's value)
     as a type a web page may send cross-site (module's CROSS_SITE_TYPES)."""

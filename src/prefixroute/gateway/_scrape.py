@@ -108,7 +108,7 @@ def parse_engine_load(text: str) -> EngineLoad:
     running, waiting, usage = first(RUNNING), first(WAITING), first(KV_USAGE)
     sglang_kv = samples.get(SGLANG_KV_TOKENS)
     if not kv_tokens and sglang_kv:
-        kv_tokens = [round(v) if math.isfinite(v) else 0 for v in sglang_kv]
+        kv_tokens = [round(v) for v in sglang_kv]  # finite: the loop above left out the rest
     # Every engine's size, or none: a sum missing one engine would be too small (and one past
     # any real machine's is a wrong page: it would size the index past memory).
     kv_total = sum(kv_tokens) if kv_tokens and min(kv_tokens) > 0 else None

@@ -85,7 +85,7 @@ async def test_a_conversation_stays_where_it_is_cached_and_the_rate_is_learned(
         history.append({"role": "assistant", "content": f"answer {turn}"})
     assert len(set(served)) == 1, served  # every turn where the first was cached
     assert cached[0] == 0 and all(c > 400 for c in cached[1:]), cached
-    for i in range(12):  # fresh prompts: 500-1,000 words, each its own prefill
+    for i in range(24):  # fresh prompts: 500-1,000 words, each its own prefill (about 12 each)
         words = " ".join(f"x{rng.randrange(10**6)}" for _ in range(rng.randrange(500, 1000)))
         await _chat(session, gw.url, [{"role": "user", "content": f"{i} {words}"}])
     rates = [gw.router.replica_load(gw.registry.find(u).id).speed for u in replicas]

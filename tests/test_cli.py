@@ -176,6 +176,15 @@ _BAD_INPUT = {
         ["simulate", "-w", "seed-conversation", "--speed-change", "r1@0:prefill=nan"],
         "a speed change's prefill rate must be positive and finite: nan",
     ),
+    # An empty --fleet ran the default fleet without a word.
+    "simulate empty fleet": (
+        ["simulate", "-w", "seed-conversation", "--fleet", ""],
+        "--fleet is empty; give groups like 2+2:prefill=2500",
+    ),
+    "emulate empty fleet": (
+        ["emulate", "--port", "0", "--fleet", ""],
+        "--fleet is empty; give groups like 2+2:prefill=2500",
+    ),
 }
 
 

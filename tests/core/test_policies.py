@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -524,6 +525,54 @@ def test_predicted_ttft_rejects_bad_rates() -> None:
         make_policy("predicted_ttft", prefill_tokens_per_s=0)
     with pytest.raises(ConfigError):
         make_policy("predicted_ttft", step_tokens=0)
+
+
+# Each parameter's range, from its meaning: a fraction of the prompt is 0..1; a weight, a
+# threshold, a tolerance or a step time is never negative. Outside it, a value ran without a word
+# (``cache_threshold=-5`` followed any match, a negative weight turned a scorer around).
+_RANGES = [
+    ("cache_aware", "cache_threshold", 0.0, 1.0),
+    ("cache_aware", "balance_abs_threshold", 0, None),
+    ("cache_aware", "balance_rel_threshold", 0.0, None),
+    ("prefix_affinity", "imbalanced_threshold", 0.0, None),
+    ("prefix_affinity", "match_rate_threshold", 0.0, 1.0),
+    ("weighted_scorer", "queue_weight", 0.0, None),
+    ("weighted_scorer", "kv_cache_weight", 0.0, None),
+    ("weighted_scorer", "prefix_weight", 0.0, None),
+    ("kv_cost", "overlap_weight", 0.0, None),
+    ("predicted_ttft", "decode_step_s", 0.0, None),
+    ("predicted_ttft", "tie_tolerance_s", 0.0, None),
+    ("predicted_ttft", "miss_penalty", 0.0, None),
+    ("predicted_ttft", "interference", 0.0, None),
+    ("predicted_ttft", "arrivals", 0.0, None),
+]
+
+
+@pytest.mark.parametrize(("policy", "key", "lowest", "highest"), _RANGES)
+def test_a_parameter_outside_its_range_is_refused(
+    policy: str, key: str, lowest: float, highest: float | None
+) -> None:
+    assert getattr(make_policy(policy, **{key: lowest}).config, key) == lowest  # ends allowed
+    below = lowest - 1 if isinstance(lowest, int) and not isinstance(lowest, float) else -0.01
+    with pytest.raises(ConfigError, match=f"parameter {key} must be"):
+        make_policy(policy, **{key: below})
+    with pytest.raises(ConfigError, match=f"{key} must be"):
+        make_policy(policy, **{key: math.nan})  # TOML's nan compared false everywhere
+    if highest is None:  # no upper end: infinity is "never" (prefix_affinity's default)
+        if not isinstance(lowest, int) or isinstance(lowest, float):
+            assert getattr(make_policy(policy, **{key: math.inf}).config, key) == math.inf
+        return
+    assert getattr(make_policy(policy, **{key: highest}).config, key) == highest
+    with pytest.raises(ConfigError, match=f"must be between {lowest:g} and {highest:g}, got 1.01"):
+        make_policy(policy, **{key: highest + 0.01})
+
+
+def test_an_out_of_range_message_names_the_policy_the_key_and_the_value() -> None:
+    with pytest.raises(ConfigError) as bad:
+        make_policy("weighted_scorer", prefix_weight=-2)
+    assert str(bad.value) == (
+        "policy 'weighted_scorer': parameter prefix_weight must be at least 0, got -2"
+    )
 
 
 # --- every policy -----------------------------------------------------------------------------

@@ -32,7 +32,11 @@ def test_groups_override_the_base_settings() -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", ["", "x", "0", "2:speed=3", "2:prefill", "2:prefill=fast", "2:prefill=-1"]
+    "spec",
+    ["", " ", "x", "0", "2:speed=3", "2:prefill", "2:prefill=fast", "2:prefill=-1",
+     # integer settings were cut without a word: to 1,000 tokens, or to no KV block at all
+     "2:kv_tokens=1000.5", "2:kv_tokens=10", "2:max_running=2.5", "2:step_tokens=nan",
+     "2:kv_tokens=inf"],
 )
 def test_bad_fleets_are_rejected(spec: str) -> None:
     with pytest.raises(ConfigError):

@@ -221,7 +221,7 @@ def _engine(args: argparse.Namespace, workload: Workload) -> ReplicaConfig:
 
 def _fleet(args: argparse.Namespace, engine: ReplicaConfig) -> Fleet | None:
     """The per-replica settings of ``--fleet`` / ``--speed-change`` (None without either)."""
-    if not (args.fleet or args.speed_change):
+    if args.fleet is None and not args.speed_change:
         return None
     return fleet_from_flags(args.fleet, args.speed_change, args.emulate, engine)
 
@@ -244,7 +244,7 @@ def _check(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         check_http_url(args.url, "--url")
         if args.policy_param:
             raise ConfigError("--policy-param sets the emulated gateways' policies: omit --url")
-        if args.fleet or args.speed_change:
+        if args.fleet is not None or args.speed_change:
             raise ConfigError("--fleet and --speed-change set emulated replicas: omit --url")
         return {}
     return checked_policy_params(args.policy_param, parse_policy_list(args.policy))

@@ -126,7 +126,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 
 def fleet_from_args(args: argparse.Namespace, config: EmulatorConfig) -> Fleet | None:
     """The per-replica settings of ``--fleet`` / ``--speed-change`` (None without either)."""
-    if not (args.fleet or args.speed_change):
+    if args.fleet is None and not args.speed_change:
         return None
     return fleet_from_flags(args.fleet, args.speed_change, args.count, config.engine)
 

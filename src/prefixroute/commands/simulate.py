@@ -125,7 +125,7 @@ def _add_what_the_router_sees(p: argparse.ArgumentParser) -> None:
 
 def fleet_from(args: argparse.Namespace, base: ReplicaConfig) -> Fleet | None:
     """The fleet of ``--fleet`` / ``--speed-change`` over ``base`` (None without either)."""
-    if not (getattr(args, "fleet", None) or getattr(args, "speed_change", None)):
+    if getattr(args, "fleet", None) is None and not getattr(args, "speed_change", None):
         return None
     return fleet_from_flags(args.fleet, args.speed_change, args.replicas, base)
 

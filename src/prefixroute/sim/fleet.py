@@ -173,8 +173,20 @@ def _pairs(text: str, what: str) -> dict[str, float]:
     return out
 
 
+def _whole(key: str, value: float, least: int) -> int:
+    """``value`` of an integer ``key``, refused unless a whole number of at least ``least``
+    (``kv_tokens=1000.5`` was cut to 1,000 and ``kv_tokens=10`` to no block at all)."""
+    if not math.isfinite(value) or value != int(value) or value < least:
+        raise ConfigError(
+            f"--fleet {key} must be a whole number of at least {least}, got {value:g}"
+        )
+    return int(value)
+
+
 def parse_fleet(spec: str, base: ReplicaConfig) -> Fleet:
     """``"2+2:prefill=2500"`` -> a :class:`Fleet` (see the module docstring)."""
+    if not spec.strip():
+        raise ConfigError("--fleet is empty; give groups like 2+2:prefill=2500")
     configs: list[ReplicaConfig] = []
     for group in spec.split("+"):
         count_text, _, rest = group.strip().partition(":")
@@ -194,9 +206,9 @@ def parse_fleet(spec: str, base: ReplicaConfig) -> Fleet:
                     raise ConfigError(f"--fleet has no key {key!r}; valid: {', '.join(FLEET_KEYS)}")
                 name, unit = FLEET_KEYS[key]
                 if key == "kv_tokens":
-                    changes[name] = int(value) // base.block_size
+                    changes[name] = _whole(key, value, base.block_size) // base.block_size
                 elif name in ("step_tokens", "max_running"):
-                    changes[name] = int(value)
+                    changes[name] = _whole(key, value, 1)
                 elif key == "preempt":
                     if value not in (0, 1):
                         raise ConfigError(f"--fleet preempt is 0 or 1, got {value:g}")
@@ -238,7 +250,7 @@ def fleet_from_flags(
     fleet: str | None, changes: Sequence[str], replicas: int, base: ReplicaConfig
 ) -> Fleet:
     """The fleet that ``--fleet``, ``--speed-change`` and ``--replicas`` describe together."""
-    built = parse_fleet(fleet, base) if fleet else Fleet.uniform(replicas, base)
+    built = parse_fleet(fleet, base) if fleet is not None else Fleet.uniform(replicas, base)
     return built.with_changes([parse_speed_change(c) for c in changes])
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from prefixroute.core.errors import ConfigError, UnknownPolicy
 from prefixroute.core.policies._base import Policy, RoutingContext
+from prefixroute.core.policies._params import out_of_range
 from prefixroute.core.policies.cache_aware import CacheAware, CacheAwareConfig
 from prefixroute.core.policies.consistent_hash import ConsistentHash, ConsistentHashConfig
 from prefixroute.core.policies.kv_cost import KVCost, KVCostConfig
@@ -50,8 +51,8 @@ def make_policy(name: str, **params: Any) -> Policy:
         cls, config_cls = POLICIES[name]
     except KeyError:
         raise UnknownPolicy(f"unknown policy {name!r}; valid: {', '.join(POLICIES)}") from None
-    fields = {f.name for f in dataclasses.fields(config_cls)}
-    unknown = set(params) - fields
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    unknown = set(params) - set(fields)
     if unknown:
         raise ConfigError(
             f"policy {name!r} has no parameter {', '.join(sorted(unknown))}; "
@@ -60,6 +61,9 @@ def make_policy(name: str, **params: Any) -> Policy:
     hints = typing.get_type_hints(config_cls)
     for key, value in params.items():
         _check_param(name, key, value, hints[key])
+        why = None if isinstance(value, bool) else out_of_range(fields[key], value)
+        if why is not None:
+            raise ConfigError(f"policy {name!r}: parameter {key} {why}")
     policy: Policy = cls(config=config_cls(**params))
     return policy
 

@@ -28,14 +28,16 @@ from prefixroute.core.policies._base import (
     matching,
     smallest_trees,
 )
+from prefixroute.core.policies._params import ranged
 from prefixroute.core.types import Decision, DecisionReason
 
 
 @dataclass(frozen=True, slots=True)
 class CacheAwareConfig:
-    cache_threshold: float = 0.3  # matched fraction of the prompt needed to follow the cache
-    balance_abs_threshold: int = 64  # load gap (requests) that may trigger balancing
-    balance_rel_threshold: float = 1.5  # and max load must exceed min load times this
+    # matched fraction of the prompt needed to follow the cache
+    cache_threshold: float = ranged(0.3, 0.0, 1.0)
+    balance_abs_threshold: int = ranged(64, 0)  # load gap (requests) that may trigger balancing
+    balance_rel_threshold: float = ranged(1.5, 0.0)  # and max load must exceed min load times this
 
 
 @dataclass(slots=True)

@@ -19,12 +19,13 @@ from typing import ClassVar
 
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.policies._base import RoutingContext
+from prefixroute.core.policies._params import ranged
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId
 
 
 @dataclass(frozen=True, slots=True)
 class KVCostConfig:
-    overlap_weight: float = 1.0  # Dynamo's overlap_score_weight
+    overlap_weight: float = ranged(1.0, 0.0)  # Dynamo's overlap_score_weight
     temperature: float = 0.0  # 0 = deterministic argmin
     block_size: int = 16  # tokens per KV block in the cost, tokens
 

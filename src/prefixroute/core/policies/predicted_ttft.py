@@ -67,6 +67,7 @@ from typing import ClassVar
 from prefixroute.core.context_cost import context_work
 from prefixroute.core.errors import ConfigError
 from prefixroute.core.policies._base import RoutingContext
+from prefixroute.core.policies._params import ranged
 from prefixroute.core.replica_load import ReplicaLoad
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId
 
@@ -75,11 +76,14 @@ from prefixroute.core.types import Decision, DecisionReason, ReplicaId
 class PredictedTTFTConfig:
     prefill_tokens_per_s: float = 10_000.0  # replica prefill rate, tokens/s (the article's figure)
     step_tokens: int = 2048  # engine token budget per batch step, tokens (chunked prefill)
-    decode_step_s: float = 0.015  # added to each batch step that also decodes, seconds
-    tie_tolerance_s: float = 0.002  # predictions this close count as equal, seconds
-    miss_penalty: float = 0.5  # weight of our uncached tokens as work later arrivals wait for
-    interference: float = 1.0  # weight of the delay our first chunk adds to prefills under way
-    arrivals: float = 1.0  # weight of the chunks that later arrivals add to our prefill steps
+    decode_step_s: float = ranged(0.015, 0.0)  # added to each batch step that also decodes, seconds
+    tie_tolerance_s: float = ranged(0.002, 0.0)  # predictions this close count as equal, seconds
+    # weight of our uncached tokens as work later arrivals wait for
+    miss_penalty: float = ranged(0.5, 0.0)
+    # weight of the delay our first chunk adds to prefills under way
+    interference: float = ranged(1.0, 0.0)
+    # weight of the chunks that later arrivals add to our prefill steps
+    arrivals: float = ranged(1.0, 0.0)
     learned_speeds: bool = True  # each replica's learned rate and step (False: the constants)
     batch_slots: bool = True  # wait for a free batch slot where the batch size is known
     # Beyond ``shortlist_above`` candidates, score only the ``shortlist_top`` longest matches and

@@ -17,6 +17,7 @@ not roles. Ray's tree eviction is off by default; our index's LRU capacity stand
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -27,6 +28,7 @@ from prefixroute.core.policies._base import (
     matching,
     smallest_trees,
 )
+from prefixroute.core.policies._params import ranged
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId
 
 
@@ -34,8 +36,9 @@ from prefixroute.core.types import Decision, DecisionReason, ReplicaId
 class PrefixAffinityConfig:
     # Queue-length difference (requests) that disables affinity. Ray 2.60's default is infinite:
     # it never falls back to load (Ray's docs show 10 or 20 set by hand).
-    imbalanced_threshold: float = float("inf")
-    match_rate_threshold: float = 0.1  # matched fraction of the prompt below which it is a miss
+    imbalanced_threshold: float = ranged(math.inf, 0.0)
+    # matched fraction of the prompt below which it is a miss
+    match_rate_threshold: float = ranged(0.1, 0.0, 1.0)
 
 
 @dataclass(slots=True)

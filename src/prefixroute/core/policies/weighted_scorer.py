@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from prefixroute.core.policies._base import RoutingContext
+from prefixroute.core.policies._params import ranged
 from prefixroute.core.types import Decision, DecisionReason, ReplicaId
 
 
 @dataclass(frozen=True, slots=True)
 class WeightedScorerConfig:
-    queue_weight: float = 2.0
-    kv_cache_weight: float = 2.0
-    prefix_weight: float = 3.0
+    queue_weight: float = ranged(2.0, 0.0)
+    kv_cache_weight: float = ranged(2.0, 0.0)
+    prefix_weight: float = ranged(3.0, 0.0)
 
 
 @dataclass(slots=True)

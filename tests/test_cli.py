@@ -181,11 +181,24 @@ _BAD_INPUT = {
         ["simulate", "-w", "seed-conversation", "--fleet", ""],
         "--fleet is empty; give groups like 2+2:prefill=2500",
     ),
+    "bench KV cache under a block": (  # a one-block cache that refused every request
+        ["bench", "--emulate", "1", "--kv-tokens", "0"],
+        "--kv-tokens must hold at least one KV block (1 tokens), got 0",
+    ),
     "emulate empty fleet": (
         ["emulate", "--port", "0", "--fleet", ""],
         "--fleet is empty; give groups like 2+2:prefill=2500",
     ),
 }
+
+
+def test_demo_refuses_no_replicas_before_it_prints_anything() -> None:
+    done = subprocess.run(
+        [str(EXE), "demo", "-n", "0"], capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, NO_COLOR="1"),
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == "prefixroute: error: --replicas must be at least 1, got 0"
 
 
 @pytest.mark.parametrize("command", ["simulate", "demo", "bench"])

@@ -216,7 +216,11 @@ def name_in_fleet_order(run: RunResult, names: list[str]) -> None:
 def _engine(args: argparse.Namespace, workload: Workload) -> ReplicaConfig:
     """The emulated replicas' engine settings (``--fleet`` groups override them)."""
     block = args.block_size or workload.block_size
-    return ReplicaConfig(kv_capacity_blocks=max(1, args.kv_tokens // block), block_size=block)
+    if args.kv_tokens < block:  # it was a one-block cache that refused every request
+        raise ConfigError(
+            f"--kv-tokens must hold at least one KV block ({block} tokens), got {args.kv_tokens}"
+        )
+    return ReplicaConfig(kv_capacity_blocks=args.kv_tokens // block, block_size=block)
 
 
 def _fleet(args: argparse.Namespace, engine: ReplicaConfig) -> Fleet | None:

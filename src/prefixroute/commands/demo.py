@@ -17,7 +17,7 @@ from prefixroute.commands._args import (
     replica_config_from,
     seed,
 )
-from prefixroute.core import DEFAULT_POLICY
+from prefixroute.core import DEFAULT_POLICY, ConfigError
 from prefixroute.sim import (
     check_plot_path,
     compare_policies,
@@ -52,6 +52,8 @@ def _say(console: Any, title: str, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     check_jobs(args)
     check_plot_path(args.plot)  # before the demo runs, not once it is over
+    if args.replicas < 1:  # the large run's; refused before the worked examples print
+        raise ConfigError(f"--replicas must be at least 1, got {args.replicas}")
     console = make_console()
     _conversation(args, console)
     _shared_prompt(args, console)

@@ -181,6 +181,10 @@ _BAD_INPUT = {
         ["simulate", "-w", "seed-conversation", "--fleet", ""],
         "--fleet is empty; give groups like 2+2:prefill=2500",
     ),
+    "serve health probes every 0.1 ms": (  # a probe loop that spun a CPU and the replicas
+        ["serve", "--port", "0", "--emulate", "1", "--health-interval", "0.0001"],
+        "health_interval_s must be at least 0.01 s, got 0.0001",
+    ),
     "bench KV cache under a block": (  # a one-block cache that refused every request
         ["bench", "--emulate", "1", "--kv-tokens", "0"],
         "--kv-tokens must hold at least one KV block (1 tokens), got 0",

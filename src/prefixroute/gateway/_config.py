@@ -28,6 +28,10 @@ T = TypeVar("T")
 ADMIN_TOKEN_ENV = "PREFIXROUTE_ADMIN_TOKEN"
 UPSTREAM_API_KEY_ENV = "PREFIXROUTE_UPSTREAM_API_KEY"
 
+# Probing every replica (and scraping its /metrics) more often than this spins a CPU on probes
+# and floods the replicas: 0.0001 s was taken as is.
+MIN_HEALTH_INTERVAL_S = 0.01
+
 
 @dataclass(frozen=True, slots=True)
 class Setting:
@@ -324,6 +328,11 @@ class GatewayConfig:
         bad = [name for name, value in positive.items() if not 0 < value < math.inf]
         if bad:
             raise ConfigError(f"gateway settings must be positive and finite: {', '.join(bad)}")
+        if self.health_interval_s < MIN_HEALTH_INTERVAL_S:  # a probe loop that never rests
+            raise ConfigError(
+                f"health_interval_s must be at least {MIN_HEALTH_INTERVAL_S} s, "
+                f"got {self.health_interval_s:g}"
+            )
         if self.first_byte_cap_s < self.first_byte_floor_s:
             raise ConfigError("first_byte_cap_s must not be below first_byte_floor_s")
         if self.index_capacity_blocks is not None and self.index_capacity_blocks < 1:

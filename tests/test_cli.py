@@ -112,6 +112,18 @@ def test_a_port_in_use_is_one_line_and_a_non_zero_exit(command: str) -> None:
     assert errors == [last]
 
 
+def test_a_host_that_does_not_resolve_says_so() -> None:
+    """The resolver's error carries an EAI_* code, which os.strerror read as "unknown error -2"."""
+    done = subprocess.run(
+        [str(EXE), "serve", "--emulate", "1", "--port", "0", "--host", "no-such-host.invalid"],
+        capture_output=True, text=True, timeout=60, env=dict(os.environ, NO_COLOR="1"),
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("prefixroute: error: cannot listen on no-such-host.invalid:0: ")
+    assert "unknown error" not in last and ("name" in last or "address" in last), last
+
+
 def test_live_reports_hide_simulation_only_columns() -> None:
     ms = {"p50": 1.0, "p90": 2.0, "p99": 3.0}
     metrics: list[Any] = [SimpleNamespace(

@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -369,7 +370,8 @@ async def listen(
         await site.start()
     except OSError as exc:  # in use, not ours, no such address: one line, not a traceback
         await runner.cleanup()
-        why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        why = os.strerror(exc.errno) if exc.errno else str(exc)  # EAI_*: "unknown error -2"
+        why = (exc.strerror if isinstance(exc, socket.gaierror) and exc.strerror else why).lower()
         raise ConfigError(f"cannot listen on {host}:{port}: {why}") from exc
     except BaseException:
         await runner.cleanup()

@@ -21,12 +21,10 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import os
 import signal
 import socket
 import sys
-import time
 import uuid
 from collections.abc import Callable, Coroutine
 from http import HTTPStatus
@@ -39,20 +37,19 @@ from aiohttp.http import RawRequestMessage
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from prefixroute._tracebacks import TracebackLimiter
 from prefixroute.core import ConfigError
 
 log = logging.getLogger(__name__)
 _compact = functools.partial(json.dumps, separators=(",", ":"))
 
 REQUEST_ID_HEADER = "x-request-id"  # as the gateway's request-id middleware
-TRACEBACK_EVERY_S = 10.0  # at most one traceback per (exception type, place) this often, s
 _FRAMING = "the request's framing is invalid (Content-Length, Transfer-Encoding or chunks)"
 # Connections the kernel completes before we accept them. aiohttp's default, 128, drops the
 # SYNs of a burst past it, and each dropped client waits for its retransmit (1 s, then 3 s):
 # 871 of 1,000 connections made at once did (2026-12-01). 2,048 as uvicorn and gunicorn; the
 # kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = 2048
-_LIMITER_KEYS = 1024  # places remembered; past this the table starts over (bounded memory)
 
 
 class StartStop:
@@ -86,52 +83,6 @@ class Served(StartStop):
         if self._url is None:
             raise ConfigError(f"the {self.served_name} is not started")
         return self._url
-
-
-class TracebackLimiter:
-    """Logs an unexpected error's traceback at most once per ``every_s`` per (type, place).
-
-    A bug that a client can trigger at will would otherwise write a multi-KB traceback per
-    request. The first one is logged whole; the same type raised at the same line within
-    ``every_s`` is only counted, and the count rides on the next traceback logged for it.
-    """
-
-    def __init__(
-        self,
-        logger: logging.Logger,
-        every_s: float = TRACEBACK_EVERY_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.logger = logger
-        self.every_s = every_s  # seconds between two tracebacks of one kind
-        self.clock = clock
-        # (type, file, line) -> (when its last traceback was logged, s; how many since, not shown)
-        self._seen: dict[tuple[type[BaseException], str, int], tuple[float, int]] = {}
-
-    def exception(self, exc: BaseException, msg: str, *args: object) -> None:
-        """``logger.exception(msg, *args)`` for ``exc``, unless one like it was logged lately."""
-        key = (type(exc), *_place(exc))
-        now = self.clock()
-        logged_at, suppressed = self._seen.get(key, (-math.inf, 0))
-        if now - logged_at < self.every_s:
-            self._seen[key] = (logged_at, suppressed + 1)
-            return
-        if len(self._seen) >= _LIMITER_KEYS:
-            self._seen.clear()
-        self._seen[key] = (now, 0)
-        if suppressed:
-            msg += f" ({suppressed} more like it since the last one, not shown)"
-        self.logger.error(msg, *args, exc_info=exc)
-
-
-def _place(exc: BaseException) -> tuple[str, int]:
-    """Where ``exc`` was raised: the innermost frame's file and line."""
-    tb = exc.__traceback__
-    if tb is None:
-        return "", 0
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb.tb_frame.f_code.co_filename, tb.tb_lineno
 
 
 def parse_error(status: int, exc: BaseException | None) -> tuple[int, str]:
@@ -370,9 +321,7 @@ async def listen(
         await site.start()
     except OSError as exc:  # in use, not ours, no such address: one line, not a traceback
         await runner.cleanup()
-        why = os.strerror(exc.errno) if exc.errno else str(exc)  # EAI_*: "unknown error -2"
-        why = (exc.strerror if isinstance(exc, socket.gaierror) and exc.strerror else why).lower()
-        raise ConfigError(f"cannot listen on {host}:{port}: {why}") from exc
+        raise ConfigError(f"cannot listen on {host}:{port}: {_bind_error(exc)}") from exc
     except BaseException:
         await runner.cleanup()
         raise
@@ -388,6 +337,14 @@ async def wait_for_signal() -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+def _bind_error(exc: OSError) -> str:
+    """Why a bind failed, in the C library's words (a resolver's EAI_* code is no errno:
+    ``os.strerror`` read it as "unknown error -2")."""
+    if isinstance(exc, socket.gaierror) and exc.strerror:
+        return exc.strerror.lower()
+    return os.strerror(exc.errno).lower() if exc.errno else str(exc)
 
 
 def run_on_uvloop(main: Coroutine[Any, Any, None]) -> None:

@@ -17,7 +17,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from prefixroute._serving import TracebackLimiter, listen
+from prefixroute._serving import listen
+from prefixroute._tracebacks import TracebackLimiter
 from prefixroute.gateway._errors import make_error_middleware
 
 from .helpers import ClusterFactory, GatewayFactory

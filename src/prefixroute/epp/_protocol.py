@@ -60,6 +60,7 @@ Request: TypeAlias = Any  # pb.ProcessingRequest
 Response: TypeAlias = Any  # pb.ProcessingResponse
 Body: TypeAlias = Any  # pb.HttpBody
 # Body modes (ext_proc's ProcessingMode.BodySendMode); the protocol's streaming mode is full duplex.
+NONE = processing_mode_pb2.ProcessingMode.NONE
 BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
 STREAMED = processing_mode_pb2.ProcessingMode.STREAMED
 FULL_DUPLEX_STREAMED = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED

@@ -25,13 +25,11 @@ gateway retries. A plain answer's first token is guessed when due (``gateway._ac
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
 
 from prefixroute.core import (
-    ConfigError,
     Decision,
     Endpoint,
     PrefixrouteError,
@@ -41,7 +39,9 @@ from prefixroute.core import (
 from prefixroute.epp import _protocol as proto
 from prefixroute.epp._admit import Admission, admit, request_key
 from prefixroute.epp._answer import AnswerReader
-from prefixroute.epp._candidates import eligible, endpoint_of, fallbacks, replica_of
+from prefixroute.epp._candidates import eligible, endpoint_of, fallbacks
+from prefixroute.epp._order import misordered
+from prefixroute.epp._served import note_served
 from prefixroute.epp._shared import PickShared, count_answer, judge_answer, refused
 from prefixroute.epp._stored import StoredNote, pinned, stored_owner  # a stored response's
 from prefixroute.gateway import (
@@ -74,6 +74,8 @@ class PickStream:
         self.full_duplex_request = duplex = shared.default_full_duplex
         self.response_mode = proto.FULL_DUPLEX_STREAMED if duplex else proto.BUFFERED  # body mode
         self.headers: dict[str, str] = {}
+        self._headers_seen = False  # the request's headers came (epp._order)
+        self._body_mode: int | None = None  # the request body mode Envoy says it uses
         self.subset: list[str] | None = None
         self.admission: Admission | None = None  # the tenant, once admitted
         self.refused = False  # answered with an error: the rest of the request is ignored
@@ -103,9 +105,13 @@ class PickStream:
         if req.HasField("protocol_config"):
             cfg = req.protocol_config
             self.full_duplex_request = cfg.request_body_mode == proto.FULL_DUPLEX_STREAMED
-            self.response_mode = cfg.response_body_mode
+            self.response_mode, self._body_mode = cfg.response_body_mode, cfg.request_body_mode
         if self.refused and kind in ("request_body", "request_trailers"):
             return []  # Envoy answered the client already; what still comes is not routed
+        end = kind == "request_headers" and req.request_headers.end_of_stream
+        wrong = misordered(kind, self._headers_seen, self._body_mode, end)
+        if wrong is not None:
+            return [self._error(wrong)]
         if kind == "request_headers":
             return await self._request_headers(req)
         if kind == "request_body":
@@ -134,7 +140,7 @@ class PickStream:
             self.admission.release()
 
     async def _request_headers(self, req: proto.Request) -> list[proto.Response]:
-        self.headers = proto.headers_of(req.request_headers)
+        self.headers, self._headers_seen = proto.headers_of(req.request_headers), True
         self.subset = proto.subset_of(req)
         tracing = self.s.state.tracing
         if tracing is not None:  # otlp_endpoint: a span per request, as serve's (_tracing)
@@ -148,7 +154,8 @@ class PickStream:
             return await self._pick(end_of_body=True, headers_only=True)
         if self.full_duplex_request:
             return []  # answered with the body's end
-        return [proto.request_headers_response({})]
+        # The pick comes with the body; the client's own destination never goes on (_order).
+        return [proto.request_headers_response({}, remove=[proto.DESTINATION_HEADER])]
 
     async def _request_body(self, body: proto.Body) -> list[proto.Response]:
         if self.decision is not None:  # a last chunk sent again (Envoy >= 1.35): picked once
@@ -254,7 +261,10 @@ class PickStream:
     def _error(self, exc: PrefixrouteError) -> proto.Response:
         """The gateway's answer to ``exc`` (status, Retry-After, JSON body), from the picker."""
         self.refused = True
-        self._done = True  # nothing was routed: nothing to account
+        if self.decision is not None and not self._done:  # routed, now never sent (_order)
+            self.s.router.withdraw(self.rid)
+            self._release(None)
+        self._done = True  # nothing (more) to account
         answer = error_response(exc, self.s.state.config.retry_after_s, is_anthropic(self._path))
         self._end_span(answer.status)
         if self._counted:
@@ -275,7 +285,7 @@ class PickStream:
         decision = self.decision
         if decision is None:  # an answer to a request we did not route (our own error)
             return [proto.response_headers_response({})]
-        self._note_served(proto.served_of(req), decision)
+        note_served(self, proto.served_of(req), decision)
         reading = ("content-encoding" in headers, self._usage_asked, self._stored is not None)
         self._reader = AnswerReader(headers.get("content-type", ""), *reading)
         extra = {
@@ -287,42 +297,6 @@ class PickStream:
         if req.response_headers.end_of_stream:
             self._finish()
         return out
-
-    def _note_served(self, served: str | None, decision: Decision) -> None:
-        """The proxy went past the primary, which failed this request (its failure counts, as
-        the gateway's failed attempts): what follows is the served replica's answer."""
-        if served is None or served == endpoint_of(decision.replica):
-            return
-        try:
-            rid = replica_of(served)
-        except ConfigError:
-            return
-        log.info("%s: picked %s, served by %s", self.rid, decision.replica, served)
-        registry, router = self.s.registry, self.s.router
-        if served in self.destinations[1:] and router.has_replica(rid):
-            self.served = rid
-            if router.has_replica(decision.replica):
-                registry.record_failure(decision.replica, self.s.clock(), f"fell back to {served}")
-                self._marked = True
-            self._move_to(rid)
-
-    def _move_to(self, replica: ReplicaId) -> None:
-        """A fallback served the request: the primary's accounting ends, learning nothing; the
-        request is routed again to the fallback, as the gateway retries (its times untaught).
-        No first token there: one would pass plain answers sent before it (plain_answers.py)."""
-        s, now, view = self.s, self.s.clock(), self._view
-        s.router.complete(self.rid, now)
-        if s.sync is not None:
-            s.sync.completed(self.rid)
-        if view is None:
-            self._done = True
-            return
-        self.rid = f"{self.rid}-fallback"
-        self._view = view = dataclasses.replace(view, request_id=self.rid)
-        self.decision = s.router.route(view, now, [replica])
-        self._untimed = True
-        if s.sync is not None:
-            s.sync.routed(view, self.decision)
 
     def _response_body(self, body: proto.Body) -> list[proto.Response]:
         chunk, reader = body.body, self._reader

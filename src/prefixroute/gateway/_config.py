@@ -308,37 +308,7 @@ class GatewayConfig:
             raise ConfigError(f"{mode} needs --tokenizer: {why}")
 
     def __post_init__(self) -> None:
-        positive = {
-            "block_chars": self.block_chars,
-            "kv_block_size": self.kv_block_size,
-            "max_body_bytes": self.max_body_bytes,
-            "max_in_flight": self.max_in_flight,
-            "max_in_flight_per_replica": self.max_in_flight_per_replica,
-            "connect_timeout_s": self.connect_timeout_s,
-            "read_timeout_s": self.read_timeout_s,
-            "upstream_idle_timeout_s": self.upstream_idle_timeout_s,
-            "health_interval_s": self.health_interval_s,
-            "health_timeout_s": self.health_timeout_s,
-            "failure_threshold": self.failure_threshold,
-            "first_byte_floor_s": self.first_byte_floor_s,
-            "client_buffer_bytes": self.client_buffer_bytes,
-            "client_write_timeout_s": self.client_write_timeout_s,
-        }
-        # NaN passed "<= 0" (every request then failed, the health loop died): finite too.
-        bad = [name for name, value in positive.items() if not 0 < value < math.inf]
-        if bad:
-            raise ConfigError(f"gateway settings must be positive and finite: {', '.join(bad)}")
-        if self.health_interval_s < MIN_HEALTH_INTERVAL_S:  # a probe loop that never rests
-            raise ConfigError(
-                f"health_interval_s must be at least {MIN_HEALTH_INTERVAL_S} s, "
-                f"got {self.health_interval_s:g}"
-            )
-        if self.first_byte_cap_s < self.first_byte_floor_s:
-            raise ConfigError("first_byte_cap_s must not be below first_byte_floor_s")
-        if self.index_capacity_blocks is not None and self.index_capacity_blocks < 1:
-            raise ConfigError("index_capacity_blocks must be positive (or unset for unbounded)")
-        if min(self.eject_s, self.shutdown_timeout_s, self.retry_after_s) < 0:
-            raise ConfigError("eject_s, shutdown_timeout_s and retry_after_s must not be negative")
+        self._check_numbers()
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port out of range: {self.port}")
         if self.admin_token is not None and len(self.admin_token) < 8:
@@ -372,6 +342,41 @@ class GatewayConfig:
         if not isinstance(self.tenancy, TenancyConfig):
             raise ConfigError("tenancy must be a TenancyConfig (a [tenancy] table in the file)")
         make_policy(self.policy, **self.policy_params)  # unknown names fail here, at start
+
+
+    def _check_numbers(self) -> None:
+        """Counts, sizes and times in their ranges (part of ``__post_init__``)."""
+        positive = {
+            "block_chars": self.block_chars,
+            "kv_block_size": self.kv_block_size,
+            "max_body_bytes": self.max_body_bytes,
+            "max_in_flight": self.max_in_flight,
+            "max_in_flight_per_replica": self.max_in_flight_per_replica,
+            "connect_timeout_s": self.connect_timeout_s,
+            "read_timeout_s": self.read_timeout_s,
+            "upstream_idle_timeout_s": self.upstream_idle_timeout_s,
+            "health_interval_s": self.health_interval_s,
+            "health_timeout_s": self.health_timeout_s,
+            "failure_threshold": self.failure_threshold,
+            "first_byte_floor_s": self.first_byte_floor_s,
+            "client_buffer_bytes": self.client_buffer_bytes,
+            "client_write_timeout_s": self.client_write_timeout_s,
+        }
+        # NaN passed "<= 0" (every request then failed, the health loop died): finite too.
+        bad = [name for name, value in positive.items() if not 0 < value < math.inf]
+        if bad:
+            raise ConfigError(f"gateway settings must be positive and finite: {', '.join(bad)}")
+        if self.health_interval_s < MIN_HEALTH_INTERVAL_S:  # a probe loop that never rests
+            raise ConfigError(
+                f"health_interval_s must be at least {MIN_HEALTH_INTERVAL_S} s, "
+                f"got {self.health_interval_s:g}"
+            )
+        if self.first_byte_cap_s < self.first_byte_floor_s:
+            raise ConfigError("first_byte_cap_s must not be below first_byte_floor_s")
+        if self.index_capacity_blocks is not None and self.index_capacity_blocks < 1:
+            raise ConfigError("index_capacity_blocks must be positive (or unset for unbounded)")
+        if min(self.eject_s, self.shutdown_timeout_s, self.retry_after_s) < 0:
+            raise ConfigError("eject_s, shutdown_timeout_s and retry_after_s must not be negative")
 
 
 def config_fields() -> list[ConfigField]:

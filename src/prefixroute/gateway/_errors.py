@@ -49,7 +49,7 @@ from collections.abc import Callable
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from prefixroute._serving import TracebackLimiter
+from prefixroute._tracebacks import TracebackLimiter
 from prefixroute.core import (
     ConfigError,
     ErrorSpec,

@@ -1,0 +1,95 @@
+"""Streams out of ext_proc's order (epp/_order.py; an outside audit, 2026-12-06): each is
+refused with a 500 that names the configuration to fix, and leaves no slot or load behind.
+Envoy sends a request's headers once, first; a proxy that sends them twice, sends a body with
+no headers (``request_header_mode: SKIP``) or never sends the body (``request_body_mode:
+NONE``) is misconfigured or is not Envoy."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb2
+
+from prefixroute.epp import PickShared, PickStream
+from prefixroute.gateway import TenancyConfig, TenantLimits
+
+from .support import (
+    BUFFERED,
+    ENDPOINTS,
+    completion,
+    pick,
+    picked,
+    request_body,
+    request_headers,
+    shared,
+)
+
+NONE = mode_pb2.ProcessingMode.NONE
+DESTINATION = "x-gateway-destination-endpoint"
+
+
+def refused(out: list[Any]) -> tuple[int, str]:
+    """(status, error message) of a stream's ImmediateResponse."""
+    assert [r.WhichOneof("response") for r in out] == ["immediate_response"], out
+    answer = out[0].immediate_response
+    return answer.status.code, json.loads(answer.body)["error"]["message"]
+
+
+def in_flight(s: PickShared) -> int:
+    return sum(s.router.replica_load(f"http://{e}").in_flight for e in ENDPOINTS)
+
+
+async def test_a_second_headers_message_is_refused_and_gives_back_what_the_first_took() -> None:
+    s = shared(tenancy=TenancyConfig(default_limits=TenantLimits(max_in_flight=2)))
+    for _ in range(3):  # each took a tenant slot and a load it never gave back
+        stream = PickStream(s)
+        first = await stream.handle(request_headers("/v1/models", end_of_stream=True))
+        assert picked(first)[0] in ENDPOINTS  # routed on its headers
+        status, message = refused(await stream.handle(request_headers()))
+        assert status == 500 and "a second request headers message" in message
+        stream.close()
+        assert in_flight(s) == 0
+    held = [PickStream(s), PickStream(s)]  # both of the tenant's two slots are free
+    for stream in held:
+        assert picked(await pick(stream, completion(10)))[0] in ENDPOINTS
+
+
+async def test_a_body_without_its_headers_is_refused_not_routed() -> None:
+    """No path and no API key: it was routed without the tenant's authentication."""
+    s = shared()
+    stream = PickStream(s)
+    status, message = refused(await stream.handle(request_body(completion(10))))
+    assert status == 500 and "request_header_mode SEND" in message
+    assert stream.decision is None and in_flight(s) == 0
+    stream.close()
+    assert in_flight(s) == 0
+
+
+async def test_a_body_the_proxy_will_never_send_is_refused() -> None:
+    """Body mode NONE: the client's own destination header went on to Envoy's cluster."""
+    s = shared()
+    stream = PickStream(s)
+    out = await stream.handle(request_headers(mode=NONE, extra={DESTINATION: "192.0.2.9:80"}))
+    status, message = refused(out)
+    assert status == 500 and "request_body_mode NONE" in message
+    assert in_flight(s) == 0
+    # A request with no body needs none: picked on its headers, in the same mode.
+    out = await PickStream(s).handle(request_headers("/v1/models", True, mode=NONE))
+    assert picked(out)[0] in ENDPOINTS
+
+
+async def test_a_headers_answer_without_the_pick_removes_the_clients_destination() -> None:
+    """Buffered (also a proxy that does not say its mode, taken as buffered): the pick comes
+    with the body, and meanwhile the client's own header must not reach the proxy's
+    original-destination cluster (in body mode NONE, it went there)."""
+    for mode in (BUFFERED, None):
+        s = shared()
+        s.default_full_duplex = False
+        out = await PickStream(s).handle(
+            request_headers(mode=mode, extra={DESTINATION: "192.0.2.9:80"})
+        )
+        assert [r.WhichOneof("response") for r in out] == ["request_headers"]
+        mutation = out[0].request_headers.response.header_mutation
+        assert list(mutation.remove_headers) == [DESTINATION]
+        assert not mutation.set_headers

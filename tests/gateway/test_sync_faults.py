@@ -169,6 +169,29 @@ async def test_a_full_redis_still_shares_every_decision_once(
         await sub.stop()
 
 
+async def test_a_history_key_of_another_type_still_lets_the_sync_subscribe(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another application's key under the history's name (WRONGTYPE): before, every
+    subscription failed on reading it, so no instance heard any other while the publisher's
+    log said "decisions are still shared" (an outside audit, 2026-12-06)."""
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.set("c:history", "not a list")  # instance()'s channel is "c"
+    admin.close()
+    pub, sub = instance("pub", redis_server.url), instance("sub", redis_server.url)
+    await sub.start()
+    await pub.start()
+    try:
+        await until(lambda: sub.connected)
+        view = pub.router.view("q", tokens=[1] * 64)
+        pub.routed(view, Decision(R, DecisionReason.PREFIX_MATCH, 0))
+        await until(lambda: sample(sub, "prefixroute_sync_applied_total") == 1)
+        assert "cannot read the history" in caplog.text
+    finally:
+        await pub.stop()
+        await sub.stop()
+
+
 async def test_the_redis_password_stays_out_of_the_logs(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -236,6 +259,10 @@ def test_redacted_hides_only_the_password() -> None:
     assert redacted("redis://h:1/0") == "redis://h:1/0"
     assert redacted("redis://bob@h:1/0") == "redis://bob@h:1/0"  # a name alone is no secret
     assert redacted("redis://:pw@[::1/0") == "redis://***@[::1/0"  # unparseable: all of it
+    # redis-py also takes the password as an option, and a '#' in one splits the URL there
+    # (an outside audit: both printed the password in the start-up lines).
+    assert redacted("redis://h:1/0?password=pw&db=2") == "redis://h:1/0?password=***&db=2"
+    assert redacted("redis://:p#w@h:1/0") == "redis://***@h:1/0"
 
 
 async def test_a_hung_redis_is_a_lost_subscription(

@@ -49,6 +49,7 @@ from prefixroute.epp import (
 )
 from prefixroute.gateway import (
     ADMIN_TOKEN_ENV,
+    SYNC_SECRET_ENV,
     UPSTREAM_API_KEY_ENV,
     build_config,
     by_replica,
@@ -191,6 +192,7 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
         # Secrets as serve reads them: from the environment (or the file), never from argv.
         admin_token=os.environ.get(ADMIN_TOKEN_ENV) or None,  # the fleet page, admin listing
         upstream_api_key=os.environ.get(UPSTREAM_API_KEY_ENV) or None,  # the replicas' key
+        sync_secret=os.environ.get(SYNC_SECRET_ENV) or None,  # sync_redis's signatures
         **flags(args, "policy", *ROUTING_FLAGS),
     )
     if args.k8s_selector and args.pool_name:

@@ -23,6 +23,7 @@ from prefixroute.emulate import EmulatedCluster, EmulatorConfig
 from prefixroute.gateway import (
     ADMIN_TOKEN_ENV,
     CONFIG_HELP,
+    SYNC_SECRET_ENV,
     UPSTREAM_API_KEY_ENV,
     Gateway,
     GatewayConfig,
@@ -76,6 +77,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         flags["admin_token"] = os.environ.get(TOKEN_ENV) or None
     if flags["upstream_api_key_file"] is None:
         flags["upstream_api_key"] = os.environ.get(UPSTREAM_KEY_ENV) or None
+    if flags["sync_secret_file"] is None:
+        flags["sync_secret"] = os.environ.get(SYNC_SECRET_ENV) or None
     policy = flags["policy"] or file_settings.get("policy", DEFAULT_POLICY)
     flags["policy_params"] = _policy_params(flags["policy_params"] or [], policy)
     return build_config(file_settings, **flags)

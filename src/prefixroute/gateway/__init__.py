@@ -18,6 +18,7 @@ from prefixroute.gateway._app import build_app, gateway_state
 from prefixroute.gateway._auth import API_KEY_HEADER, generate_api_key, hash_api_key
 from prefixroute.gateway._config import (
     ADMIN_TOKEN_ENV,
+    SYNC_SECRET_ENV,
     UPSTREAM_API_KEY_ENV,
     ConfigField,
     GatewayConfig,
@@ -86,6 +87,7 @@ __all__ = [
     "REASON_HEADER",
     "REPLICA_HEADER",
     "TURNED_AWAY",
+    "SYNC_SECRET_ENV",
     "UPSTREAM_API_KEY_ENV",
     "ConfigField",
     "DecisionEntry",

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 from collections.abc import Mapping
 
@@ -97,6 +98,8 @@ from prefixroute.sync import RouteSync
 # Tokenizer threads: all cores but one, which stays with the event loop (on 2 cores one thread
 # kept the loop's longest stall at ~5 ms beside 8k-token prompts; two threads: ~15 ms).
 TOKENIZE_WORKERS = max(1, (os.cpu_count() or 2) - 1)
+
+log = logging.getLogger(__name__)
 
 
 def build_app(config: GatewayConfig, tokenizer: PromptTokenizer | None = None) -> web.Application:
@@ -178,8 +181,13 @@ def gateway_state(
     if config.sync_redis is not None:
         state.sync = RouteSync(
             config.sync_redis, config.sync_channel, router, metrics.registry,
-            history=config.sync_history,
+            history=config.sync_history, secret=config.sync_secret,
         )  # fmt: skip
+        if config.sync_secret is None:
+            log.warning(
+                "sync_redis without sync_secret: whoever can publish to that Redis can steer "
+                "every instance's routing (docs/security.md)"
+            )
         # The stored Responses answers' replicas, shared both ways (_responses).
         state.responses.publish, state.sync.on_stored = state.sync.stored, state.responses.record
     if config.otlp_endpoint is not None:

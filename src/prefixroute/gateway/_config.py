@@ -22,11 +22,12 @@ from prefixroute.core import DEFAULT_POLICY, ConfigError, SpeedPrior, make_polic
 from prefixroute.events import EventEndpoint
 from prefixroute.gateway._config_specs import parse_kv_events, parse_replica_speeds
 from prefixroute.gateway._tenant_config import TenancyConfig
-from prefixroute.sync import check_url
+from prefixroute.sync import SECRET_ENV, check_url
 
 T = TypeVar("T")
 ADMIN_TOKEN_ENV = "PREFIXROUTE_ADMIN_TOKEN"
 UPSTREAM_API_KEY_ENV = "PREFIXROUTE_UPSTREAM_API_KEY"
+SYNC_SECRET_ENV = SECRET_ENV  # sync_redis's signatures (sync/_signing.py)
 
 # Probing every replica (and scraping its /metrics) more often than this spins a CPU on probes
 # and floods the replicas: 0.0001 s was taken as is.
@@ -268,6 +269,10 @@ class GatewayConfig:
         "(redis://HOST:PORT/DB); Redis down means local-only routing, not errors",
         "--sync-redis", metavar="URL", in_repr=False,  # redis://:PASSWORD@...: shown nowhere
     )  # fmt: skip
+    sync_secret: str | None = setting(
+        None, "the secret all instances sign their sync_redis messages with (HMAC); others "
+        "are dropped. Needed by tenant isolation (docs/security.md)", env=SYNC_SECRET_ENV,
+    )  # fmt: skip
     sync_channel: str = setting(
         "prefixroute:routed", "Redis PUB/SUB channel of the decisions, one per gateway fleet"
     )
@@ -326,6 +331,9 @@ class GatewayConfig:
             check_url(self.sync_redis)  # a URL redis-py cannot use fails here, at start
             if not self.sync_channel:
                 raise ConfigError("sync_channel must not be empty")
+            if self.tenancy.isolation and self.sync_secret is None:  # forged owners (_signing)
+                raise ConfigError(f"tenant isolation with sync_redis needs sync_secret_file or "
+                                  f"${SYNC_SECRET_ENV}: unsigned messages can be forged")
         otlp = self.otlp_endpoint
         if otlp is not None and not otlp.startswith(("http://", "https://")):
             raise ConfigError(f"otlp_endpoint must be http(s)://HOST:PORT, not {otlp!r}")

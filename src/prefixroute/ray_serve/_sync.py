@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from prefixroute.core import Decision, RequestView
 from prefixroute.ray_serve._ledger import Ledger
-from prefixroute.sync import RouteSync, redacted
+from prefixroute.sync import SECRET_ENV, RouteSync, redacted
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,9 @@ class RouterSync:
         self.ledger = ledger
         # The metrics go to a registry of their own: a Ray router has no /metrics of ours.
         self.route_sync = RouteSync(
-            url, channel, ledger.router, CollectorRegistry(), history=history, lock=ledger.lock
-        )
+            url, channel, ledger.router, CollectorRegistry(), history=history, lock=ledger.lock,
+            secret=os.environ.get(SECRET_ENV) or None,  # signed as the gateways sign (_signing)
+        )  # fmt: skip
         self.started = False
 
     @property

@@ -12,6 +12,7 @@ channel. How and why: ``_redis.py``'s docstring.
 """
 
 from prefixroute.sync._redis import RouteSync
+from prefixroute.sync._signing import SECRET_ENV
 from prefixroute.sync._url import check_url, redacted
 
-__all__ = ["RouteSync", "check_url", "redacted"]
+__all__ = ["SECRET_ENV", "RouteSync", "check_url", "redacted"]

@@ -28,7 +28,8 @@ class SyncMetrics:
         )
         self.errors = counter(
             "prefixroute_sync_errors",
-            "Sync failures: redis (connection lost or refused, timeouts), decode, internal.",
+            "Sync failures: redis (connection lost or refused, timeouts), decode, auth (a message "
+            "not signed under sync_secret), internal.",
             "kind",
         )
         self.replayed = counter(

@@ -50,13 +50,14 @@ from typing import Any
 import redis.asyncio as aioredis
 from prometheus_client.registry import CollectorRegistry
 from redis.asyncio.client import PubSub
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from prefixroute._tasks import cancel_and_wait
 from prefixroute.core import Decision, ReplicaId, RequestView, Router
 from prefixroute.sync._metrics import SyncMetrics
 from prefixroute.sync._remote import RemoteRequests, StoredHook, without_withdrawn
+from prefixroute.sync._signing import Signer
 from prefixroute.sync._url import redacted
 from prefixroute.sync._wire import encode, encode_progress, encode_stored, encode_withdrawn
 
@@ -93,6 +94,7 @@ class RouteSync:
         instance_id: str | None = None,
         history: int = HISTORY,
         lock: AbstractContextManager[Any] | None = None,
+        secret: str | None = None,
     ) -> None:
         self.url = url
         self.channel = channel
@@ -101,6 +103,7 @@ class RouteSync:
         self.router = router
         self.instance_id = instance_id or uuid.uuid4().hex[:16]
         self.metrics = SyncMetrics(registry)
+        self._signer = Signer(secret) if secret is not None else None  # (_signing)
         # ``lock``: held around every call into the router, for a router that other threads
         # also call (Ray Serve's); the gateway and the picker call theirs from one loop only.
         self.remote = RemoteRequests(
@@ -169,6 +172,8 @@ class RouteSync:
             else:
                 self._queue.get_nowait()
             self.metrics.dropped.inc()
+        if self._signer is not None:
+            payload = self._signer.sign(payload)
         self._queue.put_nowait((payload, keep))
 
     async def start(self) -> None:
@@ -302,8 +307,8 @@ class RouteSync:
             now = time.monotonic()
             if message is not None:  # a PONG too
                 heard, pinged_at = now, None
-                if message.get("type") == "message":
-                    self.remote.apply(message["data"])
+                if message.get("type") == "message" and (data := self._open(message["data"])):
+                    self.remote.apply(data)
             elif pinged_at is not None and now - pinged_at > SOCKET_TIMEOUT_S:
                 raise RedisTimeout(f"no answer to PING in {SOCKET_TIMEOUT_S:g} s")
             elif pinged_at is None and now - heard >= HEARTBEAT_S:
@@ -315,9 +320,15 @@ class RouteSync:
         """Apply the history, oldest first: what was decided before this (re)connection."""
         if not self.history or not self.router.insert_on_route:
             return  # off, or precise mode: the engines' events are the index
-        payloads = await client.lrange(self.history_key, 0, self.history - 1)
+        try:
+            payloads = await client.lrange(self.history_key, 0, self.history - 1)
+        except ResponseError as exc:  # a key of another type: no history, sharing goes on
+            self.metrics.errors.labels("redis").inc()  # (it failed every subscription)
+            log.warning("sync: cannot read the history in %s (%s)", self.history_key, exc)
+            return
         applied = 0
-        kept = without_withdrawn([p for p in payloads if isinstance(p, bytes)])  # always bytes
+        opened = [self._open(p) for p in payloads if isinstance(p, bytes)]  # always bytes
+        kept = without_withdrawn([p for p in opened if p is not None])
         for i, payload in enumerate(kept):
             if i and not i % HISTORY_CHUNK:
                 await asyncio.sleep(0)  # thousands of inserts: let requests through meanwhile
@@ -325,6 +336,17 @@ class RouteSync:
         self.metrics.replayed.inc(applied)
         if payloads:
             log.info("sync: applied %d of %d decisions from the history", applied, len(payloads))
+
+
+    def _open(self, message: bytes) -> bytes | None:
+        """``message``'s payload, its signature checked under ``secret`` (_signing); None
+        (counted) when it does not match. Without a secret, ``message`` itself."""
+        if self._signer is None:
+            return message
+        payload = self._signer.open(message)
+        if payload is None:
+            self.metrics.errors.labels("auth").inc()
+        return payload
 
 
 def _level(delay: float, first: int = logging.WARNING) -> int:

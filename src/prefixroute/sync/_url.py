@@ -44,15 +44,24 @@ def check_url(url: str) -> None:
 
 
 def redacted(url: str) -> str:
-    """``url`` with its password, if any, replaced by ``***``."""
+    """``url`` with its password, if any, replaced by ``***``: in the userinfo, in a
+    ``?password=`` option (redis-py takes both), and a ``#fragment`` whole (a password with a
+    ``#`` in it splits there)."""
     try:
         parts = urlsplit(url)
         password = parts.password
     except ValueError:  # unparseable (a broken IPv6 host): drop any userinfo whole
+        password = None
+        parts = None
+    if parts is None or "@" in parts.fragment:  # no parts, or a '#' inside the userinfo
         scheme, _, rest = url.partition("://")
         return f"{scheme}://***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
-    if not password:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    netloc = parts.netloc
+    if password:
+        netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
+    query = "&".join(
+        f"{item.partition('=')[0]}=***" if item.partition("=")[0].lower() == "password" else item
+        for item in parts.query.split("&")
+    )
+    fragment = "***" if parts.fragment else ""
+    return urlunsplit(parts._replace(netloc=netloc, query=query, fragment=fragment))

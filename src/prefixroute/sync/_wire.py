@@ -20,16 +20,24 @@ import msgspec
 
 from prefixroute.core import BlockHash, Decision, ReplicaId, RequestView
 
-Size = Annotated[int, msgspec.Meta(ge=0)]  # a negative size is a decode error, not load
+# Bounds on what a message may say, each far above any real request's: a message past one is
+# a decode error, not load. Before (an outside audit, 2026-12-06), one decision of 2**64 prompt
+# tokens kept a replica out of every instance's routing, one of a million hashes stalled every
+# instance's event loop for 1.5 s, and 1 MB response ids grew memory without bound.
+Size = Annotated[int, msgspec.Meta(ge=0, le=2**24)]  # tokens: 16M, past any context window
+Name = Annotated[str, msgspec.Meta(max_length=256)]  # an instance, request, tenant or response id
+Url = Annotated[str, msgspec.Meta(max_length=2048)]  # a replica id: its base URL
+MAX_BLOCKS = 2**17  # block hashes in one decision: 8M tokens at 64 per block
+Hashes = Annotated[bytes, msgspec.Meta(max_length=8 * MAX_BLOCKS)]
 
 
 class Routed(msgspec.Struct, array_like=True, frozen=True, tag=0):
     """One routing decision as it travels, a msgpack array led by its tag (0)."""
 
-    instance: str  # the publishing instance's id (its own messages are ignored)
-    replica: str  # replica id (normalized base URL): instances must name replicas alike
-    hashes: bytes  # the request's block hashes, little-endian uint64, root first
-    request_id: str = ""  # the publisher's id for the request ("": not counted as load)
+    instance: Name  # the publishing instance's id (its own messages are ignored)
+    replica: Url  # replica id (normalized base URL): instances must name replicas alike
+    hashes: Hashes  # the request's block hashes, little-endian uint64, root first
+    request_id: Name = ""  # the publisher's id for the request ("": not counted as load)
     prompt_tokens: Size = 0  # the request's sizes, for the others' load views, tokens
     output_tokens: Size = 0
     predicted_cached_tokens: Size = 0
@@ -46,8 +54,8 @@ class Routed(msgspec.Struct, array_like=True, frozen=True, tag=0):
 class Progress(msgspec.Struct, array_like=True, frozen=True, tag=1):
     """A routed request's first token (``done`` false) or end (``done`` true)."""
 
-    instance: str
-    request_id: str
+    instance: Name
+    request_id: Name
     done: bool
 
 
@@ -56,8 +64,8 @@ class Withdrawn(msgspec.Struct, array_like=True, frozen=True, tag=2):
     of its own: an instance that predates it skips it as undecodable, instead of reading it as
     a first token."""
 
-    instance: str
-    request_id: str
+    instance: Name
+    request_id: Name
 
 
 class Stored(msgspec.Struct, array_like=True, frozen=True, tag=3):
@@ -65,10 +73,10 @@ class Stored(msgspec.Struct, array_like=True, frozen=True, tag=3):
     fetches go there at every instance (``gateway/_responses.py``). An older instance skips
     the tag as undecodable."""
 
-    instance: str
-    tenant: str | None  # whose it is (None: no tenancy)
-    response_id: str
-    replica: str
+    instance: Name
+    tenant: Name | None  # whose it is (None: no tenancy)
+    response_id: Name
+    replica: Url
 
 
 Message = Routed | Progress | Withdrawn | Stored

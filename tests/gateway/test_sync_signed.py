@@ -1,0 +1,119 @@
+"""Signed sync messages (``sync_secret``, sync/_signing.py) and bounded ones (sync/_wire.py).
+
+From an outside audit (2026-12-06): anyone who could publish to the sync channel was believed.
+One forged ``Stored`` message let a tenant read another tenant's stored Responses, one forged
+decision of 2**64 prompt tokens kept a replica out of every instance's routing. With a shared
+secret every message carries an HMAC and the others are dropped and counted; every field is
+bounded whatever the secret."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import msgspec
+import pytest
+import redis
+from polling import until
+from prometheus_client.registry import CollectorRegistry
+
+from prefixroute.core import ConfigError, ReplicaId, Router, make_policy
+from prefixroute.gateway import GatewayConfig, TenancyConfig
+from prefixroute.gateway._state import STATE
+from prefixroute.sync._redis import RouteSync
+from prefixroute.sync._signing import Signer
+from prefixroute.sync._wire import Routed, Stored, decode, encode_stored
+
+from .helpers import STEADY, ClusterFactory, GatewayFactory, post_json, words
+from .redis_server import RedisServer
+from .test_precise import metric, metrics
+from .test_sync import all_connected
+
+SECRET = "a shared secret of the fleet"
+CHANNEL = "prefixroute:routed"
+
+
+def test_a_signed_message_opens_under_its_secret_only() -> None:
+    payload = encode_stored("i", None, "resp_1", ReplicaId("http://r:1"))
+    signed = Signer(SECRET).sign(payload)
+    assert Signer(SECRET).open(signed) == payload
+    assert Signer("another secret").open(signed) is None
+    tampered = signed[:-1] + bytes([signed[-1] ^ 1])
+    assert Signer(SECRET).open(tampered) is None
+    assert Signer(SECRET).open(payload) is None  # unsigned
+    assert Signer(SECRET).open(signed[:10]) is None  # shorter than a tag
+
+
+def test_with_a_secret_an_unsigned_message_is_dropped_and_counted() -> None:
+    registry = CollectorRegistry()
+    router = Router(make_policy("round_robin"))
+    sync = RouteSync("redis://127.0.0.1:1/0", CHANNEL, router, registry, secret=SECRET)
+    payload = encode_stored("i", None, "resp_1", ReplicaId("http://r:1"))
+    assert sync._open(payload) is None
+    assert registry.get_sample_value("prefixroute_sync_errors_total", {"kind": "auth"}) == 1
+    assert sync._open(Signer(SECRET).sign(payload)) == payload
+    plain = RouteSync("redis://127.0.0.1:1/0", CHANNEL, router, CollectorRegistry())
+    assert plain._open(payload) == payload  # no secret: believed, as before
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Routed("i", "http://r:1", b"", "q", 2**64 - 1),  # a replica out of routing for minutes
+        Routed("i", "http://r:1", b"\0" * 8 * (2**17 + 1)),  # a stall of the event loop
+        Stored("i", None, "resp_" + "x" * 1_000_000, "http://r:1"),  # memory without bound
+        Stored("i", "t" * 300, "resp_1", "http://r:1"),
+    ],
+)
+def test_a_message_past_its_bounds_is_a_decode_error(message: Routed | Stored) -> None:
+    raw = msgspec.msgpack.encode(message)
+    with pytest.raises(msgspec.ValidationError):
+        decode(raw)
+
+
+def test_tenant_isolation_with_sync_needs_a_secret() -> None:
+    isolated = TenancyConfig(isolation=True, cache_salt_secret="s" * 32)
+    with pytest.raises(ConfigError, match="needs sync_secret_file"):
+        GatewayConfig(sync_redis="redis://127.0.0.1:6379/0", tenancy=isolated)
+    GatewayConfig(sync_redis="redis://127.0.0.1:6379/0", tenancy=isolated, sync_secret=SECRET)
+    GatewayConfig(tenancy=isolated)  # no sync: nothing to sign
+
+
+async def known(session: aiohttp.ClientSession, url: str, response_id: str) -> bool:
+    async with session.get(url + f"/v1/responses/{response_id}") as resp:
+        return resp.status == 200
+
+
+async def test_a_forged_stored_message_reaches_only_the_instance_without_a_secret(
+    make_cluster: ClusterFactory,
+    make_gateway: GatewayFactory,
+    session: aiohttp.ClientSession,
+    redis_server: RedisServer,
+) -> None:
+    cluster = await make_cluster(2)
+    urls = [r.url for r in cluster.replicas]
+    alone = await make_gateway(urls, seed=0, **STEADY)  # stores a response no instance knows
+    sync = {"sync_redis": redis_server.url, **STEADY}
+    signed = await make_gateway(urls, seed=1, sync_secret=SECRET, **sync)
+    trusting = await make_gateway(urls, seed=2, **sync)
+    await all_connected(session, [signed, trusting], up=True)
+    body = {"input": words(40), "max_output_tokens": 1}
+    status, headers, raw = await post_json(session, alone.url + "/v1/responses", body)
+    assert status == 200, raw
+    names = {alone.app[STATE].registry.public_name(ReplicaId(u)): u for u in urls}
+    rid, replica = json.loads(raw)["id"], names[headers["x-prefixroute-replica"]]
+    assert not await known(session, signed.url, rid) and not await known(session, trusting.url, rid)
+
+    [(tenant, _)] = alone.app[STATE].responses._owners  # the default tenant's, as recorded
+    forged = encode_stored("evil", tenant, rid, ReplicaId(replica))
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        client.publish(CHANNEL, forged)
+        await until(lambda: known(session, trusting.url, rid))  # believed without a secret
+        assert not await known(session, signed.url, rid)
+        assert metric(await metrics(session, signed.url), "prefixroute_sync_errors_total",
+                      kind="auth") >= 1  # fmt: skip
+        client.publish(CHANNEL, Signer(SECRET).sign(forged))  # one signed under the secret
+        await until(lambda: known(session, signed.url, rid))
+    finally:
+        client.close()

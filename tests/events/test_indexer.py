@@ -184,3 +184,50 @@ def test_a_lora_adapters_blocks_are_keyed_by_the_adapter() -> None:
     assert ix.stats.adapter_blocks == 4 and ix.stats.skipped_blocks == 0
     ix.apply(batch(BlockRemoved([3], "GPU")))  # removals map through the same table
     assert index.match(hasher.for_adapter("a").hash_tokens(t)) == {R: 2}
+
+
+# --- chains remembered across a clear (an outside audit, 2026-12-06) -----------------------
+# A prefix the engine keeps cached through a gap or a restart is never stored again; a new
+# store that names one of its blocks as parent proves the engine holds it and its whole chain.
+
+
+def test_a_chain_kept_through_a_clear_comes_back_under_a_new_store() -> None:
+    index, ix, hasher = make()
+    system = list(range(8))
+    ix.apply(batch(stored(system, None, [1, 2])))
+    ix.clear()  # a gap: nothing from before is trusted...
+    assert index.blocks_of(R) == 0
+    question = list(range(8, 12))
+    ix.apply(batch(stored(question, 2, [3])))  # ...until a store hangs under it
+    assert index.match(hasher.hash_tokens(system + question)) == {R: 3}
+    assert ix.stats.recalled_blocks == 2 and ix.stats.orphan_blocks == 0
+    ix.apply(batch(BlockRemoved([1], "GPU")))  # the recalled blocks are mapped again: removable
+    assert index.match(hasher.hash_tokens(system)) == {}
+
+
+def test_a_block_evicted_after_the_clear_is_not_brought_back() -> None:
+    index, ix, _ = make()
+    ix.apply(batch(stored(list(range(8)), None, [1, 2])))
+    ix.clear()
+    ix.apply(batch(BlockRemoved([2], "GPU")))  # the engine says it no longer holds it
+    ix.apply(batch(stored(list(range(8, 12)), 2, [3])))
+    assert index.blocks_of(R) == 0 and ix.stats.orphan_blocks == 1
+
+
+def test_an_engine_that_emptied_its_cache_brings_nothing_back() -> None:
+    index, ix, _ = make()
+    ix.apply(batch(stored(list(range(8)), None, [1, 2])))
+    ix.clear()
+    ix.apply(batch(AllBlocksCleared()))  # empty: what it holds next, it stores again
+    ix.apply(batch(stored(list(range(8, 12)), 2, [3])))
+    assert index.blocks_of(R) == 0 and ix.stats.recalled_blocks == 0
+
+
+def test_a_loop_of_parents_from_before_a_clear_ends() -> None:
+    index, ix, _ = make()
+    ix.apply(batch(stored(list(range(4)), None, [5])))
+    ix.apply(batch(stored(list(range(4, 8)), 5, [6])))
+    ix.apply(batch(stored(list(range(8, 12)), 6, [5])))  # 5 stored again under 6: a loop
+    ix.clear()
+    ix.apply(batch(stored(list(range(12, 16)), 5, [7])))
+    assert ix.stats.orphan_blocks == 1 and ix.stats.recalled_blocks == 0

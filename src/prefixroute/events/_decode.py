@@ -42,6 +42,13 @@ def read_batch(payload: bytes) -> tuple[KVEventBatch, list[str]]:
     """The batch in a msgpack payload, in the map form's classes, and the type names of the
     events skipped as unknown (in order); raises EventDecodeError."""
     try:
+        return _read_batch(payload)
+    except RecursionError:  # msgspec's, on a few KB of nesting: a bad payload like any other
+        raise EventDecodeError("not a vLLM KV-event batch: nested too deeply") from None
+
+
+def _read_batch(payload: bytes) -> tuple[KVEventBatch, list[str]]:
+    try:
         return _vllm_batch.decode(payload), []
     except msgspec.DecodeError as exc:
         first = exc

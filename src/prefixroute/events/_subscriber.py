@@ -10,6 +10,10 @@ index never trusts entries the engine may no longer hold:
   them in order.
   Without one, or when the replay does not cover the gap, we clear the replica's entries and
   mark it resyncing.
+* **A late join** (the first number heard is not 0: the engine ran before we listened, or its
+  first batch was lost, as a PUB socket's first usually is). With a replay endpoint we ask for
+  every batch before it that the engine still buffers and apply them first: a young engine's
+  whole stream, or an old one's recent stores and evictions.
 * **A restart** (a number not above the last: a new engine counts from 0 again). Its cache
   started empty, so we clear and carry on from the new stream.
 * **AllBlocksCleared** clears the replica's entries, and after it we are exactly in step again.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -54,6 +59,9 @@ from prefixroute.events._wire import (
 log = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT_S = 1.0  # seconds to wait for each replayed batch before giving up
+REPLAY_DEADLINE_S = 10.0  # seconds for a whole replay, however its replies come
+APPLY_CHUNK = 256  # replayed batches applied between yields to the event loop
+UNKNOWN_TYPES_LOGGED = 16  # distinct unknown event types logged (and remembered) per stream
 RCV_HWM = 100_000  # messages queued in our socket before ZMQ drops (vLLM's own default)
 
 
@@ -73,6 +81,7 @@ class StreamStats:
     missed: int = 0  # batches lost to gaps (replayed or not)
     replayed: int = 0  # batches recovered through the replay socket
     replay_failures: int = 0  # gaps the replay did not close
+    caught_up: int = 0  # batches from before we listened, applied from the replay (_join)
     restarts: int = 0  # sequence resets (publisher restarted)
     resyncs: dict[str, int] = field(default_factory=dict)  # entries cleared, by cause
     decode_errors: int = 0  # messages that were not KV-event batches
@@ -162,8 +171,10 @@ class EventSubscriber:
         outcome = self.sequence.observe(seq)
         if outcome is SeqOutcome.FIRST:
             # A stream that starts at 0 is a fresh engine with an empty cache; any other number
-            # means it ran before we listened and may hold blocks we never heard of.
-            self.state = StreamState.LIVE if seq == 0 else StreamState.RESYNCING
+            # means it ran before we listened and may hold blocks we never heard of, unless
+            # its replay endpoint still has every batch before (_join).
+            whole = seq == 0 or await self._join(seq)
+            self.state = StreamState.LIVE if whole else StreamState.RESYNCING
         elif outcome is SeqOutcome.GAP:
             self.stats.gaps += 1
             self.stats.missed += missing.stop - missing.start  # len() overflows past 2**63
@@ -183,9 +194,11 @@ class EventSubscriber:
         if unknown:
             self.stats.unknown_events += len(unknown)
             for kind in set(unknown) - self._unknown_seen:
+                if len(self._unknown_seen) >= UNKNOWN_TYPES_LOGGED:  # a flood of made-up names
+                    break
                 self._unknown_seen.add(kind)
                 log.warning(
-                    "KV events of %s: skipping events of unknown type %r", self.replica, kind
+                    "KV events of %s: skipping events of unknown type %r", self.replica, kind[:64]
                 )
         return batch
 
@@ -210,14 +223,63 @@ class EventSubscriber:
         """Fetch and apply the ``missing`` batches; False if the replay did not close the gap."""
         if self.endpoint.replay is None or not missing or missing.start < 0:
             return False  # a start below 0 (after a number read as negative) has no request
+        got = await self._fetch(missing)
+        if got is None or len(got) != len(missing):
+            self.stats.replay_failures += 1
+            return False
+        try:
+            await self._apply_all(got[seq] for seq in missing)
+        except EventDecodeError as exc:
+            self.stats.replay_failures += 1
+            log.warning("KV events of %s: replay failed: %s", self.replica, exc)
+            return False
+        self.stats.replayed += len(missing)
+        return True
+
+    async def _join(self, seq: int) -> bool:
+        """A stream first heard at ``seq`` > 0: the engine ran before we listened. Ask its
+        replay endpoint for every batch before ``seq`` it still buffers (vLLM keeps the last
+        10,000) and apply the run of them that ends at ``seq - 1``, oldest first: what it
+        stored and evicted meanwhile. True when that run starts at 0, the whole stream (the
+        first batch after an engine starts is usually lost to the PUB socket's slow joiner,
+        and with it the first prompt's blocks, under which every later block hangs)."""
+        got = await self._fetch(range(0, seq)) if seq > 0 else None
+        start = seq
+        while got and start - 1 in got:
+            start -= 1
+        try:
+            if got:
+                await self._apply_all(got[n] for n in range(start, seq))
+        except EventDecodeError as exc:  # a hole in what was applied: trust none of it
+            self.indexer.clear()
+            log.warning("KV events of %s: catching up failed: %s", self.replica, exc)
+            return False
+        self.stats.caught_up += seq - start
+        return start == 0
+
+    async def _apply_all(self, payloads: Iterable[bytes]) -> None:
+        """Decode and apply ``payloads`` in order, letting requests through every few."""
+        for i, payload in enumerate(payloads):
+            if i and not i % APPLY_CHUNK:
+                await asyncio.sleep(0)
+            self._apply(self._decode(payload))
+
+    async def _fetch(self, missing: range) -> dict[int, bytes] | None:
+        """The batches of ``missing`` the replay endpoint sends back, by number (None: no
+        endpoint, or it failed). Each reply within ``replay_timeout_s``, all of them within
+        ``REPLAY_DEADLINE_S``: a peer that trickles replies outside the range stalls the
+        stream no longer than that."""
+        if self.endpoint.replay is None:
+            return None
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         got: dict[int, bytes] = {}
+        deadline = asyncio.get_running_loop().time() + REPLAY_DEADLINE_S
         try:
             sock.setsockopt(zmq.IPV6, int(is_ipv6(self.endpoint.replay)))
             sock.connect(self.endpoint.replay)
             await sock.send_multipart([b"", missing.start.to_bytes(8, "big")])
-            while True:
+            while asyncio.get_running_loop().time() < deadline:
                 if not await sock.poll(self.replay_timeout_s * 1000):
                     break
                 reply = _replay_reply(await sock.recv_multipart())
@@ -226,19 +288,12 @@ class EventSubscriber:
                 seq, payload = reply
                 if seq in missing:
                     got[seq] = payload
-            if len(got) != len(missing):
-                self.stats.replay_failures += 1
-                return False
-            for seq in missing:
-                self._apply(self._decode(got[seq]))
-        except (zmq.ZMQError, EventDecodeError) as exc:
-            self.stats.replay_failures += 1
+        except zmq.ZMQError as exc:
             log.warning("KV events of %s: replay failed: %s", self.replica, exc)
-            return False
+            return None
         finally:
             sock.close(linger=0)
-        self.stats.replayed += len(missing)
-        return True
+        return got
 
 
 def _replay_reply(frames: list[bytes]) -> tuple[int, bytes] | None:

@@ -1,0 +1,70 @@
+"""A stream heard first past sequence 0 catches up from the engine's replay endpoint, and a
+payload nested too deeply is a decode error like any other (an outside audit, 2026-12-06).
+
+Before, a subscriber that joined late (the engine ran before it, or the PUB socket lost the
+first batch, as it usually does) never asked for the batches before, so the first prompt's
+blocks, a shared system prompt under which every later block hangs, stayed unknown for good:
+every later block was an orphan. And msgspec's RecursionError on a 5 KB payload cleared the
+replica as an unexpected error instead of being counted and skipped."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import zmq.asyncio
+from polling import until
+
+from prefixroute.events import EventDecodeError, EventEndpoint, EventPublisher, StreamState
+
+from .helpers import HASHER, R, frames, indexed, stored, subscriber
+
+
+async def test_a_late_subscriber_applies_what_the_engine_published_before_it(
+    context: zmq.asyncio.Context,
+) -> None:
+    spec = "bind:tcp://127.0.0.1:*,replay=tcp://127.0.0.1:*"
+    pub = EventPublisher(EventEndpoint.parse(spec), context, buffer_steps=100)
+    await pub.start()
+    index = indexed()
+    try:
+        pub.publish([stored(list(range(8)), None, [1, 2])])  # seq 0: nobody listens yet
+        pub.publish([stored(list(range(8, 12)), 2, [3])])  # seq 1: continues it
+        assert pub.address is not None
+        sub = subscriber(context, EventEndpoint(pub.address, False, pub.replay_address), index)
+        await sub.start()
+        try:
+            while sub.stats.batches == 0:  # the subscription reaches the PUB socket
+                pub.publish([])
+                await asyncio.sleep(0.01)
+            pub.publish([stored(list(range(12, 16)), 3, [4])])  # hangs under seq 0's blocks
+            await until(lambda: index.blocks_of(R) == 4)
+        finally:
+            await sub.stop()
+    finally:
+        await pub.stop()
+    assert index.match(HASHER.hash_tokens(list(range(16)))) == {R: 4}
+    assert sub.state is StreamState.LIVE  # the whole stream from 0: in step with the engine
+    assert sub.stats.caught_up >= 2 and sub.indexer.stats.orphan_blocks == 0
+
+
+async def test_without_a_replay_endpoint_a_late_stream_is_resyncing(
+    context: zmq.asyncio.Context,
+) -> None:
+    index = indexed()
+    sub = subscriber(context, index=index)
+    await sub.receive(frames(5, stored(list(range(4, 8)), 1, [2])))
+    assert sub.state is StreamState.RESYNCING and sub.stats.caught_up == 0
+    assert sub.indexer.stats.orphan_blocks == 1
+
+
+async def test_a_deeply_nested_payload_is_a_decode_error_not_a_resync(
+    context: zmq.asyncio.Context,
+) -> None:
+    index = indexed()
+    sub = subscriber(context, index=index)
+    await sub.receive(frames(0, stored(list(range(4)), None, [1])))
+    nested = b"\x93\xcb" + bytes(8) + b"\x91" * 5000 + b"\xc0\xc0"  # [ts, [[[...]]], None]
+    with pytest.raises(EventDecodeError, match="nested too deeply"):
+        await sub.receive([b"", (1).to_bytes(8, "big"), nested])
+    assert index.blocks_of(R) == 1 and sub.stats.resyncs == {}

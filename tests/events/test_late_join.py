@@ -68,3 +68,41 @@ async def test_a_deeply_nested_payload_is_a_decode_error_not_a_resync(
     with pytest.raises(EventDecodeError, match="nested too deeply"):
         await sub.receive([b"", (1).to_bytes(8, "big"), nested])
     assert index.blocks_of(R) == 1 and sub.stats.resyncs == {}
+
+
+async def test_an_engine_restarted_at_the_same_address_starts_a_new_stream(
+    context: zmq.asyncio.Context,
+) -> None:
+    """The new engine's first batches are lost, and the first number heard is the old
+    stream's next: before, that read as the old stream going on, and the old engine's blocks
+    stayed in the index, routed on but no longer held (an outside audit, 2026-12-06)."""
+    old = EventPublisher(EventEndpoint.parse("bind:tcp://127.0.0.1:*"), context)
+    await old.start()
+    assert old.address is not None
+    index = indexed()
+    sub = subscriber(context, EventEndpoint(old.address, False), index)
+    await sub.start()
+    try:
+        while sub.stats.batches == 0:
+            old.publish([])
+            await asyncio.sleep(0.01)
+        last = old.publish([stored(list(range(8)), None, [1, 2])])
+        await until(lambda: index.blocks_of(R) == 2)
+        await old.stop()  # the engine dies; a new one binds the same address
+        new = EventPublisher(EventEndpoint.parse(f"bind:{old.address}"), context)
+        await new.start()
+        try:
+            for _ in range(last + 1):  # its batches up to the old stream's last: all lost
+                new.publish([], drop=True)
+            await asyncio.sleep(0.5)  # the subscriber reconnects (ZMQ retries every 0.1 s)
+            for _ in range(250):  # until the subscriber has reconnected and heard one
+                new.publish([stored(list(range(50, 54)), None, [7])])  # the old stream's next
+                await asyncio.sleep(0.02)
+                if index.match(HASHER.hash_tokens(list(range(50, 54)))):
+                    break
+        finally:
+            await new.stop()
+    finally:
+        await sub.stop()
+    assert index.match(HASHER.hash_tokens(list(range(8)))) == {}  # the old engine's blocks
+    assert index.match(HASHER.hash_tokens(list(range(50, 54)))) == {R: 1}

@@ -15,7 +15,9 @@ index never trusts entries the engine may no longer hold:
   every batch before it that the engine still buffers and apply them first: a young engine's
   whole stream, or an old one's recent stores and evictions.
 * **A restart** (a number not above the last: a new engine counts from 0 again). Its cache
-  started empty, so we clear and carry on from the new stream.
+  started empty, so we clear and carry on from the new stream. The socket's monitor also
+  tells every disconnection of the publisher: the next batch then starts a new stream (clear,
+  then the late join's catch-up), whatever its number.
 * **AllBlocksCleared** clears the replica's entries, and after it we are exactly in step again.
 
 State: ``waiting`` until the first batch; ``live`` while the stream is known to be complete;
@@ -34,12 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from prefixroute._tasks import cancel_and_wait
 from prefixroute.core import ReplicaId
@@ -82,6 +86,7 @@ class StreamStats:
     replayed: int = 0  # batches recovered through the replay socket
     replay_failures: int = 0  # gaps the replay did not close
     caught_up: int = 0  # batches from before we listened, applied from the replay (_join)
+    last_batch_at: float | None = None  # time.monotonic() of the last batch applied
     restarts: int = 0  # sequence resets (publisher restarted)
     resyncs: dict[str, int] = field(default_factory=dict)  # entries cleared, by cause
     decode_errors: int = 0  # messages that were not KV-event batches
@@ -110,6 +115,9 @@ class EventSubscriber:
         self._socket: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
         self._unknown_seen: set[str] = set()  # unknown event types already logged
+        self._monitor: asyncio.Task[None] | None = None  # reads the socket's disconnections
+        self._watching: zmq.asyncio.Socket | None = None  # from this monitor socket
+        self._rejoin = False  # a peer went away: the next batch starts a new stream
 
     @property
     def replica(self) -> ReplicaId:
@@ -135,17 +143,35 @@ class EventSubscriber:
             sock.close(linger=0)
             raise
         self._socket = sock
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"kv-events {self.replica}"
-        )
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name=f"kv-events {self.replica}")
+        self._watching = watch = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._monitor = loop.create_task(self._watch(watch), name=f"kv-peers {self.replica}")
         log.info("KV events of %s: %s", self.replica, self.endpoint)
 
     async def stop(self) -> None:
         task, self._task = self._task, None
+        monitor, self._monitor = self._monitor, None
         await cancel_and_wait(task)
+        await cancel_and_wait(monitor)
         sock, self._socket = self._socket, None
+        watching, self._watching = self._watching, None
         if sock is not None:
+            sock.disable_monitor()
             sock.close(linger=0)
+        if watching is not None:  # here, not in _watch: a task cancelled unstarted runs no
+            watching.close(linger=0)  # finally, and an open socket hangs the context's term
+
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        """Note every disconnection of the publisher: an engine that restarts comes back
+        with an empty cache and a new stream, whose first number we may never hear (lost to
+        the PUB socket), so the next batch starts over (:meth:`receive`). Before, a restarted
+        engine whose first heard number came after the old stream's last was taken for the
+        old one, and every entry of the old engine stayed, routed on but no longer held."""
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._rejoin = True
 
     # --- the stream -----------------------------------------------------------------------
     async def _run(self) -> None:
@@ -167,6 +193,10 @@ class EventSubscriber:
         """Handle one published message (sequence check, replay or resync, then apply)."""
         _, seq, payload = unpack_frames(frames)
         batch = self._decode(payload)  # a bad payload leaves the sequence untouched
+        if self._rejoin:  # the publisher went away meanwhile: maybe another engine now
+            self._rejoin = False
+            self.sequence = SequenceTracker()
+            self._resync("publisher reconnected", cause="reconnect")
         missing = self.sequence.missing(seq)
         outcome = self.sequence.observe(seq)
         if outcome is SeqOutcome.FIRST:
@@ -204,6 +234,7 @@ class EventSubscriber:
 
     def _apply(self, batch: KVEventBatch) -> None:
         self.stats.batches += 1
+        self.stats.last_batch_at = time.monotonic()
         self.stats.events += len(batch.events)
         cleared = any(isinstance(e, AllBlocksCleared) for e in batch.events)
         self.indexer.apply(batch)

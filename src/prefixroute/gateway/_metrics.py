@@ -43,11 +43,14 @@ replica having turned the request away: ``Router.withdraw``).
 In precise mode also ``prefixroute_speculative_entries`` and, per replica, the KV-event streams:
 ``prefixroute_kv_event_batches_total``, ``prefixroute_kv_events_total{type}``,
 ``prefixroute_kv_event_gaps_total``, ``prefixroute_kv_event_replayed_total``,
-``prefixroute_kv_event_resyncs_total{cause}`` (gap, restart, cleared, error),
+``prefixroute_kv_event_resyncs_total{cause}`` (gap, restart, reconnect, cleared, error),
 ``prefixroute_kv_event_decode_errors_total``, ``prefixroute_kv_event_unknown_total`` (events
 of types we do not know, skipped), ``prefixroute_kv_event_blocks_total{kind}``
-(stored, removed, orphan, skipped) and ``prefixroute_kv_event_stream_state{state}`` (1 for the
-current one of waiting, live, resyncing).
+(stored, removed, orphan, skipped, recalled), ``prefixroute_kv_event_replay_failures_total``,
+``prefixroute_kv_event_caught_up_total`` (batches from before a stream was first heard,
+replayed), ``prefixroute_kv_event_last_batch_age_seconds`` and
+``prefixroute_kv_event_stream_state{state}`` (1 for the current one of waiting, live,
+resyncing): ``gateway/_event_metrics.py``.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from prefixroute.core import Judgement, Router, judge_prediction
-from prefixroute.events import StreamState
+from prefixroute.gateway._event_metrics import EventCollector
 from prefixroute.gateway._registry import ReplicaRegistry
 
 if TYPE_CHECKING:
@@ -211,7 +214,7 @@ class GatewayMetrics:
 
     def watch_precise(self, precise: PreciseMode) -> None:
         """Report precise mode's event streams (read at scrape)."""
-        self.registry.register(_EventCollector(precise))
+        self.registry.register(EventCollector(precise))
 
 
 def _counter(registry: CollectorRegistry, name: str, doc: str, *labels: str) -> Counter:
@@ -345,56 +348,3 @@ def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=["replica", *labels])
 
 
-class _EventCollector(Collector):
-    """Precise mode's KV-event streams, read from the subscribers at scrape time."""
-
-    def __init__(self, precise: PreciseMode) -> None:
-        self.precise = precise
-
-    def collect(self) -> Iterator[Metric]:
-        def counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
-            return CounterMetricFamily(name, doc, labels=["replica", *labels])
-
-        batches = counter("prefixroute_kv_event_batches", "KV-event batches applied.")
-        events = counter("prefixroute_kv_events", "KV events applied, by type.", "type")
-        gaps = counter("prefixroute_kv_event_gaps", "Sequence gaps (lost batches).")
-        replayed = counter("prefixroute_kv_event_replayed", "Batches recovered by replay.")
-        resyncs = counter(
-            "prefixroute_kv_event_resyncs", "Replica entries cleared, by cause.", "cause"
-        )
-        errors = counter("prefixroute_kv_event_decode_errors", "Undecodable messages.")
-        unknown = counter(
-            "prefixroute_kv_event_unknown", "Events of types we do not know, skipped."
-        )
-        blocks = counter("prefixroute_kv_event_blocks", "Blocks in KV events, by fate.", "kind")
-        state = GaugeMetricFamily(
-            "prefixroute_kv_event_stream_state",
-            "1 for the stream's current state (waiting, live, resyncing).",
-            labels=["replica", "state"],
-        )
-        speculative = self.precise.router.speculative_entries()
-        for replica, sub in self.precise.subscribers.items():
-            st, ix = sub.stats, sub.indexer.stats
-            batches.add_metric([replica], st.batches)
-            events.add_metric([replica, "BlockStored"], ix.stored_events)
-            events.add_metric([replica, "BlockRemoved"], ix.removed_events)
-            events.add_metric([replica, "AllBlocksCleared"], ix.cleared_events)
-            gaps.add_metric([replica], st.gaps)
-            replayed.add_metric([replica], st.replayed)
-            for cause in ("gap", "restart", "cleared", "error"):
-                resyncs.add_metric([replica, cause], st.resyncs.get(cause, 0))
-            errors.add_metric([replica], st.decode_errors)
-            unknown.add_metric([replica], st.unknown_events)
-            blocks.add_metric([replica, "stored"], ix.stored_blocks)
-            blocks.add_metric([replica, "removed"], ix.removed_blocks)
-            blocks.add_metric([replica, "orphan"], ix.orphan_blocks)
-            blocks.add_metric([replica, "skipped"], ix.skipped_blocks)
-            for s in StreamState:
-                state.add_metric([replica, s.value], 1.0 if sub.state is s else 0.0)
-        yield from (batches, events, gaps, replayed, resyncs, errors, unknown, blocks, state)
-        if speculative is not None:
-            yield GaugeMetricFamily(
-                "prefixroute_speculative_entries",
-                "(replica, block) speculative entries not yet expired.",
-                speculative,
-            )

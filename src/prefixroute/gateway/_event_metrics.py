@@ -40,22 +40,15 @@ class EventCollector(Collector):
         gaps = counter("prefixroute_kv_event_gaps", "Sequence gaps (lost batches).")
         replayed = counter("prefixroute_kv_event_replayed", "Batches recovered by replay.")
         failed = counter("prefixroute_kv_event_replay_failures", "Gaps the replay did not close.")
-        caught_up = counter(
-            "prefixroute_kv_event_caught_up", "Batches from before the stream was first heard, "
-            "replayed when it was.",
-        )  # fmt: skip
+        caught_up = counter("prefixroute_kv_event_caught_up", "Batches replayed at a late join.")
         age = GaugeMetricFamily(
             "prefixroute_kv_event_last_batch_age_seconds",
             "Seconds since the stream's last batch (absent before its first).",
             labels=["replica"],
         )
-        resyncs = counter(
-            "prefixroute_kv_event_resyncs", "Replica entries cleared, by cause.", "cause"
-        )
+        resyncs = counter("prefixroute_kv_event_resyncs", "Entries cleared, by cause.", "cause")
         errors = counter("prefixroute_kv_event_decode_errors", "Undecodable messages.")
-        unknown = counter(
-            "prefixroute_kv_event_unknown", "Events of types we do not know, skipped."
-        )
+        unknown = counter("prefixroute_kv_event_unknown", "Events of unknown types, skipped.")
         blocks = counter("prefixroute_kv_event_blocks", "Blocks in KV events, by fate.", "kind")
         state = GaugeMetricFamily(
             "prefixroute_kv_event_stream_state",

@@ -231,3 +231,11 @@ def test_a_loop_of_parents_from_before_a_clear_ends() -> None:
     ix.clear()
     ix.apply(batch(stored(list(range(12, 16)), 5, [7])))
     assert ix.stats.orphan_blocks == 1 and ix.stats.recalled_blocks == 0
+
+
+def test_a_store_whose_tokens_are_not_whole_blocks_is_skipped() -> None:
+    """One block hash with 6 tokens at 4 a block: the counts disagree, and the event cannot
+    say which block the extra tokens belong to (an outside audit: it was indexed as one)."""
+    index, ix, _ = make()
+    ix.apply(batch(stored(list(range(6)), None, [1])))
+    assert index.blocks_of(R) == 0 and ix.stats.skipped_blocks == 1

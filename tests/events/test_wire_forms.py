@@ -225,3 +225,12 @@ async def test_sglang_positional_metadata_in_vllms_lora_name_place(
     await sub.receive([b"", _seq(0), msgspec.msgpack.encode([0.0, [stored]])])
     assert index.blocks_of(R) == indexed_blocks
     assert sub.stats.decode_errors == 0
+
+
+def test_a_batch_sent_as_a_map_reads_as_the_array_form() -> None:
+    """vLLM 0.32 sends the batch as an array; a copy of its module declared it as a map of
+    named fields (an outside audit, 2026-12-06), and an engine that sent that must not have
+    every batch read as an error."""
+    events = [block(0, None), block(1, 1)]
+    as_map = msgspec.msgpack.encode({"ts": 0.0, "events": events, "data_parallel_rank": None})
+    assert read_batch(as_map) == read_batch(payload(*events)) == (KVEventBatch(0.0, events), [])

@@ -20,9 +20,16 @@ from typing import Any
 import msgspec
 
 from prefixroute.events._errors import EventDecodeError
-from prefixroute.events._wire import KVEvent, KVEventBatch
-from prefixroute.events._wire_other import ArrayEvent, LooseEvent, OtherBatch, to_vllm
+from prefixroute.events._wire import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
+)
+from prefixroute.events._wire_other import ArrayEvent, LooseEvent, MapBatch, OtherBatch, to_vllm
 
+_VLLM_EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)  # read as they are
 KNOWN_TYPES = frozenset({"BlockStored", "BlockRemoved", "AllBlocksCleared"})
 
 
@@ -31,6 +38,8 @@ _vllm_batch = msgspec.msgpack.Decoder(KVEventBatch)
 _other_batches = (
     msgspec.msgpack.Decoder(OtherBatch[ArrayEvent]),
     msgspec.msgpack.Decoder(OtherBatch[LooseEvent]),
+    msgspec.msgpack.Decoder(MapBatch[KVEvent]),  # the batch itself a map (MapBatch)
+    msgspec.msgpack.Decoder(MapBatch[LooseEvent]),
 )
 _raw_batch = msgspec.msgpack.Decoder(OtherBatch[msgspec.Raw])
 _vllm_event = msgspec.msgpack.Decoder(KVEvent)
@@ -57,7 +66,7 @@ def _read_batch(payload: bytes) -> tuple[KVEventBatch, list[str]]:
             batch = decoder.decode(payload)
         except msgspec.DecodeError:
             continue
-        events = [to_vllm(e) for e in batch.events]
+        events = [e if isinstance(e, _VLLM_EVENTS) else to_vllm(e) for e in batch.events]
         return KVEventBatch(batch.ts, events, batch.data_parallel_rank), []
     return _event_by_event(payload, first)
 

@@ -191,7 +191,7 @@ class PreciseIndexer:
         except ConfigError:  # ids outside [0, 2**32): they decode, but no prompt has them
             stats.skipped_blocks += n
             return
-        if len(ours) != n:  # token count does not match the block count
+        if len(ours) != n or len(event.token_ids) != n * hasher.block_size:  # counts disagree
             stats.skipped_blocks += n
             return
         self._ours.update(zip(event.block_hashes, ours, strict=True))

@@ -81,6 +81,16 @@ class OtherBatch(msgspec.Struct, Generic[_E], array_like=True, omit_defaults=Tru
     data_parallel_rank: int | None = None
 
 
+class MapBatch(msgspec.Struct, Generic[_E], omit_defaults=True, gc=False):
+    """The batch as a map of named fields, should an engine send it so: vLLM 0.32 and every
+    engine seen send it as an array, but a copy of vLLM's module declared it without
+    ``array_like`` (an outside audit, 2026-12-06), so it is read too, after the others."""
+
+    ts: float
+    events: list[_E]
+    data_parallel_rank: int | None = None
+
+
 # --- SGLang's map -----------------------------------------------------------------------------
 # The positional twins' fields, by name: every field after ``block_size`` may be missing.
 class _LooseBlockStored(_ArrayBlockStored, array_like=False):

@@ -210,6 +210,27 @@ async def test_the_redis_password_stays_out_of_the_logs(
     assert "s3cret-pw" not in caplog.text
 
 
+async def test_a_new_cause_in_one_outage_is_warned_of_again(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis down, then up with a password the URL lacks: before, only the first cause
+    (connection refused) was ever warned of, the credentials' never (an outside audit)."""
+    import prefixroute.sync._redis as sync_redis
+
+    monkeypatch.setattr(sync_redis, "BACKOFF_MIN_S", 0.01)
+    monkeypatch.setattr(sync_redis, "BACKOFF_MAX_S", 0.05)
+    caplog.set_level(logging.WARNING, logger="prefixroute.sync")
+    redis_server.stop()
+    sync = instance("me", redis_server.url)
+    await sync.start()
+    try:
+        await until(lambda: "sync through Redis failed" in caplog.text)
+        redis_server.start("--requirepass", "another-pw")
+        await until(lambda: "refused the URL's credentials" in caplog.text)
+    finally:
+        await sync.stop()
+
+
 async def test_a_wrong_redis_password_is_named_in_the_log(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -8,6 +8,7 @@ bounded whatever the secret."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -22,7 +23,7 @@ from prefixroute.gateway import GatewayConfig, TenancyConfig
 from prefixroute.gateway._state import STATE
 from prefixroute.sync._redis import RouteSync
 from prefixroute.sync._signing import Signer
-from prefixroute.sync._wire import Routed, Stored, decode, encode_stored
+from prefixroute.sync._wire import Progress, Routed, Stored, decode, encode_stored
 
 from .helpers import STEADY, ClusterFactory, GatewayFactory, post_json, words
 from .redis_server import RedisServer
@@ -117,3 +118,51 @@ async def test_a_forged_stored_message_reaches_only_the_instance_without_a_secre
         await until(lambda: known(session, signed.url, rid))
     finally:
         client.close()
+
+
+def test_the_requests_of_an_instance_no_longer_heard_leave_the_load_view(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An instance killed outright sends no ends: its requests left the others' load views
+    only after REMOTE_TTL_S (ten minutes), pushing traffic off the replicas they named (an
+    outside audit, 2026-12-06). Now an instance not heard for SILENT_S is gone; one that says
+    it is alive (an empty progress message, every ALIVE_EVERY_S) keeps its requests."""
+    import prefixroute.sync._remote as remote_module
+    from prefixroute.sync._remote import ALIVE_EVERY_S, REMOTE_TTL_S, SILENT_S
+    from prefixroute.sync._wire import encode_progress
+
+    from .test_sync import remote_decision
+
+    clock = [1000.0]
+    monkeypatch.setattr(remote_module.time, "monotonic", lambda: clock[0])
+    router = Router(make_policy("round_robin"))
+    r = ReplicaId("http://r:1")
+    router.add_replica(r)
+    sync = RouteSync("redis://127.0.0.1:9/0", "c", router, CollectorRegistry(), instance_id="me")
+    sync.remote.apply(remote_decision("alive", "q1", r))
+    sync.remote.apply(remote_decision("killed", "q2", r))
+    assert router.replica_load(r).in_flight == 2
+    while clock[0] < 1000.0 + SILENT_S + ALIVE_EVERY_S:  # well under REMOTE_TTL_S
+        clock[0] += ALIVE_EVERY_S
+        sync.remote.apply(encode_progress("alive", "", False))  # its heartbeat
+        sync.remote.expire(clock[0])
+    assert SILENT_S + ALIVE_EVERY_S < REMOTE_TTL_S
+    assert router.replica_load(r).in_flight == 1  # "killed"'s request is gone, "alive"'s stays
+    sync.remote.apply(encode_progress("alive", "q1", True))
+    assert router.replica_load(r).in_flight == 0
+
+
+async def test_every_instance_says_it_is_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    import prefixroute.sync._redis as redis_module
+
+    monkeypatch.setattr(redis_module, "ALIVE_EVERY_S", 0.01)
+    router = Router(make_policy("round_robin"))
+    sync = RouteSync("redis://127.0.0.1:9/0", "c", router, CollectorRegistry(), instance_id="me")
+    sync._tasks = [asyncio.create_task(sync._alive())]  # the heartbeat alone, no Redis
+    try:
+        await asyncio.sleep(0.05)
+        payload, keep = sync._queue.get_nowait()
+    finally:
+        sync._tasks[0].cancel()
+    message = decode(payload)
+    assert message == Progress("me", "", False) and not keep

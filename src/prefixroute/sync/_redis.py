@@ -56,7 +56,12 @@ from redis.exceptions import TimeoutError as RedisTimeout
 from prefixroute._tasks import cancel_and_wait
 from prefixroute.core import Decision, ReplicaId, RequestView, Router
 from prefixroute.sync._metrics import SyncMetrics
-from prefixroute.sync._remote import RemoteRequests, StoredHook, without_withdrawn
+from prefixroute.sync._remote import (
+    ALIVE_EVERY_S,
+    RemoteRequests,
+    StoredHook,
+    without_withdrawn,
+)
 from prefixroute.sync._signing import Signer
 from prefixroute.sync._url import redacted
 from prefixroute.sync._wire import encode, encode_progress, encode_stored, encode_withdrawn
@@ -180,7 +185,15 @@ class RouteSync:
         self._tasks = [
             asyncio.create_task(self._forever(self._publish_some), name="sync-publisher"),
             asyncio.create_task(self._forever(self._subscribe), name="sync-subscriber"),
+            asyncio.create_task(self._alive(), name="sync-alive"),
         ]
+
+    async def _alive(self) -> None:
+        """Say this instance is alive every ``ALIVE_EVERY_S``: the others drop the requests of
+        one they stop hearing (``_remote``), as when it dies without sending their ends."""
+        while True:
+            await asyncio.sleep(ALIVE_EVERY_S)
+            self._put(encode_progress(self.instance_id, "", False), keep=False)
 
     async def stop(self) -> None:
         """End both tasks; returns once they have ended (:func:`cancel_and_wait`, which also
@@ -204,10 +217,11 @@ class RouteSync:
     async def _forever(self, work: _Work) -> None:
         """Run ``work`` with a fresh client; on a Redis failure wait (backoff) and start again."""
         delay = BACKOFF_MIN_S
+        said = ""  # the last failure logged at WARNING: a new kind is logged again
 
         def up() -> None:
-            nonlocal delay
-            delay = BACKOFF_MIN_S
+            nonlocal delay, said
+            delay, said = BACKOFF_MIN_S, ""
 
         while True:
             client = None
@@ -222,7 +236,12 @@ class RouteSync:
                 # A wrong password is no outage that passes: say so in words an operator acts on.
                 why = "Redis refused the URL's credentials" if isinstance(
                     exc, AuthenticationError) else "sync through Redis failed"  # fmt: skip
-                log.log(_level(delay), "%s (%s); routing local-only", why, exc)
+                # Once per outage, and again when its cause changes (Redis down at start,
+                # then a wrong password: before, only "connection refused" was ever logged).
+                kind = f"{why}: {type(exc).__name__}"
+                level = logging.WARNING if kind != said else _level(delay)
+                said = kind
+                log.log(level, "%s (%s); routing local-only", why, exc)
             except Exception:  # a bug must not end the sharing for good: log it, start over
                 self.metrics.errors.labels("internal").inc()
                 level = _level(delay, logging.ERROR)  # a traceback per spell, not per retry

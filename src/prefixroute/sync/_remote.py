@@ -12,9 +12,13 @@ load: those requests are long over; a decision withdrawn later is left out of th
 (:func:`without_withdrawn`). The replica of another instance's stored Responses answer goes to
 ``on_stored``, the front end's map (``gateway/_responses.py``), live or replayed.
 
-A remote request whose end never arrives (its instance died, or this one was disconnected) is
-dropped after ``REMOTE_TTL_S``, and all of them are dropped when the subscription breaks, since
-their progress messages are lost meanwhile.
+A remote request whose end never arrives is dropped after ``REMOTE_TTL_S``, and all of them are
+dropped when the subscription breaks, since their progress messages are lost meanwhile. An
+instance that dies (``kill -9``, a lost node) sends no ends: every instance says it is alive
+at least every ``ALIVE_EVERY_S`` (an empty progress message, which instances that predate it
+apply as the end of no request), and the requests of an instance not heard for
+``SILENT_S`` are dropped. Before, a crashed instance's requests stayed counted on every other
+for ten minutes, pushing traffic off the replicas they named (an outside audit, 2026-12-06).
 
 A router that other threads also call (Ray Serve's, whose hooks come from more than one thread)
 passes the lock that guards it: every call into the router here is made holding it.
@@ -37,6 +41,9 @@ from prefixroute.sync._wire import Progress, Routed, Stored, Withdrawn, decode
 StoredHook = Callable[[str | None, str, ReplicaId], None]
 
 REMOTE_TTL_S = 600.0  # a remote request not heard of for this long is taken as over, seconds
+ALIVE_EVERY_S = 5.0  # each instance says it is alive at least this often, seconds
+SILENT_S = 6 * ALIVE_EVERY_S  # an instance not heard for this long is gone, seconds
+INSTANCES = 4096  # instances remembered as heard; past this the table starts over
 EXPIRE_EVERY_S = 1.0  # how often remote requests are checked for expiry, seconds
 
 
@@ -60,6 +67,7 @@ class RemoteRequests:
         # "instance/request id" -> when dispatched (time.monotonic()), oldest first, for expiry
         self._remote: dict[str, float] = {}
         self._expired_at = 0.0  # last expiry pass, time.monotonic()
+        self._heard: dict[str, float] = {}  # instance -> last message from it, monotonic
         metrics.remote_in_flight.set_function(lambda: len(self._remote))
 
     def __len__(self) -> int:
@@ -79,6 +87,10 @@ class RemoteRequests:
             return False
         if msg.instance == self.instance_id:
             return False  # our own: in the index and the load view already
+        if live:
+            if len(self._heard) >= INSTANCES and msg.instance not in self._heard:
+                self._heard.clear()  # bounded; the live ones are heard again within seconds
+            self._heard[msg.instance] = time.monotonic()
         if isinstance(msg, Progress):
             if live:
                 self._progress(f"{msg.instance}/{msg.request_id}", msg.done)
@@ -158,6 +170,11 @@ class RemoteRequests:
             if at > cutoff:
                 break  # oldest first: the rest are younger
             stale.append(key)
+        gone = {i for i, at in self._heard.items() if now - at > SILENT_S}
+        if gone:  # their requests, however young: nobody will send their ends
+            stale += [k for k in self._remote if k.partition("/")[0] in gone and k not in stale]
+            for instance in gone:
+                del self._heard[instance]
         with self.lock:
             for key in stale:
                 del self._remote[key]

@@ -247,3 +247,48 @@ def test_a_generate_chunk_is_output_once_a_token_is_made() -> None:
     assert first(_native("", 1))  # a token that ends inside a UTF-8 character: made, no text
     assert not first(_native("", 0))  # nothing made yet
     assert first(_native("", 0) + _native("x", 1))
+
+
+_PIECES = st.lists(
+    st.sampled_from([b"data: x", b"data: {}", b"\n", b"\r", b"\n\n", b"\r\n\r\n", b"\r\r", b":"]),
+    max_size=30,
+)
+
+
+def _cut_by_searching_everything_held(held: bytes, chunk: bytes) -> tuple[bytes, bytes]:
+    """The reference: what is passed on and what is held, searching all held bytes and the
+    chunk for the last boundary (the scanner before it searched the new bytes only)."""
+    data = held + chunk
+    end = max((data.rfind(sep) + len(sep) for sep in (b"\n\n", b"\r\n\r\n", b"\r\r")
+               if data.rfind(sep) >= 0), default=0)  # fmt: skip
+    return data[:end], data[end:]
+
+
+@given(_PIECES, st.lists(st.integers(min_value=1, max_value=200), max_size=20))
+def test_many_small_chunks_are_cut_as_a_search_of_all_held_bytes_cuts_them(
+    pieces: list[bytes], cuts: list[int]
+) -> None:
+    """A boundary may straddle two chunks (even three, one byte each): each chunk is searched
+    only with the last bytes held before it (an event sent in many chunks was searched whole
+    at every one, O(n^2) in its size: an outside audit, 2026-12-06), and must be cut where a
+    search of everything held cuts it."""
+    stream = b"".join(pieces)
+    bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
+    scanner, held = SSEScanner(), b""
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        expected, held = _cut_by_searching_everything_held(held, stream[a:b])
+        assert scanner.feed(stream[a:b]) == expected
+        assert scanner.pending == len(held)
+    assert scanner.flush() == held
+
+
+@pytest.mark.parametrize("sep", [b"\n\n", b"\r\n\r\n", b"\r\r"])
+def test_a_boundary_cut_anywhere_is_found(sep: bytes) -> None:
+    for k in range(1, len(sep)):  # two chunks, the boundary split after k bytes
+        s = SSEScanner()
+        assert s.feed(b"data: x" + sep[:k]) == b""
+        assert s.feed(sep[k:] + b"data: y") == b"data: x" + sep
+        assert s.pending == len(b"data: y")
+    s = SSEScanner()  # one byte a chunk
+    out = b"".join(s.feed(bytes([c])) for c in b"data: x" + sep)
+    assert out == b"data: x" + sep and s.pending == 0

@@ -55,7 +55,11 @@ def only_comments(events: bytes) -> bool:
 
 class SSEScanner:
     def __init__(self, hide_usage: bool = False, responses: bool = False) -> None:
-        self._tail = b""  # bytes after the last complete event, bytes
+        # Bytes after the last complete event, in the pieces they came in, and their last 3
+        # bytes (where a boundary that ends in the next chunk may begin).
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._edge = b""
         self.saw_data = False  # a data event went by (the first token)
         self._usage: Usage | None = None  # the last usage-bearing event's
         # The last event with SGLang's meta_info (every /generate chunk has one): parsed only
@@ -85,12 +89,23 @@ class SSEScanner:
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events that ``chunk`` finishes; the rest waits for the next chunk."""
-        data = self._tail + chunk if self._tail else chunk
-        end = _last_boundary_end(data)
-        if end == 0:
-            self._tail = data
-            return b""
-        ready, self._tail = data[:end], data[end:]
+        if self._held:  # search the new bytes only: an event sent in many chunks was
+            joint = self._edge + chunk  # searched whole at each one, O(n^2) in its size
+            found = _last_boundary_end(joint)
+            if found == 0:
+                self._hold(chunk)
+                return b""
+            data = b"".join(self._held) + chunk
+            end = len(data) - len(joint) + found
+            self._held, self._held_bytes, self._edge = [], 0, b""
+        else:
+            data, end = chunk, _last_boundary_end(chunk)
+            if end == 0:
+                self._hold(chunk)
+                return b""
+        ready = data[:end]
+        if end < len(data):
+            self._hold(data[end:])
         if b'"usage"' in ready:
             if self.hide_usage:
                 ready = self._take_usage(ready)
@@ -104,7 +119,8 @@ class SSEScanner:
     def flush(self) -> bytes:
         """What is left when the upstream ends cleanly (relayed as is, less a usage-only
         event with ``hide_usage``)."""
-        tail, self._tail = self._tail, b""
+        tail = b"".join(self._held)
+        self._held, self._held_bytes, self._edge = [], 0, b""
         if self.hide_usage and b'"usage"' in tail:
             tail = self._take_usage(tail)
         elif b'"meta_info"' in tail:
@@ -125,7 +141,12 @@ class SSEScanner:
     @property
     def pending(self) -> int:
         """Bytes held back (an incomplete event)."""
-        return len(self._tail)
+        return self._held_bytes
+
+    def _hold(self, piece: bytes) -> None:
+        self._held.append(piece)
+        self._held_bytes += len(piece)
+        self._edge = (self._edge + piece)[-3:]
 
     def _read_usage(self, events: bytes) -> None:
         """Parse the last line that mentions usage (the last report counts, and an earlier

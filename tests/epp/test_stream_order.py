@@ -93,3 +93,20 @@ async def test_a_headers_answer_without_the_pick_removes_the_clients_destination
         mutation = out[0].request_headers.response.header_mutation
         assert list(mutation.remove_headers) == [DESTINATION]
         assert not mutation.set_headers
+
+
+async def test_a_body_in_pieces_the_picker_cannot_wait_for_is_refused_whole_ones_picked() -> None:
+    """STREAMED (and BUFFERED_PARTIAL) answer each piece before the next: the pick was made on
+    the first piece, and a client's valid JSON was a 400 'not valid JSON', depending on how
+    its bytes happened to arrive (an outside audit, 2026-12-06)."""
+    partial = mode_pb2.ProcessingMode.BUFFERED_PARTIAL
+    for mode in (mode_pb2.ProcessingMode.STREAMED, partial):
+        s = shared()
+        stream = PickStream(s)
+        await stream.handle(request_headers(mode=mode))
+        body = completion(50)
+        status, message = refused(await stream.handle(request_body(body[:40], False)))
+        assert status == 500 and "needs it whole" in message and in_flight(s) == 0
+        whole = PickStream(s)  # the same body in one piece: picked as before
+        await whole.handle(request_headers(mode=mode))
+        assert picked(await whole.handle(request_body(body)))[0] in ENDPOINTS

@@ -15,6 +15,11 @@ proxy, or from anyone who reaches the picker's gRPC port, and each break cost so
   said: any address the proxy can reach. (Every headers answer now removes that header too,
   for a proxy that does not say its body mode.)
 
+* **A body cut in pieces the picker cannot wait for** (``STREAMED`` or ``BUFFERED_PARTIAL``
+  and a first message that does not end the body): each piece must be answered before the next
+  comes, so the pick would be made on a truncated body. Clients were told their valid JSON was
+  not JSON (400), depending on how their bytes happened to arrive.
+
 Each is answered with a 500 naming the configuration to fix: fail closed, never open.
 """
 
@@ -31,6 +36,18 @@ _said: set[str] = set()  # each misconfiguration is logged once, not once a requ
 
 class MisorderedStream(PrefixrouteError):
     """A message the ext_proc protocol does not send at this point of a stream (HTTP 500)."""
+
+
+def split_body(body_mode: int | None, end_of_stream: bool) -> MisorderedStream | None:
+    """Why a request body message that is not the body's end cannot be picked on (None: it
+    can, or another rule answers it): ``STREAMED`` and ``BUFFERED_PARTIAL`` bodies in pieces."""
+    if end_of_stream or body_mode not in (proto.STREAMED, proto.BUFFERED_PARTIAL):
+        return None
+    return _refused(
+        "the request body came in pieces (ext_proc request_body_mode STREAMED or "
+        "BUFFERED_PARTIAL): the endpoint picker needs it whole; use FULL_DUPLEX_STREAMED or "
+        "BUFFERED"
+    )
 
 
 def misordered(
@@ -53,8 +70,10 @@ def misordered(
             "a request body with no headers before it: the endpoint picker needs the request "
             "headers (ext_proc request_header_mode SEND)"
         )
-    if why is None:
-        return None
+    return None if why is None else _refused(why)
+
+
+def _refused(why: str) -> MisorderedStream:
     if why not in _said:
         _said.add(why)
         log.warning("ext_proc stream refused (logged once): %s", why)

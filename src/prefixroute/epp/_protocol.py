@@ -63,6 +63,7 @@ Body: TypeAlias = Any  # pb.HttpBody
 NONE = processing_mode_pb2.ProcessingMode.NONE
 BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
 STREAMED = processing_mode_pb2.ProcessingMode.STREAMED
+BUFFERED_PARTIAL = processing_mode_pb2.ProcessingMode.BUFFERED_PARTIAL
 FULL_DUPLEX_STREAMED = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 
 

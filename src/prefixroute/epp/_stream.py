@@ -40,7 +40,7 @@ from prefixroute.epp import _protocol as proto
 from prefixroute.epp._admit import Admission, admit, request_key
 from prefixroute.epp._answer import AnswerReader
 from prefixroute.epp._candidates import eligible, endpoint_of, fallbacks
-from prefixroute.epp._order import misordered
+from prefixroute.epp._order import misordered, split_body
 from prefixroute.epp._served import note_served
 from prefixroute.epp._shared import PickShared, count_answer, judge_answer, refused
 from prefixroute.epp._stored import StoredNote, pinned, stored_owner  # a stored response's
@@ -167,6 +167,8 @@ class PickStream:
             return [self._error(PayloadTooLarge(f"the request body exceeds {limit} bytes"))]
         if self.full_duplex_request and not body.end_of_stream:
             return []
+        if (cut := split_body(self._body_mode, body.end_of_stream)) is not None:
+            return [self._error(cut)]
         # Buffered, one message is the whole body: trailers may follow (end_of_stream false),
         # and Envoy waits for this answer before it sends them.
         return await self._pick(end_of_body=body.end_of_stream)

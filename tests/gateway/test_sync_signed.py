@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import aiohttp
 import msgspec
@@ -166,3 +167,22 @@ async def test_every_instance_says_it_is_alive(monkeypatch: pytest.MonkeyPatch) 
         sync._tasks[0].cancel()
     message = decode(payload)
     assert message == Progress("me", "", False) and not keep
+
+
+def test_a_decision_for_a_replica_named_otherwise_is_counted_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One instance given ``http://localhost:...``, the others ``http://127.0.0.1:...``:
+    sharing was off without a word or a metric (an outside audit, 2026-12-06)."""
+    from .test_sync import remote_decision
+
+    registry = CollectorRegistry()
+    router = Router(make_policy("round_robin"))
+    router.add_replica(ReplicaId("http://127.0.0.1:1"))
+    sync = RouteSync("redis://127.0.0.1:9/0", "c", router, registry, instance_id="me")
+    caplog.set_level(logging.WARNING, logger="prefixroute.sync")
+    for i in range(3):
+        assert not sync.remote.apply(remote_decision("other", f"q{i}", "http://localhost:1"))
+    skipped = {"reason": "unknown_replica"}
+    assert registry.get_sample_value("prefixroute_sync_skipped_total", skipped) == 3
+    assert caplog.text.count("http://localhost:1, which this instance does not know") == 1

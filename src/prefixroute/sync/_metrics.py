@@ -32,6 +32,12 @@ class SyncMetrics:
             "not signed under sync_secret), internal.",
             "kind",
         )
+        self.skipped = counter(
+            "prefixroute_sync_skipped",
+            "Other instances' decisions not applied: unknown_replica (a replica this instance "
+            "does not route to, or names otherwise: instances must name replicas alike).",
+            "reason",
+        )
         self.replayed = counter(
             "prefixroute_sync_replayed",
             "Decisions applied from the Redis history on (re)connecting (warm start).",

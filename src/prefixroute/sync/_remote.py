@@ -26,6 +26,7 @@ passes the lock that guards it: every call into the router here is made holding 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -37,6 +38,8 @@ from prefixroute.core import ReplicaId, Router
 from prefixroute.sync._metrics import SyncMetrics
 from prefixroute.sync._wire import Progress, Routed, Stored, Withdrawn, decode
 
+log = logging.getLogger(__name__)
+
 # Where another instance's stored Responses answer is noted: (tenant, response id, replica).
 StoredHook = Callable[[str | None, str, ReplicaId], None]
 
@@ -44,6 +47,7 @@ REMOTE_TTL_S = 600.0  # a remote request not heard of for this long is taken as 
 ALIVE_EVERY_S = 5.0  # each instance says it is alive at least this often, seconds
 SILENT_S = 6 * ALIVE_EVERY_S  # an instance not heard for this long is gone, seconds
 INSTANCES = 4096  # instances remembered as heard; past this the table starts over
+UNKNOWN_SAID = 16  # unknown replicas warned of, at most
 EXPIRE_EVERY_S = 1.0  # how often remote requests are checked for expiry, seconds
 
 
@@ -68,6 +72,7 @@ class RemoteRequests:
         self._remote: dict[str, float] = {}
         self._expired_at = 0.0  # last expiry pass, time.monotonic()
         self._heard: dict[str, float] = {}  # instance -> last message from it, monotonic
+        self._unknown_said: set[str] = set()  # replicas named by others we do not know
         metrics.remote_in_flight.set_function(lambda: len(self._remote))
 
     def __len__(self) -> int:
@@ -111,6 +116,7 @@ class RemoteRequests:
         replica = ReplicaId(msg.replica)
         with self.lock:
             if not self.router.has_replica(replica):
+                self._unknown(msg.instance, replica)
                 return False  # a replica we don't route to
             now = time.monotonic()
             counted = live and msg.request_id and self.share_load
@@ -123,6 +129,19 @@ class RemoteRequests:
         if live:
             self.metrics.applied.inc()
         return True
+
+    def _unknown(self, instance: str, replica: ReplicaId) -> None:
+        """Count a decision for a replica we do not route to, and say so once per replica
+        (a few): sharing between instances that name one replica two ways (``localhost``
+        and ``127.0.0.1``) was off without a word (an outside audit, 2026-12-06)."""
+        self.metrics.skipped.labels("unknown_replica").inc()
+        if len(self._unknown_said) < UNKNOWN_SAID and replica not in self._unknown_said:
+            self._unknown_said.add(replica)
+            log.warning(
+                "sync: instance %s routes to %s, which this instance does not know: its "
+                "decisions there are not applied (name replicas alike at every instance)",
+                instance[:64], replica[:256],
+            )  # fmt: skip
 
     def _count(self, msg: Routed, replica: ReplicaId, now: float) -> None:
         key = f"{msg.instance}/{msg.request_id}"

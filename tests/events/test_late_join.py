@@ -15,7 +15,13 @@ import pytest
 import zmq.asyncio
 from polling import until
 
-from prefixroute.events import EventDecodeError, EventEndpoint, EventPublisher, StreamState
+from prefixroute.events import (
+    BadEndpoint,
+    EventDecodeError,
+    EventEndpoint,
+    EventPublisher,
+    StreamState,
+)
 
 from .helpers import HASHER, R, frames, indexed, stored, subscriber
 
@@ -70,6 +76,20 @@ async def test_a_deeply_nested_payload_is_a_decode_error_not_a_resync(
     assert index.blocks_of(R) == 1 and sub.stats.resyncs == {}
 
 
+async def _bound_again(spec: str, context: zmq.asyncio.Context) -> EventPublisher:
+    """A publisher bound to the address another just closed: ZMQ closes a socket in the
+    background, so the address may stay taken a moment (seen under a loaded CI run)."""
+    for _ in range(100):
+        new = EventPublisher(EventEndpoint.parse(spec), context)
+        try:
+            await new.start()
+        except BadEndpoint:
+            await asyncio.sleep(0.05)
+            continue
+        return new
+    raise AssertionError(f"{spec} stayed taken for 5 s")
+
+
 async def test_an_engine_restarted_at_the_same_address_starts_a_new_stream(
     context: zmq.asyncio.Context,
 ) -> None:
@@ -89,8 +109,7 @@ async def test_an_engine_restarted_at_the_same_address_starts_a_new_stream(
         last = old.publish([stored(list(range(8)), None, [1, 2])])
         await until(lambda: index.blocks_of(R) == 2)
         await old.stop()  # the engine dies; a new one binds the same address
-        new = EventPublisher(EventEndpoint.parse(f"bind:{old.address}"), context)
-        await new.start()
+        new = await _bound_again(f"bind:{old.address}", context)
         try:
             for _ in range(last + 1):  # its batches up to the old stream's last: all lost
                 new.publish([], drop=True)

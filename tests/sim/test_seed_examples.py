@@ -112,7 +112,7 @@ def test_bad_simulate_flags_are_one_line_errors(
         (["--plot", "out.txt"], "--plot out.txt: matplotlib cannot write .txt files"),
         (["--kv-tokens", "10"], "request conv0/0 of seed-conversation needs 500 KV blocks"),
         (["--fleet", "1+2:kv_tokens=1000"], "needs 1150 KV blocks; replica r1 has 1000 "),
-        (["--block-size", "1", "--fleet", "2:kv_tokens=1.5"], "replica r0 has 1 "),
+        (["--block-size", "1", "--fleet", "2:kv_tokens=1"], "replica r0 has 1 "),
     ],
 )
 def test_a_run_that_cannot_succeed_fails_before_it_starts(

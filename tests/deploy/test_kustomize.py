@@ -48,6 +48,9 @@ def test_the_overlays_are_serve_epp_and_two_kinds_of_two_pickers() -> None:
         "--sync-redis=redis://prefixroute-redis:6379/0"
         in (picker["spec"]["template"]["spec"]["containers"][0]["args"])
     )
+    env = picker["spec"]["template"]["spec"]["containers"][0]["env"]
+    secret = {"name": "prefixroute-sync", "key": "secret"}
+    assert {"name": "PREFIXROUTE_SYNC_SECRET", "valueFrom": {"secretKeyRef": secret}} in env
     assert {d["metadata"].get("namespace") for d in ha} == {"inference"}
     leader = assemble(KUBE / "overlays" / "epp-leader")
     picker = next(d for d in leader if d["metadata"]["name"] == "prefixroute-epp" and

@@ -148,3 +148,12 @@ async def test_a_stream_cancelled_before_the_write_ends_quietly_and_releases() -
     with pytest.raises(RuntimeError):
         await _Processor(s).Process(iter(()), _Cancelled(cancelled=False))  # type: ignore[arg-type]
     assert in_flight(s) == 0
+
+
+def test_a_subset_hint_names_an_endpoint_however_its_address_is_written() -> None:
+    from prefixroute.epp._candidates import narrow, replica_of
+
+    v6, v4 = replica_of("[fd00::7]:8000"), replica_of("10.0.0.7:8000")
+    assert narrow([v6, v4], ["[fd00:0:0::7]:8000"]) == [v6]  # an IPv6 address, not canonical
+    assert narrow([v6, v4], ["10.0.0.7:08000"]) == [v4]  # a port with a leading zero
+    assert narrow([v6, v4], ["[FD00::7]:8000", "10.0.0.7:8000"]) == [v6, v4]

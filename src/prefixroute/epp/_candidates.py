@@ -9,6 +9,8 @@ the request (:func:`eligible`, as ``serve`` does), and may name fallbacks after 
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -68,15 +70,31 @@ def narrow(candidates: Sequence[ReplicaId], subset: Sequence[str] | None) -> lis
     allowed = set()
     for endpoint in subset:
         try:
-            allowed.add(replica_of(endpoint))
+            allowed.add(_same_address(replica_of(endpoint)))
         except PrefixrouteError:
             continue  # a malformed entry is just not eligible
-    narrowed = [rid for rid in candidates if rid in allowed]
+    narrowed = [rid for rid in candidates if _same_address(rid) in allowed]
     if not narrowed:
         raise NoReplicaAvailable(
             f"none of the {len(subset)} endpoints of the proxy's subset hint is eligible"
         )
     return narrowed
+
+
+def _same_address(rid: ReplicaId) -> tuple[str, int | None]:
+    """``rid``'s host and port as one address compares equal however it is written: an IP
+    in its canonical form (``[fd00:0::7]`` is ``[fd00::7]``), the port a number (``08000`` is
+    8000). Envoy and Kubernetes send canonical forms; a hint written otherwise matched
+    nothing (an outside audit, 2026-12-06)."""
+    parts = urlsplit(rid)
+    host = parts.hostname or ""
+    with contextlib.suppress(ValueError):
+        host = str(ipaddress.ip_address(host))
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return host.lower(), port
 
 
 def eligible(

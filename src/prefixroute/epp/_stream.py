@@ -265,6 +265,8 @@ class PickStream:
         self.refused = True
         if self.decision is not None and not self._done:  # routed, now never sent (_order)
             self.s.router.withdraw(self.rid)
+            if self.s.sync is not None:  # the others take its blocks back too, as in _finish
+                self.s.sync.withdrawn(self.rid)
             self._release(None)
         self._done = True  # nothing (more) to account
         answer = error_response(exc, self.s.state.config.retry_after_s, is_anthropic(self._path))

@@ -10,6 +10,7 @@ replica as an unexpected error instead of being counted and skipped."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 import zmq.asyncio
@@ -71,8 +72,9 @@ async def test_a_deeply_nested_payload_is_a_decode_error_not_a_resync(
     sub = subscriber(context, index=index)
     await sub.receive(frames(0, stored(list(range(4)), None, [1])))
     nested = b"\x93\xcb" + bytes(8) + b"\x91" * 5000 + b"\xc0\xc0"  # [ts, [[[...]]], None]
-    with pytest.raises(EventDecodeError, match="nested too deeply"):
+    with pytest.raises(EventDecodeError) as bad:
         await sub.receive([b"", (1).to_bytes(8, "big"), nested])
+    assert str(bad.value) == "not a vLLM KV-event batch: nested too deeply"
     assert index.blocks_of(R) == 1 and sub.stats.resyncs == {}
 
 
@@ -125,3 +127,116 @@ async def test_an_engine_restarted_at_the_same_address_starts_a_new_stream(
         await sub.stop()
     assert index.match(HASHER.hash_tokens(list(range(8)))) == {}  # the old engine's blocks
     assert index.match(HASHER.hash_tokens(list(range(50, 54)))) == {R: 1}
+
+
+# --- pins for the subscriber's mutation group (docs/mutation.md) ------------------------------
+
+
+async def test_the_batch_after_a_disconnection_starts_a_new_stream_once(
+    context: zmq.asyncio.Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    index = indexed()
+    sub = subscriber(context, index=index)
+    await sub.receive(frames(0, stored(list(range(8)), None, [1, 2])))
+    assert sub.stats.last_batch_at is not None
+    sub._rejoin = True  # as the socket's monitor sets it (_watch)
+    caplog.set_level(logging.WARNING, logger="prefixroute.events")
+    await sub.receive(frames(1, stored(list(range(50, 54)), None, [7])))  # the old next number
+    assert sub.stats.resyncs == {"reconnect": 1}
+    assert "publisher reconnected; entries cleared" in caplog.text
+    assert index.match(HASHER.hash_tokens(list(range(8)))) == {}
+    await sub.receive(frames(2, stored(list(range(60, 64)), None, [8])))
+    assert sub.stats.resyncs == {"reconnect": 1}  # once
+    assert index.blocks_of(R) == 2
+
+
+async def test_a_stream_first_heard_at_1_catches_up_its_batch_0(
+    context: zmq.asyncio.Context,
+) -> None:
+    spec = "bind:tcp://127.0.0.1:*,replay=tcp://127.0.0.1:*"
+    pub = EventPublisher(EventEndpoint.parse(spec), context)
+    await pub.start()
+    index = indexed()
+    try:
+        pub.publish([stored(list(range(4)), None, [1])], drop=True)  # seq 0: lost
+        assert pub.address is not None
+        sub = subscriber(context, EventEndpoint(pub.address, False, pub.replay_address), index)
+        sub.stats.caught_up = 5  # counted on from here
+        await sub.receive(frames(1, stored(list(range(4, 8)), 1, [2])))
+    finally:
+        await pub.stop()
+    assert sub.state is StreamState.LIVE and sub.stats.caught_up == 6
+    assert index.blocks_of(R) == 2
+
+
+async def test_a_replay_buffer_that_does_not_reach_back_to_0_applies_what_it_holds(
+    context: zmq.asyncio.Context,
+) -> None:
+    spec = "bind:tcp://127.0.0.1:*,replay=tcp://127.0.0.1:*"
+    pub = EventPublisher(EventEndpoint.parse(spec), context, buffer_steps=2)
+    await pub.start()
+    index = indexed()
+    try:
+        pub.publish([stored(list(range(4)), None, [1])], drop=True)  # seq 0: out of the buffer
+        pub.publish([stored(list(range(4, 8)), 1, [2])], drop=True)  # seq 1
+        pub.publish([stored(list(range(20, 24)), None, [5])], drop=True)  # seq 2
+        assert pub.address is not None
+        sub = subscriber(context, EventEndpoint(pub.address, False, pub.replay_address), index)
+        await sub.receive(frames(3, stored(list(range(24, 28)), 5, [6])))
+    finally:
+        await pub.stop()
+    assert sub.state is StreamState.RESYNCING and sub.stats.caught_up == 2
+    assert sub.stats.resyncs == {} and index.match(HASHER.hash_tokens(list(range(20, 28)))) == {
+        R: 2
+    }
+
+
+async def test_a_bad_batch_in_the_catch_up_trusts_none_of_it(
+    context: zmq.asyncio.Context,
+) -> None:
+    spec = "bind:tcp://127.0.0.1:*,replay=tcp://127.0.0.1:*"
+    pub = EventPublisher(EventEndpoint.parse(spec), context)
+    await pub.start()
+    index = indexed()
+    try:
+        pub.publish([stored(list(range(4)), None, [1])], drop=True)
+        pub._buffer.append((1, b"\xc1"))  # seq 1: not msgpack
+        assert pub.address is not None
+        sub = subscriber(context, EventEndpoint(pub.address, False, pub.replay_address), index)
+        await sub.receive(frames(2, stored(list(range(30, 34)), None, [9])))
+    finally:
+        await pub.stop()
+    assert sub.state is StreamState.RESYNCING
+    assert index.match(HASHER.hash_tokens(list(range(4)))) == {}  # seq 0 was taken back
+    assert index.blocks_of(R) == 1  # seq 2's own root block
+
+
+async def test_the_reader_and_the_monitor_run_named_while_started_and_end_at_stop(
+    context: zmq.asyncio.Context,
+) -> None:
+    def ours() -> list[str]:
+        return sorted(t.get_name().split()[0] for t in asyncio.all_tasks()
+                      if t.get_name().startswith(("kv-events", "kv-peers")))  # fmt: skip
+
+    sub = subscriber(context, "bind:tcp://127.0.0.1:*")
+    await sub.start()
+    assert ours() == ["kv-events", "kv-peers"]
+    await sub.stop()
+    await asyncio.sleep(0)
+    assert ours() == []
+
+
+async def test_unknown_event_types_are_remembered_up_to_16_and_their_batches_apply(
+    context: zmq.asyncio.Context,
+) -> None:
+    import msgspec
+
+    from prefixroute.events._subscriber import UNKNOWN_TYPES_LOGGED
+
+    index = indexed()
+    sub = subscriber(context, index=index)
+    names = [f"Made{i}" for i in range(UNKNOWN_TYPES_LOGGED + 4)]
+    raw = msgspec.msgpack.encode([0.0, [[n] for n in names], None])
+    await sub.receive([b"", (0).to_bytes(8, "big"), raw])
+    assert len(sub._unknown_seen) == UNKNOWN_TYPES_LOGGED == 16
+    assert sub.stats.batches == 1 and sub.stats.unknown_events == len(names)

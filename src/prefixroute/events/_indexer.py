@@ -66,6 +66,7 @@ from prefixroute.events._wire import (
 log = logging.getLogger(__name__)
 
 REMEMBERED = 1 << 18  # blocks kept across clears for their chains (module docstring)
+Mapped = tuple[BlockHash, ExternalBlockHash | None]  # our hash, its parent's engine hash
 
 
 @dataclass(slots=True)
@@ -129,10 +130,9 @@ class PreciseIndexer:
         self.target = target
         self.hasher = hasher
         self.stats = IndexerStats()
-        self._ours: dict[ExternalBlockHash, BlockHash] = {}  # engine hash -> our hash
-        self._up: dict[ExternalBlockHash, ExternalBlockHash | None] = {}  # -> its parent's
-        # Mapped before a clear: engine hash -> (our hash, its parent's engine hash)
-        self._before: dict[ExternalBlockHash, tuple[BlockHash, ExternalBlockHash | None]] = {}
+        # engine hash -> (our hash, its parent's engine hash): now, and before a clear
+        self._ours: dict[ExternalBlockHash, Mapped] = {}
+        self._before: dict[ExternalBlockHash, Mapped] = {}
         self._warned_size = False
 
     def apply(self, batch: KVEventBatch) -> None:
@@ -154,10 +154,8 @@ class PreciseIndexer:
         if not remember or len(self._before) + len(self._ours) > REMEMBERED:
             self._before.clear()  # the older memory goes first
         if remember:
-            up = self._up
-            self._before.update((h, (ours, up.get(h))) for h, ours in self._ours.items())
+            self._before.update(self._ours)
         self._ours.clear()
-        self._up.clear()
         self.target.engine_cleared(self.replica)
 
     def __len__(self) -> int:
@@ -180,9 +178,8 @@ class PreciseIndexer:
             return
         parent: BlockHash | None = None
         if event.parent_block_hash is not None:
-            parent = self._ours.get(event.parent_block_hash)
-            if parent is None:
-                parent = self._recall(event.parent_block_hash)
+            mapped = self._ours.get(event.parent_block_hash)
+            parent = mapped[0] if mapped is not None else self._recall(event.parent_block_hash)
             if parent is None:
                 stats.orphan_blocks += n
                 return
@@ -194,9 +191,8 @@ class PreciseIndexer:
         if len(ours) != n or len(event.token_ids) != n * hasher.block_size:  # counts disagree
             stats.skipped_blocks += n
             return
-        self._ours.update(zip(event.block_hashes, ours, strict=True))
         parents = [event.parent_block_hash, *event.block_hashes[:-1]]
-        self._up.update(zip(event.block_hashes, parents, strict=True))
+        self._ours.update(zip(event.block_hashes, zip(ours, parents, strict=True), strict=True))
         self.target.engine_stored(self.replica, ours, from_root=parent is None)
         stats.stored_blocks += n
         if event.lora_name is not None:
@@ -212,13 +208,12 @@ class PreciseIndexer:
             return
         ours: list[BlockHash] = []
         for engine_hash in event.block_hashes:
-            h = self._ours.pop(engine_hash, None)
-            self._up.pop(engine_hash, None)
+            mapped = self._ours.pop(engine_hash, None)
             self._before.pop(engine_hash, None)  # evicted: no store can name it as held
-            if h is None:
+            if mapped is None:
                 stats.unknown_removals += 1
             else:
-                ours.append(h)
+                ours.append(mapped[0])
         if ours:
             self.target.engine_removed(self.replica, ours)
             stats.removed_blocks += len(ours)
@@ -226,20 +221,19 @@ class PreciseIndexer:
     def _recall(self, engine_hash: ExternalBlockHash) -> BlockHash | None:
         """Our hash of a block forgotten at a clear that a new store names as its parent, its
         chain back in the index (module docstring); None when a link of it is not known."""
-        chain: list[tuple[ExternalBlockHash, BlockHash, ExternalBlockHash | None]] = []
+        chain: list[tuple[ExternalBlockHash, Mapped]] = []
         link: ExternalBlockHash | None = engine_hash
         while link is not None and link not in self._ours:
             entry = self._before.get(link)
             if entry is None or len(chain) > len(self._before):  # unknown, or a loop
                 return None
-            chain.append((link, *entry))
+            chain.append((link, entry))
             link = entry[1]
         chain.reverse()  # root (or the block we hold) first
-        for h, ours, up in chain:
-            self._ours[h], self._up[h] = ours, up
-        self.target.engine_stored(self.replica, [c[1] for c in chain], from_root=link is None)
+        self._ours.update(chain)
+        self.target.engine_stored(self.replica, [m[0] for _, m in chain], from_root=link is None)
         self.stats.recalled_blocks += len(chain)
-        return self._ours[engine_hash]
+        return self._ours[engine_hash][0]
 
     def _hasher_of(self, event: BlockStored) -> BlockHasher | None:
         """The hasher that keys ``event``'s blocks as requests are keyed: ours, or ours in

@@ -356,7 +356,6 @@ class RouteSync:
         if payloads:
             log.info("sync: applied %d of %d decisions from the history", applied, len(payloads))
 
-
     def _open(self, message: bytes) -> bytes | None:
         """``message``'s payload, its signature checked under ``secret`` (_signing); None
         (counted) when it does not match. Without a secret, ``message`` itself."""

@@ -16,29 +16,45 @@ import pytest
 import zmq.asyncio
 from polling import until
 
+from prefixroute.core import PrefixIndex
 from prefixroute.events import (
     BadEndpoint,
     EventDecodeError,
     EventEndpoint,
     EventPublisher,
+    EventSubscriber,
     StreamState,
 )
 
 from .helpers import HASHER, R, frames, indexed, stored, subscriber
 
+WITH_REPLAY = "bind:tcp://127.0.0.1:*,replay=tcp://127.0.0.1:*"
+
+
+async def engine(context: zmq.asyncio.Context, **kwargs: int) -> EventPublisher:
+    """A started publisher that binds and serves replays, as a vLLM engine does."""
+    pub = EventPublisher(EventEndpoint.parse(WITH_REPLAY), context, **kwargs)
+    await pub.start()
+    return pub
+
+
+def listener(
+    context: zmq.asyncio.Context, pub: EventPublisher, index: PrefixIndex
+) -> EventSubscriber:
+    """A subscriber (not started) of ``pub``'s stream and replays, into ``index``."""
+    assert pub.address is not None
+    return subscriber(context, EventEndpoint(pub.address, False, pub.replay_address), index)
+
 
 async def test_a_late_subscriber_applies_what_the_engine_published_before_it(
     context: zmq.asyncio.Context,
 ) -> None:
-    spec = "bind:tcp://127.0.0.1:*,replay=tcp://127.0.0.1:*"
-    pub = EventPublisher(EventEndpoint.parse(spec), context, buffer_steps=100)
-    await pub.start()
+    pub = await engine(context, buffer_steps=100)
     index = indexed()
     try:
         pub.publish([stored(list(range(8)), None, [1, 2])])  # seq 0: nobody listens yet
         pub.publish([stored(list(range(8, 12)), 2, [3])])  # seq 1: continues it
-        assert pub.address is not None
-        sub = subscriber(context, EventEndpoint(pub.address, False, pub.replay_address), index)
+        sub = listener(context, pub, index)
         await sub.start()
         try:
             while sub.stats.batches == 0:  # the subscription reaches the PUB socket
@@ -153,14 +169,11 @@ async def test_the_batch_after_a_disconnection_starts_a_new_stream_once(
 async def test_a_stream_first_heard_at_1_catches_up_its_batch_0(
     context: zmq.asyncio.Context,
 ) -> None:
-    spec = "bind:tcp://127.0.0.1:*,replay=tcp://127.0.0.1:*"
-    pub = EventPublisher(EventEndpoint.parse(spec), context)
-    await pub.start()
+    pub = await engine(context)
     index = indexed()
     try:
         pub.publish([stored(list(range(4)), None, [1])], drop=True)  # seq 0: lost
-        assert pub.address is not None
-        sub = subscriber(context, EventEndpoint(pub.address, False, pub.replay_address), index)
+        sub = listener(context, pub, index)
         sub.stats.caught_up = 5  # counted on from here
         await sub.receive(frames(1, stored(list(range(4, 8)), 1, [2])))
     finally:
@@ -172,16 +185,13 @@ async def test_a_stream_first_heard_at_1_catches_up_its_batch_0(
 async def test_a_replay_buffer_that_does_not_reach_back_to_0_applies_what_it_holds(
     context: zmq.asyncio.Context,
 ) -> None:
-    spec = "bind:tcp://127.0.0.1:*,replay=tcp://127.0.0.1:*"
-    pub = EventPublisher(EventEndpoint.parse(spec), context, buffer_steps=2)
-    await pub.start()
+    pub = await engine(context, buffer_steps=2)
     index = indexed()
     try:
         pub.publish([stored(list(range(4)), None, [1])], drop=True)  # seq 0: out of the buffer
         pub.publish([stored(list(range(4, 8)), 1, [2])], drop=True)  # seq 1
         pub.publish([stored(list(range(20, 24)), None, [5])], drop=True)  # seq 2
-        assert pub.address is not None
-        sub = subscriber(context, EventEndpoint(pub.address, False, pub.replay_address), index)
+        sub = listener(context, pub, index)
         await sub.receive(frames(3, stored(list(range(24, 28)), 5, [6])))
     finally:
         await pub.stop()
@@ -194,15 +204,12 @@ async def test_a_replay_buffer_that_does_not_reach_back_to_0_applies_what_it_hol
 async def test_a_bad_batch_in_the_catch_up_trusts_none_of_it(
     context: zmq.asyncio.Context,
 ) -> None:
-    spec = "bind:tcp://127.0.0.1:*,replay=tcp://127.0.0.1:*"
-    pub = EventPublisher(EventEndpoint.parse(spec), context)
-    await pub.start()
+    pub = await engine(context)
     index = indexed()
     try:
         pub.publish([stored(list(range(4)), None, [1])], drop=True)
         pub._buffer.append((1, b"\xc1"))  # seq 1: not msgpack
-        assert pub.address is not None
-        sub = subscriber(context, EventEndpoint(pub.address, False, pub.replay_address), index)
+        sub = listener(context, pub, index)
         await sub.receive(frames(2, stored(list(range(30, 34)), None, [9])))
     finally:
         await pub.stop()

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb2
+from heard import Heard
 
 from prefixroute.epp import PickShared, PickStream
 from prefixroute.gateway import TenancyConfig, TenantLimits
@@ -159,32 +160,13 @@ def test_a_subset_hint_names_an_endpoint_however_its_address_is_written() -> Non
     assert narrow([v6, v4], ["[FD00::7]:8000", "10.0.0.7:8000"]) == [v6, v4]
 
 
-class _Told:
-    """A sync that records what the picker tells the other pickers."""
-
-    def __init__(self) -> None:
-        self.told: list[tuple[str, str]] = []
-
-    def routed(self, view: Any, _: Any) -> None:
-        self.told.append(("routed", view.request_id))
-
-    def withdrawn(self, rid: str) -> None:
-        self.told.append(("withdrawn", rid))
-
-    def completed(self, rid: str) -> None:
-        self.told.append(("completed", rid))
-
-    def first_token(self, rid: str) -> None:
-        self.told.append(("first_token", rid))
-
-
 async def test_a_pick_refused_afterwards_is_taken_back_at_the_other_pickers_too() -> None:
     s = shared()
-    told = _Told()
+    told = Heard()  # the other pickers' sync, as it hears the picker
     s.state.sync = told  # type: ignore[assignment]
     stream = PickStream(s)
     await stream.handle(request_headers("/v1/models", end_of_stream=True))
     refused(await stream.handle(request_headers()))  # the second headers message
     rid = stream.rid
-    assert told.told[0] == ("routed", rid) and ("withdrawn", rid) in told.told
-    assert told.told.index(("withdrawn", rid)) < told.told.index(("completed", rid))
+    assert told.heard[0] == ("routed", rid) and ("withdrawn", rid) in told.heard
+    assert told.heard.index(("withdrawn", rid)) < told.heard.index(("completed", rid))

@@ -28,7 +28,9 @@ again; an AllBlocksCleared or a fresh engine (sequence 0) makes the replica ``li
 A payload that does not decode is counted and skipped; the stream goes on. An event of a type
 we do not know (a newer engine's) is counted and skipped, its type logged once, and the rest
 of its batch applies. Any other error while handling a message is logged (one line) and clears
-the replica (cause ``error``): the stream goes on then too. The socket and the replay socket
+the replica (cause ``error``): the stream goes on then too. A message over
+``MAX_MESSAGE_BYTES`` is never read (ZMQ drops its sender, and the gap that follows is handled as
+any other), and a replay keeps at most ``REPLAY_MAX_BYTES``. The socket and the replay socket
 come from one ``zmq.asyncio.Context`` owned by whoever starts subscribers.
 """
 
@@ -67,6 +69,12 @@ REPLAY_DEADLINE_S = 10.0  # seconds for a whole replay, however its replies come
 APPLY_CHUNK = 256  # replayed batches applied between yields to the event loop
 UNKNOWN_TYPES_LOGGED = 16  # distinct unknown event types logged (and remembered) per stream
 RCV_HWM = 100_000  # messages queued in our socket before ZMQ drops (vLLM's own default)
+# The largest message read: ZMQ drops a peer that sends more. A vLLM batch is one engine step's
+# events, each stored block with its token ids (~5 bytes a token): a step of 64k prefilled
+# tokens is about 0.4 MB, so this leaves 100x room while a peer on a bound port (or a broken
+# publisher) cannot make us buffer gigabytes per message.
+MAX_MESSAGE_BYTES = 64 << 20
+REPLAY_MAX_BYTES = 512 << 20  # payloads kept from one replay; past it, the replay failed
 
 
 class StreamState(StrEnum):
@@ -118,6 +126,7 @@ class EventSubscriber:
         self._monitor: asyncio.Task[None] | None = None  # reads the socket's disconnections
         self._watching: zmq.asyncio.Socket | None = None  # from this monitor socket
         self._rejoin = False  # a peer went away: the next batch starts a new stream
+        self.publishers = 0  # engines connected to our bound address (bind mode only)
 
     @property
     def replica(self) -> ReplicaId:
@@ -136,6 +145,7 @@ class EventSubscriber:
         sock = self.context.socket(zmq.SUB)
         try:
             sock.setsockopt(zmq.RCVHWM, RCV_HWM)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
             self.address = _attach(sock, self.endpoint.address, self.endpoint.bind)
@@ -145,7 +155,8 @@ class EventSubscriber:
         self._socket = sock
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run(), name=f"kv-events {self.replica}")
-        self._watching = watch = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        peers = zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED
+        self._watching = watch = sock.get_monitor_socket(peers)
         self._monitor = loop.create_task(self._watch(watch), name=f"kv-peers {self.replica}")
         log.info("KV events of %s: %s", self.replica, self.endpoint)
 
@@ -167,11 +178,23 @@ class EventSubscriber:
         with an empty cache and a new stream, whose first number we may never hear (lost to
         the PUB socket), so the next batch starts over (:meth:`receive`). Before, a restarted
         engine whose first heard number came after the old stream's last was taken for the
-        old one, and every entry of the old engine stayed, routed on but no longer held."""
+        old one, and every entry of the old engine stayed, routed on but no longer held.
+        On a bound address it also counts the publishers connected, and warns when there
+        are two: a misconfiguration no sequence number can sort out."""
         while True:
             event = parse_monitor_message(await monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self._rejoin = True
+                self.publishers = max(0, self.publishers - 1)
+            elif event["event"] == zmq.EVENT_ACCEPTED:  # a publisher reached our bound port
+                self.publishers += 1
+                if self.publishers > 1:
+                    # Two engines on one address: their batches interleave, each switch reads
+                    # as a restart, and the index is cleared all the time.
+                    log.warning(
+                        "KV events of %s: %d publishers connected to %s; each engine needs "
+                        "an address of its own", self.replica, self.publishers, self.address,
+                    )  # fmt: skip
 
     # --- the stream -----------------------------------------------------------------------
     async def _run(self) -> None:
@@ -304,7 +327,9 @@ class EventSubscriber:
             return None
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         got: dict[int, bytes] = {}
+        kept = 0  # bytes in got
         deadline = asyncio.get_running_loop().time() + REPLAY_DEADLINE_S
         try:
             sock.setsockopt(zmq.IPV6, int(is_ipv6(self.endpoint.replay)))
@@ -317,7 +342,12 @@ class EventSubscriber:
                 if reply is None or reply[0] == END_SEQ:
                     break
                 seq, payload = reply
-                if seq in missing:
+                if seq in missing and seq not in got:
+                    kept += len(payload)
+                    if kept > REPLAY_MAX_BYTES:  # more than any engine's buffer holds
+                        log.warning("KV events of %s: replay over %d MiB, dropped",
+                                    self.replica, REPLAY_MAX_BYTES >> 20)
+                        return None
                     got[seq] = payload
         except zmq.ZMQError as exc:
             log.warning("KV events of %s: replay failed: %s", self.replica, exc)

@@ -265,3 +265,13 @@ def test_the_refusal_names_the_source_in_use() -> None:
     assert "--endpoint list" in listed and "Kubernetes" not in listed
     filed = EndpointPicker(EppConfig(endpoints_file="/etc/endpoints")).membership()
     assert "/etc/endpoints" in filed and "Kubernetes" not in filed
+
+
+async def test_health_says_how_the_sync_stands_as_serve_does(
+    make_picker: PickerFactory, session: aiohttp.ClientSession
+) -> None:
+    epp = await make_picker(sync_redis="redis://127.0.0.1:1")  # nobody there
+    async with session.get(side(epp) + "/health") as resp:
+        assert resp.status == 200  # picks on its own view meanwhile
+        body = await resp.json()
+    assert body == {"healthy_endpoints": 4, "sync": {"connected": False, "instances": 0}}

@@ -356,6 +356,7 @@ class EndpointPicker:
         body: dict[str, Any] = {"healthy_endpoints": healthy}
         if self.config.leader_election:
             body["leader"] = self.leading
+        body.update(self.state.shared_status())
         return web.json_response(body, status=status)
 
 

@@ -146,7 +146,11 @@ def _authorize(request: web.Request) -> GatewayState:
 
 async def list_replicas(request: web.Request) -> web.Response:
     state = _authorize(request)
-    return web.json_response({"replicas": [state.registry.describe(r) for r in state.registry]})
+    replicas = [state.registry.describe(r) for r in state.registry]
+    if state.precise is not None:  # each replica's KV-event stream: live, resyncing, waiting
+        for described, record in zip(replicas, state.registry, strict=True):
+            described["kv_events"] = state.precise.state_of(record.id)
+    return web.json_response({"replicas": replicas})
 
 
 async def add_replica(request: web.Request) -> web.Response:

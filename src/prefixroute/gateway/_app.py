@@ -361,6 +361,7 @@ async def health(request: web.Request) -> web.Response:
     registry = request.app[STATE].registry
     ready = sum(1 for r in registry if r.healthy and not r.draining)
     body = {"status": "ok" if ready else "unavailable", "replicas": len(registry), "ready": ready}
+    body.update(request.app[STATE].shared_status())
     return web.json_response(body, status=200 if ready else 503)
 
 

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import zmq.asyncio
 
 from prefixroute.core import ConfigError, ReplicaId, Router
-from prefixroute.events import EventEndpoint, EventSubscriber, PreciseIndexer
+from prefixroute.events import EventEndpoint, EventSubscriber, PreciseIndexer, StreamState
 
 if TYPE_CHECKING:
     from prefixroute.gateway._registry import ReplicaRegistry
@@ -54,6 +54,18 @@ class PreciseMode:
         self.subscribers: dict[ReplicaId, EventSubscriber] = {}
         self._context: zmq.asyncio.Context | None = None
         self._stopping: set[asyncio.Task[None]] = set()  # streams of removed replicas
+
+    def states(self) -> dict[str, int]:
+        """How many streams are in each state (``StreamState``), every state named."""
+        counts = dict.fromkeys(StreamState, 0)
+        for subscriber in self.subscribers.values():
+            counts[subscriber.state] += 1
+        return {str(state): n for state, n in counts.items()}
+
+    def state_of(self, replica: ReplicaId) -> str | None:
+        """The state of ``replica``'s stream; None: it has none."""
+        subscriber = self.subscribers.get(replica)
+        return None if subscriber is None else str(subscriber.state)
 
     def endpoint_of(self, replica: ReplicaId) -> EventEndpoint | None:
         """Where ``replica``'s events come from: configured, or the template at its host."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -56,6 +57,18 @@ class GatewayState:
     # Replicas that answered 200 to a stream we asked the usage of: they take stream_options.
     took_stream_usage: set[str] = dataclasses.field(default_factory=set)
     responses: ResponseOwners = dataclasses.field(default_factory=ResponseOwners)  # stored ones
+
+    def shared_status(self) -> dict[str, Any]:
+        """What /health says, beside the replicas, of the state this instance shares: the
+        Redis sync (``sync``) and the KV-event streams (``kv_events``), each where configured.
+        Neither fails the health check: without them the instance still routes, on its own
+        view (the metrics and alerts carry the details)."""
+        body: dict[str, Any] = {}
+        if self.sync is not None:
+            body["sync"] = self.sync.status()
+        if self.precise is not None:
+            body["kv_events"] = self.precise.states()
+        return body
 
     def ask_stream_usage(self, endpoint: Endpoint, obj: object) -> bool:
         """Ask for the usage of a stream whose client did not (``_usage``), in the parsed body

@@ -126,6 +126,11 @@ class RouteSync:
         """Subscribed: the others' decisions reach this instance's index."""
         return self._connected
 
+    def status(self) -> dict[str, bool | int]:
+        """For /health: subscribed or not, and how many other instances are heard (each
+        says it is alive every ``ALIVE_EVERY_S``)."""
+        return {"connected": self._connected, "instances": self.remote.instances()}
+
     def _set_connected(self, up: bool) -> None:
         self._connected = up
         self.metrics.connected.set(1 if up else 0)

@@ -79,6 +79,11 @@ class RemoteRequests:
         """The others' requests counted in the load view now."""
         return len(self._remote)
 
+    def instances(self) -> int:
+        """Other instances heard within ``SILENT_S``: those sharing with this one now."""
+        now = time.monotonic()
+        return sum(1 for at in self._heard.values() if now - at <= SILENT_S)
+
     def apply(self, payload: bytes, live: bool = True) -> bool:
         """Apply another instance's message; False when skipped (ours, unknown, undecodable).
 

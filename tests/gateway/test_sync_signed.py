@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 import aiohttp
 import msgspec
@@ -190,3 +191,108 @@ def test_a_decision_for_a_replica_named_otherwise_is_counted_and_said_once(
     skipped = {"reason": "unknown_replica"}
     assert registry.get_sample_value("prefixroute_sync_skipped_total", skipped) == 3
     assert caplog.text.count("http://localhost:1, which this instance does not know") == 1
+
+
+def _signed_sync(
+    monkeypatch: pytest.MonkeyPatch, wall: float, registry: CollectorRegistry | None = None
+) -> tuple[RouteSync, Router, ReplicaId]:
+    """A sync with a secret whose wall clock reads ``wall``, over one replica."""
+    import prefixroute.sync._remote as remote_module
+
+    monkeypatch.setattr(remote_module, "_wall_clock", lambda: wall)
+    router = Router(make_policy("round_robin"))
+    r = ReplicaId("http://r:1")
+    router.add_replica(r)
+    sync = RouteSync("redis://127.0.0.1:9/0", "c", router, registry or CollectorRegistry(),
+                     instance_id="me", secret="s" * 32)  # fmt: skip
+    return sync, router, r
+
+
+def test_a_signed_decision_sent_again_after_its_end_is_not_load_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Recorded signed decisions (thousands sit in the history) sent again on the channel
+    counted their long-finished requests for ten minutes each: 2,000 of them made every
+    request a 503, signature or not (an outside audit, 2026-12-06). Now a decision counts once,
+    and only while fresh."""
+    from prefixroute.sync._wire import encode_progress
+
+    from .test_sync import remote_decision
+
+    registry = CollectorRegistry()
+    sync, router, r = _signed_sync(monkeypatch, time.time(), registry)
+    decision = remote_decision("other", "q1", r)
+    assert sync.remote.apply(decision)
+    assert router.replica_load(r).in_flight == 1
+    sync.remote.apply(encode_progress("other", "q1", True))
+    assert router.replica_load(r).in_flight == 0
+    assert not sync.remote.apply(decision)  # the same message again: its request is over
+    assert router.replica_load(r).in_flight == 0
+    skipped = {"reason": "replayed"}
+    assert registry.get_sample_value("prefixroute_sync_skipped_total", skipped) == 1
+
+
+@pytest.mark.parametrize("offset", [-61.0, 61.0])
+def test_a_signed_decision_sent_more_than_a_minute_from_now_is_not_load(
+    monkeypatch: pytest.MonkeyPatch, offset: float
+) -> None:
+    from .test_sync import remote_decision
+
+    sent = time.time()
+    decision = remote_decision("other", "q1", ReplicaId("http://r:1"))  # sent_at: now
+    sync, router, r = _signed_sync(monkeypatch, sent - offset)
+    assert not sync.remote.apply(decision)
+    assert router.replica_load(r).in_flight == 0
+
+
+@pytest.mark.parametrize("offset", [-59.0, 59.0])
+def test_a_signed_decision_within_a_minute_either_way_is_load(
+    monkeypatch: pytest.MonkeyPatch, offset: float
+) -> None:
+    from .test_sync import remote_decision
+
+    sent = time.time()
+    decision = remote_decision("other", "q1", ReplicaId("http://r:1"))
+    sync, router, r = _signed_sync(monkeypatch, sent - offset)
+    assert sync.remote.apply(decision)
+    assert router.replica_load(r).in_flight == 1
+
+
+def test_unsigned_sync_takes_decisions_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a secret every message is believed (docs/security.md): an old decision too."""
+    from prefixroute.sync._wire import encode_progress
+
+    from .test_sync import remote_decision
+
+    router = Router(make_policy("round_robin"))
+    r = ReplicaId("http://r:1")
+    router.add_replica(r)
+    sync = RouteSync("redis://127.0.0.1:9/0", "c", router, CollectorRegistry(), instance_id="me")
+    decision = remote_decision("other", "q1", r)
+    sync.remote.apply(decision)
+    sync.remote.apply(encode_progress("other", "q1", True))
+    assert sync.remote.apply(decision)
+    assert router.replica_load(r).in_flight == 1
+
+
+def test_ended_requests_are_forgotten_once_no_replay_of_them_could_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import prefixroute.sync._remote as remote_module
+    from prefixroute.sync._remote import FRESH_S
+    from prefixroute.sync._wire import encode_progress
+
+    from .test_sync import remote_decision
+
+    clock = [1000.0]
+    monkeypatch.setattr(remote_module.time, "monotonic", lambda: clock[0])
+    sync, _, r = _signed_sync(monkeypatch, time.time())
+    for i in range(3):
+        sync.remote.apply(remote_decision("other", f"q{i}", r))
+        sync.remote.apply(encode_progress("other", f"q{i}", True))
+        clock[0] += 1.0
+    # The ends came at 1000, 1001 and 1002.
+    sync.remote.expire(1000.5 + FRESH_S)  # q0 ended FRESH_S + 0.5 ago, q1 FRESH_S - 0.5
+    assert list(sync.remote._ended) == ["other/q1", "other/q2"]
+    sync.remote.expire(1001.0 + FRESH_S)  # q1 exactly FRESH_S ago: kept
+    assert list(sync.remote._ended) == ["other/q1", "other/q2"]

@@ -35,7 +35,9 @@ class SyncMetrics:
         self.skipped = counter(
             "prefixroute_sync_skipped",
             "Other instances' decisions not applied: unknown_replica (a replica this instance "
-            "does not route to, or names otherwise: instances must name replicas alike).",
+            "does not route to, or names otherwise: instances must name replicas alike), replayed "
+            "(with sync_secret: a decision sent more than 60 s from now, or again after its "
+            "request's end).",
             "reason",
         )
         self.replayed = counter(

@@ -112,8 +112,9 @@ class RouteSync:
         # ``lock``: held around every call into the router, for a router that other threads
         # also call (Ray Serve's); the gateway and the picker call theirs from one loop only.
         self.remote = RemoteRequests(
-            router, self.instance_id, self.metrics, self.share_load, lock=lock
-        )
+            router, self.instance_id, self.metrics, self.share_load, lock=lock,
+            fresh_only=secret is not None,
+        )  # fmt: skip
         # (payload, kept in the history): decisions are, progress messages are not
         self._queue: asyncio.Queue[tuple[bytes, bool]] = asyncio.Queue(QUEUE_SIZE)
         self._tasks: list[asyncio.Task[None]] = []

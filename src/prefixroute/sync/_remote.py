@@ -20,6 +20,14 @@ apply as the end of no request), and the requests of an instance not heard for
 ``SILENT_S`` are dropped. Before, a crashed instance's requests stayed counted on every other
 for ten minutes, pushing traffic off the replicas they named (an outside audit, 2026-12-06).
 
+With signed messages (``sync_secret``), a live decision counts as load only if it was sent
+within ``FRESH_S`` of our clock (``Routed.sent_at``) and its request's end has not been heard:
+the history holds thousands of signed decisions, and sent again on the channel each would count
+its long-finished request for ``REMOTE_TTL_S``. Instances' clocks must then agree within
+``FRESH_S`` (NTP does, by far). An instance that predates ``sent_at`` sends 0: behind a
+secret its counted decisions are skipped (``prefixroute_sync_skipped_total{reason="replayed"}``)
+until it is upgraded too.
+
 A router that other threads also call (Ray Serve's, whose hooks come from more than one thread)
 passes the lock that guards it: every call into the router here is made holding it.
 """
@@ -49,6 +57,14 @@ SILENT_S = 6 * ALIVE_EVERY_S  # an instance not heard for this long is gone, sec
 INSTANCES = 4096  # instances remembered as heard; past this the table starts over
 UNKNOWN_SAID = 16  # unknown replicas warned of, at most
 EXPIRE_EVERY_S = 1.0  # how often remote requests are checked for expiry, seconds
+# How far a signed decision's ``sent_at`` may be from our clock for it to count as load,
+# either way, seconds: far above Redis's delivery time and NTP-synced clocks' skew, far below
+# REMOTE_TTL_S, for which a replayed decision would otherwise hold its replica's load up.
+FRESH_S = 60.0
+
+
+def _wall_clock() -> float:  # the clock decisions' sent_at is read against (tests set it)
+    return time.time()
 
 
 class RemoteRequests:
@@ -61,6 +77,7 @@ class RemoteRequests:
         metrics: SyncMetrics,
         share_load: bool = True,
         lock: AbstractContextManager[Any] | None = None,
+        fresh_only: bool = False,
     ) -> None:
         self.router = router
         self.lock = nullcontext() if lock is None else lock  # held around every router call
@@ -70,6 +87,10 @@ class RemoteRequests:
         self.on_stored: StoredHook | None = None  # the front end's map of stored responses
         # "instance/request id" -> when dispatched (time.monotonic()), oldest first, for expiry
         self._remote: dict[str, float] = {}
+        # Signed messages (module docstring): only fresh decisions count as load, and each
+        # request's once: "instance/request id" -> when its end came, monotonic, oldest first.
+        self.fresh_only = fresh_only
+        self._ended: dict[str, float] = {}
         self._expired_at = 0.0  # last expiry pass, time.monotonic()
         self._heard: dict[str, float] = {}  # instance -> last message from it, monotonic
         self._unknown_said: set[str] = set()  # replicas named by others we do not know
@@ -125,6 +146,9 @@ class RemoteRequests:
                 return False  # a replica we don't route to
             now = time.monotonic()
             counted = live and msg.request_id and self.share_load
+            if counted and self._replayed(msg):
+                self.metrics.skipped.labels("replayed").inc()
+                return False
             # Counted, its added blocks are kept by its key until it ends: a withdrawal can
             # take them back (uncounted, no end would ever forget them).
             key = f"{msg.instance}/{msg.request_id}" if counted else None
@@ -147,6 +171,17 @@ class RemoteRequests:
                 "decisions there are not applied (name replicas alike at every instance)",
                 instance[:64], replica[:256],
             )  # fmt: skip
+
+    def _replayed(self, msg: Routed) -> bool:
+        """Whether a live decision is one sent before, again: with signed messages, one sent
+        more than ``FRESH_S`` from now (by its clock) or for a request whose end we heard.
+        Recorded signed messages sit in the history, and 2,000 of them, sent again, would count
+        2,000 requests for ten minutes each: every instance's requests 503."""
+        if not self.fresh_only:
+            return False
+        if abs(_wall_clock() - msg.sent_at) > FRESH_S:
+            return True
+        return f"{msg.instance}/{msg.request_id}" in self._ended
 
     def _count(self, msg: Routed, replica: ReplicaId, now: float) -> None:
         key = f"{msg.instance}/{msg.request_id}"
@@ -176,6 +211,8 @@ class RemoteRequests:
             if done:
                 del self._remote[key]
                 self.router.complete(key, now)
+                if self.fresh_only:
+                    self._ended[key] = now
             else:
                 # Heard through Redis, late by the message's trip: not a measured first token.
                 self.router.first_token(key, now, measured=False)
@@ -188,6 +225,10 @@ class RemoteRequests:
     def expire(self, now: float) -> None:
         """Drop remote requests dispatched more than ``REMOTE_TTL_S`` ago (end never heard)."""
         self._expired_at = now
+        for key, at in list(self._ended.items()):  # oldest first: past FRESH_S, none replays
+            if now - at <= FRESH_S:
+                break
+            del self._ended[key]
         cutoff = now - REMOTE_TTL_S
         stale = []
         for key, at in self._remote.items():

@@ -13,8 +13,10 @@ secret. A message whose tag does not match is dropped and counted
 (``prefixroute_sync_errors_total{kind="auth"}``), so instances with different secrets (or one
 without) simply do not share. Messages stay readable in Redis (tenant names and response ids
 travel in clear), and a recorded message can be sent again; what a signature stops is a
-message no instance wrote. Without a secret every message is believed, as before: the Redis
-must then be reachable by the gateways alone (docs/security.md).
+message no instance wrote. Of the recorded ones, only a decision could do harm sent again (its
+request counted as load once more, for up to ten minutes): signed, a decision counts only
+while fresh and once (``_remote.RemoteRequests``). Without a secret every message is believed,
+as before: the Redis must then be reachable by the gateways alone (docs/security.md).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import sys
+import time
 from collections.abc import Sequence
 from typing import Annotated
 
@@ -41,6 +42,10 @@ class Routed(msgspec.Struct, array_like=True, frozen=True, tag=0):
     prompt_tokens: Size = 0  # the request's sizes, for the others' load views, tokens
     output_tokens: Size = 0
     predicted_cached_tokens: Size = 0
+    # When it was sent, seconds since the epoch (0.0: an instance that predates the field). A
+    # signed decision is counted as load only while fresh (``_remote``): a recorded one, sent
+    # again, is not.
+    sent_at: float = 0.0
 
     def block_hashes(self) -> list[BlockHash]:
         """The hashes as ints; ValueError unless a whole number of 8-byte hashes."""
@@ -107,6 +112,7 @@ def encode(
             view.prompt_tokens,
             view.output_tokens,
             decision.predicted_cached_tokens,
+            time.time(),
         )
     )
 

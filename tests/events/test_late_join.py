@@ -26,7 +26,7 @@ from prefixroute.events import (
     StreamState,
 )
 
-from .helpers import HASHER, R, frames, indexed, stored, subscriber
+from .helpers import HASHER, R, frames, indexed, payload, stored, subscriber
 
 WITH_REPLAY = "bind:tcp://127.0.0.1:*,replay=tcp://127.0.0.1:*"
 
@@ -228,9 +228,33 @@ async def test_the_reader_and_the_monitor_run_named_while_started_and_end_at_sto
     sub = subscriber(context, "bind:tcp://127.0.0.1:*")
     await sub.start()
     assert ours() == ["kv-events", "kv-peers"]
+    tasks = [t for t in asyncio.all_tasks() if t.get_name().startswith(("kv-events", "kv-peers"))]
     await sub.stop()
     await asyncio.sleep(0)
     assert ours() == []
+    # Cancelled, both: not left to fail on a closed socket (an error nobody retrieves)
+    assert all(t.cancelled() for t in tasks)
+
+
+async def test_a_catch_up_whose_replay_stalls_applies_what_came_before_the_stall(
+    context: zmq.asyncio.Context,
+) -> None:
+    """A replay endpoint that stops answering mid-way (no end marker) is waited for one reply
+    timeout, and the batches it did send are applied: they reach back to 0 here."""
+    from .test_subscriber_pins import FakeReplay
+
+    batches = {0: payload(stored(list(range(4)), None, [1])),
+               1: payload(stored(list(range(4, 8)), 1, [2]))}  # fmt: skip
+    replay = FakeReplay(context, batches, end=False)
+    index = indexed()
+    try:
+        sub = subscriber(context, EventEndpoint("tcp://127.0.0.1:1", False, replay.address),
+                         index, replay_timeout_s=0.05)  # fmt: skip
+        await sub.receive(frames(2, stored(list(range(8, 12)), 2, [3])))
+    finally:
+        await replay.close()
+    assert sub.stats.caught_up == 2 and sub.state is StreamState.LIVE
+    assert index.match(HASHER.hash_tokens(list(range(12)))) == {R: 3}
 
 
 async def test_unknown_event_types_are_remembered_up_to_16_and_their_batches_apply(

@@ -36,10 +36,14 @@ END = (-1).to_bytes(8, "big", signed=True)
 
 
 class FakeReplay:
-    """An engine's replay socket that sends the batches it is given, then the end marker."""
+    """An engine's replay socket that sends the batches it is given, then the end marker
+    (unless told not to)."""
 
-    def __init__(self, context: zmq.asyncio.Context, batches: dict[int, bytes]) -> None:
+    def __init__(
+        self, context: zmq.asyncio.Context, batches: dict[int, bytes], end: bool = True
+    ) -> None:
         self.batches = batches
+        self.end = end  # False: stall after the batches, as an engine that stops answering
         self.requests: list[int] = []
         self.sock = context.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -55,7 +59,8 @@ class FakeReplay:
             for seq in sorted(self.batches):
                 frames = [identity, b"", b"", seq.to_bytes(8, "big"), self.batches[seq]]
                 await self.sock.send_multipart(frames)
-            await self.sock.send_multipart([identity, b"", b"", END, b""])
+            if self.end:
+                await self.sock.send_multipart([identity, b"", b"", END, b""])
 
     async def close(self) -> None:
         self.task.cancel()

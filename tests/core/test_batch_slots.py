@@ -146,6 +146,19 @@ def test_a_prefill_queue_longer_than_the_slot_wait_is_not_counted_twice() -> Non
     assert router.policy.predict(ctx, R0) == pytest.approx(expected)  # type: ignore[attr-defined]
 
 
+def test_a_prefill_queue_shorter_than_the_slot_wait_leaves_the_rest_of_the_wait() -> None:
+    """The slot wait and the queue ahead overlap: what is added is the wait past the queue's
+    own time, in seconds at the replica's rate."""
+    router = router_over("predicted_ttft", [], params={"arrivals": 0.0})
+    router.add_replica(R0, speed=SpeedPrior(max_running=1))
+    for _ in range(30):
+        router.loads.get(R0).slots.completed(0.0)  # 3 per second: a slot in 1/3 s
+    busy(router, R0, 1, prompt=1000)  # 0.1 s of prefill queued, shorter than the slot wait
+    ctx = context(router, tokens(1000, start=90_000))
+    expected = 2000 / RATE + (1 / 3 - 1000 / RATE)  # the queue and ours, then the rest
+    assert router.policy.predict(ctx, R0) == pytest.approx(expected)  # type: ignore[attr-defined]
+
+
 def test_a_cached_prefix_on_a_full_batch_loses_to_a_free_slot() -> None:
     for batch_slots, home in ((True, R1), (False, R0)):
         router = _full_r0(batch_slots=batch_slots)

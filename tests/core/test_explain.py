@@ -85,3 +85,13 @@ def test_explain_changes_nothing() -> None:
     real = r.route(r.view("real", tokens=list(range(500, 564))), 1.0)
     assert real.replica == first.replica  # the explanation named where it would really go
     assert first.candidates and real.candidates == ()
+
+
+def test_an_explanation_weighs_only_the_candidates_it_is_given() -> None:
+    """``candidates``: the replicas the request could go to (the model's, the healthy ones);
+    the explanation describes those and picks among them, as the route would."""
+    r = router()
+    warm(r)
+    d = r.explain(r.view("q", tokens=PROMPT), 1.0, [B, C])
+    assert [c.replica for c in d.candidates] == [B, C]
+    assert d.replica in (B, C)

@@ -143,6 +143,22 @@ def test_a_router_told_too_much_trims_its_index_from_reports() -> None:
     assert learned.trimmed > 0 and router.indexed_blocks(R) == int(learned.blocks) < 600
 
 
+def test_a_replica_removed_and_added_again_learns_its_capacity_afresh() -> None:
+    """What was learned belongs to the replica that was removed: the one added again under
+    the same address (a new pod, another engine) starts at its configured capacity."""
+    router = _router(ON)
+    prompt = list(range(600))
+    _turn(router, "a", prompt, 0)
+    _turn(router, "b", prompt, 0)
+    assert router.index_capacity(R) is not None
+    assert router.index_capacity(R).blocks < 1000  # type: ignore[union-attr]
+    router.remove_replica(R)
+    assert router.index_capacity(R) is None
+    router.add_replica(R)
+    again = router.index_capacity(R)
+    assert again is not None and again.blocks == 1000 and again.too_large == 0
+
+
 def test_by_default_and_in_precise_mode_the_configured_capacity_stands() -> None:
     for router in (_router(None), _router(ON, insert_on_route=False)):
         prompt = list(range(600))

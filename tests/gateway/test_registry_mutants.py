@@ -213,3 +213,17 @@ def test_answers_count_for_30_s_and_not_after() -> None:
         answers(reg, A, ok=0, errors=19, now=1000.0)
         reg.record_error(A, now=now)
         assert reg.get(A).healthy is not out, now
+
+
+def test_progress_is_never_for_a_replica_the_registry_does_not_hold() -> None:
+    """``progress_at``: 0.0 for never. A request's first-byte watch keeps asking after its
+    replica was removed (gateway/_first_byte.py), so an unknown replica is "never", not an
+    error."""
+    reg = registry(A)
+    assert reg.progress_at(A) == 0.0  # never yet
+    reg.progressed(A, 12.5)
+    reg.progressed(A, 3.0)  # an earlier time does not move it back
+    assert reg.progress_at(A) == 12.5
+    assert reg.progress_at(NEVER_SEEN) == 0.0
+    reg.remove(A)
+    assert reg.progress_at(A) == 0.0

@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from prefixroute.core import ConfigError, SpeedPrior
+from prefixroute.core import ConfigError, Router, RoutingContext, SpeedPrior
 from prefixroute.core.batch_slots import FULL_REPORTS, RATE_WINDOW_S, BatchSlots
 from prefixroute.core.load import LoadTracker
 
@@ -135,13 +135,19 @@ def test_a_full_batch_adds_the_wait_for_a_slot_to_the_predicted_ttft() -> None:
     assert off.policy.predict(context(off, tokens(1000)), R0) == pytest.approx(plain)  # type: ignore[attr-defined]
 
 
-def test_a_prefill_queue_longer_than_the_slot_wait_is_not_counted_twice() -> None:
+def _one_slot_behind(queued: int) -> tuple[Router, RoutingContext]:
+    """A router whose r0 runs 1 slot, freed every 1/3 s, taken by a request with ``queued``
+    tokens still to prefill; and a context for a fresh 1,000-token prompt."""
     router = router_over("predicted_ttft", [], params={"arrivals": 0.0})
     router.add_replica(R0, speed=SpeedPrior(max_running=1))
     for _ in range(30):
         router.loads.get(R0).slots.completed(0.0)  # 3 per second: a slot in 1/3 s
-    busy(router, R0, 1, prompt=5000)  # 0.5 s of prefill queued, longer than the slot wait
-    ctx = context(router, tokens(1000, start=90_000))
+    busy(router, R0, 1, prompt=queued)
+    return router, context(router, tokens(1000, start=90_000))
+
+
+def test_a_prefill_queue_longer_than_the_slot_wait_is_not_counted_twice() -> None:
+    router, ctx = _one_slot_behind(5000)  # 0.5 s of prefill queued, longer than the slot wait
     expected = 6000 / RATE  # the queue and ours; nothing decodes yet
     assert router.policy.predict(ctx, R0) == pytest.approx(expected)  # type: ignore[attr-defined]
 
@@ -149,12 +155,7 @@ def test_a_prefill_queue_longer_than_the_slot_wait_is_not_counted_twice() -> Non
 def test_a_prefill_queue_shorter_than_the_slot_wait_leaves_the_rest_of_the_wait() -> None:
     """The slot wait and the queue ahead overlap: what is added is the wait past the queue's
     own time, in seconds at the replica's rate."""
-    router = router_over("predicted_ttft", [], params={"arrivals": 0.0})
-    router.add_replica(R0, speed=SpeedPrior(max_running=1))
-    for _ in range(30):
-        router.loads.get(R0).slots.completed(0.0)  # 3 per second: a slot in 1/3 s
-    busy(router, R0, 1, prompt=1000)  # 0.1 s of prefill queued, shorter than the slot wait
-    ctx = context(router, tokens(1000, start=90_000))
+    router, ctx = _one_slot_behind(1000)  # 0.1 s of prefill queued, shorter than the slot wait
     expected = 2000 / RATE + (1 / 3 - 1000 / RATE)  # the queue and ours, then the rest
     assert router.policy.predict(ctx, R0) == pytest.approx(expected)  # type: ignore[attr-defined]
 

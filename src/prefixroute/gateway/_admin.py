@@ -146,10 +146,12 @@ def _authorize(request: web.Request) -> GatewayState:
 
 async def list_replicas(request: web.Request) -> web.Response:
     state = _authorize(request)
-    replicas = [state.registry.describe(r) for r in state.registry]
-    if state.precise is not None:  # each replica's KV-event stream: live, resyncing, waiting
-        for described, record in zip(replicas, state.registry, strict=True):
+    replicas = []
+    for record in state.registry:
+        described = state.registry.describe(record)
+        if state.precise is not None:  # its KV-event stream: live, resyncing, waiting or none
             described["kv_events"] = state.precise.state_of(record.id)
+        replicas.append(described)
     return web.json_response({"replicas": replicas})
 
 

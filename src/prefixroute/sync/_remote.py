@@ -146,15 +146,15 @@ class RemoteRequests:
                 return False  # a replica we don't route to
             now = time.monotonic()
             counted = live and msg.request_id and self.share_load
-            if counted and self._replayed(msg):
-                self.metrics.skipped.labels("replayed").inc()
-                return False
             # Counted, its added blocks are kept by its key until it ends: a withdrawal can
             # take them back (uncounted, no end would ever forget them).
             key = f"{msg.instance}/{msg.request_id}" if counted else None
+            if key is not None and self._replayed(msg, key):
+                self.metrics.skipped.labels("replayed").inc()
+                return False
             self.router.remote_routed(replica, hashes, now, live=live, request_id=key)
-            if counted:
-                self._count(msg, replica, now)
+            if key is not None:
+                self._count(msg, key, replica, now)
         if live:
             self.metrics.applied.inc()
         return True
@@ -172,7 +172,7 @@ class RemoteRequests:
                 instance[:64], replica[:256],
             )  # fmt: skip
 
-    def _replayed(self, msg: Routed) -> bool:
+    def _replayed(self, msg: Routed, key: str) -> bool:
         """Whether a live decision is one sent before, again: with signed messages, one sent
         more than ``FRESH_S`` from now (by its clock) or for a request whose end we heard.
         Recorded signed messages sit in the history, and 2,000 of them, sent again, would count
@@ -181,10 +181,9 @@ class RemoteRequests:
             return False
         if abs(_wall_clock() - msg.sent_at) > FRESH_S:
             return True
-        return f"{msg.instance}/{msg.request_id}" in self._ended
+        return key in self._ended
 
-    def _count(self, msg: Routed, replica: ReplicaId, now: float) -> None:
-        key = f"{msg.instance}/{msg.request_id}"
+    def _count(self, msg: Routed, key: str, replica: ReplicaId, now: float) -> None:
         self.router.remote_dispatch(
             key,
             replica,
@@ -225,10 +224,12 @@ class RemoteRequests:
     def expire(self, now: float) -> None:
         """Drop remote requests dispatched more than ``REMOTE_TTL_S`` ago (end never heard)."""
         self._expired_at = now
-        for key, at in list(self._ended.items()):  # oldest first: past FRESH_S, none replays
+        ended = self._ended
+        while ended:  # oldest first: an end past FRESH_S cannot be replayed any more
+            key, at = next(iter(ended.items()))
             if now - at <= FRESH_S:
                 break
-            del self._ended[key]
+            del ended[key]
         cutoff = now - REMOTE_TTL_S
         stale = []
         for key, at in self._remote.items():

@@ -11,6 +11,7 @@ from prefixroute.core import index_blocks_for
 from prefixroute.emulate import EmulatorConfig
 from prefixroute.gateway._index_size import MIN_ANSWERS
 from prefixroute.gateway._scrape import (
+    SETTLED_SPAN,
     EngineLoad,
     PrefillDelta,
     PrefillDeltas,
@@ -73,15 +74,20 @@ async def test_health_rounds_feed_the_load_view(
 # vLLM 0.32's prefill histograms (names and semantics as vllm/v1/metrics/loggers.py has them),
 # over two data-parallel engines.
 VLLM_PREFILL = exposition("vllm_prefill.prom")
-# An older vLLM: no computed-tokens histogram; prompt tokens less prefix-cache hits instead.
+# An older vLLM: no computed-tokens histogram; prefix-cache queries less hits instead (its prompt
+# tokens, counted at the first token, are another number: 4,200 of which 4 requests' time).
 VLLM_OLDER = exposition("vllm_older_prefill.prom")
 SGLANG_PREFILL = exposition("sglang_prefill.prom")
 
 
 def test_prefill_totals_from_vllm_and_sglang_names() -> None:
     assert parse_engine_load(VLLM_PREFILL).prefill == PrefillTotals(2.0, 15.0, 12000.0)
-    assert parse_engine_load(VLLM_OLDER).prefill == PrefillTotals(2.0, 4.0, 4000.0)
-    assert parse_engine_load(SGLANG_PREFILL).prefill == PrefillTotals(3.0, 6.0, 5000.0)
+    # Counted apart from the times (at scheduling; SGLang's at the end): not aligned.
+    assert parse_engine_load(VLLM_OLDER).prefill == PrefillTotals(2.0, 4.0, 4000.0, False)
+    assert parse_engine_load(SGLANG_PREFILL).prefill == PrefillTotals(3.0, 6.0, 5000.0, False)
+    # Prompt tokens less hits, counted at different moments, are never read as a count.
+    no_queries = VLLM_OLDER.replace("vllm:prefix_cache_queries_total", "other_total")
+    assert parse_engine_load(no_queries).prefill is None
     for page in (VLLM, SGLANG, "{{{ not prometheus"):  # no prefill times: no totals
         assert parse_engine_load(page).prefill is None
 
@@ -98,6 +104,55 @@ def test_prefill_deltas_between_scrapes() -> None:
     assert deltas.update("r", PrefillTotals(1.0, 5.0, 1000.0)) is None
     deltas.forget("r")
     assert deltas.update("r", PrefillTotals(2.0, 9.0, 2000.0)) is None
+
+
+def test_an_interval_with_no_request_finished_adds_its_tokens_to_the_next() -> None:
+    """Tokens counted at scheduling for a request that has not finished by the scrape belong
+    to the interval in which its time is counted (module docstring)."""
+    for aligned in (True, False):
+        deltas = PrefillDeltas()
+        assert deltas.update("r", PrefillTotals(1.0, 1.0, 100.0, aligned), 0) is None
+        assert deltas.update("r", PrefillTotals(1.0, 1.0, 600.0, aligned), 0) is None
+        assert deltas.update("r", PrefillTotals(1.2, 2.0, 600.0, aligned), 0) == PrefillDelta(
+            500.0, 1, pytest.approx(0.2)
+        )
+
+
+def test_tokens_counted_apart_wait_until_the_interval_has_settled() -> None:
+    """An interval of tokens counted apart from its times is given once it spans SETTLED_SPAN
+    finished requests per request in flight at its two ends; one between idle scrapes at once;
+    aligned totals, and a page that does not say what is in flight, at every interval."""
+    deltas = PrefillDeltas()
+    assert deltas.update("r", PrefillTotals(0.0, 0.0, 0.0, False), 1) is None  # 1 in flight
+    span = 2 * SETTLED_SPAN  # one in flight at each end
+    assert deltas.update("r", PrefillTotals(1.0, span - 1, 900.0, False), 1) is None
+    assert deltas.update("r", PrefillTotals(2.0, span, 1000.0, False), 1) == PrefillDelta(
+        1000.0, span, 2.0
+    )
+    # Idle at both ends: every request counted in the tokens has its time counted too.
+    assert deltas.update("r", PrefillTotals(2.0, span, 1000.0, False), 0) is None
+    deltas = PrefillDeltas()
+    assert deltas.update("r", PrefillTotals(2.0, span, 1000.0, False), 0) is None
+    assert deltas.update("r", PrefillTotals(2.5, span + 1, 1100.0, False), 0) == PrefillDelta(
+        100.0, 1, 0.5
+    )
+    for totals, flight in ((PrefillTotals(3.0, span + 2, 1200.0, True), 5),
+                           (PrefillTotals(3.5, span + 3, 1300.0, False), None)):  # fmt: skip
+        assert deltas.update("r", totals, flight) is not None
+
+
+def test_a_prompt_count_that_dips_under_the_hits_is_no_restart() -> None:
+    """An engine that counts prefix-cache hits at scheduling and prompt tokens at the end (as
+    llm-d-inference-sim does): while a request with a cached prefix runs, prompt tokens less
+    hits go down. Its counters did not begin again; queries less hits never go down."""
+    running = VLLM_OLDER.replace(
+        'queries_total{model_name="m"} 5000.0', 'queries_total{model_name="m"} 6000.0'
+    )
+    running = running.replace("hits_total{model_name=\"m\"} 1000.0",
+                              "hits_total{model_name=\"m\"} 1900.0")  # fmt: skip
+    deltas = PrefillDeltas()
+    deltas.update("r", parse_engine_load(VLLM_OLDER).prefill)
+    assert not deltas.restarted("r", parse_engine_load(running).prefill)
 
 
 async def test_scraped_prefill_times_teach_the_rate_without_a_first_token(
@@ -225,9 +280,7 @@ async def test_an_emulated_engine_s_preemptions_reach_the_router(
     async with asyncio.timeout(5):
         while load.kv_usage is None:  # scraped once: the count's baseline is set
             await asyncio.sleep(0.01)
-    bodies = [
-        {"prompt": f"q{i} " + words(30), "max_tokens": 120, "stream": True} for i in range(4)
-    ]
+    bodies = [{"prompt": f"q{i} " + words(30), "max_tokens": 120, "stream": True} for i in range(4)]
     replies = await asyncio.gather(*(send(session, gw.url, "/v1/completions", b) for b in bodies))
     assert all(r.complete for r in replies), replies
     async with asyncio.timeout(5):

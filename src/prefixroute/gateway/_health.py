@@ -142,7 +142,7 @@ class HealthChecker:
         )
         if load.kv_tokens is not None:
             self._sizer.observe(record, load.kv_tokens)
-        delta = self._prefill.update(record.url, load.prefill)
+        delta = self._prefill.update(record.url, load.prefill, load.in_flight)
         if delta is not None:
             router.observe_engine_prefill(
                 record.id, tokens=delta.tokens, requests=delta.requests, seconds=delta.seconds

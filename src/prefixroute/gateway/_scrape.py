@@ -16,10 +16,23 @@ Both are cumulative, so one scrape interval is the difference of two scrapes
   scheduled to the first token, ``_count`` requests) and
   ``vllm:request_prefill_kv_computed_tokens`` (its ``_sum``: prompt tokens minus cached ones),
   both observed when a request finishes, so the two cover the same requests. Without the
-  second (vLLM before it had it), ``vllm:prompt_tokens_total`` less
-  ``vllm:prefix_cache_hits_total`` (both counted at admission).
+  second (vLLM before it had it, llm-d-inference-sim), ``vllm:prefix_cache_queries_total`` less
+  ``vllm:prefix_cache_hits_total``: both counted together when the prefix cache is queried, at
+  scheduling. Not ``vllm:prompt_tokens_total``, which vLLM counts at the first token and
+  llm-d-inference-sim at the end: less hits counted earlier, it dipped by a request's cached
+  tokens while the request ran, which read as a restart, and a scrape between the two gave an
+  interval of 21 tokens for two requests, the next 1,058 for one (tests/gateway, against a
+  foreign replica).
 * SGLang: ``sglang:per_stage_req_latency_seconds{stage="prefill_forward"}`` with
   ``sglang:prompt_tokens_total`` less ``sglang:cached_tokens_total``.
+
+**Tokens counted at another moment than the times** (the two fallbacks above: at scheduling,
+or at the end) cover other requests than an interval's times do: a request under way at a
+scrape has its tokens on one side and its time on the other. So an interval in which no
+request finished adds to the next (the baseline stays), and such an interval is given only
+once it spans ``SETTLED_SPAN`` finished requests for each request that was in flight (running
+or waiting) at its two ends: its tokens are then off by at most one in ``SETTLED_SPAN`` of its
+requests' (exact when the engine was idle at both ends).
 
 A replica without these (no metrics endpoint, an older engine, another server) gives no such
 observation; its speed is learned from first tokens alone.
@@ -52,13 +65,16 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:tok
 # (prefill seconds sum, prefill request count, computed tokens (sum) | (prompt, cached) pair)
 VLLM_PREFILL = "vllm:request_prefill_time_seconds"
 VLLM_COMPUTED = "vllm:request_prefill_kv_computed_tokens_sum"
-VLLM_PROMPT, VLLM_HITS = "vllm:prompt_tokens_total", "vllm:prefix_cache_hits_total"
+VLLM_QUERIES, VLLM_HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 SGLANG_STAGES = "sglang:per_stage_req_latency_seconds"
 SGLANG_PREFILL_STAGE = "prefill_forward"
 SGLANG_PROMPT, SGLANG_CACHED = "sglang:prompt_tokens_total", "sglang:cached_tokens_total"
 PREEMPTIONS = ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total")
 VLLM_CACHE_CONFIG = "vllm:cache_config_info"
 SGLANG_KV_TOKENS = "sglang:max_total_num_tokens"
+# Finished requests an interval of tokens counted apart from its times needs per request in
+# flight at its ends (module docstring): its tokens are then within 1/8 of its requests'.
+SETTLED_SPAN = 8
 MAX_KV_TOKENS = 2**40  # tokens; beyond any engine's KV cache (a node holds tens of millions)
 
 
@@ -69,6 +85,9 @@ class PrefillTotals:
     seconds: float  # time its requests spent from scheduling to first token, seconds
     requests: float  # requests those seconds cover
     tokens: float  # uncached prompt tokens they computed, tokens
+    # The tokens are counted when their requests' times are (at the end): False, at another
+    # moment, so that an interval's two cover other requests while any is in flight.
+    aligned: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +98,13 @@ class EngineLoad:
     prefill: PrefillTotals | None = None  # cumulative prefill counters, when exported
     kv_tokens: int | None = None  # tokens the engine's KV cache holds in all, tokens
     preemptions: int = 0  # requests the engine preempted since it started (0: none said)
+
+    @property
+    def in_flight(self) -> int | None:
+        """Requests the engine holds, running or waiting (None: the page does not say)."""
+        if self.num_running is None or self.num_waiting is None:
+            return None
+        return self.num_running + self.num_waiting
 
 
 def parse_engine_load(text: str) -> EngineLoad:
@@ -137,19 +163,21 @@ def _prefill_totals(samples: dict[str, list[float]]) -> PrefillTotals | None:
         values = samples.get(name)
         return sum(values) if values else None
 
-    def pair(histogram: str, tokens: Iterable[float | None]) -> PrefillTotals | None:
+    def pair(histogram: str, tokens: Iterable[tuple[float | None, bool]]) -> PrefillTotals | None:
+        """The histogram's totals with the first of ``tokens`` (value, aligned) on the page."""
         seconds, count = total(histogram + "_sum"), total(histogram + "_count")
-        computed = next((t for t in tokens if t is not None), None)
-        if seconds is None or count is None or computed is None:
+        computed = next((t for t in tokens if t[0] is not None), None)
+        if seconds is None or count is None or computed is None or computed[0] is None:
             return None
-        return PrefillTotals(seconds, count, computed)
+        return PrefillTotals(seconds, count, computed[0], computed[1])
 
     def less(a: str, b: str) -> float | None:
         x, y = total(a), total(b)
         return x - y if x is not None and y is not None else None
 
-    vllm = pair(VLLM_PREFILL, (total(VLLM_COMPUTED), less(VLLM_PROMPT, VLLM_HITS)))
-    return vllm or pair(SGLANG_STAGES, (less(SGLANG_PROMPT, SGLANG_CACHED),))
+    vllm = pair(VLLM_PREFILL, ((total(VLLM_COMPUTED), True),
+                               (less(VLLM_QUERIES, VLLM_HITS), False)))  # fmt: skip
+    return vllm or pair(SGLANG_STAGES, ((less(SGLANG_PROMPT, SGLANG_CACHED), False),))
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,16 +190,20 @@ class PrefillDelta:
 
 
 class PrefillDeltas:
-    """The last totals seen per replica, and the interval since then.
+    """The totals an interval starts from per replica, and the interval since then.
 
     The first scrape of a replica only sets the baseline: its totals cover the engine's whole
     life, at whatever speed it had then. A total that went down means the engine restarted
     (its counters began again from zero): as Prometheus's ``increase()`` does, the new totals
-    are the interval's. An interval with no request finished gives nothing.
+    are the interval's. An interval with no request finished gives nothing and adds to the
+    next, as one whose tokens were counted apart from its times does until it has settled
+    (module docstring).
     """
 
     def __init__(self) -> None:
-        self._last: dict[str, PrefillTotals] = {}
+        # Per replica: the totals the next interval starts from, and the requests in flight
+        # then (0: none, or not said).
+        self._last: dict[str, tuple[PrefillTotals, int]] = {}
 
     def forget(self, replica: str) -> None:
         self._last.pop(replica, None)
@@ -183,23 +215,31 @@ class PrefillDeltas:
         if last is None or totals is None:
             return False
         return (
-            totals.seconds < last.seconds
-            or totals.requests < last.requests
-            or totals.tokens < last.tokens
+            totals.seconds < last[0].seconds
+            or totals.requests < last[0].requests
+            or totals.tokens < last[0].tokens
         )
 
-    def update(self, replica: str, totals: PrefillTotals | None) -> PrefillDelta | None:
+    def update(
+        self, replica: str, totals: PrefillTotals | None, in_flight: int | None = None
+    ) -> PrefillDelta | None:
+        """The interval since the baseline, ``totals`` scraped with ``in_flight`` requests
+        running or waiting (None: not said), or None while there is none to give."""
         if totals is None:
             self._last.pop(replica, None)  # gone from the page: start again when it is back
             return None
-        reset = self.restarted(replica, totals)
         last = self._last.get(replica)
-        self._last[replica] = totals
         if last is None:
+            self._last[replica] = (totals, in_flight or 0)
             return None
-        base = PrefillTotals(0.0, 0.0, 0.0) if reset else last
+        if self.restarted(replica, totals):  # a fresh engine had nothing in flight before
+            last = self._last[replica] = (PrefillTotals(0.0, 0.0, 0.0, totals.aligned), 0)
+        base, base_flight = last
         requests = round(totals.requests - base.requests)
         if requests < 1:
             return None
+        settling = not totals.aligned and in_flight is not None
+        if settling and requests < SETTLED_SPAN * (base_flight + (in_flight or 0)):
+            return None
+        self._last[replica] = (totals, in_flight or 0)
         return PrefillDelta(totals.tokens - base.tokens, requests, totals.seconds - base.seconds)
-

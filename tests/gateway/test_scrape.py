@@ -120,24 +120,31 @@ def test_an_interval_with_no_request_finished_adds_its_tokens_to_the_next() -> N
 
 def test_tokens_counted_apart_wait_until_the_interval_has_settled() -> None:
     """An interval of tokens counted apart from its times is given once it spans SETTLED_SPAN
-    finished requests per request in flight at its two ends; one between idle scrapes at once;
-    aligned totals, and a page that does not say what is in flight, at every interval."""
+    times ``|n_end - n_start| + sqrt(n_start + n_end)`` finished requests (n: in flight at its
+    ends); between idle scrapes at once; aligned totals, and a page that does not say what is
+    in flight, at every interval (module docstring)."""
+
+    def given(flights: tuple[int, int], requests: int) -> bool:
+        deltas = PrefillDeltas()
+        deltas.update("r", PrefillTotals(0.0, 0.0, 0.0, False), flights[0])
+        totals = PrefillTotals(1.0, requests, 100.0 * requests, False)
+        return deltas.update("r", totals, flights[1]) is not None
+
+    assert SETTLED_SPAN == 8  # the cases below are worked out for it
+    assert given((0, 0), 1)  # idle at both ends: exact
+    assert not given((1, 1), 11) and given((1, 1), 12)  # 8 x sqrt(2) = 11.3
+    assert not given((64, 64), 90) and given((64, 64), 91)  # 8 x sqrt(128) = 90.5
+    assert not given((0, 10), 105) and given((0, 10), 106)  # 8 x (10 + sqrt(10)) = 105.3
+    assert not given((10, 0), 105) and given((10, 0), 106)
+    # Not settled yet: the next scrape's interval starts from the same baseline.
     deltas = PrefillDeltas()
-    assert deltas.update("r", PrefillTotals(0.0, 0.0, 0.0, False), 1) is None  # 1 in flight
-    span = 2 * SETTLED_SPAN  # one in flight at each end
-    assert deltas.update("r", PrefillTotals(1.0, span - 1, 900.0, False), 1) is None
-    assert deltas.update("r", PrefillTotals(2.0, span, 1000.0, False), 1) == PrefillDelta(
-        1000.0, span, 2.0
+    deltas.update("r", PrefillTotals(0.0, 0.0, 0.0, False), 1)
+    assert deltas.update("r", PrefillTotals(1.0, 11.0, 900.0, False), 1) is None
+    assert deltas.update("r", PrefillTotals(2.0, 12.0, 1000.0, False), 1) == PrefillDelta(
+        1000.0, 12, 2.0
     )
-    # Idle at both ends: every request counted in the tokens has its time counted too.
-    assert deltas.update("r", PrefillTotals(2.0, span, 1000.0, False), 0) is None
-    deltas = PrefillDeltas()
-    assert deltas.update("r", PrefillTotals(2.0, span, 1000.0, False), 0) is None
-    assert deltas.update("r", PrefillTotals(2.5, span + 1, 1100.0, False), 0) == PrefillDelta(
-        100.0, 1, 0.5
-    )
-    for totals, flight in ((PrefillTotals(3.0, span + 2, 1200.0, True), 5),
-                           (PrefillTotals(3.5, span + 3, 1300.0, False), None)):  # fmt: skip
+    for totals, flight in ((PrefillTotals(3.0, 13.0, 1200.0, True), 5),
+                           (PrefillTotals(3.5, 14.0, 1300.0, False), None)):  # fmt: skip
         assert deltas.update("r", totals, flight) is not None
 
 

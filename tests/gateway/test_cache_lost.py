@@ -19,7 +19,7 @@ from prefixroute.gateway import Gateway
 from prefixroute.gateway._state import STATE
 
 from .fakes import one_event_stream
-from .helpers import GatewayFactory, send, words
+from .helpers import GatewayFactory, counter, metrics_page, send, words
 
 # vLLM's prefill histograms (as tests/data/metrics/vllm_prefill.prom), at two points of a life.
 PAGE = """# TYPE vllm:request_prefill_time_seconds histogram
@@ -111,9 +111,18 @@ async def test_a_restart_between_probes_is_seen_in_the_counters(
         await _route_to(session, gw, words(300))
         await _check(gw)
         assert held() > 0  # the same life: nothing is cleared
+        assert await _losses(session, gw, url) == 0
         engine.page = RESTARTED
         await _check(gw)
         assert held() == 0
+        assert await _losses(session, gw, url) == 1  # in /metrics and the admin listing
+
+
+async def _losses(session: aiohttp.ClientSession, gw: Gateway, url: str) -> float:
+    """Times ``url``'s cache was taken as lost, as /metrics says; the admin listing agrees."""
+    total = counter(await metrics_page(session, gw), "prefixroute_replica_cache_lost_total")
+    assert gw.registry.describe(gw.registry.find(url))["cache_losses"] == total
+    return total
 
 
 async def test_a_replica_down_for_many_rounds_is_cleared_and_logged_once(
@@ -130,3 +139,4 @@ async def test_a_replica_down_for_many_rounds_is_cleared_and_logged_once(
     assert held() == 0
     lost = [r for r in caplog.records if "taken as lost" in r.getMessage()]
     assert len(lost) == 1 and "refused connections" in lost[0].getMessage()
+    assert gw.registry.describe(gw.registry.find(url))["cache_losses"] == 1  # counted once

@@ -181,6 +181,7 @@ class HealthChecker:
         if self.config.precise or not router.has_replica(record.id):
             return
         router.engine_cleared(record.id)
+        record.cache_losses += 1
         log.warning("replica %s %s: the prefixes it cached are taken as lost", record.url, why)
 
     def _models_stale(self, record: ReplicaRecord) -> bool:

@@ -28,7 +28,9 @@ Per request (updated as requests end):
 
 Read live at scrape: ``prefixroute_in_flight{replica}`` (the router's own load accounting),
 ``prefixroute_replica_healthy{replica}`` (0 while out or draining),
-``prefixroute_replica_ejections_total{replica}`` (times taken out), each replica's learned speed
+``prefixroute_replica_ejections_total{replica}`` (times taken out),
+``prefixroute_replica_cache_lost_total{replica}`` (times its whole cache was taken as lost: its
+engine restarted or refused connections, ``gateway/_health.py``), each replica's learned speed
 (``prefixroute_replica_prefill_tokens_per_second``, ``_decode_step_seconds``,
 ``_first_token_overhead_seconds``, ``_prefill_attention_seconds``, ``_speed_observations``)
 and how good its TTFT
@@ -292,8 +294,16 @@ class _LiveCollector(Collector):
             "lasts eject_s, shorter than many scrape intervals, so count them here.",
             labels=["replica"],
         )
+        # A restart or a refusal the index was cleared for, which no other series shows.
+        lost = CounterMetricFamily(
+            "prefixroute_replica_cache_lost",
+            "Times the router took the replica's whole KV cache as lost and forgot its prefixes "
+            "(its engine restarted, or refused connections; precise mode: see the KV events).",
+            labels=["replica"],
+        )
         for record in self.replicas:
             ejections.add_metric([record.url], record.ejections)
+            lost.add_metric([record.url], record.cache_losses)
             in_flight.add_metric([record.url], self.replicas.in_flight(record.id))
             ok = record.healthy and not record.draining
             healthy.add_metric([record.url], 1.0 if ok else 0.0)
@@ -307,7 +317,8 @@ class _LiveCollector(Collector):
             size = self.router.replica_load(record.id).slots.size
             if size is not None:
                 slots.add_metric([record.url], size)
-        yield from (in_flight, healthy, ejections, prefill_rate, decode_step, observations, slots)
+        yield from (in_flight, healthy, ejections, lost, prefill_rate, decode_step, observations)
+        yield slots
         yield from self._predictions()
 
     def _predictions(self) -> Iterator[Metric]:

@@ -69,6 +69,7 @@ class ReplicaRecord:
     out_until: float = 0.0  # monotonic time before which it stays out, seconds
     total_failures: int = 0  # failures since registration
     ejections: int = 0  # times taken out since registration (a scrape can miss a short one)
+    cache_losses: int = 0  # times its whole cache was taken as lost (gateway._health)
     name: str = ""  # what clients see when URLs are not exposed: r-<8 hex digits of its URL>
     # monotonic time of its last first token or answer, any request's: it is at work
     # (gateway._first_byte), seconds
@@ -357,6 +358,7 @@ class ReplicaRegistry:
             "consecutive_failures": record.failures,
             "total_failures": record.total_failures,
             "ejections": record.ejections,
+            "cache_losses": record.cache_losses,
         }
 
 

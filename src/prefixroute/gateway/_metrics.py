@@ -357,5 +357,3 @@ class _LiveCollector(Collector):
 def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
     """A gauge family labelled by replica (and ``labels``), filled at scrape."""
     return GaugeMetricFamily(name, doc, labels=["replica", *labels])
-
-

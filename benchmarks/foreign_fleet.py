@@ -79,6 +79,7 @@ LEARNED = "prefixroute_replica_prefill_tokens_per_second"
 ATTENTION = "prefixroute_replica_prefill_attention_seconds{"
 ERROR = "prefixroute_replica_ttft_prediction_error{"
 OBSERVED = 'prefixroute_replica_speed_observations{phase="prefill",'
+CLEARED = "prefixroute_replica_cache_lost_total{"  # whole indexes forgotten (restart, refused)
 
 
 def _free_port() -> int:
@@ -129,11 +130,12 @@ def _by_replica(text: str, prefix: str) -> dict[str, float]:
     return out
 
 
-async def _learned(url: str) -> dict[str, tuple[float, float, float]]:
+async def _learned(url: str) -> tuple[dict[str, tuple[float, float, float]], float]:
     """The gateway's learned prefill rate of each replica, the context at which its prompt
     token costs double (NaN: no attention learned) and its median TTFT prediction error (NaN:
     none judged), by replica URL; all NaN for a replica it timed no first token of (the gateway
-    shows its fleet's estimates there, not its own)."""
+    shows its fleet's estimates there, not its own); and how many times the gateway forgot a
+    replica's whole index (an engine restart or a refused connection), summed."""
     async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
         text = await resp.text()
     seen = _by_replica(text, OBSERVED)
@@ -145,7 +147,7 @@ async def _learned(url: str) -> dict[str, tuple[float, float, float]]:
         a = attention.get(u, 0.0)
         doubling = 1000.0 / (r * a) if a > 0 else nan
         out[u] = (r, doubling, error.get(u, nan)) if seen.get(u, 0) > 0 else (nan, nan, nan)
-    return out
+    return out, sum(_by_replica(text, CLEARED).values())
 
 
 def run_policy(
@@ -197,7 +199,7 @@ def run_policy(
         if out.returncode not in (0, 1):  # 1: some requests failed, still a row
             raise SystemExit(f"foreign_fleet: bench failed: {out.stderr.strip()[-400:]}")
         row = json.loads(out.stdout)["policies"][0]
-        learned = asyncio.run(_learned(gw_url))
+        learned, row["index_clears"] = asyncio.run(_learned(gw_url))
         nan = float("nan")
         return row, {u: learned.get(u, (nan, nan, nan)) for u in urls}
     finally:
@@ -250,13 +252,13 @@ def main(argv: list[str]) -> None:
     fleet = ", ".join(f"{r.tps:g}{' ' if r.flags else ''}{' '.join(r.flags)}" for r in args.fleet)
     where = f"{args.replica.name} replicas at [{fleet}] tokens/s, seed {args.seed}{plain}"
     print(f"## {args.workload} on {where}")
-    print("policy            x floor  hit %   p50 ms   p90 ms   p99 ms  errors")
+    print("policy            x floor  hit %   p50 ms   p90 ms   p99 ms  errors  index clears")
     for policy, r in rows.items():
         floor = r["floor_ratio"]
         ttft = r["ttft_ms"]
         print(f"{policy:<16} {floor if floor is not None else float('nan'):8.2f} "
               f"{100 * r['hit_rate']:6.1f} {ttft['p50']:8.0f} {ttft['p90']:8.0f} "
-              f"{ttft['p99']:8.0f}  {r['errors']}")  # fmt: skip
+              f"{ttft['p99']:8.0f}  {r['errors']:6}  {r['index_clears']:.0f}")  # fmt: skip
     others = [rows[b]["ttft_ms"]["p99"] for b in rows if b != DEFAULT_POLICY]
     if DEFAULT_POLICY in rows and others:
         ratio = rows[DEFAULT_POLICY]["ttft_ms"]["p99"] / min(others)

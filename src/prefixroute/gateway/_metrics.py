@@ -317,8 +317,8 @@ class _LiveCollector(Collector):
             size = self.router.replica_load(record.id).slots.size
             if size is not None:
                 slots.add_metric([record.url], size)
-        yield from (in_flight, healthy, ejections, lost, prefill_rate, decode_step, observations)
-        yield slots
+        yield from (in_flight, healthy, ejections, lost, prefill_rate, decode_step,
+                    observations, slots)  # fmt: skip
         yield from self._predictions()
 
     def _predictions(self) -> Iterator[Metric]:

@@ -170,10 +170,12 @@ def _prefill_totals(samples: dict[str, list[float]]) -> PrefillTotals | None:
     def pair(histogram: str, tokens: Iterable[tuple[float | None, bool]]) -> PrefillTotals | None:
         """The histogram's totals with the first of ``tokens`` (value, aligned) on the page."""
         seconds, count = total(histogram + "_sum"), total(histogram + "_count")
-        computed = next((t for t in tokens if t[0] is not None), None)
-        if seconds is None or count is None or computed is None or computed[0] is None:
+        if seconds is None or count is None:
             return None
-        return PrefillTotals(seconds, count, computed[0], computed[1])
+        for computed, aligned in tokens:
+            if computed is not None:
+                return PrefillTotals(seconds, count, computed, aligned)
+        return None
 
     def less(a: str, b: str) -> float | None:
         x, y = total(a), total(b)

@@ -13,6 +13,7 @@ import gzip
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -569,3 +570,50 @@ async def test_error_answers_are_no_sign_of_work(
     release.set()
     resp = await slow
     assert done and resp.status == 504  # timed out on both, long before the release
+
+
+async def test_a_long_plain_answer_is_not_retried_nor_blamed(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A plain answer arrives whole when its decoding ends: a replica that answers others
+    meanwhile but not this one within ``read_timeout_s`` is at work on a long answer
+    (docs/configuration.md, ``_verdict``). The client gets a 504 that names the setting; the
+    request is not sent to a second replica (it would take as long there), and no replica is
+    marked, so long answers asked of every replica take none out."""
+    longs: list[str] = []
+
+    async def slow_on_long(request: web.Request) -> web.StreamResponse:
+        if b'"long"' in await request.read():
+            longs.append(request.host)
+            await asyncio.sleep(1.0)  # past the read timeout below
+        return web.Response(body=completion_body(), content_type="application/json")
+
+    a, b = await make_fake(handler=slow_on_long), await make_fake(handler=slow_on_long)
+    gw = await make_gateway(
+        [a.url, b.url], policy="round_robin", read_timeout_s=0.4, health_interval_s=60
+    )
+    for _ in range(3):  # each replica once or more: a long answer each time
+        long = asyncio.create_task(send_plain(session, gw, {"prompt": "long", "max_tokens": 1}))
+        while not long.done():  # others' answers keep coming from both replicas meanwhile
+            status, _ = await send_plain(session, gw, {"prompt": "short", "max_tokens": 1})
+            assert status == 200
+            await asyncio.sleep(0.02)
+        status, error = long.result()
+        assert status == 504, error
+        assert error["error"]["code"] == "upstream_timeout" and "read_timeout_s" in str(error)
+    assert len(longs) == 3, longs  # one replica each: none retried
+    for fake in (a, b):
+        record = gw.registry.find(fake.url)
+        assert record.total_failures == 0 and record.healthy
+    async with session.get(gw.url + "/metrics") as r:
+        metrics = await r.text()
+    assert 'prefixroute_retries_total{reason="timeout"}' not in metrics
+    assert 'kind="answer_timeout"' in metrics
+
+
+async def send_plain(
+    session: aiohttp.ClientSession, gw: Gateway, body: dict[str, object]
+) -> tuple[int, dict[str, Any]]:
+    """POST ``body`` to the gateway's completions: its status and parsed JSON answer."""
+    async with session.post(gw.url + "/v1/completions", json=body) as r:
+        return r.status, await r.json()

@@ -143,7 +143,8 @@ def test_the_gateway_asks_for_usage_only_where_it_is_missing_and_allowed() -> No
         {"stream": True, "stream_options": {"include_usage": 1}},  # asked, as vLLM reads it
         {"stream": True, "stream_options": {"include_usage": "true"}},
         {"stream": True, "stream_options": {"include_usage": "perhaps"}},  # the replica's 400
-        # asked too: include_usage defaults to true in vLLM's and SGLang's StreamOptions
+        # the engine's call: include_usage defaults to true in SGLang's StreamOptions and to
+        # false in vLLM 0.32's, so the client's expectation cannot be told
         {"stream": True, "stream_options": {}},
         {"stream": True, "stream_options": {"continuous_usage_stats": False}},
         {"stream": True, "stream_options": {"continuous_usage_stats": True}},

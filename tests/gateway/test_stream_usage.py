@@ -77,18 +77,26 @@ async def test_the_gateway_learns_a_streams_usage_the_client_did_not_ask_for(
     [{"include_usage": True}, {}, {"continuous_usage_stats": False}],
     ids=["include_usage true", "empty stream_options", "without include_usage"],
 )
-async def test_a_client_that_asks_gets_its_usage(
+async def test_a_client_that_sent_stream_options_gets_what_the_replica_sends(
     make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession,
     options: dict[str, Any],
 ) -> None:
-    """A ``stream_options`` object asks for usage unless ``include_usage`` is false: vLLM's and
-    SGLang's ``StreamOptions`` default it to true. (The gateway took ``{}`` for not asking,
-    asked itself and kept the usage event from the client.)"""
-    gw = await _gateway(make_cluster, make_gateway)
+    """A ``stream_options`` object is the client's and the engine's business: with
+    ``include_usage`` true the client gets its usage event; without it, what the engine does
+    (SGLang defaults it to true, vLLM 0.32 and this emulated vLLM to false). Either way the
+    client's stream is the replica's, event for event, as if it had called it directly."""
+    cluster = await make_cluster(1, WHEN_ASKED)
+    gw = await make_gateway(cluster.urls)
+    body = {"prompt": PROMPT, "max_tokens": 5, "stream": True, "stream_options": options}
+    async with session.post(cluster.urls[0] + "/v1/completions", json=body) as resp:
+        direct, _ = parse_stream(await resp.text())
     events, done, _ = await _stream(session, gw, stream_options=options)
-    assert done and events[-1]["choices"] == []
-    assert events[-1]["usage"]["prompt_tokens"] > 0
-    assert _total(gw, "prefixroute_usage_missing_total") == 0
+    assert done
+    assert [bool(e["choices"]) for e in events] == [bool(e["choices"]) for e in direct]
+    asked = bool(options.get("include_usage"))
+    assert ("usage" in events[-1]) == ("usage" in direct[-1]) == asked
+    if asked:
+        assert events[-1]["choices"] == [] and events[-1]["usage"]["prompt_tokens"] > 0
 
 
 async def test_with_stream_usage_off_streams_go_as_sent(

@@ -30,6 +30,7 @@ class here, so callers catch at the level they can handle::
         ├── Overloaded, ShuttingDown
         └── UpstreamError
             └── UpstreamTimeout
+                └── AnswerTimeout
 
 Foreign exceptions are translated at the module that meets them (``raise ... from``). Each HTTP
 edge (the gateway, the emulated replica) answers errors from one table of :class:`ErrorSpec`

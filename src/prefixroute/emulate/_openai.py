@@ -68,9 +68,9 @@ def parse_request(
         raise InvalidRequest(
             "Stream options can only be defined when `stream=True`.", param="stream_options"
         )
-    # Present, stream_options asks for usage unless it says not to (vLLM's StreamOptions
-    # defaults include_usage to true: `{}` gets usage).
-    include_usage = bool(options.get("include_usage", True)) if options is not None else False
+    # Usage only when stream_options says include_usage: vLLM 0.32's StreamOptions defaults it
+    # to false, so `{}` gets none (generate/base/protocol.py, serve/utils/api_utils.py).
+    include_usage = bool(options.get("include_usage")) if options is not None else False
     return ParsedRequest(endpoint, tokens, max_tokens, stream, salt, adapter, include_usage)
 
 

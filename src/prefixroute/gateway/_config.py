@@ -152,8 +152,8 @@ class GatewayConfig:
         5.0, "upstream connect timeout, seconds", "--connect-timeout"
     )
     read_timeout_s: float = setting(
-        300.0, "longest silence from an upstream, seconds (504 if before the first byte)",
-        "--read-timeout",
+        300.0, "longest silence from an upstream, seconds (504 if before the first byte); a "
+        "plain answer's whole time, as it is silent until done", "--read-timeout",
     )  # fmt: skip
     upstream_idle_timeout_s: float = setting(
         IDLE_TIMEOUT_S,

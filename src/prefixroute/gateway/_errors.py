@@ -24,6 +24,7 @@ the status each class answers (core errors first; gateway errors below ``Gateway
         ├── ShuttingDown                  503 the gateway is draining for shutdown (Retry-After)
         └── UpstreamError                 502 the replica failed before its response started
             └── UpstreamTimeout           504 the replica did not answer in time
+                └── AnswerTimeout         504 a plain answer silent past --read-timeout
 
 aiohttp's own HTTP exceptions (an unknown path, a wrong method) keep their status. The lookup
 walks the exception's MRO, so a subclass without its own row gets its parent's. The middleware
@@ -133,6 +134,13 @@ class UpstreamError(GatewayError):
 
 class UpstreamTimeout(UpstreamError):
     """The replica did not connect or answer within the configured timeout."""
+
+
+class AnswerTimeout(UpstreamTimeout):
+    """A plain (non-streamed) answer's replica sent nothing of it for ``read_timeout_s``, while
+    it answered others. Such an answer arrives whole when decoding ends, so the replica is most
+    likely at work on a long one: neither retried (another replica would take as long) nor
+    taken for the replica's failure (``_verdict``)."""
 
 
 ERROR_TABLE: dict[type[BaseException], ErrorSpec] = {

@@ -26,9 +26,10 @@ First-byte deadline: a stream's first event must arrive within ``clamp(4 x predi
 first_byte_floor_s, first_byte_cap_s)`` (the replica's queued prefill, ours included, at its
 learned speed), or, if the replica sent others' first tokens or answers meanwhile, within
 another such period (busy, not stopped: ``_first_byte``); past it the attempt is a timeout and
-is retried elsewhere. A plain answer arrives whole, at the end of decoding, so it has no such
-deadline; any attempt still waiting on a replica that gets taken out (by failed probes, or by
-other requests' deadlines) is abandoned at once and retried, so none waits on a frozen replica.
+is retried elsewhere. A plain answer arrives whole, at the end of decoding: no such deadline,
+and silent past read_timeout_s while its replica answered others it is a 504, not retried
+(``_verdict``); any attempt waiting on a replica taken out (by failed probes, or others'
+deadlines) is abandoned at once and retried.
 
 Calibration: each answer's ``usage`` goes to the router (``observe_usage``, then ``complete``
 with the completion tokens) when the replica's response ends, and a stream's first event is
@@ -41,14 +42,12 @@ and a call naming a stored response goes there only (``_responses``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -68,6 +67,7 @@ from prefixroute.gateway._accounting import Release
 from prefixroute.gateway._admission import REQUEST_ID_HEADER
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import Overloaded, UpstreamError, spec_for
+from prefixroute.gateway._failures import upstream_error
 from prefixroute.gateway._first_byte import arm
 from prefixroute.gateway._listener import RouteListener
 from prefixroute.gateway._metrics import GatewayMetrics
@@ -79,11 +79,10 @@ from prefixroute.gateway._relay import (
     is_event_stream,
     relay_plain,
     relay_stream,
-    upstream_error,
 )
 from prefixroute.gateway._requests import Admitted, Endpoint, payload_of
 from prefixroute.gateway._responses import ResponseOwners, pinned
-from prefixroute.gateway._tracing import RequestTracing, under_span
+from prefixroute.gateway._tracing import RequestTracing, attempt_headers
 from prefixroute.gateway._upstream_answers import (
     ReplicaBusy,
     UsageRefused,
@@ -302,8 +301,7 @@ class Proxy:
         larger_window: int = 0,
     ) -> RelayResult:  # fmt: skip
         request, rid, admitted = call.request, call.rid, call.admitted
-        stream = admitted.key.stream
-        replica = decision.replica
+        stream, replica = admitted.key.stream, decision.replica
         name = self.registry.public_name(replica)
         extra = {
             REPLICA_HEADER: name,
@@ -321,6 +319,7 @@ class Proxy:
         def first_token() -> None:  # timed now; the router's work once the bytes went out
             loop.call_soon(self._first_token, rid, replica, time.monotonic(), admitted.learns)
 
+        sent = time.monotonic()
         try:
             async with asyncio.timeout(None) as timer:
                 period = self.first_byte_s(decision) if stream else None  # whole: no deadline
@@ -331,7 +330,8 @@ class Proxy:
                     disarm()
 
                 try:
-                    with self._traced(call, name) as headers:
+                    traced = attempt_headers(self.tracing, call.span, name, admitted.headers)
+                    with traced as headers:
                         async with await send(
                             self.session, request.method, url,
                             lambda: payload_of(admitted.body), self.metrics.resends.inc,
@@ -354,7 +354,8 @@ class Proxy:
                 finally:
                     disarm()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise upstream_error(exc, name) from exc
+            busy = not stream and self.registry.progress_at(replica) > sent  # a long answer
+            raise upstream_error(exc, name, cfg.read_timeout_s if busy else None) from exc
 
     def _first_token(self, rid: str, replica: ReplicaId, now: float, measured: bool) -> None:
         """``rid``'s first token came from ``replica`` at ``now`` (``measured``: a token, not a
@@ -364,14 +365,6 @@ class Proxy:
         self.router.first_token(rid, now, measured)
         if self.listener is not None:
             self.listener.first_token(rid)
-
-    def _traced(self, call: _Call, name: str) -> AbstractContextManager[Mapping[str, str]]:
-        """The upstream headers of one attempt, under its own CLIENT span when the request is
-        traced (its ``traceparent`` goes to the replica). Untraced, the request's own headers
-        as they are, in a context that costs nothing to enter (no generator per attempt)."""
-        if call.span is None or self.tracing is None:
-            return contextlib.nullcontext(call.admitted.headers)
-        return under_span(self.tracing, call.span, name, dict(call.admitted.headers))
 
     def _account(
         self, rid: str, admitted: Admitted, decision: Decision, result: RelayResult,

@@ -37,12 +37,11 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from prefixroute.gateway._errors import (
-    UpstreamError,
-    UpstreamTimeout,
     anthropic_error_body,
     error_body,
     is_anthropic,
 )
+from prefixroute.gateway._failures import failure_kind, upstream_error
 from prefixroute.gateway._sse import SSEScanner, is_event_stream_type, only_comments
 from prefixroute.gateway._usage import Usage, answer_in_body
 
@@ -134,27 +133,6 @@ def response_headers(headers: CIMultiDictProxy[str], extra: Mapping[str, str]) -
 
 def is_event_stream(resp: aiohttp.ClientResponse) -> bool:
     return is_event_stream_type(resp.headers.get("Content-Type", ""))
-
-
-def failure_kind(exc: BaseException) -> str:
-    """A short label for an upstream failure (a metrics label value)."""
-    if isinstance(exc, TimeoutError):
-        return "timeout"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return "connect"
-    # A reset (ClientOSError: ECONNRESET, EPIPE) breaks the connection as a close does; the
-    # connector's own errors, its subclass, were taken above.
-    broken = aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError
-    if isinstance(exc, broken):
-        return "disconnect"
-    return "error"
-
-
-def upstream_error(exc: BaseException, replica: str) -> UpstreamError:
-    """The gateway error for a foreign upstream exception (chain it with ``from``)."""
-    if isinstance(exc, TimeoutError):
-        return UpstreamTimeout(f"replica {replica} did not answer in time")
-    return UpstreamError(f"replica {replica} failed: {type(exc).__name__}")
 
 
 WATCH_S = 1.0  # seconds between looks at an upstream connection while its answer is read
@@ -312,22 +290,27 @@ class _StreamRelay:
         ctl = self.ctl
         usage = self.scanner.usage if self.scanner is not None and failure is None else None
         ctl.on_upstream_end(usage)
-        out = self.started()
         if failure is not None:
             message = f"replica {ctl.replica} failed mid-stream ({failure})"
-            body = error_body(message, "upstream_error", 502)
-            await _end_with_error(out, body, ctl.write_timeout_s, self._anthropic(message, 502))
+            await self._end_in_error(message, 502, "upstream_error", ctl.write_timeout_s)
         else:
-            await _write_eof(out, ctl.write_timeout_s)
+            await _write_eof(self.started(), ctl.write_timeout_s)
 
     async def end_at_shutdown(self) -> None:
         """The drain bound passed: release the slot, and tell the client the stream was cut."""
         self.ctl.on_upstream_end(None)
-        message = "the gateway shut down before the stream ended"
-        body = error_body(message, "service_unavailable", 503)
-        timeout_s, anthropic = min(self.ctl.write_timeout_s, 1.0), self._anthropic(message, 503)
+        message, timeout_s = "the gateway shut down mid-stream", min(self.ctl.write_timeout_s, 1.0)
         with contextlib.suppress(_SlowClient):
-            await _end_with_error(self.started(), body, timeout_s, anthropic)
+            await self._end_in_error(message, 503, "service_unavailable", timeout_s)
+
+    async def _end_in_error(self, message: str, status: int, kind: str, timeout_s: float) -> None:
+        """End the client's stream with an error event, after the finish chunks held for a
+        fingerprint that will not come (``_sse``)."""
+        out = self.started()
+        if self.scanner is not None and (held := self.scanner.release()):
+            await _write(out, held, timeout_s)
+        body = error_body(message, kind, status)
+        await _end_with_error(out, body, timeout_s, self._anthropic(message, status))
 
     def _anthropic(self, message: str, status: int) -> dict[str, object] | None:
         """The error in Anthropic's shape on its Messages API, else None."""

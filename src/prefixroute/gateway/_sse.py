@@ -29,7 +29,8 @@ request in-band was learned as the fastest of its fleet.
 
 With ``hide_usage`` (the gateway asked for the usage the client did not,
 :func:`~prefixroute.gateway._usage.ask_for_stream_usage`) a usage-only event is read and not
-relayed; every other event goes out as it came.
+relayed, and the chunks that carry a ``finish_reason`` wait for it, to take its
+``system_fingerprint`` (``_fingerprint``); every other event goes out as it came.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import json
 import re
 
 from prefixroute._usage_counts import Usage, merged, usage_of
+from prefixroute.gateway._fingerprint import finishes, stamped
 from prefixroute.gateway._usage import is_usage_only
 
 
@@ -66,6 +68,7 @@ class SSEScanner:
         # when the usage is read, not once per token.
         self._meta_line: bytes | None = None
         self.hide_usage = hide_usage  # keep usage-only events from the client (module doc)
+        self._finished: list[bytes] = []  # with hide_usage: finish chunks held (_fingerprint)
         self.error_status: int | None = None  # the first in-band error event's code (module doc)
         # A Responses API stream: its id (from response.created) and its response.failed
         # are watched for; other streams pay no search for them.
@@ -106,11 +109,10 @@ class SSEScanner:
         ready = data[:end]
         if end < len(data):
             self._hold(data[end:])
-        if b'"usage"' in ready:
-            if self.hide_usage:
-                ready = self._take_usage(ready)
-            else:
-                self._read_usage(ready)
+        if self.hide_usage and (b'"usage"' in ready or self._finished or finishes(ready)):
+            ready = self._take_usage(ready)
+        elif b'"usage"' in ready:
+            self._read_usage(ready)
         elif b'"meta_info"' in ready:
             self._meta_line = _last_line(ready, b'"meta_info"')
         self._scan(ready)
@@ -121,12 +123,19 @@ class SSEScanner:
         event with ``hide_usage``)."""
         tail = b"".join(self._held)
         self._held, self._held_bytes, self._edge = [], 0, b""
-        if self.hide_usage and b'"usage"' in tail:
-            tail = self._take_usage(tail)
+        if self.hide_usage:
+            tail = self._take_usage(tail) if tail else b""
+            tail = self.release() + tail  # no usage event came: the held chunks as they came
         elif b'"meta_info"' in tail:
             self._meta_line = _last_line(tail, b'"meta_info"')
         self._scan(tail)
         return tail
+
+    def release(self) -> bytes:
+        """The finish chunks held for a usage event's fingerprint, as they came (the stream
+        ends without one: cleanly, or broken, before its error event)."""
+        held, self._finished = self._finished, []
+        return b"".join(held)
 
     def _scan(self, events: bytes) -> None:
         """Note the first token and an in-band error among complete ``events``."""
@@ -158,15 +167,24 @@ class SSEScanner:
             self._meta_line = None
 
     def _take_usage(self, events: bytes) -> bytes:
-        """``events`` less its usage-only events, whose usage is noted."""
+        """``events`` less its usage-only events, whose usage is noted, and less the chunks
+        with a ``finish_reason``, held until a usage event stamps them with its fingerprint (or
+        ``[DONE]`` comes first: as they came)."""
         parts = _BOUNDARY.split(events)  # event, boundary, event, ..., what follows the last
         kept: list[bytes] = []
         for i in range(0, len(parts), 2):
             event, boundary = parts[i], parts[i + 1] if i + 1 < len(parts) else b""
             if b'"usage"' in event and is_usage_only(obj := _data_of(event)):
                 self._usage = usage_of(obj)
-                continue
-            kept.append(event + boundary)
+                mark = obj.get("system_fingerprint") if isinstance(obj, dict) else None
+                kept.append(stamped(self._finished, mark))
+                self._finished = []
+            elif finishes(event):
+                self._finished.append(event + boundary)
+            else:
+                if self._finished and event.strip().endswith(b"[DONE]"):
+                    kept.append(self.release())
+                kept.append(event + boundary)
         return b"".join(kept)
 
 

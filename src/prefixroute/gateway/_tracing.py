@@ -18,7 +18,7 @@ The provider is this gateway's own, never the process-global one, so two gateway
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from opentelemetry import trace
@@ -162,3 +162,14 @@ def under_span(
     """``headers``, with the ``traceparent`` of an upstream CLIENT span open meanwhile."""
     with tracing.upstream(span, name, headers):
         yield headers
+
+
+def attempt_headers(
+    tracing: RequestTracing | None, span: Span | None, name: str, headers: Mapping[str, str]
+) -> AbstractContextManager[Mapping[str, str]]:
+    """The upstream headers of one attempt on replica ``name``, under its own CLIENT span when
+    the request is traced (its ``traceparent`` goes to the replica). Untraced, ``headers`` as
+    they are, in a context that costs nothing to enter (no generator per attempt)."""
+    if span is None or tracing is None:
+        return nullcontext(headers)
+    return under_span(tracing, span, name, dict(headers))

@@ -21,11 +21,12 @@ from __future__ import annotations
 import aiohttp
 
 from prefixroute.gateway._context_window import OverWindow, window_said
-from prefixroute.gateway._errors import UpstreamError
-from prefixroute.gateway._relay import failure_kind
+from prefixroute.gateway._errors import AnswerTimeout, UpstreamError
+from prefixroute.gateway._failures import failure_kind
 from prefixroute.gateway._usage import refuses_stream_options
 
 BUSY = 429  # Too Many Requests: the replica's queue is full
+ANSWER_TIMEOUT = "answer_timeout"  # a plain answer silent past read_timeout_s (AnswerTimeout)
 
 
 class Status5xx(UpstreamError):
@@ -72,5 +73,7 @@ def kind_of(exc: BaseException) -> str:
     ``busy``, counted where it is caught (``Proxy._attempts``)."""
     if isinstance(exc, Status5xx):
         return "status"
+    if isinstance(exc, AnswerTimeout):
+        return ANSWER_TIMEOUT
     cause = exc.__cause__
     return failure_kind(cause) if cause is not None else "error"

@@ -34,9 +34,11 @@ def ask_for_stream_usage(obj: object) -> bool:
     the usage-only event is then the gateway's to keep from the client. Left alone (False): not
     a stream, a client that asked already, one that turned ``continuous_usage_stats`` on (its
     own usage protocol), or ``stream_options`` that is not an object (the replica's to refuse).
-    A ``stream_options`` object without ``include_usage`` has asked: vLLM's and SGLang's
-    ``StreamOptions`` default it to true, so the client gets its usage from the engine. Their
-    booleans are read as the engines read them (``lax_bool``: ``1`` and ``"true"`` are true),
+    A ``stream_options`` object without ``include_usage`` is left as sent too: the engines
+    disagree on what it means (SGLang's ``StreamOptions`` defaults it to true, vLLM 0.32's to
+    false), so whether the client expects the usage event cannot be told, and the engine's
+    answer goes to it as it came (the router learns that stream's usage only if there is one).
+    Their booleans are read as the engines read them (``lax_bool``: ``1`` and ``"true"`` are true),
     and one they would refuse is left for them to refuse."""
     if not isinstance(obj, dict) or lax_bool(obj.get("stream")) is not True:
         return False

@@ -13,6 +13,14 @@ error in-band (``_sse``) is judged by the code it reports: a 5xx counts in the e
 5xx answer does (SGLang reports some bad requests so too, so one request cannot take a replica
 out), a 4xx is the request's; neither is a success. One request marks at most
 one replica, except that a refused connection is always marked.
+
+A plain answer whose replica sent nothing for ``read_timeout_s`` while it sent others' first
+tokens or answers (``answer_timeout``: busy, not stopped) is not retried and marks no replica:
+such an answer arrives whole when decoding ends, so a healthy replica writing a long one looks
+exactly so, and another replica would take as long. It counts in the replica's error rate only,
+so long answers asked of every replica take none out, while one replica that stops answering
+them (and nothing else) stands out from its peers. A plain answer's replica that sent nothing to
+anyone meanwhile timed out as any other (``timeout``: retried, suspected).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from prefixroute.core import ReplicaId
 from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._registry import ReplicaRegistry
 from prefixroute.gateway._relay import RelayResult
+from prefixroute.gateway._upstream_answers import ANSWER_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +69,14 @@ class Verdict:
 
     def failed(self, replica: ReplicaId, kind: str, can_retry: bool) -> bool:
         """An attempt on ``replica`` failed before any byte reached the client (``kind``:
-        ``connect``, ``timeout``, ``disconnect``, ``status`` or ``error``). True when it is the
-        request's own fault: no further attempt. (A 5xx fails an attempt only when a retry is to
-        come; with none, it is relayed and judged by ``answered``.)"""
+        ``connect``, ``timeout``, ``answer_timeout``, ``disconnect``, ``status`` or ``error``).
+        True when it is the request's own fault, or no retry can help: no further attempt. (A
+        5xx fails an attempt only when a retry is to come; with none, it is relayed and judged
+        by ``answered``.)"""
         self.metrics.upstream_failures.labels(replica, kind).inc()
+        if kind == ANSWER_TIMEOUT:  # a long plain answer, most likely (module docstring)
+            self.registry.record_error(replica, time.monotonic())
+            return True
         if self.repeats(kind):  # the same failure twice: the request's own
             self._request_fault()
             return True

@@ -205,6 +205,31 @@ _BAD_INPUT = {
         ["emulate", "--port", "0", "--fleet", ""],
         "--fleet is empty; give groups like 2+2:prefill=2500",
     ),
+    # Counts with no bound: memory filled at 200 MB/s without a word, or as many ports bound.
+    "simulate 1e8 replicas": (
+        ["simulate", "-w", "seed-conversation", "--replicas", "100000000"],
+        "--replicas must be 1 to 10,000, got 100,000,000",
+    ),
+    "simulate a fleet of 20,000": (
+        ["simulate", "-w", "seed-conversation", "--fleet", "10000+10000:prefill=5000"],
+        "--fleet describes more than 10,000 replicas",
+    ),
+    "serve 100,000 emulated replicas": (
+        ["serve", "--port", "0", "--emulate", "100000"],
+        "--emulate must be 1 to 1,000 replicas, got 100,000",
+    ),
+    "emulate 5,000 replicas": (
+        ["emulate", "--port", "0", "--count", "5000"],
+        "--count must be 1 to 1,000 replicas, got 5,000",
+    ),
+    "bench no emulated replica": (
+        ["bench", "--emulate", "0"],
+        "--emulate must be 1 to 1,000 replicas, got 0",
+    ),
+    "top polls every 1e308 s": (
+        ["top", "--once", "--interval", "1e308"],
+        "--interval must be at most 86,400 s, got 1e+308",
+    ),
 }
 
 
@@ -214,7 +239,7 @@ def test_demo_refuses_no_replicas_before_it_prints_anything() -> None:
         env=dict(os.environ, NO_COLOR="1"),
     )  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.strip() == "prefixroute: error: --replicas must be at least 1, got 0"
+    assert done.stderr.strip() == "prefixroute: error: --replicas must be 1 to 10,000, got 0"
 
 
 @pytest.mark.parametrize("command", ["simulate", "demo", "bench"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sys
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
@@ -135,6 +136,9 @@ def test_a_bad_token_file_is_one_line_as_for_serve(
         (["--timeout", "-1"], "--timeout must be a positive number"),
         (["--timeout", "nan"], "--timeout must be a positive number"),
         (["--decisions", "-3"], "--decisions must be 0 or more"),
+        # time.sleep and socket timeouts overflow: a traceback, where the rule is one line
+        (["--timeout", "1e308"], "--timeout must be at most 86,400 s"),
+        (["--interval", "1e308"], "--interval must be at most 86,400 s"),
     ],
 )
 def test_bad_flags_are_one_line_before_any_poll(
@@ -184,3 +188,25 @@ def test_fetch_state_of_nothing_is_a_config_error() -> None:
     # Nothing listens on port 9 of loopback: a one-line ConfigError, not a urllib traceback.
     with pytest.raises(ConfigError, match="cannot reach"):
         fetch_state("http://127.0.0.1:9", None, 1.0)
+
+
+async def test_live_into_a_pipe_prints_a_frame_per_poll_and_ends_with_its_reader(
+    tmp_path: Path,
+) -> None:
+    """Without a terminal (a file, a pipe, ``top | head``) rich's ``Live`` drew nothing until
+    it stopped, so ``top | head`` printed nothing and never ended. Now each poll prints a frame
+    at once, and when the reader has seen enough, top ends (0) without a traceback."""
+    async with fleet_with_traffic(tmp_path) as (gw, token_file, urls):
+        command = (
+            f"set -o pipefail; {sys.executable} -m prefixroute.cli top --url {gw.url} "
+            f"--admin-token-file {token_file} --interval 0.1 | head -n 40"
+        )
+        proc = await asyncio.create_subprocess_exec(
+            "bash", "-c", command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        async with asyncio.timeout(60):
+            out, err = await proc.communicate()
+    text = out.decode()
+    assert proc.returncode == 0, err.decode()
+    assert not err, err.decode()
+    assert text.count(urls[0].partition("://")[2]) >= 2  # more than one frame came

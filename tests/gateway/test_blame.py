@@ -605,6 +605,9 @@ async def test_a_long_plain_answer_is_not_retried_nor_blamed(
     for fake in (a, b):
         record = gw.registry.find(fake.url)
         assert record.total_failures == 0 and record.healthy
+    # Each counts in its replica's error rate (where an outlier among its peers stands out).
+    errors = [t for f in (a, b) for t, ok in gw.registry.find(f.url).outcomes if not ok]
+    assert len(errors) == 3 and all(isinstance(t, float) for t in errors)
     async with session.get(gw.url + "/metrics") as r:
         metrics = await r.text()
     assert 'prefixroute_retries_total{reason="timeout"}' not in metrics

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,22 @@ def test_bad_settings(tmp_path: Path) -> None:
         load_toml(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_toml(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"eject_s": math.nan}, {"eject_s": math.inf}, {"eject_s": -1.0},
+     {"shutdown_timeout_s": math.nan}, {"shutdown_timeout_s": -1.0}, {"retry_after_s": -1}],
+)  # fmt: skip
+def test_times_that_are_no_number_or_never_end_are_refused(bad: dict[str, float]) -> None:
+    """NaN passed a check for negatives: a replica taken out with ``eject_s = nan`` never came
+    back, and a drain bound of NaN crashed the shutdown and cut streams without an end."""
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        GatewayConfig(**bad)
+
+
+def test_a_drain_without_a_bound_is_allowed() -> None:
+    assert GatewayConfig(shutdown_timeout_s=math.inf).shutdown_timeout_s == math.inf
 
 
 def test_the_documented_example_loads(tmp_path: Path) -> None:

@@ -77,6 +77,17 @@ def test_tenancy_table(tmp_path: Path) -> None:
         ('[tenancy]\nheader = "authorization"', "cannot be"),
         ('[tenancy]\ncache_salt_secret = "short"', "at least 16"),
         ('[[tenancy.tenants]]\nname = "a"\n[[tenancy.tenants]]\nname = "a"', "once"),
+        # wrong types: one line each, never a traceback, and a string never reads as true
+        ("[tenancy]\ndefault_limits = 5", "table of limits"),
+        ("[tenancy]\ntenants = 5", r"\[\[tenancy.tenants\]\] tables"),
+        ('[tenancy]\nisolation = "false"', "isolation must be true or false"),
+        ('[tenancy]\nisolation = ""', "isolation must be true or false"),
+        ("[tenancy]\nisolation = 1", "isolation must be true or false"),
+        ("[tenancy]\nheader = 5", "header must be a header name"),
+        ("[tenancy]\ndefault_tenant = 5", "default_tenant must be a tenant name"),
+        ("[tenancy]\ncache_salt_secret = 12345678901234567", "cache_salt_secret must be a string"),
+        ("[tenancy]\nmax_tenants = true", "max_tenants must be a whole number"),
+        ("[tenancy]\nmax_tenants = 2.5", "max_tenants must be a whole number"),
     ],
 )
 def test_bad_tenancy_settings_fail_at_start(tmp_path: Path, snippet: str, message: str) -> None:

@@ -10,9 +10,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from prefixroute.core import ConfigError, make_policy
-from prefixroute.sim import DEFAULT_TTFT_SLO_S, ReplicaConfig
+from prefixroute.sim import DEFAULT_TTFT_SLO_S, MAX_REPLICAS, ReplicaConfig
 
 DEFAULT_KV_TOKENS = 131_072  # KV cache per replica, tokens (8,192 blocks of 16)
+MAX_EMULATED = 1_000  # emulated replicas one process serves, each on a port of its own
 POLICY_PARAM_HELP = "policy parameter, e.g. cache_aware.cache_threshold=0.5 (repeatable)"
 
 
@@ -91,6 +92,13 @@ def check_positive(value: float, flag: str) -> None:
         raise ConfigError(f"{flag} must be a positive number, got {value:g}")
 
 
+def check_emulated(count: int, flag: str) -> None:
+    """ConfigError unless ``count`` emulated replicas, each a server on a port of this process,
+    is 1 to ``MAX_EMULATED`` (``--emulate 100000`` would have bound as many ports)."""
+    if not 1 <= count <= MAX_EMULATED:
+        raise ConfigError(f"{flag} must be 1 to {MAX_EMULATED:,} replicas, got {count:,}")
+
+
 def check_http_url(url: str, flag: str) -> None:
     """ConfigError unless ``url`` is ``http(s)://host[:port][/prefix]``, so that a typo fails
     in one line before anything starts, not in urllib or aiohttp mid-run."""
@@ -153,8 +161,8 @@ def replica_config_from(args: argparse.Namespace, block_size: int) -> ReplicaCon
     """The replica model of :func:`add_replica_arguments`' flags, at ``block_size``."""
     if block_size < 1:
         raise ConfigError(f"--block-size must be at least 1, got {block_size}")
-    if args.replicas < 1:
-        raise ConfigError("--replicas must be at least 1")
+    if not 1 <= args.replicas <= MAX_REPLICAS:
+        raise ConfigError(f"--replicas must be 1 to {MAX_REPLICAS:,}, got {args.replicas:,}")
     if args.kv_tokens < block_size:
         raise ConfigError("--kv-tokens must hold at least one block")
     return ReplicaConfig(

@@ -24,6 +24,7 @@ from prefixroute.bench import APIS, ReplayConfig, ReplayResult, itl_percentiles,
 from prefixroute.commands._args import (
     POLICY_PARAM_HELP,
     add_slo_argument,
+    check_emulated,
     check_http_url,
     check_positive,
     check_slo,
@@ -240,8 +241,7 @@ def _check(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     check_slo(args)
     if args.plot:  # else a format matplotlib lacks fails once the whole replay is over
         check_plot_path(args.plot)
-    if args.emulate < 1:
-        raise ConfigError("--emulate must be at least 1")
+    check_emulated(args.emulate, "--emulate")
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError(f"--block-size must be at least 1, got {args.block_size}")
     if args.url:  # one row, whatever the live gateway runs: --policy is not used

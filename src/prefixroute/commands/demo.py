@@ -19,6 +19,7 @@ from prefixroute.commands._args import (
 )
 from prefixroute.core import DEFAULT_POLICY, ConfigError
 from prefixroute.sim import (
+    MAX_REPLICAS,
     check_plot_path,
     compare_policies,
     make_console,
@@ -52,8 +53,8 @@ def _say(console: Any, title: str, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     check_jobs(args)
     check_plot_path(args.plot)  # before the demo runs, not once it is over
-    if args.replicas < 1:  # the large run's; refused before the worked examples print
-        raise ConfigError(f"--replicas must be at least 1, got {args.replicas}")
+    if not 1 <= args.replicas <= MAX_REPLICAS:  # the large run's; before the examples print
+        raise ConfigError(f"--replicas must be 1 to {MAX_REPLICAS:,}, got {args.replicas:,}")
     console = make_console()
     _conversation(args, console)
     _shared_prompt(args, console)

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from prefixroute._serving import run_on_uvloop, wait_for_signal
+from prefixroute.commands._args import check_emulated
 from prefixroute.emulate import EmulatedCluster, EmulatorConfig
 from prefixroute.sim import CHANGE_HELP, FLEET_HELP, Fleet, ReplicaConfig, fleet_from_flags
 
@@ -136,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     fleet = fleet_from_args(args, config)
     count = args.count if fleet is None else fleet.size
+    check_emulated(count, "--count" if fleet is None else "--fleet")
     if fleet is not None:
         log.info("fleet: %s", fleet.describe())
     run_on_uvloop(_serve(EmulatedCluster(count, config, fleet)))

@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from prefixroute._serving import run_on_uvloop, wait_for_signal
-from prefixroute.commands._args import parse_pairs, policy_value
+from prefixroute.commands._args import check_emulated, parse_pairs, policy_value
 from prefixroute.commands._settings import add_setting_flags, file_only_help, setting_values
 from prefixroute.core import DEFAULT_POLICY, ConfigError
 from prefixroute.emulate import EmulatedCluster, EmulatorConfig
@@ -109,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if args.emulate is not None and config.replicas:  # it was ignored without a word
         raise ConfigError("--emulate starts replicas of its own: give it or replicas, not both")
     emulate = 4 if args.emulate is None else args.emulate
-    if emulate < 1:
-        raise ConfigError(f"--emulate starts at least one replica, got {emulate}")
+    check_emulated(emulate, "--emulate")
     run_on_uvloop(_serve(config, emulate, args.emulate_time_scale))
     return 0
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from rich import box
 from rich.console import Console, Group
@@ -36,6 +38,7 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 # The replica table's columns (short, so that the table fits 100 columns).
 COLUMNS = ("replica", "health", "in fl", "queue tok", "queue s", "tok/s", "step ms", "blocks",
            "req/s", "pred%", "hit%")  # fmt: skip
+MAX_WAIT_S = 86_400  # seconds: the longest --interval or --timeout (a day)
 HEALTH_STYLE = {"healthy": "green", "unhealthy": "red", "draining": "yellow"}
 
 
@@ -200,8 +203,10 @@ def check_flags(args: argparse.Namespace) -> None:
     """Every flag checked before the first poll, so that a typo is one line of error rather
     than a urllib traceback (a URL) or a poll that can never succeed (a timeout of zero)."""
     check_http_url(args.url, "--url")
-    check_positive(args.interval, "--interval")
-    check_positive(args.timeout, "--timeout")
+    for flag, value in (("--interval", args.interval), ("--timeout", args.timeout)):
+        check_positive(value, flag)
+        if value > MAX_WAIT_S:  # time.sleep and socket timeouts overflow on 1e308
+            raise ConfigError(f"{flag} must be at most {MAX_WAIT_S:,} s, got {value:g}")
     if args.decisions < 0:
         raise ConfigError(f"--decisions must be 0 or more, got {args.decisions}")
 
@@ -209,27 +214,60 @@ def check_flags(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     check_flags(args)
     token = read_token(args.admin_token_file)
-    console = Console()
+    console: Console = _Console()
     if not console.is_terminal and "COLUMNS" not in os.environ:
         # A snapshot for a script or a pipe: rich would assume 80 columns and cut the table;
         # its lines are only as long as the table needs.
-        console = Console(width=SNAPSHOT_WIDTH)
+        console = _Console(width=SNAPSHOT_WIDTH)
     state = fetch_state(args.url, token, args.timeout)
     if args.once:
         console.print(render(state, None, args.decisions))
         return 0
-    previous: dict[str, Any] | None = None
     try:
-        with Live(render(state, None, args.decisions), console=console, auto_refresh=False) as live:
-            while True:
-                time.sleep(args.interval)
-                try:
-                    previous, state = state, fetch_state(args.url, token, args.timeout)
-                except ConfigError as exc:  # a restart, a blip: say so and keep polling
-                    frame = render(state, None, args.decisions)
-                    frame.renderables.insert(0, Text(f"{exc} (retrying)", style="red"))
-                    live.update(frame, refresh=True)
-                    continue
-                live.update(render(state, previous, args.decisions), refresh=True)
+        if console.is_terminal:
+            with Live(render(state, None, args.decisions), console=console,
+                      auto_refresh=False) as live:  # fmt: skip
+                _follow(args, token, state, lambda frame: live.update(frame, refresh=True))
+        else:  # a file or a pipe: rich's Live draws only when it stops, so a frame per poll
+            _follow(args, token, state, lambda frame: _print_frame(console, frame), first=True)
     except KeyboardInterrupt:
         return 0
+    except BrokenPipeError:  # `top | head`: the reader has seen enough (_Console)
+        return 0
+
+
+class _Console(Console):
+    """rich's console, but a reader that goes away (``top | head``) ends top with status 0, as
+    having done its job, where rich exits 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # rich's own steps: nothing more written, stdout to /dev/null
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise BrokenPipeError
+
+
+def _follow(
+    args: argparse.Namespace, token: str | None, state: dict[str, Any],
+    show: Callable[[Group], None], first: bool = False,
+) -> NoReturn:  # fmt: skip
+    """Poll every ``--interval`` and ``show`` each frame, for ever (``first``: the first poll's
+    frame too). A poll that fails is said in the frame, and polling goes on."""
+    if first:
+        show(render(state, None, args.decisions))
+    previous: dict[str, Any] | None = None
+    while True:
+        time.sleep(args.interval)
+        try:
+            previous, state = state, fetch_state(args.url, token, args.timeout)
+        except ConfigError as exc:  # a restart, a blip: say so and keep polling
+            frame = render(state, None, args.decisions)
+            frame.renderables.insert(0, Text(f"{exc} (retrying)", style="red"))
+            show(frame)
+            continue
+        show(render(state, previous, args.decisions))
+
+
+def _print_frame(console: Console, frame: Group) -> None:
+    """One frame, at once, where there is no terminal to redraw (a pipe holds its bytes)."""
+    console.print(time.strftime("%H:%M:%S"), frame)
+    console.file.flush()

@@ -351,7 +351,6 @@ class GatewayConfig:
             raise ConfigError("tenancy must be a TenancyConfig (a [tenancy] table in the file)")
         make_policy(self.policy, **self.policy_params)  # unknown names fail here, at start
 
-
     def _check_numbers(self) -> None:
         """Counts, sizes and times in their ranges (part of ``__post_init__``)."""
         positive = {
@@ -383,8 +382,9 @@ class GatewayConfig:
             raise ConfigError("first_byte_cap_s must not be below first_byte_floor_s")
         if self.index_capacity_blocks is not None and self.index_capacity_blocks < 1:
             raise ConfigError("index_capacity_blocks must be positive (or unset for unbounded)")
-        if min(self.eject_s, self.shutdown_timeout_s, self.retry_after_s) < 0:
-            raise ConfigError("eject_s, shutdown_timeout_s and retry_after_s must not be negative")
+        if not (0 <= self.eject_s < math.inf and 0 <= self.shutdown_timeout_s <= math.inf
+                and self.retry_after_s >= 0):  # NaN is neither; inf: a drain that waits for all
+            raise ConfigError("eject_s (finite), shutdown_timeout_s, retry_after_s must be >= 0")
 
 
 def config_fields() -> list[ConfigField]:

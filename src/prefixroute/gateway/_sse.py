@@ -123,8 +123,8 @@ class SSEScanner:
         event with ``hide_usage``)."""
         tail = b"".join(self._held)
         self._held, self._held_bytes, self._edge = [], 0, b""
-        if self.hide_usage:
-            tail = self._take_usage(tail) if tail else b""
+        if self.hide_usage and (b'"usage"' in tail or self._finished or finishes(tail)):
+            tail = self._take_usage(tail)
             tail = self.release() + tail  # no usage event came: the held chunks as they came
         elif b'"meta_info"' in tail:
             self._meta_line = _last_line(tail, b'"meta_info"')

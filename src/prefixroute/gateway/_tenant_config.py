@@ -137,9 +137,18 @@ def check_tenant_name(name: object) -> str:
 # --- TOML -------------------------------------------------------------------------------------
 _TENANCY_FIELDS = {f.name for f in dataclasses.fields(TenancyConfig)}
 _SPEC_FIELDS = {"name", "api_key_sha256", "cache_salt"}
+_SCALARS = (  # [tenancy] settings of one type: name, type, how to say it
+    ("isolation", bool, "true or false"),
+    ("header", str, "a header name"),
+    ("default_tenant", str, "a tenant name"),
+    ("cache_salt_secret", str, "a string"),
+    ("max_tenants", int, "a whole number"),
+)
 
 
-def limits_from(raw: Mapping[str, Any], where: str) -> TenantLimits:
+def limits_from(raw: object, where: str) -> TenantLimits:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a table of limits, got {raw!r}")
     unknown = set(raw) - set(LIMIT_NAMES)
     if unknown:
         raise ConfigError(f"{where}: unknown limit(s) {', '.join(sorted(unknown))}")
@@ -157,6 +166,11 @@ def tenancy_from_toml(raw: object, where: str) -> TenancyConfig:
     if unknown:
         raise ConfigError(f"{where}: unknown [tenancy] setting(s) {', '.join(sorted(unknown))}")
     settings: dict[str, Any] = dict(raw)
+    for name, kind, said in _SCALARS:  # a string "false" must not read as true
+        value = settings.get(name)
+        wrong = not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)
+        if name in settings and wrong:
+            raise ConfigError(f"{where}: tenancy.{name} must be {said}, got {value!r}")
     if "default_limits" in settings:
         settings["default_limits"] = limits_from(
             settings["default_limits"], f"{where} [tenancy.default_limits]"
@@ -166,8 +180,11 @@ def tenancy_from_toml(raw: object, where: str) -> TenancyConfig:
         if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
             raise ConfigError(f"{where}: tenancy.shareable_prefixes must be a list of strings")
         settings["shareable_prefixes"] = tuple(prefixes)
+    tenants = raw.get("tenants", ())
+    if not isinstance(tenants, list | tuple):
+        raise ConfigError(f"{where}: tenancy.tenants must be [[tenancy.tenants]] tables")
     settings["tenants"] = tuple(
-        _spec_from_toml(item, f"{where} [[tenancy.tenants]]") for item in raw.get("tenants", ())
+        _spec_from_toml(item, f"{where} [[tenancy.tenants]]") for item in tenants
     )
     try:
         return TenancyConfig(**settings)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from prefixroute.sim.fleet import (
         CHANGE_HELP,
         FLEET_HELP,
+        MAX_REPLICAS,
         Fleet,
         SpeedChange,
         check_fits,
@@ -87,6 +88,7 @@ __all__ = [
     "CHANGE_HELP",
     "DEFAULT_TTFT_SLO_S",
     "FLEET_HELP",
+    "MAX_REPLICAS",
     "SIM_ONLY_COLUMNS",
     "ClusterEvent",
     "ClusterSim",

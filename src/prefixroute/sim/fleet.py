@@ -45,6 +45,9 @@ FLEET_KEYS: dict[str, tuple[str, float]] = {
     "preempt": ("preempt", 1.0),  # 1: vLLM's on-demand KV blocks, preempting when they run out
 }
 CHANGE_KEYS = ("prefill", "decode_ms")  # what a speed change may set
+# A fleet's most replicas: 10x the largest run measured (docs/scale.md). 1e8 filled memory at
+# 200 MB/s with no word; one simulation is one process.
+MAX_REPLICAS = 10_000
 
 FLEET_HELP = (
     "per-replica settings: groups COUNT[:KEY=VALUE,...] joined by '+', keys "
@@ -198,6 +201,8 @@ def parse_fleet(spec: str, base: ReplicaConfig) -> Fleet:
             ) from None
         if count < 1:
             raise ConfigError(f"--fleet group {group.strip()!r} needs a count of at least 1")
+        if count + len(configs) > MAX_REPLICAS:
+            raise ConfigError(f"--fleet describes more than {MAX_REPLICAS:,} replicas")
         config = base
         if rest.strip():
             changes: dict[str, float | int] = {}
@@ -250,6 +255,8 @@ def fleet_from_flags(
     fleet: str | None, changes: Sequence[str], replicas: int, base: ReplicaConfig
 ) -> Fleet:
     """The fleet that ``--fleet``, ``--speed-change`` and ``--replicas`` describe together."""
+    if fleet is None and not 1 <= replicas <= MAX_REPLICAS:  # (1e8 filled memory, silently)
+        raise ConfigError(f"a fleet has 1 to {MAX_REPLICAS:,} replicas, got {replicas:,}")
     built = parse_fleet(fleet, base) if fleet is not None else Fleet.uniform(replicas, base)
     return built.with_changes([parse_speed_change(c) for c in changes])
 

@@ -20,7 +20,7 @@ from prefixroute.gateway._scrape import (
 )
 from prefixroute.sim.replica import ReplicaConfig
 
-from .fakes import completion_body
+from .fakes import Handler, completion_body
 from .helpers import ClusterFactory, FakeFactory, GatewayFactory, send, words
 
 METRICS = Path(__file__).resolve().parents[1] / "data" / "metrics"  # engines' /metrics pages
@@ -357,3 +357,37 @@ async def test_a_replica_with_an_odd_metrics_page_is_served_and_can_come_back(
     async with asyncio.timeout(5):
         while not record.healthy:
             await asyncio.sleep(0.02)
+
+
+async def test_a_full_batch_of_unknown_size_is_learned_within_seconds(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> None:
+    """A replica whose scrapes show requests waiting while its batch size is not known is
+    scraped every 0.25 s, not only each health round (gateway/_health.py): its size is learned
+    from 8 such reports in about 2 s, where rounds of 60 s would take 8 minutes. A replica whose
+    batch has room is not scraped more often than its rounds."""
+    scrapes = {"full": 0, "room": 0}
+
+    def engine(kind: str, waiting: int) -> Handler:
+        async def pages(request: web.Request) -> web.StreamResponse:
+            if request.path != "/metrics":
+                return web.Response(body=completion_body(), content_type="application/json")
+            scrapes[kind] += 1
+            text = (f'vllm:num_requests_running{{model_name="m"}} 4\n'
+                    f'vllm:num_requests_waiting{{model_name="m"}} {waiting}\n')  # fmt: skip
+            return web.Response(text=text, content_type="text/plain")
+
+        return pages
+
+    full = await make_fake(handler=engine("full", 3))
+    room = await make_fake(handler=engine("room", 0))
+    gw = await make_gateway([full.url, room.url], health_interval_s=60)
+    full_load = gw.router.loads.get(gw.registry.find(full.url).id)
+    async with asyncio.timeout(10):
+        while full_load.slots.size is None:
+            await asyncio.sleep(0.05)
+    assert full_load.slots.size == 4 and full_load.slots.source == "learned"
+    assert scrapes["full"] >= 8
+    await asyncio.sleep(0.6)  # known now: no more scrapes between rounds
+    assert scrapes["full"] <= 10 and scrapes["room"] == 1  # the first round's
+    assert gw.router.loads.get(gw.registry.find(room.url).id).slots.size is None

@@ -31,6 +31,15 @@ def test_endpoint_and_replica_ids_round_trip() -> None:
         replica_of("ftp://x:1")
 
 
+@pytest.mark.parametrize("name", ["localhost:8000", "vllm-0.vllm.inference.svc:8000",
+                                  "http://vllm:8000"])  # fmt: skip
+def test_a_host_name_is_no_endpoint(name: str) -> None:
+    """The protocol's destination is ``<ip:port>``, and Envoy's ORIGINAL_DST cluster resolves
+    no name: a picker that named ``localhost:18501`` had every request answered 503."""
+    with pytest.raises(ConfigError, match="an address and not a name"):
+        replica_of(name)
+
+
 def test_apply_adds_and_removes_and_reports_new_ones() -> None:
     s = shared(endpoints=())
     seen: list[str] = []

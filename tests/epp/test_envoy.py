@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import json
 import time
 
@@ -225,3 +226,21 @@ async def test_a_messages_conversation_stays_where_it_is_cached(
         history.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
     assert len(served) == 1 and min(cached[1:]) > 100, (served, cached)
     assert stack.epp.router.usage_reports == 4
+
+
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+async def test_bodies_up_to_max_body_bytes_pass_and_larger_get_the_pickers_413(
+    make_stack: StackFactory, session: aiohttp.ClientSession, body_mode: str
+) -> None:
+    """docs/kubernetes.md: bodies are handled as ``serve`` handles them, a JSON 413 over
+    ``max_body_bytes``. In BUFFERED mode Envoy holds the whole body, and at its default 1 MiB
+    listener buffer it answered a 3 MB prompt with its own plain-text 413."""
+    stack = await make_stack(DEFAULT_POLICY, n=2, body_mode=body_mode, max_body_bytes=4_000_000)
+    for size, status in ((3_000_000, 200), (4_500_000, 413)):
+        body = {"prompt": "a b c", "max_tokens": 1, "user": "x" * size}  # few tokens, big
+        raw = io.BytesIO(json.dumps(body).encode())
+        sent = {"Content-Type": "application/json"}
+        async with session.post(stack.envoy.url + "/v1/completions", data=raw, headers=sent) as r:
+            assert r.status == status, (size, await r.text())
+            if status == 413:
+                assert (await r.json())["error"]["code"] == "request_too_large"

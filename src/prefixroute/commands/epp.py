@@ -241,6 +241,7 @@ def envoy_config_of(
         body_mode="FULL_DUPLEX_STREAMED" if config.full_duplex else "BUFFERED",
         max_requests=max_requests,
         upstream_idle_timeout_s=config.routing.upstream_idle_timeout_s,  # as serve's pool
+        max_body_bytes=config.routing.max_body_bytes,  # BUFFERED: Envoy holds bodies that big
     )
 
 

@@ -39,6 +39,13 @@ def replica_of(endpoint: str) -> ReplicaId:
         port = None
     if port is None or any(c.isspace() for c in rid):
         raise ConfigError(f"an endpoint must be IP:PORT (or a URL with a port), got {endpoint!r}")
+    try:  # the protocol's destination is "<ip:port>": Envoy's ORIGINAL_DST resolves no name,
+        ipaddress.ip_address(urlsplit(rid).hostname or "")  # and answered every pick 503
+    except ValueError:
+        raise ConfigError(
+            f"an endpoint must be IP:PORT, an address and not a name, got {endpoint!r} (list "
+            "pods with --k8s-selector, or resolve the name first)"
+        ) from None
     return rid
 
 

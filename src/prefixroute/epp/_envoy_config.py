@@ -85,7 +85,7 @@ static_resources:
   listeners:
   - name: inference
     address: {{socket_address: {{address: {host}, port_value: {port}}}}}
-    filter_chains:
+{buffer_limit}    filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
@@ -188,7 +188,15 @@ class EnvoyConfig:
     listen: str = "0.0.0.0:8081"  # where Envoy takes the clients' requests
     admin_port: int = 9901  # Envoy's admin interface, on 127.0.0.1
     body_mode: str = "FULL_DUPLEX_STREAMED"  # ext_proc's request and response body modes
-    timeout_s: int = 120  # a request's route timeout, seconds (a long generation takes minutes)
+    # A request's route timeout, seconds; 0: none. It runs until the answer's last byte, and a
+    # generation takes as long as it takes: at 120 s every longer stream was cut, with no
+    # [DONE]. A silent one is still ended by Envoy's stream idle timeout (5 min).
+    timeout_s: int = 0
+    # The largest request body the picker takes (routing's max_body_bytes): in BUFFERED mode
+    # Envoy holds the whole body, up to its listener's buffer limit (1 MiB by default, a plain
+    # 413 from Envoy past it), so the limit is this and 1 MiB more: the picker's own JSON 413
+    # answers what is over max_body_bytes, as serve does.
+    max_body_bytes: int = 8 * 1024 * 1024
     access_log: str | None = None  # a file for one line a request (what was named, what served)
     trace: bool = False  # send the picker the endpoint that served (upstream.address)
     # Requests in flight through this Envoy at once: every cluster's circuit breakers (_LIMITS).
@@ -244,6 +252,10 @@ def envoy_bootstrap(config: EnvoyConfig) -> str:
         hcm=HCM,
         access_log=_ACCESS_LOG.format(path=log, format=ACCESS_FORMAT) if log else "",
         timeout_s=config.timeout_s,
+        buffer_limit=(
+            f"    per_connection_buffer_limit_bytes: {config.max_body_bytes + 1024 * 1024}\n"
+            if config.pickers and config.body_mode == "BUFFERED" else ""
+        ),
         retry=RETRY if config.pickers and config.endpoints else STALE_RETRY,
         ext_proc=ext_proc,
         router=ROUTER,

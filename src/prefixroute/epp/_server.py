@@ -92,6 +92,7 @@ _GRPC_SERVER_OPTIONS = [
 # The HTTP side answers probes, scrapes and the fleet page: at stop, what is still open after this
 # is cut (the gateway's admin listener does the same).
 HTTP_CLOSE_TIMEOUT_S = 0.25
+MAX_GRACE_S = 86_400.0  # shutdown_timeout_s = inf: gRPC's stop takes a number
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +222,8 @@ class EndpointPicker:
         credentials = (
             server_credentials(cfg.cert_path, cfg.cert_reload) if cfg.secure_serving else None
         )
-        server = self._grpc = grpc.aio.server(options=_GRPC_SERVER_OPTIONS)
+        big = ("grpc.max_receive_message_length", cfg.routing.max_body_bytes + 2**20)  # BUFFERED
+        server = self._grpc = grpc.aio.server(options=[*_GRPC_SERVER_OPTIONS, big])  # (4 MiB)
         pb_grpc.add_ExternalProcessorServicer_to_server(_Processor(self.shared), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.grpc_port = _bind_grpc(server, cfg.grpc_host, cfg.grpc_port, credentials)
@@ -244,6 +246,7 @@ class EndpointPicker:
         )  # fmt: skip
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop serving; the calls under way get ``grace_s`` to end (then they are cut)."""
         for service in proto.HEALTH_SERVICES:
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._grpc is not None:
@@ -309,7 +312,9 @@ class EndpointPicker:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+        # As serve drains: calls under way (a stream's, while it runs) get shutdown_timeout_s;
+        # at 5 s a rolling update cut every longer generation. New ones: NOT_SERVING at once.
+        await self.stop(min(self.config.routing.shutdown_timeout_s, MAX_GRACE_S))
 
     def _probe_new(self, record: Any) -> None:
         """A new endpoint is probed at once (it starts unhealthy until it answers)."""

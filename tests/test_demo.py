@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def test_demo_prints_the_articles_numbers_and_writes_its_plot(tmp_path: Path) -> None:
     plot = tmp_path / "demo.png"
@@ -51,3 +53,26 @@ def test_a_plot_format_matplotlib_cannot_write_is_refused_before_the_demo_runs(
     )  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""  # nothing of the demo printed
     assert "matplotlib cannot write .txt files" in done.stderr.strip().splitlines()[-1]
+
+
+def test_the_seed_reaches_routing_as_in_simulate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--seed``: "seed for workloads and routing". Routing ran at seed 0 whatever it said, so
+    ``demo --seed 1`` differed from ``simulate --seed 1`` on the same workload."""
+    from prefixroute.cli import main
+    from prefixroute.commands import demo
+
+    seeds: list[int] = []
+    real = demo.compare_policies
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seeds.append(kwargs.get("seed", 0))  # type: ignore[arg-type]
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(demo, "compare_policies", spy)
+    monkeypatch.setenv("NO_COLOR", "1")
+    plot = str(tmp_path / "d.png")
+    argv = ["demo", "--seed", "3", "--large", "seed-conversation", "--plot", plot]
+    assert main(argv) == 0
+    assert seeds == [3, 3, 3]

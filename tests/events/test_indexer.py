@@ -55,6 +55,18 @@ def test_blocks_are_keyed_by_our_hash_of_their_tokens_not_the_engines() -> None:
     assert not index.holds(R, BlockHash(0xAA))
 
 
+def test_a_store_of_no_blocks_changes_nothing() -> None:
+    """A well-formed BlockStored with no blocks (vLLM never sends one; another publisher
+    might) stores nothing: it failed on its parents list and cleared the replica's index."""
+    index, ix, hasher = make()
+    tokens = list(range(8))
+    ix.apply(batch(stored(tokens, None, [0xAA, 0xBB])))
+    ix.apply(batch(stored([], 0xBB, [])))
+    ix.apply(batch(stored([], None, [])))
+    assert index.match(hasher.hash_tokens(tokens)) == {R: 2}
+    assert ix.stats.stored_blocks == 2 and ix.stats.stored_events == 3
+
+
 def test_removal_maps_engine_hashes_to_ours() -> None:
     index, ix, hasher = make()
     tokens = list(range(12))

@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import json
 import math
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -198,6 +199,44 @@ def test_mooncake_explicit_path_scales_lengths(tmp_path: Path) -> None:
     assert (a.output_tokens, b.output_tokens) == (3, 1)  # round(100/32), at least 1
     assert np.array_equal(a.tokens[:16], b.tokens[:16]) and a.tokens[16] != b.tokens[16]
     assert [s.start_s for s in w.sessions] == [0.0, 1.5]
+
+
+GOOD_ROW = '{"timestamp": 0, "input_length": 100, "output_length": 10, "hash_ids": [1]}'
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ('{"timestamp": 5, "input_length": 100, "output_length": 10}', "line 2: no hash_ids"),
+        ('{"hash_ids": [1], "input_length": 100}', "line 2: no output_length, timestamp"),
+        ("[1, 2, 3]", "line 2: not an object"),
+        ('{"timestamp": 0, "input_length": 1', "line 2: not JSON"),
+        ('{"timestamp": 0, "input_length": 4834.5, "output_length": 1, "hash_ids": [1]}',
+         "line 2: input_length and output_length must be whole numbers"),
+        ('{"timestamp": "soon", "input_length": 1, "output_length": 1, "hash_ids": [1]}',
+         "line 2: .*timestamp a number"),
+        ('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [-1]}',
+         "line 2: hash_ids must be a list of whole numbers"),
+    ],
+)  # fmt: skip
+def test_a_trace_row_that_is_no_request_is_one_error_naming_its_line(
+    tmp_path: Path, bad: str, message: str
+) -> None:
+    """A missing field, a length that is no whole number, a row that is no object: each was a
+    KeyError, ValueError or TypeError traceback, and a line that was no JSON was reported at
+    "line 1" whatever its line."""
+    path = tmp_path / "trace.jsonl"
+    path.write_text(GOOD_ROW + "\n" + bad + "\n")
+    with pytest.raises(ConfigError, match=message):
+        make_workload("mooncake", overrides={"path": str(path)})
+
+
+def test_a_whole_length_written_as_a_float_is_read() -> None:
+    row = '{"timestamp": 0, "input_length": 4834.0, "output_length": "10", "hash_ids": [1]}'
+    path = Path(tempfile.mkdtemp()) / "trace.jsonl"
+    path.write_text(row + "\n")
+    [session] = make_workload("mooncake", overrides={"path": str(path)}).sessions
+    assert len(session.turns[0].tokens) == 32  # one hash id: at most its 32 tokens
 
 
 def _dialogue_file(tmp_path: Path, texts: list[str]) -> str:

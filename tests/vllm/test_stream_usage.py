@@ -45,3 +45,32 @@ async def test_a_stream_whose_client_did_not_ask_for_usage(
         assert reported > 0 and missing == 0
     else:  # vLLM sent none: what the gateway learned before this change
         assert reported == 0 and missing == 1
+
+
+async def test_a_stream_keeps_the_engines_system_fingerprint(engines: list[VLLMServer]) -> None:
+    """vLLM 0.32 stamps ``system_fingerprint`` on the finish chunk of a client that did not ask
+    for usage, and only on the usage chunk of one that did: the gateway asks, hides that chunk,
+    and puts its fingerprint on the finish chunk, so the client gets what the engine would have
+    sent it (``gateway/_fingerprint.py``)."""
+    engine = engines[0]
+    config = GatewayConfig(
+        port=0, replicas=(engine.url,), kv_block_size=BLOCK_SIZE, health_interval_s=0.5,
+        read_timeout_s=120.0,
+    )  # fmt: skip
+    body = {"model": MODEL_NAME, "prompt": "six seven eight", "max_tokens": 3, "stream": True,
+            "temperature": 0}  # fmt: skip
+    streams = []
+    async with (
+        Gateway(config) as gw,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session,
+    ):
+        for url in (engine.url, gw.url):
+            async with session.post(url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                raw = await resp.text()
+            streams.append([json.loads(line[6:]) for line in raw.split("\n\n")
+                            if line.startswith("data: {")])  # fmt: skip
+    direct, relayed = streams
+    marks = [[e.get("system_fingerprint") for e in s] for s in (direct, relayed)]
+    assert marks[0] == marks[1], marks  # the same chunks carry it, with the same value
+    assert any(marks[0]), "this vLLM stamps no fingerprint: nothing to check"

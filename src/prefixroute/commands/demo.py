@@ -75,7 +75,8 @@ Prefill runs at 10,000 tokens/s, so 1,700 tokens cost 170 ms and 300 new tokens 
     )
     conv = make_workload("seed-conversation", args.seed)
     cfg = replica_config_from(args, conv.block_size)
-    cmp = compare_policies(conv, ["round_robin", DEFAULT_POLICY], replicas=5, replica_config=cfg)
+    cmp = compare_policies(conv, ["round_robin", DEFAULT_POLICY], replicas=5, replica_config=cfg,
+                           seed=args.seed)  # fmt: skip
     print_report(cmp.metrics, "seed-conversation (token-exact, block size 1)", console)
     rr, ours = cmp.metrics
     console.print(
@@ -96,7 +97,8 @@ With 10 users per replica, 45 of the 50 requests skip 200 tokens each: 9,000 tok
     )
     shared = make_workload("seed-shared-prompt", args.seed)
     cfg = replica_config_from(args, shared.block_size)
-    cmp = compare_policies(shared, [*BASELINES, DEFAULT_POLICY], replicas=5, replica_config=cfg)
+    cmp = compare_policies(shared, [*BASELINES, DEFAULT_POLICY], replicas=5, replica_config=cfg,
+                           seed=args.seed)  # fmt: skip
     print_report(cmp.metrics, "seed-shared-prompt (token-exact, block size 1)", console)
     ours = cmp.metrics[-1]
     console.print(
@@ -118,9 +120,10 @@ both as predicted time to first token.
 """,
     )
     cfg = replica_config_from(args, large.block_size)
-    cmp = compare_policies(
-        large, LARGE_POLICIES, replicas=args.replicas, replica_config=cfg, jobs=args.jobs
-    )
+    cmp = compare_policies(  # the same seed as the workload's: as simulate --seed
+        large, LARGE_POLICIES, replicas=args.replicas, replica_config=cfg, jobs=args.jobs,
+        seed=args.seed,
+    )  # fmt: skip
     title = f"{large.name}: {large.num_requests:,} requests, {args.replicas} replicas"
     print_report(cmp.metrics, title, console)
     plot = write_plot(cmp.metrics, cmp.ttfts_ms, args.plot, title)

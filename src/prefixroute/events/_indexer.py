@@ -172,6 +172,8 @@ class PreciseIndexer:
         stats = self.stats
         stats.stored_events += 1
         n = len(event.block_hashes)
+        if not n:  # stores nothing (vLLM never sends one; its parents list below would not fit)
+            return
         hasher = self._hasher_of(event)
         if hasher is None:
             stats.skipped_blocks += n

@@ -16,7 +16,8 @@ class SyncMetrics:
 
         self.published = counter(
             "prefixroute_sync_published",
-            "Routing decisions published to the other instances.",
+            "Messages published to the other instances: routing decisions, their ends, and "
+            "a heartbeat every 5 s (so more than the others apply).",
         )
         self.applied = counter(
             "prefixroute_sync_applied",
@@ -24,7 +25,8 @@ class SyncMetrics:
         )
         self.dropped = counter(
             "prefixroute_sync_dropped",
-            "Routing decisions not published because the queue was full (Redis slow or down).",
+            "Messages (decisions, ends, heartbeats) not published because the queue was full "
+            "(Redis slow, down, or refusing PUBLISH).",
         )
         self.errors = counter(
             "prefixroute_sync_errors",

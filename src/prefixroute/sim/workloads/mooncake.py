@@ -24,6 +24,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -57,18 +58,70 @@ class MooncakeConfig:
         check_non_negative(self, "limit", "jitter_s", "time_scale")
 
 
-def _read(path: Path, limit: int) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
+_FIELDS = ("hash_ids", "input_length", "output_length", "timestamp")  # each request's
+
+
+class _Row(NamedTuple):
+    """One request of a trace, checked: its hash ids, lengths (tokens) and arrival (ms)."""
+
+    hash_ids: list[int]
+    input_length: int
+    output_length: int
+    timestamp: float
+
+
+def _read(path: Path, limit: int) -> list[_Row]:
+    """The first ``limit`` requests of ``path`` (0: all); ConfigError naming the line of the
+    first that is no request (a traceback before 2026-12-07, and at "line 1" of the wrong row)."""
+    rows: list[_Row] = []
     try:
         with path.open() as f:
-            for line in f:
+            for number, line in enumerate(f, 1):
                 if line.strip():
-                    rows.append(json.loads(line))
+                    rows.append(_row(line, number, path))
                     if len(rows) == limit:
                         break
-    except (OSError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read Mooncake trace {path}: {exc}") from exc
     return rows
+
+
+def _row(line: str, number: int, path: Path) -> _Row:
+    where = f"Mooncake trace {path}, line {number}"
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}: not an object")
+    missing = [k for k in _FIELDS if k not in obj]
+    if missing:
+        raise ConfigError(f"{where}: no {', '.join(missing)}")
+    ids = obj["hash_ids"]
+    if not isinstance(ids, list) or not all((_whole(h) or 0) >= 0 and _whole(h) is not None
+                                            for h in ids):  # fmt: skip
+        raise ConfigError(f"{where}: hash_ids must be a list of whole numbers >= 0")
+    numbers = [_whole(obj[k]) for k in ("input_length", "output_length")]
+    stamp = obj["timestamp"]
+    if any(n is None or n < 0 for n in numbers) or not _finite(stamp):
+        raise ConfigError(f"{where}: input_length and output_length must be whole numbers >= 0, "
+                          "timestamp a number (ms)")  # fmt: skip
+    return _Row([int(h) for h in ids], int(numbers[0] or 0), int(numbers[1] or 0), float(stamp))
+
+
+def _whole(value: object) -> int | None:
+    """``value`` as a whole number (``4834``, ``4834.0``, ``"4834"``), or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, int | float) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def build(config: MooncakeConfig, seed: int) -> Workload:
@@ -79,15 +132,15 @@ def build(config: MooncakeConfig, seed: int) -> Workload:
     rng = np.random.default_rng(seed)
     base = int(rng.integers(0, 2**31))  # seeds the ids; block of id h = base + h*bt + 0..bt-1
     bt = config.block_tokens
-    ids = [np.asarray(row["hash_ids"], dtype=np.int64) for row in rows]
+    ids = [np.asarray(row.hash_ids, dtype=np.int64) for row in rows]
     stride = 1 + max((int(a.max()) for a in ids if a.size), default=0)  # hash ids per copy
     # Prompt lengths without the prompts: tokens are made when a session is read (see _Prompts).
     lengths = [
-        max(1, min(math.ceil(int(str(row["input_length"])) * bt / TRACE_BLOCK), len(a) * bt))
+        max(1, min(math.ceil(row.input_length * bt / TRACE_BLOCK), len(a) * bt))
         for row, a in zip(rows, ids, strict=True)
     ]
-    outputs = [max(1, round(int(str(r["output_length"])) * bt / TRACE_BLOCK)) for r in rows]
-    trace_s = np.tile([float(str(r["timestamp"])) / 1000 for r in rows], config.copies)
+    outputs = [max(1, round(r.output_length * bt / TRACE_BLOCK)) for r in rows]
+    trace_s = np.tile([r.timestamp / 1000 for r in rows], config.copies)
     jitter = rng.uniform(-config.jitter_s, config.jitter_s, len(trace_s))
     arrival = np.maximum(0.0, trace_s + jitter)
     arrival -= arrival.min()

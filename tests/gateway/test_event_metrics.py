@@ -48,7 +48,7 @@ async def test_the_streams_recoveries_and_the_last_batch_age_are_exported() -> N
         EventEndpoint("tcp://127.0.0.1:1", False, replay), indexer, context, replay_timeout_s=0.05
     )
     precise: Any = SimpleNamespace(
-        router=SimpleNamespace(speculative_entries=lambda: None), subscribers={R: sub}
+        router=SimpleNamespace(speculative_entries=lambda: None), subscribers={R: sub}, retired={}
     )
     registry = CollectorRegistry()
     registry.register(EventCollector(precise))
@@ -66,3 +66,36 @@ async def test_the_streams_recoveries_and_the_last_batch_age_are_exported() -> N
     assert sample(registry, "prefixroute_kv_event_caught_up_total") == 0
     age = sample(registry, "prefixroute_kv_event_last_batch_age_seconds")
     assert age is not None and 0 <= age < 5
+
+
+async def test_a_replica_removed_and_added_again_continues_its_counters() -> None:
+    """docs/gateway.md: a removed replica's counters stay until the process ends, and a
+    replica added again at the same URL continues them. Its stream's counters were read from
+    its live subscriber only, so they vanished at removal and began at 0 when it came back."""
+    from prefixroute.core import Router, make_policy
+    from prefixroute.events import IndexerStats, StreamState, StreamStats
+    from prefixroute.gateway._precise import PreciseMode
+
+    def stream(batches: int, stored: int) -> Any:
+        async def stop() -> None:
+            return None
+
+        stats, ix = StreamStats(batches=batches), IndexerStats(stored_blocks=stored)
+        return SimpleNamespace(stats=stats, indexer=SimpleNamespace(stats=ix),
+                               state=StreamState.LIVE, stop=stop)  # fmt: skip
+
+    router = Router(make_policy("round_robin"), insert_on_route=False)
+    precise = PreciseMode(router, {})
+    registry = CollectorRegistry()
+    registry.register(EventCollector(precise))
+    precise.subscribers[R] = stream(3, 24)
+    assert sample(registry, "prefixroute_kv_event_batches_total") == 3
+    precise.removed(R)  # the admin API removes it: its stream stops
+    assert sample(registry, "prefixroute_kv_event_batches_total") == 3  # stays
+    assert sample(registry, "prefixroute_kv_event_blocks_total", kind="stored") == 24
+    live = "prefixroute_kv_event_stream_state"
+    assert sample(registry, live, state="live") is None  # its gauges went with it
+    precise.subscribers[R] = stream(1, 8)  # added again at the same URL
+    assert sample(registry, "prefixroute_kv_event_batches_total") == 4  # continued
+    assert sample(registry, "prefixroute_kv_event_blocks_total", kind="stored") == 32
+    assert sample(registry, live, state="live") == 1.0

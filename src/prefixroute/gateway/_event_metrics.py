@@ -6,6 +6,10 @@ messages, unknown event types, blocks by fate, the stream's state, and the age o
 batch. A publisher that died says nothing on a SUB socket: a stream whose last batch ages past
 what the engine's traffic explains is the sign (an idle engine publishes nothing either, so
 alert on the age together with the replica's own traffic).
+
+A removed replica's counters stay until the process ends, and a replica added again at the
+same URL continues them (Prometheus counters must not go back): they sum its streams, the
+removed ones' counts kept by ``PreciseMode.retired``. Its gauges (state, age) go with it.
 """
 
 from __future__ import annotations
@@ -17,12 +21,25 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from prefixroute.events import StreamState
+from prefixroute.events import IndexerStats, StreamState, StreamStats
 
 if TYPE_CHECKING:
     from prefixroute.gateway._precise import PreciseMode
 
 RESYNC_CAUSES = ("gap", "restart", "reconnect", "cleared", "error")
+_EVENT_FIELDS = (("BlockStored", "stored_events"), ("BlockRemoved", "removed_events"),
+                 ("AllBlocksCleared", "cleared_events"))  # fmt: skip
+Parts = tuple[StreamStats, IndexerStats]  # one stream's counts
+# Per replica, a count of its stream's (StreamStats field), each its own counter.
+_STREAM_COUNTERS = (
+    ("prefixroute_kv_event_batches", "KV-event batches applied.", "batches"),
+    ("prefixroute_kv_event_gaps", "Sequence gaps (lost batches).", "gaps"),
+    ("prefixroute_kv_event_replayed", "Batches recovered by replay.", "replayed"),
+    ("prefixroute_kv_event_replay_failures", "Gaps the replay did not close.", "replay_failures"),
+    ("prefixroute_kv_event_caught_up", "Batches replayed at a late join.", "caught_up"),
+    ("prefixroute_kv_event_decode_errors", "Undecodable messages.", "decode_errors"),
+    ("prefixroute_kv_event_unknown", "Events of unknown types, skipped.", "unknown_events"),
+)
 
 
 class EventCollector(Collector):
@@ -35,20 +52,14 @@ class EventCollector(Collector):
         def counter(name: str, doc: str, *labels: str) -> CounterMetricFamily:
             return CounterMetricFamily(name, doc, labels=["replica", *labels])
 
-        batches = counter("prefixroute_kv_event_batches", "KV-event batches applied.")
+        plain = [(counter(name, doc), field) for name, doc, field in _STREAM_COUNTERS]
         events = counter("prefixroute_kv_events", "KV events applied, by type.", "type")
-        gaps = counter("prefixroute_kv_event_gaps", "Sequence gaps (lost batches).")
-        replayed = counter("prefixroute_kv_event_replayed", "Batches recovered by replay.")
-        failed = counter("prefixroute_kv_event_replay_failures", "Gaps the replay did not close.")
-        caught_up = counter("prefixroute_kv_event_caught_up", "Batches replayed at a late join.")
         age = GaugeMetricFamily(
             "prefixroute_kv_event_last_batch_age_seconds",
             "Seconds since the stream's last batch (absent before its first).",
             labels=["replica"],
         )
         resyncs = counter("prefixroute_kv_event_resyncs", "Entries cleared, by cause.", "cause")
-        errors = counter("prefixroute_kv_event_decode_errors", "Undecodable messages.")
-        unknown = counter("prefixroute_kv_event_unknown", "Events of unknown types, skipped.")
         blocks = counter("prefixroute_kv_event_blocks", "Blocks in KV events, by fate.", "kind")
         state = GaugeMetricFamily(
             "prefixroute_kv_event_stream_state",
@@ -57,31 +68,31 @@ class EventCollector(Collector):
         )
         speculative = self.precise.router.speculative_entries()
         now = time.monotonic()
-        for replica, sub in self.precise.subscribers.items():
-            st, ix = sub.stats, sub.indexer.stats
-            batches.add_metric([replica], st.batches)
-            events.add_metric([replica, "BlockStored"], ix.stored_events)
-            events.add_metric([replica, "BlockRemoved"], ix.removed_events)
-            events.add_metric([replica, "AllBlocksCleared"], ix.cleared_events)
-            gaps.add_metric([replica], st.gaps)
-            replayed.add_metric([replica], st.replayed)
-            failed.add_metric([replica], st.replay_failures)
-            caught_up.add_metric([replica], st.caught_up)
-            if st.last_batch_at is not None:
-                age.add_metric([replica], now - st.last_batch_at)
+        precise = self.precise
+        for replica in {**precise.retired, **precise.subscribers}:
+            sub = precise.subscribers.get(replica)
+            # Counters sum the replica's streams: removed ones (kept) and its live one.
+            parts: list[Parts] = [*precise.retired.get(replica, ())]
+            if sub is not None:
+                parts.append((sub.stats, sub.indexer.stats))
+            for family, field in plain:
+                family.add_metric([replica], sum(getattr(st, field) for st, _ in parts))
+            for kind, field in _EVENT_FIELDS:
+                events.add_metric([replica, kind], sum(getattr(ix, field) for _, ix in parts))
             for cause in RESYNC_CAUSES:
-                resyncs.add_metric([replica, cause], st.resyncs.get(cause, 0))
-            errors.add_metric([replica], st.decode_errors)
-            unknown.add_metric([replica], st.unknown_events)
-            blocks.add_metric([replica, "stored"], ix.stored_blocks)
-            blocks.add_metric([replica, "removed"], ix.removed_blocks)
-            blocks.add_metric([replica, "orphan"], ix.orphan_blocks)
-            blocks.add_metric([replica, "skipped"], ix.skipped_blocks)
-            blocks.add_metric([replica, "recalled"], ix.recalled_blocks)
+                cleared = sum(st.resyncs.get(cause, 0) for st, _ in parts)
+                resyncs.add_metric([replica, cause], cleared)
+            for kind in ("stored", "removed", "orphan", "skipped", "recalled"):
+                done = sum(getattr(ix, f"{kind}_blocks") for _, ix in parts)
+                blocks.add_metric([replica, kind], done)
+            if sub is None:
+                continue  # gone: its gauges go with it
+            if sub.stats.last_batch_at is not None:
+                age.add_metric([replica], now - sub.stats.last_batch_at)
             for s in StreamState:
                 state.add_metric([replica, s.value], 1.0 if sub.state is s else 0.0)
-        yield from (batches, events, gaps, replayed, failed, caught_up, resyncs, errors, unknown)
-        yield from (blocks, state, age)
+        yield from (family for family, _ in plain)
+        yield from (events, resyncs, blocks, state, age)
         if speculative is not None:
             yield GaugeMetricFamily(
                 "prefixroute_speculative_entries",

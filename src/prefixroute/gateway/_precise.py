@@ -29,7 +29,14 @@ from urllib.parse import urlsplit
 import zmq.asyncio
 
 from prefixroute.core import ConfigError, ReplicaId, Router
-from prefixroute.events import EventEndpoint, EventSubscriber, PreciseIndexer, StreamState
+from prefixroute.events import (
+    EventEndpoint,
+    EventSubscriber,
+    IndexerStats,
+    PreciseIndexer,
+    StreamState,
+    StreamStats,
+)
 
 if TYPE_CHECKING:
     from prefixroute.gateway._registry import ReplicaRegistry
@@ -52,6 +59,9 @@ class PreciseMode:
         self.endpoints = dict(endpoints)
         self.each = each
         self.subscribers: dict[ReplicaId, EventSubscriber] = {}
+        # The counts of removed replicas' streams (subscriber, indexer stats): their counters
+        # stay, and a replica added again at the same URL continues them (docs/gateway.md).
+        self.retired: dict[ReplicaId, list[tuple[StreamStats, IndexerStats]]] = {}
         self._context: zmq.asyncio.Context | None = None
         self._stopping: set[asyncio.Task[None]] = set()  # streams of removed replicas
 
@@ -119,6 +129,8 @@ class PreciseMode:
         ``Router.engine_stored`` ignores a replica it no longer has)."""
         subscriber = self.subscribers.pop(replica, None)
         if subscriber is not None:
+            counts = (subscriber.stats, subscriber.indexer.stats)
+            self.retired.setdefault(replica, []).append(counts)
             task = asyncio.get_running_loop().create_task(subscriber.stop())
             self._stopping.add(task)
             task.add_done_callback(self._stopping.discard)

@@ -226,6 +226,16 @@ _BAD_INPUT = {
         ["bench", "--emulate", "0"],
         "--emulate must be 1 to 1,000 replicas, got 0",
     ),
+    # A cluster event that would do nothing ran as if it had not been asked for.
+    "simulate adds a replica the fleet has": (
+        ["simulate", "-w", "multi-turn", "-n", "8", "--set", "add_replica_at_s=5"],
+        "multi-turn adds replica 'r4' at 5 s, which the fleet has then (name another)",
+    ),
+    "simulate removes a replica the fleet lacks": (
+        ["simulate", "-w", "multi-turn", "--set", "remove_replica=r9",
+         "--set", "remove_replica_at_s=5"],
+        "multi-turn removes replica 'r9' at 5 s, which the fleet does not have then",
+    ),
     "top polls every 1e308 s": (
         ["top", "--once", "--interval", "1e308"],
         "--interval must be at most 86,400 s, got 1e+308",

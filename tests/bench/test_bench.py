@@ -56,6 +56,31 @@ def test_emulated_comparison_reproduces_the_article(capsys: pytest.CaptureFixtur
     assert by[DEFAULT_POLICY]["itl_ms"]["p50"] > 0
 
 
+def test_staleness_is_judged_in_the_replicas_blocks(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/simulator.md: ``stale_rate`` counts as the gateway's cache predictions count
+    ``over``, a KV block or more fewer found than predicted. Judged in the workload's block of
+    1 token, predictions a few tokens off within the replicas' 16-token blocks read as stale
+    (0.6 where the gateway counted none)."""
+    argv = ["bench", "-w", "seed-conversation", "-p", DEFAULT_POLICY, "--block-size", "16",
+            "--time-scale", "0.05", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    [row] = json.loads(capsys.readouterr().out)["policies"]
+    assert row["predicted_cached_tokens"] > 0  # it did predict: there is something to judge
+    assert row["stale_rate"] == 0.0
+
+
+def test_no_x_floor_when_requests_failed(capsys: pytest.CaptureFixture[str]) -> None:
+    """The floor counts every request of the workload, the prefill only those served: with a
+    turn refused (a prompt over the replicas' 1,100-token caches), and the conversation stopped
+    there, x floor read below 1, which the floor's definition rules out. It is left out."""
+    argv = ["bench", "-w", "seed-conversation", "--block-size", "1", "--kv-tokens", "1100",
+            "-p", "round_robin", "--time-scale", "0.05", "--json"]  # fmt: skip
+    assert main(argv) == 1  # requests failed
+    [row] = json.loads(capsys.readouterr().out)["policies"]
+    assert row["errors"] >= 1 and row["prefill_tokens"] > 0
+    assert row["floor_ratio"] is None
+
+
 def test_fleet_gives_the_emulated_replicas_their_own_speeds(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

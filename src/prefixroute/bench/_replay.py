@@ -41,6 +41,9 @@ class ReplayConfig:
     plain: float = 0.0  # share of the requests sent without a stream (module docstring)
     seed: int = 0  # draws which requests are plain
     api: str = "completions"  # the call each turn is: one of APIS (module docstring)
+    # The replicas' KV block size, tokens: a prediction is stale when a block or more fewer
+    # were found, as the gateway counts it (None: the workload's, the emulated replicas').
+    kv_block: int | None = None
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
@@ -92,7 +95,7 @@ async def replay(
     result = RunResult(
         policy=label,
         workload=workload.name,
-        block_size=workload.block_size,
+        block_size=cfg.kv_block or workload.block_size,
         duration_s=max(finish, default=0.0),
         records=records,
         replicas=[ReplicaRecord(name, requests=n) for name, n in sorted(per_replica.items())],

@@ -261,6 +261,21 @@ def fleet_from_flags(
     return built.with_changes([parse_speed_change(c) for c in changes])
 
 
+def check_cluster_events(workload: Workload, fleet: Fleet) -> None:
+    """ConfigError for a cluster event of ``workload`` that would do nothing: a replica added
+    while ``fleet`` has it, or removed while it has not (in time order). The simulator skipped
+    them, so ``-n 8 --set add_replica_at_s=5`` (``r4`` is in such a fleet) ran as if unasked."""
+    live = set(fleet.names)
+    for event in sorted(workload.cluster_events, key=lambda e: e.at_s):
+        if event.action == "add" and event.replica in live:
+            raise ConfigError(f"{workload.name} adds replica {event.replica!r} at "
+                              f"{event.at_s:g} s, which the fleet has then (name another)")
+        if event.action == "remove" and event.replica not in live:
+            raise ConfigError(f"{workload.name} removes replica {event.replica!r} at "
+                              f"{event.at_s:g} s, which the fleet does not have then")
+        (live.add if event.action == "add" else live.discard)(event.replica)
+
+
 def check_fits(workload: Workload, fleet: Fleet, base: ReplicaConfig) -> None:
     """ConfigError when a request of ``workload`` needs more KV blocks (prompt and output)
     than a replica of ``fleet`` holds in all (``base``: a replica its cluster events add).
@@ -269,6 +284,7 @@ def check_fits(workload: Workload, fleet: Fleet, base: ReplicaConfig) -> None:
     by the same count); the simulator counts it failed and goes on, so a run where that is
     every request reads as NaN and zeros rather than the setting it is. Found before any run,
     in the words the replica refuses it with (``bench``'s emulated replicas: HTTP 400)."""
+    check_cluster_events(workload, fleet)
     configs = list(fleet.configs)
     if any(e.action == "add" and e.replica not in fleet.names for e in workload.cluster_events):
         configs.append(base)

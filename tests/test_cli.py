@@ -236,6 +236,11 @@ _BAD_INPUT = {
          "--set", "remove_replica_at_s=5"],
         "multi-turn removes replica 'r9' at 5 s, which the fleet does not have then",
     ),
+    "demo with an unknown large workload": (  # after both worked examples had printed
+        ["demo", "--large", "nope"],
+        "unknown workload 'nope'; valid: seed-conversation, seed-shared-prompt, multi-turn, "
+        "shared-prefix, hot-prefix, no-sharing, mooncake, dialogues",
+    ),
     "top polls every 1e308 s": (
         ["top", "--once", "--interval", "1e308"],
         "--interval must be at most 86,400 s, got 1e+308",

@@ -27,6 +27,7 @@ from prefixroute.sim import (
     print_report,
     write_plot,
 )
+from prefixroute.sim.workloads import workload_names
 
 BASELINES = ("round_robin", "least_loaded")
 LARGE_POLICIES = ("round_robin", "least_loaded", "cache_aware", "prefix_affinity", DEFAULT_POLICY)
@@ -53,6 +54,8 @@ def _say(console: Any, title: str, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     check_jobs(args)
     check_plot_path(args.plot)  # before the demo runs, not once it is over
+    if args.large not in workload_names():  # before the worked examples print (58 lines)
+        raise ConfigError(f"unknown workload {args.large!r}; valid: {', '.join(workload_names())}")
     if not 1 <= args.replicas <= MAX_REPLICAS:  # the large run's; before the examples print
         raise ConfigError(f"--replicas must be 1 to {MAX_REPLICAS:,}, got {args.replicas:,}")
     console = make_console()

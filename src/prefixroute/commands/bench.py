@@ -121,15 +121,15 @@ def add_parser(sub: Any) -> None:
 
 
 def _metrics(
-    result: ReplayResult, floor: int | None, slo_s: float, requests: int
+    result: ReplayResult, floor: int | None, slo_s: float, requests: int | None = None
 ) -> PolicyMetrics:
     """The run's scores; the workload's floor is put in the replicas' tokens first, since
     prefill is counted from what they report (``ReplayResult.token_scale``). The floor counts
     all ``requests`` of the workload: where some failed or were never sent (a conversation
     stops at its first failed turn) the prefill of the rest is no ratio of it, and x floor is
-    left out (it read 0.77: below the floor's definition)."""
+    left out (it read 0.77: below the floor's definition). ``requests`` None: the run's own."""
     served = sum(1 for r in result.run.records if r.finish_s is not None)
-    if result.errors or served < requests:
+    if result.errors or served < (len(result.run.records) if requests is None else requests):
         floor = None
     if floor is not None and result.token_scale is not None:
         floor = round(floor * result.token_scale)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable
@@ -201,11 +203,19 @@ async def test_live_into_a_pipe_prints_a_frame_per_poll_and_ends_with_its_reader
             f"set -o pipefail; {sys.executable} -m prefixroute.cli top --url {gw.url} "
             f"--admin-token-file {token_file} --interval 0.1 | head -n 40"
         )
+        # No $COLUMNS (a pipe's frame is as wide as its table), whatever the test run has set.
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
         proc = await asyncio.create_subprocess_exec(
-            "bash", "-c", command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            "bash", "-c", command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True, env=env,  # its own group: stopped with it below, if hung
         )
-        async with asyncio.timeout(60):
-            out, err = await proc.communicate()
+        try:
+            async with asyncio.timeout(60):
+                out, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:  # it hung (the defect): nothing left running
+                os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
     text = out.decode()
     assert proc.returncode == 0, err.decode()
     assert not err, err.decode()

@@ -236,11 +236,6 @@ _BAD_INPUT = {
          "--set", "remove_replica_at_s=5"],
         "multi-turn removes replica 'r9' at 5 s, which the fleet does not have then",
     ),
-    "demo with an unknown large workload": (  # after both worked examples had printed
-        ["demo", "--large", "nope"],
-        "unknown workload 'nope'; valid: seed-conversation, seed-shared-prompt, multi-turn, "
-        "shared-prefix, hot-prefix, no-sharing, mooncake, dialogues",
-    ),
     "top polls every 1e308 s": (
         ["top", "--once", "--interval", "1e308"],
         "--interval must be at most 86,400 s, got 1e+308",
@@ -248,13 +243,23 @@ _BAD_INPUT = {
 }
 
 
-def test_demo_refuses_no_replicas_before_it_prints_anything() -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-n", "0"], "--replicas must be 1 to 10,000, got 0"),
+        # refused after both worked examples had printed (58 lines)
+        (["--large", "nope"], "unknown workload 'nope'; valid: seed-conversation, "
+         "seed-shared-prompt, multi-turn, shared-prefix, hot-prefix, no-sharing, mooncake, "
+         "dialogues"),
+    ],
+)  # fmt: skip
+def test_demo_refuses_bad_flags_before_it_prints_anything(argv: list[str], message: str) -> None:
     done = subprocess.run(
-        [str(EXE), "demo", "-n", "0"], capture_output=True, text=True, timeout=60,
+        [str(EXE), "demo", *argv], capture_output=True, text=True, timeout=60,
         env=dict(os.environ, NO_COLOR="1"),
     )  # fmt: skip
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.strip() == "prefixroute: error: --replicas must be 1 to 10,000, got 0"
+    assert done.stderr.strip() == f"prefixroute: error: {message}"
 
 
 @pytest.mark.parametrize("command", ["simulate", "demo", "bench"])

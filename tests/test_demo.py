@@ -76,14 +76,3 @@ def test_the_seed_reaches_routing_as_in_simulate(
     argv = ["demo", "--seed", "3", "--large", "seed-conversation", "--plot", plot]
     assert main(argv) == 0
     assert seeds == [3, 3, 3]
-
-
-def test_an_unknown_large_workload_is_refused_before_the_demo_prints(tmp_path: Path) -> None:
-    """It was refused after both worked examples had printed (58 lines)."""
-    exe = Path(sys.executable).with_name("prefixroute")
-    done = subprocess.run(
-        [str(exe), "demo", "--large", "nope"], cwd=tmp_path, capture_output=True, text=True,
-        env=dict(os.environ, NO_COLOR="1"), timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 2 and done.stdout == ""
-    assert "unknown workload 'nope'" in done.stderr

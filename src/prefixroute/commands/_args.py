@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from prefixroute.core import ConfigError, make_policy
-from prefixroute.sim import DEFAULT_TTFT_SLO_S, MAX_REPLICAS, ReplicaConfig
+from prefixroute.sim import DEFAULT_TTFT_SLO_S, ReplicaConfig, check_replica_count
 
 DEFAULT_KV_TOKENS = 131_072  # KV cache per replica, tokens (8,192 blocks of 16)
 MAX_EMULATED = 1_000  # emulated replicas one process serves, each on a port of its own
@@ -161,8 +161,7 @@ def replica_config_from(args: argparse.Namespace, block_size: int) -> ReplicaCon
     """The replica model of :func:`add_replica_arguments`' flags, at ``block_size``."""
     if block_size < 1:
         raise ConfigError(f"--block-size must be at least 1, got {block_size}")
-    if not 1 <= args.replicas <= MAX_REPLICAS:
-        raise ConfigError(f"--replicas must be 1 to {MAX_REPLICAS:,}, got {args.replicas:,}")
+    check_replica_count(args.replicas)
     if args.kv_tokens < block_size:
         raise ConfigError("--kv-tokens must hold at least one block")
     return ReplicaConfig(

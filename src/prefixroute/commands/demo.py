@@ -17,17 +17,17 @@ from prefixroute.commands._args import (
     replica_config_from,
     seed,
 )
-from prefixroute.core import DEFAULT_POLICY, ConfigError
+from prefixroute.core import DEFAULT_POLICY
 from prefixroute.sim import (
-    MAX_REPLICAS,
     check_plot_path,
+    check_replica_count,
     compare_policies,
     make_console,
     make_workload,
     print_report,
     write_plot,
 )
-from prefixroute.sim.workloads import workload_names
+from prefixroute.sim.workloads import check_workload
 
 BASELINES = ("round_robin", "least_loaded")
 LARGE_POLICIES = ("round_robin", "least_loaded", "cache_aware", "prefix_affinity", DEFAULT_POLICY)
@@ -54,10 +54,8 @@ def _say(console: Any, title: str, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     check_jobs(args)
     check_plot_path(args.plot)  # before the demo runs, not once it is over
-    if args.large not in workload_names():  # before the worked examples print (58 lines)
-        raise ConfigError(f"unknown workload {args.large!r}; valid: {', '.join(workload_names())}")
-    if not 1 <= args.replicas <= MAX_REPLICAS:  # the large run's; before the examples print
-        raise ConfigError(f"--replicas must be 1 to {MAX_REPLICAS:,}, got {args.replicas:,}")
+    check_workload(args.large)  # before the worked examples print (58 lines of them)
+    check_replica_count(args.replicas)  # the large run's; before the examples print
     console = make_console()
     _conversation(args, console)
     _shared_prompt(args, console)

@@ -73,6 +73,15 @@ _POOL_HTTP = """\
 #   (flags UO,UF) instead of going down the picker's list. These retries follow only a refused
 #   or reset connection, each to the picker's next endpoint: as many as the requests.
 MAX_REQUESTS = 65_536  # EnvoyConfig.max_requests' default
+BODY_HEADROOM = 1024 * 1024  # bytes past max_body_bytes that a buffered body may reach us in
+
+
+def buffered_body_bytes(max_body_bytes: int) -> int:
+    """The largest body, bytes, that Envoy holds in BUFFERED mode (its listener's buffer limit)
+    and so sends the picker in one ext_proc message (its gRPC receive limit): the picker's own
+    ``max_body_bytes`` and ``BODY_HEADROOM`` more, so that its JSON 413 answers what is over.
+    One number for both sides: a larger buffer than message limit was Envoy's 500."""
+    return max_body_bytes + BODY_HEADROOM
 _LIMITS = (
     "    circuit_breakers: {{thresholds: [{{max_connections: {n}, max_pending_requests: {n},"
     " max_requests: {n}, max_retries: {n}}}]}}\n"
@@ -253,7 +262,7 @@ def envoy_bootstrap(config: EnvoyConfig) -> str:
         access_log=_ACCESS_LOG.format(path=log, format=ACCESS_FORMAT) if log else "",
         timeout_s=config.timeout_s,
         buffer_limit=(
-            f"    per_connection_buffer_limit_bytes: {config.max_body_bytes + 1024 * 1024}\n"
+            f"    per_connection_buffer_limit_bytes: {buffered_body_bytes(config.max_body_bytes)}\n"
             if config.pickers and config.body_mode == "BUFFERED" else ""
         ),
         retry=RETRY if config.pickers and config.endpoints else STALE_RETRY,

@@ -59,7 +59,7 @@ from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.epp import _protocol as proto
 from prefixroute.epp._candidates import replica_of
 from prefixroute.epp._endpoints import EndpointSet, FileEndpoints
-from prefixroute.epp._envoy_config import MAX_REQUESTS
+from prefixroute.epp._envoy_config import MAX_REQUESTS, buffered_body_bytes
 from prefixroute.epp._shared import PickShared
 from prefixroute.epp._stream import PickStream
 from prefixroute.epp._tls import server_credentials
@@ -222,8 +222,8 @@ class EndpointPicker:
         credentials = (
             server_credentials(cfg.cert_path, cfg.cert_reload) if cfg.secure_serving else None
         )
-        big = ("grpc.max_receive_message_length", cfg.routing.max_body_bytes + 2**20)  # BUFFERED
-        server = self._grpc = grpc.aio.server(options=[*_GRPC_SERVER_OPTIONS, big])  # (4 MiB)
+        big = ("grpc.max_receive_message_length", buffered_body_bytes(cfg.routing.max_body_bytes))
+        server = self._grpc = grpc.aio.server(options=[*_GRPC_SERVER_OPTIONS, big])  # not 4 MiB
         pb_grpc.add_ExternalProcessorServicer_to_server(_Processor(self.shared), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.grpc_port = _bind_grpc(server, cfg.grpc_host, cfg.grpc_port, credentials)

@@ -49,6 +49,13 @@ CHANGE_KEYS = ("prefill", "decode_ms")  # what a speed change may set
 # 200 MB/s with no word; one simulation is one process.
 MAX_REPLICAS = 10_000
 
+
+def check_replica_count(count: int, flag: str = "--replicas") -> None:
+    """ConfigError unless a fleet of ``count`` replicas (``flag`` says it) is 1 to
+    ``MAX_REPLICAS``."""
+    if not 1 <= count <= MAX_REPLICAS:
+        raise ConfigError(f"{flag} must be 1 to {MAX_REPLICAS:,}, got {count:,}")
+
 FLEET_HELP = (
     "per-replica settings: groups COUNT[:KEY=VALUE,...] joined by '+', keys "
     + ", ".join(FLEET_KEYS)
@@ -255,8 +262,8 @@ def fleet_from_flags(
     fleet: str | None, changes: Sequence[str], replicas: int, base: ReplicaConfig
 ) -> Fleet:
     """The fleet that ``--fleet``, ``--speed-change`` and ``--replicas`` describe together."""
-    if fleet is None and not 1 <= replicas <= MAX_REPLICAS:  # (1e8 filled memory, silently)
-        raise ConfigError(f"a fleet has 1 to {MAX_REPLICAS:,} replicas, got {replicas:,}")
+    if fleet is None:
+        check_replica_count(replicas)
     built = parse_fleet(fleet, base) if fleet is not None else Fleet.uniform(replicas, base)
     return built.with_changes([parse_speed_change(c) for c in changes])
 

@@ -50,6 +50,12 @@ def _lookup(name: str) -> tuple[Builder, type[Any]]:
         raise UnknownWorkload(f"unknown workload {name!r}; valid: {', '.join(WORKLOADS)}") from None
 
 
+def check_workload(name: str) -> None:
+    """UnknownWorkload (listing the valid names) unless ``name`` is a workload: a name checked
+    before any work, where the workload itself is built later."""
+    _lookup(name)
+
+
 def workload_names() -> list[str]:
     return list(WORKLOADS)
 
@@ -73,6 +79,7 @@ __all__ = [
     "WORKLOADS",
     "Builder",
     "UnknownWorkload",
+    "check_workload",
     "make_workload",
     "workload_names",
     "workload_params",

@@ -98,15 +98,15 @@ def _row(line: str, number: int, path: Path) -> _Row:
     if missing:
         raise ConfigError(f"{where}: no {', '.join(missing)}")
     ids = obj["hash_ids"]
-    if not isinstance(ids, list) or not all((_whole(h) or 0) >= 0 and _whole(h) is not None
-                                            for h in ids):  # fmt: skip
+    wholes = [_whole(h) for h in ids] if isinstance(ids, list) else [None]
+    if not all(w is not None and w >= 0 for w in wholes):
         raise ConfigError(f"{where}: hash_ids must be a list of whole numbers >= 0")
     numbers = [_whole(obj[k]) for k in ("input_length", "output_length")]
     stamp = obj["timestamp"]
     if any(n is None or n < 0 for n in numbers) or not _finite(stamp):
         raise ConfigError(f"{where}: input_length and output_length must be whole numbers >= 0, "
                           "timestamp a number (ms)")  # fmt: skip
-    return _Row([int(h) for h in ids], int(numbers[0] or 0), int(numbers[1] or 0), float(stamp))
+    return _Row([w or 0 for w in wholes], numbers[0] or 0, numbers[1] or 0, float(stamp))
 
 
 def _whole(value: object) -> int | None:

@@ -133,6 +133,32 @@ def test_only_text_requests_with_a_reported_count_teach_it() -> None:
     assert r.tokens._pending == {}  # every routed request was forgotten at its end
 
 
+def test_a_count_told_apart_from_any_request_teaches_its_model_only() -> None:
+    # A replica's /tokenize answer (gateway/_token_probe.py): no request behind it.
+    r = router()
+    assert not r.knows_chars_per_token("m") and not r.knows_chars_per_token(None)
+    r.observe_token_count("m", 900, 100, weight=100)
+    assert r.knows_chars_per_token("m") and r.chars_per_token_of("m") == 9.0
+    assert not r.knows_chars_per_token("other") and r.chars_per_token_of("other") == 4.0
+    learned = r.chars_per_token()["m"]
+    assert (learned.told, learned.observations) == (1, 0)  # a count, not an answer
+    r.observe_token_count("z", 0, 10, weight=10)  # nothing counted: nothing known
+    assert not r.knows_chars_per_token("z")
+    fixed = router(tokens=TokenCountConfig(learn=False))
+    fixed.observe_token_count("m", 900, 100, weight=100)  # learning off: the prior stays,
+    assert fixed.chars_per_token_of("m") == 4.0 and fixed.knows_chars_per_token("m")  # no ask
+
+
+def test_a_told_count_weighs_as_its_weight_not_its_tokens() -> None:
+    # One odd sample (1 character a token over 4,000 tokens) told at weight 256: the first
+    # real answer of 400 tokens at 6 characters a token outweighs it.
+    r = router()
+    r.observe_token_count("m", 4000, 4000, weight=256)
+    assert r.chars_per_token_of("m") == 1.0
+    answer(r, "a", "y" * 2400, 400)
+    assert r.chars_per_token_of("m") == 6.0
+
+
 def test_a_fixed_router_keeps_the_prior() -> None:
     r = router(tokens=TokenCountConfig(learn=False))
     answer(r, "a", "y" * 600, 100)

@@ -102,6 +102,10 @@ class FakeReplica:
     # (gateway/_server_info.py), and a test that reads ``seen[-1]`` must not race that ask.
     # True: they go to the handler and into ``seen`` like any other path.
     server_info: bool = False
+    # False: POST /tokenize answers 404, unrecorded, as on most OpenAI-compatible servers (the
+    # gateway asks it once per model in approximate mode: gateway/_token_probe.py). True: it
+    # goes to the handler and into ``seen``.
+    tokenize: bool = False
     seen: list[Seen] = field(default_factory=list)
     url: str = ""
     _runner: web.AppRunner | None = None
@@ -126,6 +130,8 @@ class FakeReplica:
             cards = [{"id": m, "object": "model"} for m in self.models]
             return web.json_response({"object": "list", "data": cards})
         if request.path in ("/get_server_info", "/server_info") and not self.server_info:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        if request.path == "/tokenize" and not self.tokenize:
             return web.json_response({"detail": "Not Found"}, status=404)
         body = await request.read()
         self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), body))

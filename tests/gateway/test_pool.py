@@ -25,7 +25,9 @@ from .helpers import GatewayFactory, send
 # (gateway/_server_info.py) would run beside that check on a pooled connection of its own: the
 # pool holds the probe's one connection.
 QUIET = {"health_interval_s": 60.0, "scrape_metrics": False}
-BODY = {"model": "emulated", "prompt": "a b c", "max_tokens": 1}
+# Token ids: a text prompt would make a fresh gateway ask the replica's /tokenize first
+# (gateway/_token_probe.py), one more POST on the pooled connections these tests count.
+BODY = {"model": "emulated", "prompt": [1, 2, 3], "max_tokens": 1}
 
 
 def _sample(gw: Gateway, name: str, labels: dict[str, str] | None = None) -> float:

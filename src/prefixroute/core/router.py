@@ -22,11 +22,9 @@ cached tokens are counted at that ratio) and, with ``capacity=IndexCapacityConfi
 how much each replica really keeps (:mod:`prefixroute.core.index_capacity`, off by default for
 the reason given there).
 
-A request for a LoRA adapter (``view(..., adapter=name)``) is hashed in the adapter's own key
-space (:meth:`BlockHasher.for_adapter`), composed with a tenant's seed: an engine keeps each
-adapter's blocks apart (vLLM hashes ``lora_name`` into them), so a prefix cached under one
-adapter, or under the base model, never counts for another. The base model is not keyed, since
-vLLM keys nothing for it, whichever of its served names a request used.
+A LoRA adapter's request (``view(..., adapter=name)``) is hashed in the adapter's own key space
+(:meth:`BlockHasher.for_adapter`, within a tenant's seed): vLLM hashes ``lora_name`` into its
+blocks, so a prefix cached under one adapter or the base model (not keyed) counts for no other.
 
 Approximate mode (the default) records every decision in the index: the index is the router's
 own picture of the caches. Precise mode (``insert_on_route=False``) leaves the index to the
@@ -39,9 +37,9 @@ Every change to what the router believes goes through a method here, whoever hea
 own decisions (:meth:`route` and the calls after it), other instances' (:meth:`remote_routed`,
 :meth:`remote_dispatch`), an engine's KV events (:meth:`engine_stored`, :meth:`engine_removed`,
 :meth:`engine_cleared`), a replica's own numbers (:meth:`observe_replica`, :meth:`size_index`,
-:meth:`observe_engine_prefill`, ``observe_preemptions``: core/preemptions.py). The index, the
-load view and the speculative entries are the router's own: code outside ``core`` reads them
-through :class:`~prefixroute.core.router_reads.RouterReads`, which the Router is
+:meth:`observe_engine_prefill`, :meth:`observe_token_count`, ``observe_preemptions``:
+core/preemptions.py). The index, the load view and the speculative entries are the router's
+own: code outside ``core`` reads them through :class:`~prefixroute.core.router_reads.RouterReads`
 (``tests/test_router_ownership.py`` holds it to that): every change is in these files.
 """
 
@@ -262,8 +260,7 @@ class Router(RouterReads, PlainAnswerCalls, PreemptionCalls):
         self.tokens.observe(request_id, prompt_tokens)
         if cached_tokens is None:
             return
-        req = self.loads.observe_usage(request_id, prompt_tokens, cached_tokens)
-        if req is None:
+        if (req := self.loads.observe_usage(request_id, prompt_tokens, cached_tokens)) is None:
             return
         self.usage_reports += 1
         actual = max(0, prompt_tokens - cached_tokens)
@@ -273,6 +270,11 @@ class Router(RouterReads, PlainAnswerCalls, PreemptionCalls):
         # Predictions are in key blocks, reports in KV blocks: closer than both is agreement.
         tol = int(req.key_block_tokens) + self.loads.block_size
         self.capacity.observe(self.index, req.replica, req.predicted_cached, cached_tokens, tol)
+
+    def observe_token_count(self, model: str | None, chars: int, tokens: int, weight: int) -> None:
+        """A replica counted ``tokens`` in ``chars`` characters (its ``/tokenize``, apart from
+        any request) of ``model``'s text: weighed as a prompt of ``weight`` tokens."""
+        self.tokens.learn(model, chars, tokens, weight)
 
     def complete(
         self, request_id: str, now: float, output_tokens: int | None = None, *, whole: bool = False
@@ -288,25 +290,19 @@ class Router(RouterReads, PlainAnswerCalls, PreemptionCalls):
             self.speculative.forget(request_id)
 
     def withdraw(self, request_id: str) -> None:
-        """The replica did not take the request: it was full (a 429), refused it (a 4xx) or
-        could not be reached. The blocks its decision added to the index are taken out again,
-        unless the index changed there since (:mod:`prefixroute.core.routed_blocks`); in
-        precise mode, its speculative entries (:mod:`prefixroute.core.speculative`). Call it
-        before :meth:`complete`, which every request still gets."""
+        """The replica did not take the request (full, refused it, unreachable): the blocks
+        its decision added to the index are taken out again, unless the index changed there
+        since (``core/routed_blocks``); in precise mode, its speculative entries. Call it before
+        :meth:`complete`, which every request still gets."""
         self.routed.withdraw(self.index, request_id)
         if self.speculative is not None:
             self.speculative.withdraw(request_id)
 
     # --- what other router instances decided (prefixroute.sync) ----------------------------
     def remote_routed(
-        self,
-        replica: ReplicaId,
-        block_hashes: Sequence[BlockHash],
-        now: float,
-        *,
-        live: bool = True,
-        request_id: str | None = None,
-    ) -> None:
+        self, replica: ReplicaId, block_hashes: Sequence[BlockHash], now: float,
+        *, live: bool = True, request_id: str | None = None,
+    ) -> None:  # fmt: skip
         """Another router instance sent a prompt with these blocks to ``replica``.
 
         Approximate mode records it in the index, as :meth:`route` records a decision of its

@@ -83,3 +83,8 @@ class RouterReads:
     def chars_per_token_of(self, model: str | None) -> float:
         """``model``'s characters per token now: learned, or the prior for a model not seen."""
         return self.tokens.chars_per_token(model)
+
+    def knows_chars_per_token(self, model: str | None) -> bool:
+        """Whether anything has told ``model``'s characters per token yet (always, with
+        learning off)."""
+        return self.tokens.knows(model)

@@ -67,19 +67,24 @@ class CharsPerToken:
     config: TokenCountConfig = field(default_factory=TokenCountConfig)
     value: float = 0.0  # current estimate, characters per token (the prior until learned)
     observations: int = 0  # answers learned from since creation
+    told: int = 0  # counts told apart from any answer (a replica's /tokenize), not answers
     _recent: deque[tuple[float, int]] = field(default_factory=deque)  # (ratio, tokens)
 
     def __post_init__(self) -> None:
         self.value = self.config.chars_per_token
         self._recent = deque(maxlen=self.config.window)
 
-    def observe(self, chars: int, tokens: int) -> None:
-        """A prompt of ``chars`` characters that the replica counted as ``tokens`` tokens."""
+    def observe(self, chars: int, tokens: int, weight: int | None = None) -> None:
+        """A prompt of ``chars`` characters that the replica counted as ``tokens`` tokens,
+        weighing as ``weight`` tokens (default: its own)."""
         if chars <= 0 or tokens <= 0:
             return
         cfg = self.config
-        self.observations += 1
-        self._recent.append((chars / tokens, tokens))
+        if weight is None:
+            self.observations += 1
+        else:
+            self.told += 1
+        self._recent.append((chars / tokens, tokens if weight is None else max(1, weight)))
         ranked = sorted([*self._recent, (cfg.chars_per_token, cfg.prior_tokens)])
         half = sum(t for _, t in ranked) / 2
         ratio, acc = ranked[-1][0], 0
@@ -113,6 +118,25 @@ class TokenCounts:
         """The models that have been observed, with their estimates."""
         return dict(self._models)
 
+    def knows(self, model: str | None) -> bool:
+        """Whether ``model``'s ratio has been observed at least once (or never will be: with
+        learning off every model stays at the prior)."""
+        learned = self._models.get(model)
+        return not self.config.learn or (
+            learned is not None and learned.observations + learned.told > 0
+        )
+
+    def learn(self, model: str | None, chars: int, tokens: int, weight: int | None = None) -> None:
+        """``model``'s tokenizer counted ``tokens`` in ``chars`` characters of routing text:
+        an answer's usage, or a count told apart from any request (a replica's ``/tokenize``:
+        ``gateway/_token_probe.py``), which weighs as a prompt of ``weight`` tokens."""
+        if not self.config.learn:
+            return
+        learned = self._models.get(model)
+        if learned is None:
+            learned = self._models[model] = CharsPerToken(self.config)
+        learned.observe(chars, tokens, weight)
+
     def routed(self, request_id: str, model: str | None, chars: int) -> None:
         """A request keyed on ``chars`` characters of text was sent; its usage will tell."""
         if self.config.learn:
@@ -124,10 +148,7 @@ class TokenCounts:
         if pending is None:
             return
         model, chars = pending
-        learned = self._models.get(model)
-        if learned is None:
-            learned = self._models[model] = CharsPerToken(self.config)
-        learned.observe(chars, prompt_tokens)
+        self.learn(model, chars, prompt_tokens)
 
     def forget(self, request_id: str) -> None:
         """The request ended (with or without usage)."""

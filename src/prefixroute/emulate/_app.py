@@ -5,8 +5,9 @@ Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (plain or SSE
 stored answers included), Anthropic's ``POST /v1/messages`` (``_messages``, as vLLM serves it),
 SGLang's ``POST /generate`` (``_sglang``: its own request and answer shapes), ``GET /v1/models``,
 ``GET /health`` (200 while the engine runs, 503 otherwise), ``GET /metrics`` (Prometheus text,
-vLLM metric names), ``POST /reset_prefix_cache`` (vLLM's dev-mode endpoint: drops every cached
-prefix unless requests are running) and SGLang's ``GET /get_server_info`` (the few fields of it
+vLLM metric names), ``POST /tokenize`` (vLLM's: a ``prompt`` or chat ``messages`` counted),
+``POST /reset_prefix_cache`` (vLLM's dev-mode endpoint: drops every cached prefix unless
+requests are running) and SGLang's ``GET /get_server_info`` (the few fields of it
 that say the engine's size: its batch size, as ``max_running_requests`` and one data-parallel
 rank's ``effective_max_running_requests_per_dp``, its KV cache and its context window).
 
@@ -42,6 +43,7 @@ from prefixroute.emulate._openai import (
     error_event,
     models_body,
     parse_request,
+    tokenize_answer,
 )
 from prefixroute.emulate._responses import ResponseStore, ResponsesWriter, parse_responses
 from prefixroute.emulate._sglang import GenerateWriter, parse_generate
@@ -89,6 +91,7 @@ def build_app(config: EmulatorConfig) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_get("/get_server_info", server_info)
+    app.router.add_post("/tokenize", tokenize_prompt)
     return app
 
 
@@ -217,6 +220,13 @@ async def models(request: web.Request) -> web.Response:
     started = request.app[STARTED]
     body = json.dumps(models_body(config.model, config.window, started, config.adapters))
     return web.Response(text=body, content_type="application/json")
+
+
+async def tokenize_prompt(request: web.Request) -> web.Response:
+    """vLLM's ``/tokenize`` (SGLang's takes the same ``prompt``): the prompt's token ids."""
+    config = request.app[CONFIG]
+    body = await _read_json(request)
+    return web.json_response(tokenize_answer(body, config.model, config.window, config.adapters))
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:

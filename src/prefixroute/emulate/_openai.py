@@ -74,6 +74,23 @@ def parse_request(
     return ParsedRequest(endpoint, tokens, max_tokens, stream, salt, adapter, include_usage)
 
 
+def tokenize_answer(
+    body: object, served_model: str, window: int, adapters: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """vLLM's ``POST /tokenize``: a ``prompt`` string, or chat ``messages`` rendered with the
+    generation marker, counted as the replica would; raises InvalidRequest or ModelNotFound."""
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("the request body must be a JSON object")
+    adapter_of(body, served_model, adapters)  # an unknown model: 404, as vLLM
+    if "messages" in body:
+        tokens = tokenize(render_chat(_messages(body.get("messages"))))
+    elif isinstance(body.get("prompt"), str):
+        tokens = tokenize(str(body["prompt"]))
+    else:
+        raise InvalidRequest("'prompt' must be a string (or give 'messages')", param="prompt")
+    return {"count": len(tokens), "max_model_len": window, "tokens": tokens, "token_strs": None}
+
+
 def adapter_of(
     body: Mapping[str, object], served_model: str, adapters: tuple[str, ...]
 ) -> str | None:

@@ -181,9 +181,7 @@ class EndpointPicker:
             later=lambda end: asyncio.get_running_loop().call_soon(end),
         )  # fmt: skip
         self.endpoints = EndpointSet(self.registry, self._probe_new)
-        self.grpc_port = 0  # bound ports, known after start
-        self.grpc_health_port = 0
-        self.http_port = 0
+        self.grpc_port = self.grpc_health_port = self.http_port = 0  # bound ports, after start
         self._grpc: grpc.aio.Server | None = None
         self._grpc_health: grpc.aio.Server | None = None  # the health-only listener
         self._health = HealthServicer()
@@ -212,6 +210,7 @@ class EndpointPicker:
             self._file = FileEndpoints(cfg.endpoints_file, self.endpoints)
             self._file.start()
         self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())  # as serve
+        self.state.probe_tokens(self._session)  # approximate mode: /tokenize's counts
         self._checker = HealthChecker(self.registry, self._session, cfg.routing)
         await self._checker.check_all(first=True)
         self._checker.start()
@@ -290,6 +289,7 @@ class EndpointPicker:
     async def _stop_state(self) -> None:
         """What the gateway's app stops with it: event streams, tokenizer threads, tracing."""
         state = self.state
+        await state.close_token_probe()
         if state.precise is not None:
             await state.precise.stop()
         if state.tokenizer is not None:

@@ -63,12 +63,14 @@ async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         responses=state.responses,
     )  # fmt: skip
     state.health = HealthChecker(state.registry, session, cfg)
+    state.probe_tokens(session)
     try:
         await state.health.check_all(first=True)  # learn models; silent replicas start out
         state.health.start()
         yield
     finally:
         await state.health.stop()
+        await state.close_token_probe()
         state.proxy = state.health = None
         await session.close()
 

@@ -17,6 +17,9 @@ Per request (updated as requests end):
 * ``prefixroute_decision_seconds``: time to hash the prompt and decide, seconds.
 * ``prefixroute_tokenize_seconds`` and ``prefixroute_tokenize_failures_total`` (with a
   tokenizer): the cost of one prompt's tokenization in its worker thread, seconds.
+* ``prefixroute_token_probes_total{outcome}`` (approximate mode): replicas asked to count a
+  model's tokens on ``/tokenize`` before any answer told its characters per token
+  (``_token_probe``): ``learned``, ``unsupported`` (no such endpoint) or ``failed``.
 * ``prefixroute_retries_total{reason}``, ``prefixroute_upstream_resends_total``,
   ``prefixroute_first_byte_extensions_total{replica}`` (first-byte deadlines that moved on
   because the replica was still at work: ``_first_byte``),
@@ -104,6 +107,12 @@ class GatewayMetrics:
         self.tokenize_failures = counter(
             "prefixroute_tokenize_failures",
             "Prompts that could not be tokenized (routed on their text instead).",
+        )
+        self.token_probes = counter(
+            "prefixroute_token_probes",
+            "Replicas asked to count a model's tokens (POST /tokenize) before its answers told "
+            "its characters per token, by outcome: learned, unsupported, failed.",
+            "outcome",
         )
         self.decision_seconds = Histogram(
             "prefixroute_decision_seconds",

@@ -1,8 +1,9 @@
 """The gateway's per-app objects, kept under one typed ``AppKey``.
 
 Everything is built by :func:`prefixroute.gateway.build_app` and handed down; there is no
-module-level state. ``proxy`` and ``health`` need the app's one ``ClientSession``, which exists
-only between startup and cleanup, so they are filled in by the session's ``cleanup_ctx``.
+module-level state. ``proxy``, ``health`` and ``token_probe`` need the app's one
+``ClientSession``, which exists only between startup and cleanup, so they are filled in by the
+session's ``cleanup_ctx``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from prefixroute.core import Endpoint, RouteKey, Router
@@ -24,6 +26,7 @@ from prefixroute.gateway._proxy import Proxy
 from prefixroute.gateway._registry import ReplicaRegistry
 from prefixroute.gateway._responses import ResponseOwners
 from prefixroute.gateway._tenants import TenantScope
+from prefixroute.gateway._token_probe import TokenProbe
 from prefixroute.gateway._tokenize import TokenizerPool
 from prefixroute.gateway._tracing import RequestTracing
 from prefixroute.gateway._usage import ask_for_stream_usage
@@ -52,11 +55,30 @@ class GatewayState:
     precise: PreciseMode | None = None  # precise mode: the KV-event subscribers
     sync: RouteSync | None = None  # sync_redis: decisions shared with other instances
     tracing: RequestTracing | None = None  # otlp_endpoint: a span per routed request
+    # approximate mode, while the app runs: models' characters per token asked of a replica
+    token_probe: TokenProbe | None = None
     # stream_usage, until a replica refuses stream_options (stop_asking_stream_usage)
     asks_stream_usage: bool = True
     # Replicas that answered 200 to a stream we asked the usage of: they take stream_options.
     took_stream_usage: set[str] = dataclasses.field(default_factory=set)
     responses: ResponseOwners = dataclasses.field(default_factory=ResponseOwners)  # stored ones
+
+    def probe_tokens(self, session: aiohttp.ClientSession) -> None:
+        """Ask the replicas' ``/tokenize`` for each model's characters per token, over
+        ``session``, until the app stops (``close_token_probe``): approximate mode only (a
+        tokenizer counts exactly)."""
+        if self.tokenizer is None:
+            cfg = self.config
+            self.token_probe = TokenProbe(
+                self.registry, session, self.metrics.token_probes, cfg.health_timeout_s,
+                cfg.upstream_api_key,
+            )  # fmt: skip
+
+    async def close_token_probe(self) -> None:
+        """Stop the probes under way (before their session closes)."""
+        probe, self.token_probe = self.token_probe, None
+        if probe is not None:
+            await probe.close()
 
     def shared_status(self) -> dict[str, Any]:
         """What /health says, beside the replicas, of the state this instance shares: the
@@ -108,6 +130,8 @@ class GatewayState:
             key = dataclasses.replace(key, adapter=adapter)
         if self.tokenizer is not None and endpoint is not Endpoint.OTHER:
             key = await self.tokenizer.key(key)
+        if self.token_probe is not None:  # a text key of a model whose ratio nobody told yet
+            await self.token_probe.ready(key)
         return key
 
 

@@ -88,6 +88,8 @@ def test_tenancy_table(tmp_path: Path) -> None:
         ("[tenancy]\ncache_salt_secret = 12345678901234567", "cache_salt_secret must be a string"),
         ("[tenancy]\nmax_tenants = true", "max_tenants must be a whole number"),
         ("[tenancy]\nmax_tenants = 2.5", "max_tenants must be a whole number"),
+        # an integer past any float (a JSON body of the admin API carries such; TOML only int64)
+        ("[tenancy.default_limits]\nburst = 9223372036854775807", "burst must be at most"),
     ],
 )
 def test_bad_tenancy_settings_fail_at_start(tmp_path: Path, snippet: str, message: str) -> None:

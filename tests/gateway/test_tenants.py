@@ -374,6 +374,10 @@ async def test_admin_sets_and_resets_limits(
     infinite = '{"requests_per_second": 1e400}'
     async with session.put(api + "/team-a/limits", data=infinite, headers=ADMIN) as resp:
         assert resp.status == 400
+    # and an integer of 401 digits, past any float: was a 500 and a traceback
+    huge = '{"burst": 1' + "0" * 400 + "}"
+    async with session.put(api + "/team-a/limits", data=huge, headers=ADMIN) as resp:
+        assert resp.status == 400
     async with session.put(api + "/bad name/limits", json={}, headers=ADMIN) as resp:
         assert resp.status == 400
     async with session.delete(api + "/team-a/limits", headers=ADMIN) as resp:

@@ -39,6 +39,14 @@ if TYPE_CHECKING:
     from prefixroute.core.router import Router
 
 
+# Output lengths and choices are hints for the load view, and the replica judges the request
+# itself (vLLM refuses a max_tokens past its context window). Unbounded, a client's 2**64 or
+# 10**400 broke what carries them: the sync wire (an int64), float costs, the load's token
+# sums, each time after the request was counted in flight (security audit, 2026-12-07).
+MAX_OUTPUT_HINT = 1 << 24  # tokens: far past any context window
+MAX_CHOICES_HINT = 1 << 16  # sequences per prompt
+
+
 class Endpoint(StrEnum):
     """Which call a request is: OpenAI's, or SGLang's native one (values are stable: metric
     labels)."""
@@ -124,7 +132,7 @@ def _choices(request: object, names: tuple[str, ...] = ("n", "best_of")) -> int:
     """Sequences generated per prompt: the largest usable of ``names`` (at least 1)."""
     values = [field_of(request, name)[1] for name in names]
     counts = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 1]
-    return max(counts, default=1)
+    return min(max(counts, default=1), MAX_CHOICES_HINT)
 
 
 def _generate_key(request: object, model: str | None, stream: bool) -> RouteKey:
@@ -196,5 +204,5 @@ def _max_tokens(
     for name in names:
         _, value = field_of(request, name)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
+            return min(value, MAX_OUTPUT_HINT)
     return 0  # only a hint for the load view

@@ -252,7 +252,10 @@ class Proxy:
             name_of, policy = self.registry.public_name, self.router.policy.name
             self.tracing.record_decision(call.span, decision, name_of, policy)
         if self.listener is not None:
-            self.listener.routed(call.view, decision)
+            try:  # the request is counted in flight now: its end must come (Release)
+                self.listener.routed(call.view, decision)
+            except Exception:  # the others miss one decision; this request still goes out
+                log.exception("%s: the route listener failed", call.rid)
         outcome = call.request[OUTCOME]
         outcome.replica, outcome.reason = decision.replica, decision.reason.value
         return decision

@@ -87,7 +87,7 @@ class ResponseOwners:
             return None
         owner = self.owner(key.tenant, key.continues)
         if owner is None and isolated:
-            raise NotFound(f"Response with id '{key.continues}' not found.")
+            raise NotFound(_not_found(key.continues))
         return owner
 
     def of_stored(self, tenant: str | None, response_id: str) -> ReplicaId:
@@ -95,8 +95,15 @@ class ResponseOwners:
         NotFound when its id is malformed or not known here."""
         owner = self.owner(tenant, response_id) if RESPONSE_ID.match(response_id) else None
         if owner is None:
-            raise NotFound(f"Response with id '{response_id}' not found.")
+            raise NotFound(_not_found(response_id))
         return owner
+
+
+def _not_found(response_id: str) -> str:
+    """vLLM's message, naming the id only when it is one (at most 256 word characters): no
+    error repeats the client's bytes otherwise (docs/security.md; a 1 MB id came back whole)."""
+    named = f" with id '{response_id}'" if RESPONSE_ID.match(response_id) else ""
+    return f"Response{named} not found."
 
 
 def pinned(owner: ReplicaId | None, candidates: list[ReplicaId]) -> list[ReplicaId]:

@@ -27,6 +27,7 @@ SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 DEFAULT_HEADER = "x-tenant-id"
 DEFAULT_TENANT = "default"
 LIMIT_NAMES = ("requests_per_second", "burst", "prompt_tokens_per_minute", "max_in_flight")
+MAX_LIMIT = 10**15  # the largest limit taken: far past any rate or count, well within a float
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,10 @@ class TenantLimits:
             value = getattr(self, name)
             if value is None:
                 continue
-            # Finite too: TOML and JSON both carry inf, and an infinite rate cannot size a bucket.
+            # Finite too: TOML and JSON both carry inf, and an infinite rate cannot size a bucket;
+            # and within a float's range (a JSON integer of 400 digits overflowed to a 500).
+            if isinstance(value, int) and not isinstance(value, bool) and value > MAX_LIMIT:
+                raise ConfigError(f"tenant limit {name} must be at most {MAX_LIMIT:.0e}")
             if (
                 isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
                 or not math.isfinite(value)

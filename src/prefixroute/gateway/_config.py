@@ -164,7 +164,8 @@ class GatewayConfig:
     health_interval_s: float = setting(
         2.0, "active /health probe period, seconds", "--health-interval"
     )
-    health_timeout_s: float = setting(1.0, "one probe's timeout, seconds")
+    health_timeout_s: float = setting(5.0, "one probe's and scrape's timeout, seconds (SGLang's "
+                                      "/health generates a token: it answers after 1 s)")
     # vLLM, SGLang, TGI and llama.cpp answer /health; a server without one (404) is probed on
     # /v1/models instead (gateway._health), or name its own path here.
     health_path: str = setting(

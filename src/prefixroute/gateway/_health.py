@@ -1,7 +1,9 @@
 """Active health checks: probe every replica's ``/health`` each interval, learn its models.
 
-A probe is one GET of ``health_path`` (``/health``) with a short total timeout; any answer but 200
-is a failure, except that a replica that answers that path 404 has no such endpoint (an
+A probe is one GET of ``health_path`` (``/health``) within ``health_timeout_s`` (5 s: SGLang's
+``/health`` generates a token and answers a second later, so at 1 s every SGLang replica was
+out); each replica's checks run apart, so one that holds its probes to the timeout holds no
+other's round (``_round``). Any answer but 200 is a failure, except that a replica that answers that path 404 has no such endpoint (an
 OpenAI-compatible server written without one): it is probed on ``/v1/models`` from then on, and
 the change is logged once. Without this, such a fleet was never healthy and every request was
 refused. A replica whose
@@ -39,6 +41,7 @@ refuses probe after probe is cleared, and logged, once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -83,12 +86,11 @@ class HealthChecker:
         self._listed: dict[str, float] = {}  # replica URL -> when its models were last asked
         self._sizer = IndexSizer(registry, config)  # indexes sized from the engines' KV caches
         self.server_info = ServerInfo(registry, session)  # the engines' batch sizes
+        self._checking: dict[str, asyncio.Task[bool]] = {}  # replica URL -> its check under way
 
     def start(self) -> None:
         if self._task is None:
-            self._task = every(
-                self.config.health_interval_s, self.check_all, self._failed, "health"
-            )
+            self._task = every(self.config.health_interval_s, self._round, self._failed, "health")
         if self._watch is None and self.config.scrape_metrics:
             self._watch = every(FULL_WATCH_S, self.watch_full, self._failed, "batch watch")
 
@@ -97,6 +99,8 @@ class HealthChecker:
         await cancel_and_wait(task)
         watch, self._watch = self._watch, None
         await cancel_and_wait(watch)
+        for check in list(self._checking.values()):
+            await cancel_and_wait(check)
         await self.server_info.stop()
 
     @staticmethod
@@ -104,7 +108,30 @@ class HealthChecker:
         log.exception("health check round failed")  # a bug here must not end health checking
 
     async def check_all(self, first: bool = False) -> None:
+        """Probe every replica, and return when every probe has ended."""
         await asyncio.gather(*(self.check(record, first) for record in self.registry))
+
+    async def _round(self) -> None:
+        """One round of the loop: a check of each replica whose last one has ended, waited
+        for at most an interval. SGLang's ``/health`` answers after a second at best (it
+        generates a token, then looks a second later), so the probe's timeout is 5 s; one
+        replica that holds its probes that long must not hold every other replica's checks,
+        and the scrapes in them, for as long (a round waited for its slowest probe)."""
+        started = []
+        for record in self.registry:
+            if record.url not in self._checking:
+                task = asyncio.get_running_loop().create_task(self.check(record))
+                self._checking[record.url] = task
+                task.add_done_callback(functools.partial(self._checked, record.url))
+                started.append(task)
+        if started:
+            await asyncio.wait(started, timeout=self.config.health_interval_s)
+
+    def _checked(self, url: str, task: asyncio.Task[bool]) -> None:
+        self._checking.pop(url, None)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:  # a bug here must not end health checking (the next round probes)
+            log.error("health check of %s failed", url, exc_info=exc)
 
     async def check(self, record: ReplicaRecord, first: bool = False) -> bool:
         """Probe one replica (and learn its models when needed); returns whether it answered.

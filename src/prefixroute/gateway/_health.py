@@ -3,11 +3,11 @@
 A probe is one GET of ``health_path`` (``/health``) within ``health_timeout_s`` (5 s: SGLang's
 ``/health`` generates a token and answers a second later, so at 1 s every SGLang replica was
 out); each replica's checks run apart, so one that holds its probes to the timeout holds no
-other's round (``_round``). Any answer but 200 is a failure, except that a replica that answers that path 404 has no such endpoint (an
-OpenAI-compatible server written without one): it is probed on ``/v1/models`` from then on, and
-the change is logged once. Without this, such a fleet was never healthy and every request was
-refused. A replica whose
-models are not known yet, or that is coming back, also gets ``GET /v1/models``, so requests that
+other's round (``_round``). Any answer but 200 is a failure, except that a replica that
+answers that path 404 has no such endpoint (an OpenAI-compatible server written without
+one): it is probed on ``/v1/models`` from then on, and the change is logged once. Without this,
+such a fleet was never healthy and every request was refused. A replica whose models are not
+known yet, or that is coming back, also gets ``GET /v1/models``, so requests that
 name a model reach only replicas that serve it; so does every replica once ``models_refresh_s``
 (10 s) has passed since its last list, because engines change their models while they run:
 vLLM and SGLang load and unload LoRA adapters at runtime (``/v1/load_lora_adapter``), each

@@ -54,11 +54,30 @@ def held_until(release: asyncio.Event) -> Handler:
 
 
 async def queue_full(request: web.Request) -> web.StreamResponse:
-    """SGLang's answer to a request over its ``--max-queued-requests`` bound: 429, and
-    ``Retry-After: 0`` ("route elsewhere")."""
+    """A full replica's 429 with ``Retry-After: 0`` ("route elsewhere"), as TGI and queue
+    limits in front of engines answer."""
     body = {"object": "error", "message": "The request queue is full.",
             "type": "rate_limit_error", "param": None, "code": 429}  # fmt: skip
     return web.json_response(body, status=429, headers={"Retry-After": "0"})
+
+
+SGLANG_FULL = {"object": "error", "message": "The request queue is full.",
+               "type": "Service Unavailable", "param": None, "code": 503}  # fmt: skip
+
+
+async def sglang_queue_full(request: web.Request) -> web.StreamResponse:
+    """SGLang's answer to a request over its ``--max-queued-requests`` bound (the scheduler's
+    abort with 503): a plain request gets the 503; a stream gets a 200, the error as its first
+    event, then ``[DONE]``."""
+    body = await request.json()
+    if not body.get("stream"):
+        return web.json_response(SGLANG_FULL, status=503)
+    out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await out.prepare(request)
+    error = {"error": {k: v for k, v in SGLANG_FULL.items() if k != "object"}}
+    await out.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
+    await out.write_eof()
+    return out
 
 
 async def one_event_stream(request: web.Request) -> web.StreamResponse:

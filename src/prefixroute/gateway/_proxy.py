@@ -350,7 +350,7 @@ class Proxy:
                                     name, started, first_token, release.after_answer,
                                     self.is_cutting, cfg.client_buffer_bytes,
                                     cfg.client_write_timeout_s, admitted.usage_asked,
-                                    self.responses.recorder(admitted, replica),
+                                    self.responses.recorder(admitted, replica), call.can_move,
                                 )  # fmt: skip
                                 return await relay_stream(request, resp, extra, ctl)
                             return await relay_plain(request, resp, extra, cfg.client_buffer_bytes)

@@ -42,7 +42,13 @@ from prefixroute.gateway._errors import (
     is_anthropic,
 )
 from prefixroute.gateway._failures import failure_kind, upstream_error
-from prefixroute.gateway._sse import SSEScanner, is_event_stream_type, only_comments
+from prefixroute.gateway._sse import (
+    SSEScanner,
+    first_error_event,
+    is_event_stream_type,
+    only_comments,
+)
+from prefixroute.gateway._upstream_answers import ReplicaBusy, busy_answer
 from prefixroute.gateway._usage import Usage, answer_in_body
 
 HOP_BY_HOP = frozenset(
@@ -107,6 +113,7 @@ class StreamControl:
     # A Responses stream's id (its replica may store it), told before the client sees it: a
     # client that continues it the moment it reads the end must find its replica known.
     on_response_id: Callable[[str], None] | None = None
+    can_move: bool = False  # another replica may take it: a busy replica's stream goes there
 
 
 class _SlowClient(Exception):
@@ -267,6 +274,10 @@ class _StreamRelay:
             return
         if self._held:
             ready, self._held = self._held + ready, b""
+        if self.out is None and ready and self.ctl.can_move and scanner is not None:
+            busy = first_error_event(ready) if not scanner.saw_data else None
+            if busy is not None and busy_answer(*busy):  # a full replica's, in-band: elsewhere
+                raise ReplicaBusy(f"replica {self.ctl.replica} is busy ({busy[0]}, in-band)")
         if self.out is None and (ready or not chunk):
             self.out = web.StreamResponse(
                 status=self.resp.status, headers=response_headers(self.resp.headers, self.extra)

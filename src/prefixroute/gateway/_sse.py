@@ -269,14 +269,20 @@ def _created_id(events: bytes) -> str | None:
     return None
 
 
-def _error_in(events: bytes) -> int | None:
-    """The code of the first in-band error event among ``events`` (None: none is)."""
+def first_error_event(events: bytes) -> tuple[int, bytes] | None:
+    """The code and bytes of the first in-band error event among ``events`` (None: none)."""
     for event in _BOUNDARY.split(events)[::2]:
         if b'"error"' in event or _FAILED in event:
             status = error_status_of(_data_of(event))
             if status is not None:
-                return status
+                return status, event
     return None
+
+
+def _error_in(events: bytes) -> int | None:
+    """The code of the first in-band error event among ``events`` (None: none is)."""
+    found = first_error_event(events)
+    return found[0] if found is not None else None
 
 
 def error_status_of(obj: object) -> int | None:

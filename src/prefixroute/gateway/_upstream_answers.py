@@ -4,12 +4,15 @@ Most answers go to the client as they came. Three do not, when another replica m
 request instead:
 
 * a 5xx (:class:`Status5xx`): retried once elsewhere, and judged (``_verdict``);
-* a 429 (:class:`ReplicaBusy`): the replica is full, not broken. SGLang answers its
-  ``--max-queued-requests`` overflow with 429 and ``Retry-After: 0``, meaning "route
-  elsewhere"; TGI answers 429 when it is overloaded. The request goes to another replica, as
-  often as there are others to try, and the replica is not blamed: a busy replica is a
-  healthy one. With nowhere else to go the 429 is relayed as it came, its ``Retry-After``
-  with it;
+* a busy replica's answer (:class:`ReplicaBusy`, ``busy_answer``): a 429 (TGI's when it is
+  overloaded, vLLM's and llm-d's queue limits), or SGLang's 503 "The request queue is full."
+  (its ``--max-queued-requests`` overflow; "aborted by a higher priority request" under
+  priority scheduling), which a stream carries in-band as its first event after a 200
+  (``_relay``). The replica is full, not broken: the request goes to another replica, as
+  often as there are others to try, and the replica is not blamed. With nowhere else to go
+  the answer is relayed as it came, its ``Retry-After`` with it. A full SGLang's 503s were
+  retried once as failures and blamed, and its streams failed in-band to the client (the
+  SGLang audit, 2026-12-07);
 * a 400 that refuses the ``stream_options`` the gateway added (:class:`UsageRefused`): sent
   again as the client sent it (``Proxy._attempt``);
 * a 400 that says the prompt is over the replica's context window, when another candidate's
@@ -26,6 +29,8 @@ from prefixroute.gateway._failures import failure_kind
 from prefixroute.gateway._usage import refuses_stream_options
 
 BUSY = 429  # Too Many Requests: the replica's queue is full
+# What SGLang's 503 says when it is full, not broken (scheduler.py's _abort_on_queued_limit).
+_FULL = (b"the request queue is full", b"aborted by a higher priority request")
 ANSWER_TIMEOUT = "answer_timeout"  # a plain answer silent past read_timeout_s (AnswerTimeout)
 
 
@@ -61,11 +66,16 @@ async def not_for_the_client(
         window = window_said(await resp.read())
         if window is not None and window < larger_window:
             raise OverWindow(f"the prompt is over replica {name}'s window ({window})", window)
-    if resp.status == BUSY and can_move:
-        await resp.read()  # the connection goes back to the pool for the next request
-        raise ReplicaBusy(f"replica {name} is busy (429)")
+    if can_move and resp.status in (BUSY, 503) and busy_answer(resp.status, await resp.read()):
+        raise ReplicaBusy(f"replica {name} is busy ({resp.status})")  # (its body read: pooled)
     if resp.status >= 500 and can_retry:
         raise Status5xx(f"replica {name} answered {resp.status}", resp.status)
+
+
+def busy_answer(status: int, body: bytes) -> bool:
+    """Whether an answer (or a stream's first in-band error) of ``status`` saying ``body`` is
+    a full replica's (module docstring)."""
+    return status == BUSY or (status == 503 and any(w in body.lower() for w in _FULL))
 
 
 def kind_of(exc: BaseException) -> str:

@@ -1,7 +1,7 @@
 """A replica whose engine lost its KV cache (a crash, a restart) must not keep its place in the
 prefix index: in approximate mode nothing else tells the index, and requests would go on being
 sent there for prefixes it no longer holds. Two signs clear it (``gateway._health``): a probe
-whose connection is refused, and a scrape whose prefill counters went down."""
+whose connection is refused, and a scrape whose prefill counters went down or vanished."""
 
 from __future__ import annotations
 
@@ -100,8 +100,16 @@ async def test_a_replica_that_refuses_connections_loses_its_place_in_the_index(
     assert held() == 0
 
 
+# A fresh SGLang: its prefill series appear at its first request, so a restart leaves none
+# (a labelled histogram is exported once first used); its running count is there.
+SGLANG_FRESH = """# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",engine_type="unified"} 0.0
+"""
+
+
+@pytest.mark.parametrize("restarted", [RESTARTED, SGLANG_FRESH], ids=["vllm", "sglang"])
 async def test_a_restart_between_probes_is_seen_in_the_counters(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession, restarted: str
 ) -> None:
     engine = Engine()
     async with _serving(_free_port(), engine) as url:
@@ -112,10 +120,12 @@ async def test_a_restart_between_probes_is_seen_in_the_counters(
         await _check(gw)
         assert held() > 0  # the same life: nothing is cleared
         assert await _losses(session, gw, url) == 0
-        engine.page = RESTARTED
+        engine.page = restarted
         await _check(gw)
         assert held() == 0
         assert await _losses(session, gw, url) == 1  # in /metrics and the admin listing
+        await _check(gw)
+        assert await _losses(session, gw, url) == 1  # once: the page is still without them
 
 
 async def _losses(session: aiohttp.ClientSession, gw: Gateway, url: str) -> float:

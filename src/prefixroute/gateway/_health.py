@@ -34,7 +34,8 @@ A replica whose engine lost its KV cache leaves the prefix index stale: requests
 prefixes it no longer holds, predicted as cheap. In approximate mode (precise mode's KV events
 say so themselves) two signs clear what the index holds for it: a probe whose connection is
 refused (nothing listens: the process is gone, and its cache), and a scrape whose prefill
-counters went down (the engine began again, perhaps between two probes). A replica that
+counters went down or vanished (the engine began again, perhaps between two probes: a fresh
+SGLang exports none until its first request). A replica that
 refuses probe after probe is cleared, and logged, once.
 """
 

@@ -215,11 +215,17 @@ class PrefillDeltas:
         self._last.pop(replica, None)
 
     def restarted(self, replica: str, totals: PrefillTotals | None) -> bool:
-        """Whether ``totals`` are below the last seen: the engine's counters began again, so
-        its process did, and its KV cache with it. Call before :meth:`update`."""
+        """Whether ``totals`` are below the last seen, or gone from a page that had them: the
+        engine's counters began again, so its process did, and its KV cache with it. Call
+        before :meth:`update`. Gone counts: a fresh SGLang exports its prefill series only
+        from its first request on (a labelled series appears when first used), so after a
+        restart they are absent, not lower, and the restart went unseen (the SGLang audit,
+        2026-12-07); vLLM's exist at 0 from the start."""
         last = self._last.get(replica)
-        if last is None or totals is None:
+        if last is None:
             return False
+        if totals is None:
+            return True
         return (
             totals.seconds < last[0].seconds
             or totals.requests < last[0].requests

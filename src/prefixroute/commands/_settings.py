@@ -109,8 +109,9 @@ def file_only_help(width: int = 92) -> str:
         )
     lines += textwrap.wrap(
         "Each flag above sets a TOML key too: the flag in snake_case, with _s for seconds "
-        "(--read-timeout: read_timeout_s), replicas for --replica and policy_params for "
-        "--policy-param; docs/configuration.md lists every key.",
+        "(--read-timeout: read_timeout_s), replicas for --replica, replica_speeds for "
+        "--replica-speed and policy_params for --policy-param, except --config, --emulate "
+        "and --verbose, which are the command's own; docs/configuration.md lists every key.",
         width,
         break_on_hyphens=False,
     )

@@ -81,3 +81,17 @@ async def test_with_every_sglang_replica_full_the_stream_reaches_the_client_as_i
     assert resp.status == 200 and "The request queue is full." in raw and "[DONE]" in raw
     assert [_posts(f) for f in fakes] == [1, 1]  # the first moved on; the last relayed
     assert all(gw.registry.find(f.url).total_failures == 0 for f in fakes)
+
+
+async def test_a_lone_full_sglang_replica_is_not_taken_out(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """Its 503s go to the client as they came (nowhere else to go), and blame it no more than
+    a 429 does: three of them had taken it out (the review of 2026-12-07)."""
+    full = await make_fake(handler=sglang_queue_full)
+    gw = await make_gateway([full.url])
+    for i in range(6):
+        assert (await _complete(session, gw, i, stream=False)).status == 503
+    record = gw.registry.find(full.url)
+    assert record.healthy and record.total_failures == 0
+    assert _counter(gw, "prefixroute_upstream_failures_total", replica=full.url, kind="busy") == 6

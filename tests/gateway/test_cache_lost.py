@@ -128,6 +128,25 @@ async def test_a_restart_between_probes_is_seen_in_the_counters(
         assert await _losses(session, gw, url) == 1  # once: the page is still without them
 
 
+async def test_a_page_that_says_nothing_of_the_engine_is_no_restart(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A proxy's error page or text that is not Prometheus's (answered 200) has no prefill
+    counters either: it is no sign of a restart, and the next good page is the same life."""
+    engine = Engine()
+    async with _serving(_free_port(), engine) as url:
+        gw = await make_gateway([url])
+        held = _held(gw, url)
+        await _check(gw)  # the counters' baseline
+        await _route_to(session, gw, words(300))
+        for page in ("<html><body>502 Bad Gateway</body></html>", "not { prometheus"):
+            engine.page = page
+            await _check(gw)
+        engine.page = OLD
+        await _check(gw)
+        assert held() > 0 and await _losses(session, gw, url) == 0
+
+
 async def _losses(session: aiohttp.ClientSession, gw: Gateway, url: str) -> float:
     """Times ``url``'s cache was taken as lost, as /metrics says; the admin listing agrees."""
     total = counter(await metrics_page(session, gw), "prefixroute_replica_cache_lost_total")

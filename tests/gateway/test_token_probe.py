@@ -97,14 +97,14 @@ async def test_a_replica_without_tokenize_serves_at_the_prior_and_is_not_asked_a
     await fake.start()
     try:
         gw = await make_gateway([fake.url], **STEADY)
-        body = {"model": "emulated", "prompt": "hello there " * 50, "max_tokens": 1}
+        body = {"model": "emulated", "prompt": "hello there " * 100, "max_tokens": 1}
         for _ in range(3):
             async with session.post(gw.url + "/v1/completions", json=body) as resp:
                 assert resp.status == 200
         page = await metrics_page(session, gw)
         assert metric(page, "prefixroute_token_probes_total", outcome="unsupported") == 1
         # The answers' usage (200 prompt tokens each) teaches the ratio instead.
-        assert _ratio(page, "emulated") == len("hello there " * 50) / 200
+        assert _ratio(page, "emulated") == len("hello there " * 100) / 200
     finally:
         await fake.stop()
 
@@ -152,6 +152,59 @@ async def test_a_tokenize_that_hangs_holds_the_first_request_only_briefly(
         assert metric(page, "prefixroute_token_probes_total", outcome="failed") == 1
     finally:
         hang.set()
+        await fake.stop()
+
+
+async def test_a_short_first_text_is_not_asked_about_and_a_longer_one_is(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """A "Hello" first (5 characters: 2 tokens, weighing less than the prior) would have left
+    the model marked known at 4 characters a token (the review of 2026-12-07): it is not asked
+    about, and the first text long enough is."""
+    cluster = await make_cluster(1)
+    gw = await make_gateway(cluster.urls, **STEADY)
+    body = {"model": "emulated", "prompt": "Hello", "max_tokens": 400, "stream": True}
+    async with session.post(gw.url + "/v1/completions", json=body) as resp:
+        await resp.content.readline()  # routed, not ended: no usage yet
+        assert not gw.router.knows_chars_per_token("emulated")
+        long = {"model": "emulated", "prompt": TEXT, "max_tokens": 400, "stream": True}
+        async with session.post(gw.url + "/v1/completions", json=long) as second:
+            await second.content.readline()
+            learned = gw.router.chars_per_token_of("emulated")
+            assert abs(learned / (len(TEXT) / count_tokens(TEXT)) - 1) < 0.02, learned
+            await second.read()
+        await resp.read()
+
+
+async def test_a_slow_probe_holds_only_the_requests_of_its_first_quarter_second(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """While a /tokenize answer takes 3 s, the requests after the first quarter second go on
+    at once (each waited 0.25 s until the probe's end before the review of 2026-12-07)."""
+    release = asyncio.Event()
+
+    async def replica(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":
+            await release.wait()
+        answer = {"choices": [{"text": "ok", "index": 0}]}  # no usage: nothing else tells
+        return web.json_response(answer)
+
+    fake = FakeReplica(replica, tokenize=True)
+    await fake.start()
+    try:
+        gw = await make_gateway([fake.url], **STEADY)
+        body = {"model": "emulated", "prompt": TEXT, "max_tokens": 1}
+        started = time.monotonic()
+        async with session.post(gw.url + "/v1/completions", json=body) as resp:
+            assert resp.status == 200
+        assert time.monotonic() - started >= PROBE_WAIT_S  # it waited its quarter second
+        started = time.monotonic()
+        for _ in range(6):
+            async with session.post(gw.url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200
+        assert time.monotonic() - started < 0.75  # 1.5 s if each had waited 0.25 s
+    finally:
+        release.set()
         await fake.stop()
 
 

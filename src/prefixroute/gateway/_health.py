@@ -200,7 +200,10 @@ class HealthChecker:
             self._prefill.forget(record.url)
             self._preempted.forget(record.url)
             return
-        if self._prefill.restarted(record.url, load.prefill):
+        # A page that says nothing of the engine (not Prometheus text, a proxy's error page)
+        # is no sign of a restart, and leaves the prefill baseline as it was.
+        said = any(v is not None for v in (load.prefill, load.num_running, load.num_waiting))
+        if said and self._prefill.restarted(record.url, load.prefill):
             self._cache_lost(record, "restarted (its prefill counters began again)")
         router.observe_replica(
             record.id,
@@ -210,7 +213,7 @@ class HealthChecker:
         )
         if load.kv_tokens is not None:
             self._sizer.observe(record, load.kv_tokens)
-        delta = self._prefill.update(record.url, load.prefill, load.in_flight)
+        delta = self._prefill.update(record.url, load.prefill, load.in_flight) if said else None
         if delta is not None:
             router.observe_engine_prefill(
                 record.id, tokens=delta.tokens, requests=delta.requests, seconds=delta.seconds

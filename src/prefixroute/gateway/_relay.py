@@ -85,6 +85,7 @@ class RelayResult:
     body: bytes | None = None  # a plain answer's body, its usage not read yet (read_usage)
     # A plain Responses answer's id (read_usage; a stream's is told as it comes: StreamControl)
     response_id: str | None = None
+    busy: bool = False  # a full replica's answer, relayed with nowhere else to go (_verdict)
 
     def read_usage(self) -> Usage | None:
         """The usage (and a Responses answer's id), read from a plain answer's body on the
@@ -182,7 +183,8 @@ async def relay_plain(
     _hold_for_client(request, max(buffer_bytes, len(body)))
     out = web.Response(status=resp.status, body=body, headers=response_headers(resp.headers, extra))
     plain = resp.status == 200 and "Content-Encoding" not in resp.headers
-    return RelayResult(out, resp.status, None, body=body if plain else None)  # read_usage
+    busy = resp.status >= 400 and busy_answer(resp.status, body)
+    return RelayResult(out, resp.status, None, body=body if plain else None, busy=busy)
 
 
 async def relay_stream(
@@ -217,7 +219,7 @@ async def relay_stream(
     cached = usage.cached_tokens if usage is not None else None
     error = scanner.error_status if scanner is not None else None
     return RelayResult(relay.started(), resp.status, cached, failure, usage=usage,
-                       error_status=error)  # fmt: skip
+                       error_status=error, busy=relay.busy)  # fmt: skip
 
 
 class _StreamRelay:
@@ -242,6 +244,7 @@ class _StreamRelay:
         self._waiting_first = True  # no data event relayed yet
         self._held = b""  # keep-alive comments that came before the first event (_relay)
         self._id_untold = ctl.on_response_id is not None  # a Responses stream's id, not told
+        self.busy = False  # it opened with a full replica's error, relayed (nowhere else)
 
     def started(self) -> web.StreamResponse:
         assert self.out is not None, "the client's response had started"
@@ -274,10 +277,11 @@ class _StreamRelay:
             return
         if self._held:
             ready, self._held = self._held + ready, b""
-        if self.out is None and ready and self.ctl.can_move and scanner is not None:
-            busy = first_error_event(ready) if not scanner.saw_data else None
-            if busy is not None and busy_answer(*busy):  # a full replica's, in-band: elsewhere
-                raise ReplicaBusy(f"replica {self.ctl.replica} is busy ({busy[0]}, in-band)")
+        if self.out is None and ready and scanner is not None and not scanner.saw_data:
+            error = first_error_event(ready)
+            self.busy = error is not None and busy_answer(*error)  # a full replica's, in-band
+            if self.busy and self.ctl.can_move:  # elsewhere, as its 503 would go
+                raise ReplicaBusy(f"replica {self.ctl.replica} is busy (in-band)")
         if self.out is None and (ready or not chunk):
             self.out = web.StreamResponse(
                 status=self.resp.status, headers=response_headers(self.resp.headers, self.extra)

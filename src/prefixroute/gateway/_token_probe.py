@@ -17,14 +17,14 @@ at most ``PROBE_WEIGHT`` tokens, so that real answers soon outweigh one odd firs
 The routing text, not the chat the replica will render: that is the text whose characters the
 router converts, and the template's few tokens are left to the answers' usage.
 
-Requests of that model wait for the probe at most ``PROBE_WAIT_S``, once; later ones (the
-model known) do not wait at all. A replica without ``/tokenize`` (404, or any other answer
-but a count) or one that fails leaves the model at the prior until usage teaches it; the probe
-is tried again after ``PROBE_RETRY_S``, ``PROBE_TRIES`` times in all, while nothing has. A
-model no replica serves is not asked (the request gets its 404), and at most ``MAX_MODELS``
-models are kept on record, since their names are the clients' bytes. Both
-front ends key requests through ``GatewayState.route_key``, which asks here: ``serve`` and the
-endpoint picker.
+Requests of that model wait for the probe until ``PROBE_WAIT_S`` after it started; later ones
+do not wait at all. Texts under ``MIN_PROBE_CHARS`` are not asked about (nor wait). A replica
+without ``/tokenize`` (404, or any other answer but a count) or one that fails leaves the
+model at the prior until usage teaches it; the probe is tried again after ``PROBE_RETRY_S``,
+``PROBE_TRIES`` times in all, while nothing has. A model no replica serves is not asked (the
+request gets its 404), and at most ``MAX_MODELS`` models are kept on record, since their names
+are the clients' bytes. Both front ends key requests through ``GatewayState.route_key``, which
+asks here: ``serve`` and the endpoint picker.
 """
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ PROBE_CHARS = 4096  # characters of routing text sent: a sample, about a thousan
 # not for the 40-odd answers a 4,096-token sample would outweigh (security audit, issue 11).
 PROBE_WEIGHT = 256
 MAX_MODELS = 256  # models with a probe on record; more (a replica serving any name) go unasked
+# A shorter text is not asked about: its few tokens (a "Hello" of 5 characters, 2 tokens) would
+# weigh less than the prior and leave the ratio at 4 with the model marked known, and its own
+# cost (a block or two) hardly depends on the ratio. The next longer text is asked instead.
+MIN_PROBE_CHARS = 1024
 # A /tokenize answer takes milliseconds; the first requests of a model wait this long at most,
 # seconds (then go on at the prior, and the probe still teaches when it answers).
 PROBE_WAIT_S = 0.25
@@ -64,6 +68,7 @@ class _Probe:
 
     tries: int = 0
     next_at: float = 0.0  # monotonic time before which no new probe starts, seconds
+    wait_until: float = 0.0  # monotonic time past which no request waits for it, seconds
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -89,8 +94,11 @@ class TokenProbe:
 
     async def ready(self, key: RouteKey) -> None:
         """Return once ``key``'s model has a told ratio, or its probe had ``PROBE_WAIT_S``."""
-        if not key.text or key.tokens is not None or self.router.knows_chars_per_token(key.model):
-            return  # token ids count exactly; an empty text (load alone) needs no ratio
+        text = key.text
+        if text is None or len(text) < MIN_PROBE_CHARS or key.tokens is not None:
+            return  # token ids count exactly; a short text (or none: load alone) is not asked
+        if self.router.knows_chars_per_token(key.model):
+            return
         probe = self._probes.get(key.model)
         if probe is not None and not probe.done.is_set():
             return await self._wait(probe)
@@ -104,6 +112,7 @@ class TokenProbe:
                 return
             probe = self._probes[key.model] = _Probe()
         probe.done = asyncio.Event()
+        probe.wait_until = time.monotonic() + PROBE_WAIT_S
         probe.tries += 1
         task = asyncio.get_running_loop().create_task(self._run(key, replica, probe))
         self._tasks.add(task)
@@ -120,8 +129,12 @@ class TokenProbe:
 
     @staticmethod
     async def _wait(probe: _Probe) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(probe.done.wait(), PROBE_WAIT_S)
+        """Wait for ``probe`` until ``PROBE_WAIT_S`` after it started: a slow one holds the
+        requests of its first quarter second, not every request until it times out."""
+        left = probe.wait_until - time.monotonic()
+        if left > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(probe.done.wait(), left)
 
     async def _run(self, key: RouteKey, replica: ReplicaId, probe: _Probe) -> None:
         outcome = "failed"

@@ -10,7 +10,8 @@ request instead:
   priority scheduling), which a stream carries in-band as its first event after a 200
   (``_relay``). The replica is full, not broken: the request goes to another replica, as
   often as there are others to try, and the replica is not blamed. With nowhere else to go
-  the answer is relayed as it came, its ``Retry-After`` with it. A full SGLang's 503s were
+  the answer is relayed as it came, its ``Retry-After`` with it, and still blames no one
+  (``RelayResult.busy``: ``_verdict``). A full SGLang's 503s were
   retried once as failures and blamed, and its streams failed in-band to the client (the
   SGLang audit, 2026-12-07);
 * a 400 that refuses the ``stream_options`` the gateway added (:class:`UsageRefused`): sent
@@ -29,7 +30,8 @@ from prefixroute.gateway._failures import failure_kind
 from prefixroute.gateway._usage import refuses_stream_options
 
 BUSY = 429  # Too Many Requests: the replica's queue is full
-# What SGLang's 503 says when it is full, not broken (scheduler.py's _abort_on_queued_limit).
+# What SGLang says when it is full, not broken (scheduler.py's _abort_on_queued_limit: a 503,
+# and in a stream whatever code its serving layer gives the error event): read at any status.
 _FULL = (b"the request queue is full", b"aborted by a higher priority request")
 ANSWER_TIMEOUT = "answer_timeout"  # a plain answer silent past read_timeout_s (AnswerTimeout)
 
@@ -66,7 +68,7 @@ async def not_for_the_client(
         window = window_said(await resp.read())
         if window is not None and window < larger_window:
             raise OverWindow(f"the prompt is over replica {name}'s window ({window})", window)
-    if can_move and resp.status in (BUSY, 503) and busy_answer(resp.status, await resp.read()):
+    if can_move and resp.status >= 400 and busy_answer(resp.status, await resp.read()):
         raise ReplicaBusy(f"replica {name} is busy ({resp.status})")  # (its body read: pooled)
     if resp.status >= 500 and can_retry:
         raise Status5xx(f"replica {name} answered {resp.status}", resp.status)
@@ -75,7 +77,7 @@ async def not_for_the_client(
 def busy_answer(status: int, body: bytes) -> bool:
     """Whether an answer (or a stream's first in-band error) of ``status`` saying ``body`` is
     a full replica's (module docstring)."""
-    return status == BUSY or (status == 503 and any(w in body.lower() for w in _FULL))
+    return status == BUSY or (status >= 400 and any(w in body.lower() for w in _FULL))
 
 
 def kind_of(exc: BaseException) -> str:

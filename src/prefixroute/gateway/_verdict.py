@@ -98,6 +98,8 @@ class Verdict:
         if result.failure is not None:  # broke mid-stream: only the replica can do that
             self.metrics.upstream_failures.labels(replica, result.failure).inc()
             self._blame(replica, result.failure)
+        elif result.busy:  # full, not broken (_upstream_answers): relayed, nowhere else to go
+            self.metrics.upstream_failures.labels(replica, "busy").inc()
         elif result.error_status is not None:
             judge_error_event(self.metrics, self.registry, replica, result.error_status, now)
             if result.error_status < 500 and self.suspect is not None:

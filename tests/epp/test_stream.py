@@ -502,6 +502,28 @@ async def test_a_5xx_answer_is_judged_as_the_gateway_judges_it(status: int) -> N
     assert failures == 1
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "stream"])
+async def test_a_full_sglang_replica_is_counted_busy_not_blamed(streamed: bool) -> None:
+    # SGLang's --max-queued-requests overflow: a 503 saying its queue is full, or a 200 stream
+    # whose first event says so. Full, not broken (gateway._upstream_answers), as serve judges
+    # it: three of them had taken the replica out.
+    s, stream, replica = await routed_stream(10)
+    full = {"message": "The request queue is full.", "type": "Service Unavailable", "code": 503}
+    if streamed:
+        await stream.handle(response_headers(200, "text/event-stream"))
+        event = f"data: {json.dumps({'error': full})}\n\ndata: [DONE]\n\n".encode()
+        await stream.handle(response_body(event, end_of_stream=True))
+    else:
+        await stream.handle(response_headers(503, "application/json"))
+        await stream.handle(response_body(json.dumps(full).encode(), end_of_stream=True))
+    record = s.registry.get(replica)
+    assert record is not None and record.failures == 0 and list(record.outcomes) == []
+    busy = s.metrics.registry.get_sample_value(
+        "prefixroute_upstream_failures_total", {"replica": replica, "kind": "busy"}
+    )
+    assert busy == 1
+
+
 async def test_one_request_marks_one_replica_even_through_a_fallback() -> None:
     s = shared("round_robin", FOUR, fallbacks=1)
     stream = PickStream(s)

@@ -13,6 +13,7 @@ from prefixroute.gateway import (
     SSEScanner,
     Usage,
     answer_in_body,
+    busy_answer,
     is_event_stream_type,
     refuses_stream_options,
     window_said,
@@ -59,6 +60,15 @@ class AnswerReader:
     def error_status(self) -> int | None:
         """The code of an error the stream reported in-band (``gateway._sse``), or None."""
         return self.scanner.error_status if self.scanner is not None else None
+
+    def busy(self, status: int) -> bool:
+        """Whether the answer (of ``status``) is a full replica's: a 429, or SGLang's queue-full
+        words in its body or its stream's first in-band error (``gateway._upstream_answers``)."""
+        scanner = self.scanner
+        if scanner is not None:
+            return scanner.error_status is not None and busy_answer(
+                scanner.error_status, scanner.error_event)  # fmt: skip
+        return status >= 400 and busy_answer(status, b"".join(self._plain))
 
     def usage(self) -> Usage | None:
         """The answer's usage, once it ended; None where it had none (or could not be read)."""

@@ -76,16 +76,19 @@ class PickShared:
 
 def judge_answer(
     shared: PickShared, replica: ReplicaId, status: int, *, marked: bool,
-    error_status: int | None = None,
+    error_status: int | None = None, busy: bool = False,
 ) -> None:  # fmt: skip
     """The answer's verdict on ``replica``, by the gateway's rules (``gateway._verdict``): a
     gateway status (Envoy could not reach it, or it broke) is a failure, at most one per request
     (``marked``: a fallback already marked the primary); another 5xx counts in its error rate,
     which takes it out only as an outlier, and so does a stream's in-band error of a 5xx
     (``error_status``: ``gateway._sse``; a 4xx one is the request's); any other answer is a
-    success."""
+    success. A full replica's answer (``busy``: a 429, SGLang's queue full) is neither: it is
+    counted, unblamed, as ``serve`` counts it."""
     registry, now = shared.registry, shared.clock()
-    if status < 300 and error_status is not None:
+    if busy:
+        shared.metrics.upstream_failures.labels(replica, "busy").inc()
+    elif status < 300 and error_status is not None:
         judge_error_event(shared.metrics, registry, replica, error_status, now)
     elif status >= 500:
         shared.metrics.upstream_failures.labels(replica, "status").inc()

@@ -350,7 +350,8 @@ class PickStream:
             cached, prompt = (usage.cached_tokens, usage.prompt_tokens) if usage else (None, None)
             s.metrics.observe_usage(replica, decision.predicted_cached_tokens, cached, prompt)
         if s.registry.router.has_replica(replica):
-            judge_answer(s, replica, status, marked=self._marked, error_status=error)
+            busy = reader is not None and reader.busy(status)
+            judge_answer(s, replica, status, marked=self._marked, error_status=error, busy=busy)
         if status in TURNED_AWAY:  # the replica computed none of the prompt (gateway._proxy)
             s.router.withdraw(self.rid)
             if s.sync is not None:

@@ -65,6 +65,7 @@ from prefixroute.gateway._tenant_config import TenancyConfig, TenantLimits, Tena
 from prefixroute.gateway._tenants import Tenants, TenantScope, isolated, upstream_headers
 from prefixroute.gateway._tokenize import HFTokenizer, PromptTokenizer, TokenizerPool
 from prefixroute.gateway._tracing import RequestTracing
+from prefixroute.gateway._upstream_answers import busy_answer
 from prefixroute.gateway._usage import (
     Usage,
     answer_in_body,
@@ -135,6 +136,7 @@ __all__ = [
     "is_event_stream_type",
     "is_model_call",
     "judge_error_event",
+    "busy_answer",
     "key_of",
     "learned_window",
     "load_toml",

@@ -70,6 +70,7 @@ class SSEScanner:
         self.hide_usage = hide_usage  # keep usage-only events from the client (module doc)
         self._finished: list[bytes] = []  # with hide_usage: finish chunks held (_fingerprint)
         self.error_status: int | None = None  # the first in-band error event's code (module doc)
+        self.error_event = b""  # and that event, as it came (what it says: _upstream_answers)
         # A Responses API stream: its id (from response.created) and its response.failed
         # are watched for; other streams pay no search for them.
         self.responses = responses
@@ -141,7 +142,9 @@ class SSEScanner:
         """Note the first token and an in-band error among complete ``events``."""
         failed = self.responses and _FAILED in events
         if self.error_status is None and (b'"error"' in events or failed):
-            self.error_status = _error_in(events)
+            found = first_error_event(events)
+            if found is not None:
+                self.error_status, self.error_event = found
         if not self.saw_data and b"data:" in events:
             self.saw_data = _carries_output(events)
         if self.responses and self.response_id is None and b'"response.created"' in events:
@@ -277,12 +280,6 @@ def first_error_event(events: bytes) -> tuple[int, bytes] | None:
             if status is not None:
                 return status, event
     return None
-
-
-def _error_in(events: bytes) -> int | None:
-    """The code of the first in-band error event among ``events`` (None: none is)."""
-    found = first_error_event(events)
-    return found[0] if found is not None else None
 
 
 def error_status_of(obj: object) -> int | None:

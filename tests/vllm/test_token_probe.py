@@ -22,7 +22,7 @@ async def test_a_fresh_gateway_learns_the_models_ratio_from_vllms_tokenize(
         port=0, replicas=tuple(e.url for e in engines), kv_block_size=BLOCK_SIZE,
         health_interval_s=0.5, read_timeout_s=120.0,
     )  # fmt: skip
-    prompt = "a fresh gateway counts this prompt on the engine before routing it " * 8
+    prompt = "a fresh gateway counts this prompt on the engine before routing it " * 20
     body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 2}
     async with (
         Gateway(config) as gw,

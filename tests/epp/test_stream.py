@@ -729,3 +729,23 @@ async def test_a_400_over_the_window_teaches_the_replicas_window() -> None:
         await other.handle(response_headers(400))
         await other.handle(response_body(b'{"error":{"message":"bad n"}}', end_of_stream=True))
     assert [s.registry.get(ReplicaId("http://" + e)).context_window for e in ENDPOINTS] == windows
+
+
+class _BrokenSync:
+    """A decision sharer (sync_redis) whose every call fails."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: object, **kwargs: object) -> None:
+            raise OverflowError("can't serialize")
+
+        return fail
+
+
+async def test_a_sharing_that_fails_loses_no_pick() -> None:
+    # As serve's (gateway._proxy): the others miss one decision, the request is still picked
+    # for, and its end releases it.
+    s = shared()
+    s.state.sync = _BrokenSync()  # type: ignore[assignment]
+    stream = PickStream(s)
+    assert destinations(await pick(stream, completion(10)))
+    assert stream.decision is not None and not stream.refused

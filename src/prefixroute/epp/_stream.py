@@ -257,7 +257,10 @@ class PickStream:
         s.metrics.decision_seconds.observe(time.perf_counter() - started)
         self.decision, self._reason = decision, decision.reason.value
         if s.sync is not None:
-            s.sync.routed(view, decision)
+            try:  # the others miss one decision; this request still goes out (as serve's)
+                s.sync.routed(view, decision)
+            except Exception:
+                log.exception("%s: sharing the decision failed", self.rid)
         return [endpoint_of(rid) for rid in chosen]
 
     def _error(self, exc: PrefixrouteError) -> proto.Response:

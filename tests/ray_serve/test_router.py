@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -170,3 +171,44 @@ async def test_a_failure_of_ours_fails_the_request_instead_of_hanging_it() -> No
     assert await router.choose_replicas(pool, pr)
     with pytest.raises(RuntimeError, match="a bug"):
         pr.future.result()
+
+
+async def test_one_poll_of_stats_is_read_once_however_many_requests_see_it() -> None:
+    # Ray hands out the same stats object until its next poll: read per request, one poll of
+    # a full batch (3 running, 1 waiting) taught a batch size of 3 after 8 requests.
+    router = make_router()
+    pool = replicas(2)
+    router.update_replicas(pool)
+    pool[0].routing_stats = {"num_running": 3, "num_waiting": 1}
+    for i in range(10):
+        await router.choose_replicas(pool, pending(chat(f"q{i}")))
+    slots = router.ledger.router.loads.get(ReplicaId("r0")).slots
+    assert slots.size is None  # one report: nothing learned yet
+    for i in range(10):  # ten polls saying the same
+        pool[0].routing_stats = {"num_running": 3, "num_waiting": 1}
+        await router.choose_replicas(pool, pending(chat(f"p{i}")))
+    assert slots.size == 3
+
+
+async def test_stats_that_are_no_numbers_fail_no_request() -> None:
+    # round() of a NaN or an infinity raised inside the ranking: every request of the handle
+    # failed until the next poll. They are no reading, as on a metrics page.
+    router = make_router(policy="weighted_scorer")
+    pool = replicas(2)
+    router.update_replicas(pool)
+    pool[0].routing_stats = {"num_running": float("nan"), "num_waiting": math.inf, "kv_usage": -1}
+    pr = pending(chat("q"))
+    ranks = await router.choose_replicas(pool, pr)
+    assert not pr.future.done() and ranks[0]
+    load = router.ledger.router.loads.get(ReplicaId("r0"))
+    assert (load.num_waiting, load.kv_usage) == (None, None)
+
+
+async def test_a_request_cancelled_meanwhile_is_not_routed_again() -> None:
+    router = make_router()
+    pool = replicas(2)
+    router.update_replicas(pool)
+    pr = pending(chat("q"))
+    pr.future.cancel()  # the caller gave up while Ray's backoff loop still asks
+    await router.choose_replicas(pool, pr)
+    assert all(router.ledger.router.loads.get(ReplicaId(r.name)).in_flight == 0 for r in pool)

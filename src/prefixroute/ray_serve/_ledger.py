@@ -54,6 +54,7 @@ made: the Redis sync (``_sync``) shares them with the other routers, as the gate
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -156,10 +157,12 @@ class Ledger:
         deployment that knows its GPU), taken while its speed is not its own yet."""
 
         def number(name: str) -> float | None:
+            # A NaN, an infinity or a negative count is no reading (round() of one raised, and
+            # failed every request of the handle until the next poll), as on a metrics page.
             value = stats.get(name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 return None
-            return float(value)
+            return float(value) if 0.0 <= value < math.inf else None
 
         self._tell_speed(replica, {k: stats[k] for k in SPEED_PRIOR_KEYS if k in stats})
         running, waiting, usage = number("num_running"), number("num_waiting"), number("kv_usage")

@@ -60,11 +60,16 @@ class PrefixRouteRequestRouter(RequestRouter):
     ledger: Ledger
     settings: RouterSettings
     sync: RouterSync | None = None  # sync_redis: started on the first choose_replicas
+    # Each replica's last stats object read: Ray replaces it at each poll and hands out the
+    # same one between polls, so it is read once per poll, not once per request (a full batch
+    # seen 8 times is learned as the batch size: one poll read by 8 requests taught it).
+    _stats_read: dict[str, object]
 
     def initialize_state(self, **kwargs: Any) -> None:
         """Ray passes ``request_router_kwargs`` here, once, before routing anything."""
         self.settings = RouterSettings.from_kwargs(kwargs)
         self.ledger = self.settings.build_ledger()
+        self._stats_read = {}
         s = self.settings
         if s.sync_redis is not None:
             self.sync = RouterSync(self.ledger, s.sync_redis, s.sync_channel, s.sync_history)
@@ -77,6 +82,8 @@ class PrefixRouteRequestRouter(RequestRouter):
         if self.sync is not None and not self.sync.started:
             await self.sync.start()  # here: on Ray's router loop, which will run its tasks
         if pending_request is None or not candidate_replicas:
+            return [list(candidate_replicas)]
+        if pending_request.future.done():  # cancelled meanwhile: Ray's backoff still asks
             return [list(candidate_replicas)]
         try:
             return self._rank(candidate_replicas, pending_request)
@@ -97,7 +104,8 @@ class PrefixRouteRequestRouter(RequestRouter):
         by_name = {replica_name(r.replica_id): r for r in candidates}
         for name, replica in by_name.items():
             stats = replica.routing_stats
-            if stats:
+            if stats and self._stats_read.get(name) is not stats:  # a new poll's
+                self._stats_read[name] = stats
                 self.ledger.observe(name, stats)
         request_id = str(pending_request.metadata.internal_request_id)
         decision = self.ledger.route(request_id, key, list(by_name))
@@ -139,7 +147,9 @@ class PrefixRouteRequestRouter(RequestRouter):
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
-        self.ledger.sync([replica_name(r.replica_id) for r in replicas])
+        names = [replica_name(r.replica_id) for r in replicas]
+        self.ledger.sync(names)
+        self._stats_read = {n: s for n, s in self._stats_read.items() if n in names}
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

@@ -201,8 +201,9 @@ def test_settings_are_the_gateway_defaults_and_reject_unknown_keys() -> None:
         RouterSettings.from_kwargs({"policy": "nope"})
     with pytest.raises(ConfigError, match="no parameter"):
         RouterSettings.from_kwargs({"policy": "prefix_affinity", "policy_params": {"x": 1}})
-    with pytest.raises(ConfigError):
-        RouterSettings.from_kwargs({"prefill_tokens_per_s": 0})
+    for rate in (0, float("nan"), float("inf")):  # NaN passed "<= 0": guesses due at NaN s
+        with pytest.raises(ConfigError, match="positive finite"):
+            RouterSettings.from_kwargs({"prefill_tokens_per_s": rate})
 
 
 @pytest.mark.parametrize("order", ["notice_first", "retry_first"])

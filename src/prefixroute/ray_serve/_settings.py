@@ -9,6 +9,7 @@ the same behind Ray as behind the gateway. A misspelt key or an unknown policy r
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,9 +51,9 @@ class RouterSettings:
             raise ConfigError("index_capacity_blocks must be a positive integer (or None)")
         rate = self.prefill_tokens_per_s
         if rate is not None and (
-            not isinstance(rate, int | float) or isinstance(rate, bool) or rate <= 0
-        ):
-            raise ConfigError("prefill_tokens_per_s must be a positive number (or None)")
+            not isinstance(rate, int | float) or isinstance(rate, bool) or not 0 < rate < math.inf
+        ):  # (NaN passed "<= 0": every first-token guess was then due at NaN seconds)
+            raise ConfigError("prefill_tokens_per_s must be a positive finite number (or None)")
         self._check_sync()
         make_policy(self.policy, **self.policy_params)  # unknown names and fields fail here
 

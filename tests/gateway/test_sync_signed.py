@@ -232,6 +232,33 @@ def test_a_signed_decision_sent_again_after_its_end_is_not_load_again(
     assert registry.get_sample_value("prefixroute_sync_skipped_total", skipped) == 1
 
 
+def test_a_retry_decided_after_its_first_attempt_ended_is_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """serve (and the Ray router) end a failed attempt, then route the retry under the same
+    request id: a new decision, sent later. Taken for a replay of an ended request, it counted
+    nowhere, on the replica the retry went to, in every other instance (the review of
+    2026-12-07). The first decision sent again still counts nothing."""
+    import prefixroute.sync._wire as wire_module
+    from prefixroute.sync._wire import encode_progress
+
+    from .test_sync import remote_decision
+
+    wall = time.time()
+    sync, router, r = _signed_sync(monkeypatch, wall)
+    monkeypatch.setattr(wire_module.time, "time", lambda: wall - 1.0)
+    first = remote_decision("other", "q1", r)
+    monkeypatch.setattr(wire_module.time, "time", lambda: wall)
+    retry = remote_decision("other", "q1", r)
+    assert sync.remote.apply(first)
+    sync.remote.apply(encode_progress("other", "q1", True))  # the attempt failed: ended
+    assert sync.remote.apply(retry)
+    assert router.replica_load(r).in_flight == 1
+    sync.remote.apply(encode_progress("other", "q1", True))
+    assert not sync.remote.apply(first) and not sync.remote.apply(retry)  # replays: nothing
+    assert router.replica_load(r).in_flight == 0
+
+
 @pytest.mark.parametrize("offset", [-61.0, 61.0])
 def test_a_signed_decision_sent_more_than_a_minute_from_now_is_not_load(
     monkeypatch: pytest.MonkeyPatch, offset: float

@@ -35,6 +35,7 @@ passes the lock that guards it: every call into the router here is made holding 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -88,9 +89,12 @@ class RemoteRequests:
         # "instance/request id" -> when dispatched (time.monotonic()), oldest first, for expiry
         self._remote: dict[str, float] = {}
         # Signed messages (module docstring): only fresh decisions count as load, and each
-        # request's once: "instance/request id" -> when its end came, monotonic, oldest first.
+        # decision once: "instance/request id" -> (when its end came, monotonic; the sent_at of
+        # the decision it ended), oldest first. A later decision of that id (a retry of the
+        # request on another replica after its first attempt ended) is no replay: it counts.
         self.fresh_only = fresh_only
-        self._ended: dict[str, float] = {}
+        self._ended: dict[str, tuple[float, float]] = {}
+        self._sent_at: dict[str, float] = {}  # a counted request's decision's sent_at
         self._expired_at = 0.0  # last expiry pass, time.monotonic()
         self._heard: dict[str, float] = {}  # instance -> last message from it, monotonic
         self._unknown_said: set[str] = set()  # replicas named by others we do not know
@@ -181,7 +185,8 @@ class RemoteRequests:
             return False
         if abs(_wall_clock() - msg.sent_at) > FRESH_S:
             return True
-        return key in self._ended
+        ended = self._ended.get(key)
+        return ended is not None and msg.sent_at <= ended[1]
 
     def _count(self, msg: Routed, key: str, replica: ReplicaId, now: float) -> None:
         self.router.remote_dispatch(
@@ -194,6 +199,8 @@ class RemoteRequests:
         )
         self._remote.pop(key, None)  # a retry re-dispatches: it moves to the young end
         self._remote[key] = now
+        if self.fresh_only:
+            self._sent_at[key] = msg.sent_at
 
     def _withdrawn(self, key: str) -> None:
         """Its replica turned it away: the blocks its decision added leave our index too. Its
@@ -211,7 +218,8 @@ class RemoteRequests:
                 del self._remote[key]
                 self.router.complete(key, now)
                 if self.fresh_only:
-                    self._ended[key] = now
+                    self._ended.pop(key, None)  # (to the young end)
+                    self._ended[key] = (now, self._sent_at.pop(key, math.inf))
             else:
                 # Heard through Redis, late by the message's trip: not a measured first token.
                 self.router.first_token(key, now, measured=False)
@@ -226,7 +234,7 @@ class RemoteRequests:
         self._expired_at = now
         ended = self._ended
         while ended:  # oldest first: an end past FRESH_S cannot be replayed any more
-            key, at = next(iter(ended.items()))
+            key, (at, _) = next(iter(ended.items()))
             if now - at <= FRESH_S:
                 break
             del ended[key]
@@ -244,6 +252,7 @@ class RemoteRequests:
         with self.lock:
             for key in stale:
                 del self._remote[key]
+                self._sent_at.pop(key, None)
                 self.router.complete(key, now)
         self.metrics.expired.inc(len(stale))
 
@@ -254,6 +263,7 @@ class RemoteRequests:
             for key in self._remote:
                 self.router.complete(key, now)
         self._remote.clear()
+        self._sent_at.clear()
 
 
 def without_withdrawn(history: list[bytes]) -> list[bytes]:

@@ -127,6 +127,20 @@ def test_a_prefill_timer_of_an_earlier_attempt_is_ignored() -> None:
     assert led.router.loads.get(retry).prefilling == 1
 
 
+def test_a_prefill_timer_of_an_attempt_whose_record_ended_is_ignored_by_the_retry() -> None:
+    # The rejected attempt's notice came before the retry: its record ended, and the retry
+    # began a new one, whose attempt the old timer named too (numbered per request).
+    led, _ = ledger()
+    replica = led.route("r1", KEY, [A, B]).replica
+    estimate = led.sent("r1", replica)
+    assert estimate is not None
+    led.completed("r1", replica)  # the rejection's notice first
+    retry = led.route("r1", KEY, [A, B]).replica
+    assert led.sent("r1", retry) is not None
+    led.prefilled("r1", estimate.attempt)  # the old attempt's timer
+    assert led.router.loads.get(retry).prefilling == 1
+
+
 def test_without_a_prefill_rate_there_is_no_estimate() -> None:
     led, _ = ledger(rate=None)
     replica = led.route("r1", KEY, [A, B]).replica

@@ -53,6 +53,7 @@ made: the Redis sync (``_sync``) shares them with the other routers, as the gate
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
@@ -86,7 +87,7 @@ class Flight:
     view: RequestView  # hashed once, reused by every attempt
     replica: ReplicaId  # where the router's records put the request now
     stage: Stage
-    attempt: int = 0  # routings of this request so far; a prefill timer names its attempt
+    attempt: int = 0  # this routing's number, unique in the ledger; a prefill timer names it
     accepted: bool = False  # the replica said it took this attempt (Ray's rejection protocol)
     watched: object = None  # the future whose outcome we follow (one callback per future)
 
@@ -128,6 +129,10 @@ class Ledger:
         self._lock = threading.Lock()
         self._acceptances = False  # an attempt was accepted: Ray runs the rejection protocol
         self._told: set[ReplicaId] = set()  # replicas whose reported speed priors were read
+        # Attempts are numbered across the ledger, not per request: a retry whose request's
+        # record ended before it (a rejection notice first) starts a new record, and a timer
+        # of the rejected attempt, numbered per request, named it too (the review, 2026-12-07).
+        self._attempts = itertools.count(1)
 
     @property
     def lock(self) -> threading.Lock:
@@ -204,11 +209,11 @@ class Ledger:
             if self.listener is not None:
                 self.listener.routed(view, decision)
             if flight is None:
-                self._flights[request_id] = Flight(view, decision.replica, Stage.ROUTED)
+                flight = self._flights[request_id] = Flight(view, decision.replica, Stage.ROUTED)
             else:
                 flight.replica, flight.stage = decision.replica, Stage.ROUTED
-                flight.attempt += 1
                 flight.accepted = False
+            flight.attempt = next(self._attempts)
             return decision
 
     def watch(self, request_id: str, future: object) -> bool:

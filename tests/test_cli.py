@@ -153,6 +153,27 @@ _BAD_INPUT = {
         "a replica URL must be http(s)://host[:port] without /v1 (the gateway adds /v1/...), "
         "got 'http://127.0.0.1:9/v1'",
     ),
+    # From the CLI audit of 2026-12-07: a traceback, a public bind, or every request a 500.
+    "serve broken IPv6 replica URL": (
+        ["serve", "--replica", "http://[::1", "--port", "0"],
+        "a replica URL must be http(s)://host[:port][/prefix], got 'http://[::1'",
+    ),
+    "serve empty host": (  # bound every interface
+        ["serve", "--host", "", "--port", "0", "--emulate", "1"],
+        "host and port: an address, and 0-65535: '':0",
+    ),
+    "serve block of 10**20 characters": (  # every request a 500
+        ["serve", "--port", "0", "--emulate", "1", "--block-chars", "99999999999999999999"],
+        "block size must be 1 to 1,048,576, got 99999999999999999999",
+    ),
+    "serve upstream key with a control character": (  # every request a 500
+        ["serve", "--port", "0", "--emulate", "1", "--upstream-api-key-file", "{ctl}"],
+        "the upstream api key file {ctl} holds a control character",
+    ),
+    "simulate infinite overhead": (  # every request of the emulated replica hung
+        ["simulate", "-w", "seed-conversation", "--fleet", "1:overhead_ms=inf"],
+        "--fleet: overhead_ms needs a finite number, got 'inf'",
+    ),
     # Each of these ran and failed later: every request (or the health loop), the engine, or
     # the simulation (a decode step of no time ended every conversation at its first turn).
     "serve NaN timeout": (
@@ -278,13 +299,15 @@ def test_a_negative_seed_is_one_line_and_exit_2(command: str) -> None:
 def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
     binary = tmp_path / "binary"
     binary.write_bytes(b"\xff\xfe10.0.0.1:8000\n")
+    ctl = tmp_path / "key"
+    ctl.write_bytes(b"abcdefgh\x01ij\n")
     argv, message = _BAD_INPUT[case]
     done = subprocess.run(
-        [str(EXE), *(a.format(bin=binary) for a in argv)],
+        [str(EXE), *(a.format(bin=binary, ctl=ctl) for a in argv)],
         capture_output=True, text=True, timeout=60, env=dict(os.environ, NO_COLOR="1"),
     )  # fmt: skip
     assert "Traceback" not in done.stderr
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == "prefixroute: error: " + message.format(
-        bin=binary
+        bin=binary, ctl=ctl
     )

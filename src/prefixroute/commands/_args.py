@@ -99,10 +99,21 @@ def check_emulated(count: int, flag: str) -> None:
         raise ConfigError(f"{flag} must be 1 to {MAX_EMULATED:,} replicas, got {count:,}")
 
 
+def bind_host(value: str) -> str:
+    """An address to bind (an argparse ``type``): not empty, which binds every interface
+    (``--host "$UNSET"`` made a loopback-default server public)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an address to bind, not empty (it binds every interface)")
+    return value
+
+
 def check_http_url(url: str, flag: str) -> None:
     """ConfigError unless ``url`` is ``http(s)://host[:port][/prefix]``, so that a typo fails
     in one line before anything starts, not in urllib or aiohttp mid-run."""
-    parts = urlsplit(url.strip())
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:  # a broken IPv6 host ("http://[::1")
+        raise ConfigError(f"{flag} must be http(s)://host[:port], got {url!r}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{flag} must be http(s)://host[:port], got {url!r}")
     try:

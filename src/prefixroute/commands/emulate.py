@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from prefixroute._serving import run_on_uvloop, wait_for_signal
-from prefixroute.commands._args import check_emulated
+from prefixroute.commands._args import bind_host, check_emulated
 from prefixroute.emulate import EmulatedCluster, EmulatorConfig
 from prefixroute.sim import CHANGE_HELP, FLEET_HELP, Fleet, ReplicaConfig, fleet_from_flags
 
@@ -25,7 +25,9 @@ def add_parser(subparsers: Any) -> None:
         "usage chunk, as vLLM does with --enable-force-include-usage (--usage-when-asked: "
         "only when asked, vLLM's default).",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    p.add_argument(
+        "--host", default="127.0.0.1", type=bind_host, help="address to bind (default %(default)s)"
+    )
     p.add_argument(
         "--port", type=int, default=8001, help="port; 0 = any free (default %(default)s)"
     )

@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from prefixroute._serving import run_on_uvloop, wait_for_signal
-from prefixroute.commands._args import flags
+from prefixroute.commands._args import bind_host, flags
 from prefixroute.commands._epp_reference import add_reference_args, go_bool, warn_ignored
 from prefixroute.commands._settings import add_setting_flags
 from prefixroute.core import ConfigError, ReplicaId, SpeedPrior
@@ -91,9 +91,13 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--config", metavar="FILE", help="TOML file of gateway settings (serve's)")
     add_setting_flags(p, ("policy",))  # the gateway's own flags, from GatewayConfig
-    p.add_argument("--grpc-host", default=d.grpc_host, help=f"default {d.grpc_host}")
+    p.add_argument(
+        "--grpc-host", default=d.grpc_host, type=bind_host, help=f"default {d.grpc_host}"
+    )
     p.add_argument("--grpc-port", type=int, default=d.grpc_port, help=f"default {d.grpc_port}")
-    p.add_argument("--http-host", default=d.http_host, help=f"metrics address ({d.http_host})")
+    p.add_argument(
+        "--http-host", default=d.http_host, type=bind_host, help=f"metrics address ({d.http_host})"
+    )
     p.add_argument(
         "--http-port", type=int, default=d.http_port, help=f"metrics/health port ({d.http_port})"
     )

@@ -49,6 +49,9 @@ TokenIds = Sequence[int] | TokenArray
 """Token ids as a list/tuple or a numpy array; both hash identically."""
 
 
+MAX_BLOCK_SIZE = 1 << 20  # units per block: far past any engine's block or routing grain
+
+
 @dataclass(frozen=True, slots=True)
 class BlockHasher:
     """Hashes prompts into chained block hashes.
@@ -66,8 +69,10 @@ class BlockHasher:
     compiled: bool = dataclasses.field(default=True, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.block_size < 1:
-            raise ConfigError(f"block size must be at least 1, got {self.block_size}")
+        # At most MAX_BLOCK_SIZE: one of 10**20 characters started, then failed every request
+        # (an int past a C ssize_t in the hashing).
+        if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
+            raise ConfigError(f"block size must be 1 to {MAX_BLOCK_SIZE:,}, got {self.block_size}")
         if not 0 <= self.seed < 2**64:
             raise ConfigError(f"hash seed must be in [0, 2**64), got {self.seed}")
 

@@ -315,8 +315,8 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         self._check_numbers()
-        if not 0 <= self.port < 65536:
-            raise ConfigError(f"port out of range: {self.port}")
+        if not 0 <= self.port < 65536 or not self.host.strip():  # "" bound every interface
+            raise ConfigError(f"host and port: an address, and 0-65535: {self.host!r}:{self.port}")
         if self.admin_token is not None and len(self.admin_token) < 8:
             raise ConfigError("the admin token must be at least 8 characters")
         path = self.health_path

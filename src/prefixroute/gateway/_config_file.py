@@ -77,20 +77,29 @@ _SCALARS = {bool: "true or false", int: "an integer", float: "a number", str: "a
 SECRET_FILES = {key: f.name for f in config_fields() if (key := f.secret_file_key) is not None}
 
 
+MAX_SECRET_CHARS = 4096  # a token, a key or a secret: far longer is no such thing
+
+
 def read_secret(path: str | Path, what: str) -> str:
     """The secret in file ``path``, without its trailing newline; ConfigError when the file
     cannot be read, is empty, or holds more than one line (a header value cannot)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as f:  # bounded: /dev/zero was read until memory ran out
+            text = f.read(MAX_SECRET_CHARS + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read the {what} file {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"the {what} file {path} is not UTF-8 text") from exc
+    if len(text) > MAX_SECRET_CHARS:
+        raise ConfigError(f"the {what} file {path} holds more than {MAX_SECRET_CHARS} characters")
     secret = text.rstrip("\r\n")
     if not secret:
         raise ConfigError(f"the {what} file {path} is empty")
     if "\n" in secret or "\r" in secret:
         raise ConfigError(f"the {what} file {path} holds more than one line")
+    # A header value cannot carry them: an upstream key with a \x01 made every request a 500.
+    if any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in secret):
+        raise ConfigError(f"the {what} file {path} holds a control character")
     return secret
 
 

@@ -14,9 +14,13 @@ def normalize_url(url: str) -> ReplicaId:
     picker's endpoints all come here. A prefix (a replica behind a path-routing proxy) is
     kept; a ``/v1`` in the path is refused, as the gateway adds ``/v1/...`` itself: an OpenAI
     base URL copied as is made every probe ask ``/v1/v1/models``, and every request a 503."""
-    parts = urlsplit(url.strip())
+    shape = f"a replica URL must be http(s)://host[:port][/prefix], got {url!r}"
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:  # "http://[::1": a broken IPv6 host was a traceback, or a 500 (admin)
+        raise ConfigError(shape) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"a replica URL must be http(s)://host[:port][/prefix], got {url!r}")
+        raise ConfigError(shape)
     if parts.query or parts.fragment:
         raise ConfigError(f"a replica URL takes no query or fragment: {url!r}")
     # Credentials in the URL would be the replica's id: in logs, the admin API and the labels

@@ -177,9 +177,13 @@ def _pairs(text: str, what: str) -> dict[str, float]:
         if not sep or not key:
             raise ConfigError(f"{what}: expected KEY=VALUE, got {item.strip()!r}")
         try:
-            out[key.strip()] = float(value)
+            number = float(value)
         except ValueError:
             raise ConfigError(f"{what}: {key.strip()} needs a number, got {value!r}") from None
+        if math.isinf(number):  # overhead_ms=inf: every request of the replica hung (NaNs
+            # are refused by each key's own check, which names it)
+            raise ConfigError(f"{what}: {key.strip()} needs a finite number, got {value!r}")
+        out[key.strip()] = number
     return out
 
 

@@ -246,3 +246,15 @@ def test_a_real_envoy_accepts_every_variant(
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_ipv6_addresses_are_yaml_and_a_broken_one_is_refused() -> None:
+    # A bare "::" was no YAML: the command exited 0 and Envoy refused the file (the CLI audit
+    # of 2026-12-07); "[::1:8081" was taken.
+    doc = load(EnvoyConfig(pickers=["[::1]:9002"], listen="[::]:8081"))
+    listener = doc["static_resources"]["listeners"][0]["address"]["socket_address"]
+    assert (listener["address"], listener["port_value"]) == ("::", 8081)
+    assert addresses(clusters(doc)["epp"]) == ["::1:9002"]
+    for bad in ("[::1:8081", "::1:8081", 'a"b:80'):
+        with pytest.raises(ConfigError, match="expected host:port"):
+            EnvoyConfig(pickers=[PICKER], listen=bad)

@@ -237,6 +237,7 @@ def envoy_config_of(
         raise ConfigError("--print-envoy-config prints an Envoy that speaks plaintext to the "
                           "picker: drop --secure-serving")  # fmt: skip
     host = config.grpc_host if config.grpc_host not in ("0.0.0.0", "::") else "127.0.0.1"
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host  # IPv6
     listed = config.routing.replicas if config.fallbacks else ()
     return EnvoyConfig(
         pickers=[f"{host}:{config.grpc_port}"],

@@ -30,6 +30,7 @@ the endpoints: the baseline ``benchmarks/epp_overhead.py`` measures the picker a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -87,13 +88,15 @@ _LIMITS = (
     " max_requests: {n}, max_retries: {n}}}]}}\n"
 )
 
+_HOST = re.compile(r"[A-Za-z0-9._:-]+")  # a name, an IPv4 or an IPv6 address: no quote
+
 _BOOTSTRAP = """\
 admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
 static_resources:
   listeners:
   - name: inference
-    address: {{socket_address: {{address: {host}, port_value: {port}}}}}
+    address: {{socket_address: {{address: "{host}", port_value: {port}}}}}
 {buffer_limit}    filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
@@ -279,13 +282,19 @@ def _assignment(cluster: str, addresses: Sequence[str]) -> str:
         host, port = _split(address)
         lines.append(
             "        - endpoint:\n"
-            f"            address: {{socket_address: {{address: {host}, port_value: {port}}}}}\n"
+            f'            address: {{socket_address: {{address: "{host}", port_value: {port}}}}}\n'
         )
     return "".join(lines)
 
 
 def _split(address: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port``; the host goes into the YAML quoted (a bare ``::`` was
+    no YAML: Envoy refused the file that exited 0), so it may hold no quote."""
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    bracketed = host.startswith("[") and host.endswith("]")
+    if host.startswith("[") != host.endswith("]") or (":" in host and not bracketed):
+        raise ConfigError(f"address {address!r}: expected host:port or [v6 address]:port")
+    host = host[1:-1] if bracketed else host
+    if not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"address {address!r}: expected host:port")
-    return host.strip("[]"), int(port)
+    return host, int(port)

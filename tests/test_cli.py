@@ -311,3 +311,25 @@ def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines()[-1] == "prefixroute: error: " + message.format(
         bin=binary, ctl=ctl
     )
+
+
+def test_a_full_disk_or_a_closed_pipe_is_no_traceback() -> None:
+    # The CLI audit of 2026-12-07: hash-key into /dev/full, and simulate --json into a reader
+    # that had closed its end, ended in tracebacks.
+    if Path("/dev/full").exists():
+        with open("/dev/full", "w") as full_disk:
+            full = subprocess.run(
+                [str(EXE), "hash-key", "--generate"], stdout=full_disk, stderr=subprocess.PIPE,
+                text=True, timeout=60,
+            )  # fmt: skip
+        assert full.returncode == 2 and "Traceback" not in full.stderr
+        message = "prefixroute: error: cannot write the output: No space left on device"
+        assert full.stderr.strip() == message
+    read, write = os.pipe()
+    os.close(read)  # nobody reads
+    closed = subprocess.run(
+        [str(EXE), "simulate", "-w", "seed-conversation", "-p", "round_robin", "--json"],
+        stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+    )  # fmt: skip
+    os.close(write)
+    assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr

@@ -8,6 +8,9 @@ Each subcommand is one module of :mod:`prefixroute.commands`, named after it (``
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import os
 import sys
 from collections.abc import Sequence
 
@@ -45,7 +48,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("prefixroute: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `... | head`: the reader had what it wanted (as `top` ends)
+        _quiet_stdout()
+        return 0
+    except OSError as exc:  # the output could not be written: a full disk (/dev/full)
+        if exc.errno != errno.ENOSPC:
+            raise
+        print(f"prefixroute: error: cannot write the output: {exc.strerror}", file=sys.stderr)
+        return 2
     return code
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit raises nothing more."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

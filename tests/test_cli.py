@@ -170,6 +170,11 @@ _BAD_INPUT = {
         ["serve", "--port", "0", "--emulate", "1", "--upstream-api-key-file", "{ctl}"],
         "the upstream api key file {ctl} holds a control character",
     ),
+    "emulate KV-event port past 65535": (  # ZMQ bound it modulo 65536
+        ["emulate", "--port", "0", "--kv-events-endpoint", "bind:tcp://127.0.0.1:99999"],
+        "a ZMQ address's port must be 1-65535 (or *): 'tcp://127.0.0.1:99999' in "
+        "'bind:tcp://127.0.0.1:99999'",
+    ),
     "simulate infinite overhead": (  # every request of the emulated replica hung
         ["simulate", "-w", "seed-conversation", "--fleet", "1:overhead_ms=inf"],
         "--fleet: overhead_ms needs a finite number, got 'inf'",

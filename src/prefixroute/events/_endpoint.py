@@ -96,6 +96,9 @@ class EventEndpoint:
 def _check_address(address: str, spec: str) -> None:
     if not address.startswith(_SCHEMES) or address.endswith("//"):
         raise BadEndpoint(f"a ZMQ address looks like tcp://host:port, got {address!r} in {spec!r}")
+    port = address.rpartition(":")[2]
+    if address.startswith("tcp://") and port.isdigit() and int(port) > 65535:  # ZMQ wrapped it
+        raise BadEndpoint(f"a ZMQ address's port must be 1-65535 (or *): {address!r} in {spec!r}")
 
 
 def _offset(address: str, offset: int) -> str:

@@ -25,9 +25,7 @@ def add_parser(subparsers: Any) -> None:
         "usage chunk, as vLLM does with --enable-force-include-usage (--usage-when-asked: "
         "only when asked, vLLM's default).",
     )
-    p.add_argument(
-        "--host", default="127.0.0.1", type=bind_host, help="address to bind (default %(default)s)"
-    )
+    p.add_argument("--host", default="127.0.0.1", type=bind_host, help="address to bind")
     p.add_argument(
         "--port", type=int, default=8001, help="port; 0 = any free (default %(default)s)"
     )

@@ -175,6 +175,14 @@ _BAD_INPUT = {
         "a ZMQ address's port must be 1-65535 (or *): 'tcp://127.0.0.1:99999' in "
         "'bind:tcp://127.0.0.1:99999'",
     ),
+    "simulate empty plot name": (  # failed once the run was over
+        ["simulate", "-w", "seed-conversation", "--plot", ""],
+        "--plot '.': give a file name, not a folder",
+    ),
+    "bench empty URL": (  # ran emulated replicas instead
+        ["bench", "--url", "", "-w", "seed-conversation"],
+        "--url must be http(s)://host[:port], got ''",
+    ),
     "simulate infinite overhead": (  # every request of the emulated replica hung
         ["simulate", "-w", "seed-conversation", "--fleet", "1:overhead_ms=inf"],
         "--fleet: overhead_ms needs a finite number, got 'inf'",

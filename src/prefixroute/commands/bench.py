@@ -261,8 +261,8 @@ def _check(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     check_emulated(args.emulate, "--emulate")
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError(f"--block-size must be at least 1, got {args.block_size}")
-    if args.url:  # one row, whatever the live gateway runs: --policy is not used
-        check_http_url(args.url, "--url")
+    if args.url is not None:  # one row, whatever the live gateway runs: --policy is not used
+        check_http_url(args.url, "--url")  # (an empty one ran emulated replicas instead)
         if args.policy_param:
             raise ConfigError("--policy-param sets the emulated gateways' policies: omit --url")
         if args.fleet is not None or args.speed_change:

@@ -269,6 +269,8 @@ def check_plot_path(path: Path) -> None:
     Checked before a run: ``savefig`` refuses an unknown suffix only once the run is over."""
     from matplotlib.backend_bases import FigureCanvasBase
 
+    if not path.name or path.is_dir():  # --plot '' failed once the run was over
+        raise ConfigError(f"--plot {str(path)!r}: give a file name, not a folder")
     kind = path.suffix.removeprefix(".").lower()
     formats = FigureCanvasBase.get_supported_filetypes()
     if kind and kind not in formats:

@@ -140,3 +140,13 @@ def test_priors_told_late_where_no_replica_starts_from_the_fleet() -> None:
     tracker.add_replica(KNOWN)
     assert tracker.tell(KNOWN, SpeedPrior(prefill_tokens_per_s=40_000.0))
     assert tracker[KNOWN].speed.prefill_tokens_per_s == 40_000.0
+
+
+@pytest.mark.parametrize("rate", [math.nan, math.inf, 0.0, -1.0])
+def test_the_fleets_prefill_rate_prior_is_positive_and_finite(rate: float) -> None:
+    # A NaN passed "<= 0" and was refused under attention_s's name; an infinity was taken
+    # ([policy_params] prefill_tokens_per_s in a config file; the CLI audit of 2026-12-07).
+    from prefixroute.core import SpeedConfig
+
+    with pytest.raises(ConfigError, match="prefill rate and step budget must be positive"):
+        SpeedConfig(prefill_tokens_per_s=rate)

@@ -37,9 +37,13 @@ class SpeedConfig:
     learn_attention: bool = True  # learn it (False: it stays at its prior)
 
     def __post_init__(self) -> None:
-        if self.prefill_tokens_per_s <= 0 or self.decode_step_s < 0 or self.step_tokens < 1:
+        # Finite too: a NaN rate passed "<= 0" and was refused later under attention_s's
+        # name; an infinite one was taken (the CLI audit, 2026-12-07).
+        rate, step = self.prefill_tokens_per_s, self.decode_step_s
+        if not (0 < rate < math.inf and 0 <= step < math.inf) or self.step_tokens < 1:
             raise ConfigError(
-                "speed priors: prefill rate and step budget must be positive, decode step >= 0"
+                "speed priors: prefill rate and step budget must be positive, decode step >= 0, "
+                f"all finite: got {rate:g}, {self.step_tokens}, {step:g}"
             )
         if self.window < 2 or self.min_observations < 0 or self.bound < 1:
             raise ConfigError("speed model: window >= 2, min_observations >= 0, bound >= 1")

@@ -83,6 +83,8 @@ def buffered_body_bytes(max_body_bytes: int) -> int:
     ``max_body_bytes`` and ``BODY_HEADROOM`` more, so that its JSON 413 answers what is over.
     One number for both sides: a larger buffer than message limit was Envoy's 500."""
     return max_body_bytes + BODY_HEADROOM
+
+
 _LIMITS = (
     "    circuit_breakers: {{thresholds: [{{max_connections: {n}, max_pending_requests: {n},"
     " max_requests: {n}, max_retries: {n}}}]}}\n"

@@ -183,7 +183,7 @@ async def relay_plain(
     _hold_for_client(request, max(buffer_bytes, len(body)))
     out = web.Response(status=resp.status, body=body, headers=response_headers(resp.headers, extra))
     plain = resp.status == 200 and "Content-Encoding" not in resp.headers
-    busy = resp.status >= 400 and busy_answer(resp.status, body)
+    busy = busy_answer(resp.status, body)  # (a 2xx is not: its body is not searched)
     return RelayResult(out, resp.status, None, body=body if plain else None, busy=busy)
 
 

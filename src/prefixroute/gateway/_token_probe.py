@@ -150,7 +150,7 @@ class TokenProbe:
         body: dict[str, object] = {"prompt": sample}
         if model is not None:
             body["model"] = model
-        url = self.registry.get(replica).url + PROBE_PATH
+        url = replica + PROBE_PATH  # its id is its base URL (a lookup failed once it was removed)
         try:
             async with self.session.post(
                 url, json=body, headers=self.headers, timeout=self.timeout

@@ -80,6 +80,20 @@ async def _check(gw: Gateway) -> None:
     await health.check_all()
 
 
+@asynccontextmanager
+async def _routed(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> AsyncIterator[tuple[Engine, Gateway, str, Callable[[], int]]]:
+    """A replica whose first counters are the gateway's baseline, then one prompt routed to
+    it: (its engine's page, the gateway, its URL, the blocks the index holds for it)."""
+    engine = Engine()
+    async with _serving(_free_port(), engine) as url:
+        gw = await make_gateway([url])
+        await _check(gw)  # the counters' baseline
+        await _route_to(session, gw, words(300))
+        yield engine, gw, url, _held(gw, url)
+
+
 async def _route_to(session: aiohttp.ClientSession, gw: Gateway, prompt: str) -> None:
     body = {"prompt": prompt, "max_tokens": 1, "stream": True}
     reply = await send(session, gw.url, "/v1/completions", body)
@@ -111,12 +125,7 @@ sglang:num_running_reqs{model_name="m",engine_type="unified"} 0.0
 async def test_a_restart_between_probes_is_seen_in_the_counters(
     make_gateway: GatewayFactory, session: aiohttp.ClientSession, restarted: str
 ) -> None:
-    engine = Engine()
-    async with _serving(_free_port(), engine) as url:
-        gw = await make_gateway([url])
-        held = _held(gw, url)
-        await _check(gw)  # the counters' baseline
-        await _route_to(session, gw, words(300))
+    async with _routed(make_gateway, session) as (engine, gw, url, held):
         await _check(gw)
         assert held() > 0  # the same life: nothing is cleared
         assert await _losses(session, gw, url) == 0
@@ -133,12 +142,7 @@ async def test_a_page_that_says_nothing_of_the_engine_is_no_restart(
 ) -> None:
     """A proxy's error page or text that is not Prometheus's (answered 200) has no prefill
     counters either: it is no sign of a restart, and the next good page is the same life."""
-    engine = Engine()
-    async with _serving(_free_port(), engine) as url:
-        gw = await make_gateway([url])
-        held = _held(gw, url)
-        await _check(gw)  # the counters' baseline
-        await _route_to(session, gw, words(300))
+    async with _routed(make_gateway, session) as (engine, gw, url, held):
         for page in ("<html><body>502 Bad Gateway</body></html>", "not { prometheus"):
             engine.page = page
             await _check(gw)

@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
@@ -22,6 +24,28 @@ from .test_precise import metric
 # Words of 9 characters with their space: about 9 characters a token under the emulated
 # tokenizer (one token per word), far from the prior of 4.
 TEXT = " ".join(f"w{i:07d}" for i in range(600))
+
+
+@contextlib.asynccontextmanager
+async def _silent_tokenize(
+    answer: Callable[[], web.StreamResponse],
+) -> AsyncIterator[FakeReplica]:
+    """A replica whose ``/tokenize`` does not answer while the test runs, and that answers
+    every other call with ``answer()``."""
+    release = asyncio.Event()
+
+    async def replica(request: web.Request) -> web.StreamResponse:
+        if request.path == "/tokenize":
+            await release.wait()
+        return answer()
+
+    fake = FakeReplica(replica, tokenize=True)
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        release.set()
+        await fake.stop()
 
 
 def _ratio(page: str, model: str) -> float | None:
@@ -131,16 +155,11 @@ async def test_a_tokenize_that_hangs_holds_the_first_request_only_briefly(
 ) -> None:
     """A replica whose ``/tokenize`` never answers: the first request waits at most the probe's
     bound, not the probe's whole timeout (here 5 s), and is served; the probe ends failed."""
-    hang = asyncio.Event()
 
-    async def replica(request: web.Request) -> web.StreamResponse:
-        if request.path == "/tokenize":
-            await hang.wait()
+    def answer() -> web.StreamResponse:
         return web.Response(body=completion_body(), content_type="application/json")
 
-    fake = FakeReplica(replica, tokenize=True)
-    await fake.start()
-    try:
+    async with _silent_tokenize(answer) as fake:
         gw = await make_gateway([fake.url], health_timeout_s=1.0, failure_threshold=1000)
         body = {"model": "emulated", "prompt": TEXT, "max_tokens": 1}
         started = time.monotonic()
@@ -150,9 +169,6 @@ async def test_a_tokenize_that_hangs_holds_the_first_request_only_briefly(
         await asyncio.sleep(1.2)  # the probe times out
         page = await metrics_page(session, gw)
         assert metric(page, "prefixroute_token_probes_total", outcome="failed") == 1
-    finally:
-        hang.set()
-        await fake.stop()
 
 
 async def test_a_short_first_text_is_not_asked_about_and_a_longer_one_is(
@@ -181,17 +197,11 @@ async def test_a_slow_probe_holds_only_the_requests_of_its_first_quarter_second(
 ) -> None:
     """While a /tokenize answer takes 3 s, the requests after the first quarter second go on
     at once (each waited 0.25 s until the probe's end before the review of 2026-12-07)."""
-    release = asyncio.Event()
 
-    async def replica(request: web.Request) -> web.StreamResponse:
-        if request.path == "/tokenize":
-            await release.wait()
-        answer = {"choices": [{"text": "ok", "index": 0}]}  # no usage: nothing else tells
-        return web.json_response(answer)
+    def answer() -> web.StreamResponse:  # no usage: nothing else tells
+        return web.json_response({"choices": [{"text": "ok", "index": 0}]})
 
-    fake = FakeReplica(replica, tokenize=True)
-    await fake.start()
-    try:
+    async with _silent_tokenize(answer) as fake:
         gw = await make_gateway([fake.url], **STEADY)
         body = {"model": "emulated", "prompt": TEXT, "max_tokens": 1}
         started = time.monotonic()
@@ -203,9 +213,6 @@ async def test_a_slow_probe_holds_only_the_requests_of_its_first_quarter_second(
             async with session.post(gw.url + "/v1/completions", json=body) as resp:
                 assert resp.status == 200
         assert time.monotonic() - started < 0.75  # 1.5 s if each had waited 0.25 s
-    finally:
-        release.set()
-        await fake.stop()
 
 
 async def test_token_ids_and_a_tokenizer_need_no_probe(

@@ -76,3 +76,30 @@ def test_the_seed_reaches_routing_as_in_simulate(
     argv = ["demo", "--seed", "3", "--large", "seed-conversation", "--plot", plot]
     assert main(argv) == 0
     assert seeds == [3, 3, 3]
+
+
+def test_block_size_reaches_the_large_run_and_a_bad_one_is_refused_before_the_demo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--block-size`` ("KV block size, tokens (default: workload's)") was taken and ignored:
+    every run kept its workload's. It is the large run's; the worked examples stay token-exact."""
+    from prefixroute.cli import main
+    from prefixroute.commands import demo
+
+    blocks: list[int] = []
+    real = demo.compare_policies
+
+    def spy(*args: object, **kwargs: object) -> object:
+        blocks.append(kwargs["replica_config"].block_size)  # type: ignore[attr-defined]
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(demo, "compare_policies", spy)
+    monkeypatch.setenv("NO_COLOR", "1")
+    plot = str(tmp_path / "d.png")
+    argv = ["demo", "--block-size", "4", "--large", "seed-conversation", "--plot", plot]
+    assert main(argv) == 0
+    assert blocks == [1, 1, 4]
+    assert "block 4" in capsys.readouterr().out
+    assert main(["demo", "--block-size", "0", "--plot", plot]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--block-size must be at least 1" in captured.err

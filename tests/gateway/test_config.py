@@ -219,3 +219,29 @@ def test_a_bad_replica_speed_flag_is_refused(spec: str) -> None:
 def test_one_replica_s_speed_priors_once() -> None:
     with pytest.raises(ConfigError, match="one entry per replica"):
         GatewayConfig(replica_speeds=("http://a:1=prefill_tokens_per_s=5",) * 2)
+
+
+def test_a_config_file_without_end_is_refused_at_a_bound(tmp_path: Path) -> None:
+    """``--config /dev/zero`` read until the kernel killed the process; a file too big to be a
+    config is refused in one line instead."""
+    from prefixroute.gateway._config_file import MAX_CONFIG_BYTES
+
+    with pytest.raises(ConfigError, match=r"^config file /dev/zero is over 16 MiB$"):
+        load_toml("/dev/zero")
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"# " + b"x" * MAX_CONFIG_BYTES + b"\n")
+    with pytest.raises(ConfigError, match="is over 16 MiB"):
+        load_toml(big)
+    near = tmp_path / "near.toml"  # a comment under the bound is still a config
+    near.write_bytes(b"# " + b"x" * (MAX_CONFIG_BYTES - 20) + b"\nport = 1\n")
+    assert load_toml(near) == {"port": 1}
+
+
+@pytest.mark.parametrize(
+    "url", ["http://h:99999", "http://:4317", "http://[::1:4317", "grpc://h:4317", "http://h:0"]
+)
+def test_an_otlp_endpoint_that_is_no_address_is_refused(url: str) -> None:
+    """The exporter took these and failed in its own thread once spans flowed."""
+    with pytest.raises(ConfigError, match=r"^otlp_endpoint must be http\(s\)://HOST:PORT"):
+        GatewayConfig(replicas=("http://127.0.0.1:1",), otlp_endpoint=url)
+    GatewayConfig(replicas=("http://127.0.0.1:1",), otlp_endpoint="http://[::1]:4317")

@@ -17,7 +17,7 @@ from prefixroute.commands._args import (
     replica_config_from,
     seed,
 )
-from prefixroute.core import DEFAULT_POLICY
+from prefixroute.core import DEFAULT_POLICY, ConfigError
 from prefixroute.sim import (
     check_plot_path,
     check_replica_count,
@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     check_plot_path(args.plot)  # before the demo runs, not once it is over
     check_workload(args.large)  # before the worked examples print (58 lines of them)
     check_replica_count(args.replicas)  # the large run's; before the examples print
+    if args.block_size is not None and args.block_size < 1:  # the large run's, as above
+        raise ConfigError(f"--block-size must be at least 1, got {args.block_size}")
     console = make_console()
     _conversation(args, console)
     _shared_prompt(args, console)
@@ -120,12 +122,16 @@ alone makes hot spots, load balance alone recomputes shared prefixes; {DEFAULT_P
 both as predicted time to first token.
 """,
     )
-    cfg = replica_config_from(args, large.block_size)
+    # --block-size is the large run's: the worked examples are token-exact (block 1) by design.
+    block_size = large.block_size if args.block_size is None else args.block_size
+    cfg = replica_config_from(args, block_size)
     cmp = compare_policies(  # the same seed as the workload's: as simulate --seed
         large, LARGE_POLICIES, replicas=args.replicas, replica_config=cfg, jobs=args.jobs,
         seed=args.seed,
     )  # fmt: skip
     title = f"{large.name}: {large.num_requests:,} requests, {args.replicas} replicas"
+    if block_size != large.block_size:
+        title += f", block {block_size}"
     print_report(cmp.metrics, title, console)
     plot = write_plot(cmp.metrics, cmp.ttfts_ms, args.plot, title)
     console.print(f"\nplot written to {plot}")

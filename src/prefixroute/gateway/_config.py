@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from prefixroute._pool import IDLE_TIMEOUT_S
 from prefixroute.core import DEFAULT_POLICY, ConfigError, SpeedPrior, make_policy, policy_names
 from prefixroute.events import EventEndpoint
+from prefixroute.gateway._config_specs import check_otlp_endpoint as _check_otlp
 from prefixroute.gateway._config_specs import parse_kv_events, parse_replica_speeds
 from prefixroute.gateway._tenant_config import TenancyConfig
 from prefixroute.sync import SECRET_ENV, check_url
@@ -335,9 +336,7 @@ class GatewayConfig:
             if self.tenancy.isolation and self.sync_secret is None:  # forged owners (_signing)
                 raise ConfigError(f"tenant isolation with sync_redis needs sync_secret_file or "
                                   f"${SYNC_SECRET_ENV}: unsigned messages can be forged")
-        otlp = self.otlp_endpoint
-        if otlp is not None and not otlp.startswith(("http://", "https://")):
-            raise ConfigError(f"otlp_endpoint must be http(s)://HOST:PORT, not {otlp!r}")
+        _check_otlp(self.otlp_endpoint)
         if self.sync_history < 0:
             raise ConfigError(f"sync_history must be 0 or more, got {self.sync_history}")
         if self.admin_port is not None and not 0 <= self.admin_port < 65536:

@@ -103,11 +103,19 @@ def read_secret(path: str | Path, what: str) -> str:
     return secret
 
 
+# A fleet of 10,000 replicas with their speeds takes about 1 MB. The bound is there because
+# --config /dev/zero (or a log file given by mistake) grew the process until the kernel killed it.
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Settings from a TOML file, as keyword arguments of :class:`GatewayConfig`."""
     try:
         with open(path, "rb") as f:
-            raw = tomllib.load(f)
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {path} is over {MAX_CONFIG_BYTES >> 20} MiB")
+        raw = tomllib.loads(data.decode())
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:

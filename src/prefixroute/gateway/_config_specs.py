@@ -4,9 +4,27 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from urllib.parse import urlsplit
 
 from prefixroute.core import SPEED_PRIOR_KEYS, ConfigError, SpeedPrior
 from prefixroute.events import EventEndpoint
+
+
+def check_otlp_endpoint(url: str | None) -> None:
+    """``otlp_endpoint``, where set, must be ``http(s)://HOST:PORT``. The exporter takes
+    anything and fails in its own thread once spans flow: a typo lost every trace unsaid."""
+    if url is None:
+        return
+    form = f"otlp_endpoint must be http(s)://HOST:PORT, not {url!r}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a port out of range or not a number
+    except ValueError as exc:
+        raise ConfigError(f"{form} ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(form)
+    if port == 0:
+        raise ConfigError(f"{form} (port 0)")
 
 
 def parse_kv_events(items: Iterable[str]) -> dict[str, EventEndpoint]:

@@ -117,6 +117,37 @@ def test_the_first_token_is_predicted_from_the_queued_prefill() -> None:
     assert load.prefilling == 0 and load.in_flight == 1
 
 
+def test_the_first_token_is_predicted_at_the_speed_a_replica_told() -> None:
+    """A replica that reports its own prefill rate (``record_routing_stats``) is guessed at it,
+    not at the settings' rate: 1,000 tokens at 2,000 tokens/s take 0.5 s, not 0.1 s."""
+    led, _ = ledger(rate=10_000.0)
+    for replica in (A, B):
+        led.observe(replica, {"prefill_tokens_per_s": 2_000.0})
+    replica = led.route("r1", KEY, [A, B]).replica
+    estimate = led.sent("r1", replica)
+    assert estimate is not None
+    assert estimate.delay_s == pytest.approx(0.5, rel=0.1)
+
+
+def test_a_guessed_first_token_waits_for_the_requests_sent_there_before_it() -> None:
+    """Engines admit in arrival order: a guess due while a request sent to the same replica
+    before it has no first token is not taken, and the ledger says when to ask again."""
+    led, clock = ledger(rate=10_000.0)
+    first = led.route("r1", KEY, [A, B]).replica
+    early = led.sent("r1", first)
+    led.route("r2", KEY, [A, B])
+    late = led.sent("r2", first)  # consistent_hash: the same prompt goes to the same replica
+    assert early is not None and late is not None
+    load = led.router.loads.get(first)
+    again = led.prefilled("r2", late.attempt)  # r1 still has no first token
+    assert again is not None and again > 0
+    assert load.prefilling == 2
+    clock.now = early.delay_s
+    assert led.prefilled("r1", early.attempt) is None
+    assert led.prefilled("r2", late.attempt) is None
+    assert load.prefilling == 0 and load.in_flight == 2
+
+
 def test_a_prefill_timer_of_an_earlier_attempt_is_ignored() -> None:
     led, _ = ledger()
     replica = led.route("r1", KEY, [A, B]).replica

@@ -36,10 +36,12 @@ Ray never shows the router a request's first token, only its end. Counted as pre
 it ends, a request that is long done with its prefill and decoding would look like queued
 prefill work, and the policies would shun the replica holding a conversation's cache while it
 answers the previous turn. So when the request is sent, the ledger predicts its first token as
-the policy does, after the prefill queued on that replica (its own included) at
-``prefill_tokens_per_s``, and the router calls :meth:`prefilled` then. ``None`` turns this off:
-every request then counts as prefilling until it completes, as a non-streamed request does in
-the gateway.
+the policy does, after the prefill queued on that replica (its own included): at the speed the
+replica told in its routing stats (``Router.first_token_due``, as the gateway guesses a plain
+answer's first token), else at ``prefill_tokens_per_s``. The router calls :meth:`prefilled` then,
+and again while requests sent to that replica before it are not through: engines admit in
+arrival order (``Router.guess_first_token``, core/plain_answers.py). ``None`` turns this off:
+every request then counts as prefilling until it completes.
 
 Ray's hooks run on its router loop, but a request's future may belong to the caller's loop,
 in another thread. A lock makes every method safe from any thread: cheap next to a routing
@@ -253,17 +255,26 @@ class Ledger:
             rate = self.prefill_tokens_per_s
             if rate is None:
                 return None
-            queued = self.router.replica_load(replica).queued_prefill_tokens  # ours included
-            return PrefillEstimate(request_id, flight.attempt, queued / rate)
+            # At the replica's own speed where it told it (its routing stats), as the gateway
+            # guesses a plain answer's; else at the settings' rate (module docstring).
+            due = self.router.first_token_due(request_id)
+            if due is None:
+                queued = self.router.replica_load(replica).queued_prefill_tokens  # ours too
+                due = queued / rate
+            return PrefillEstimate(request_id, flight.attempt, due)
 
-    def prefilled(self, request_id: str, attempt: int) -> None:
-        """The predicted first token of ``attempt`` is due (see :class:`PrefillEstimate`)."""
+    def prefilled(self, request_id: str, attempt: int) -> float | None:
+        """The predicted first token of ``attempt`` is due (see :class:`PrefillEstimate`).
+        Returns the seconds after which to call again, while requests sent to its replica
+        before it are not through (``Router.guess_first_token``); else None."""
         with self._lock:
             flight = self._flights.get(request_id)
-            if flight is not None and flight.attempt == attempt and flight.stage is Stage.SENT:
-                self.router.first_token(request_id, self.clock(), measured=False)  # a guess
-                if self.listener is not None:
-                    self.listener.first_token(request_id)
+            if flight is None or flight.attempt != attempt or flight.stage is not Stage.SENT:
+                return None
+            again = self.router.guess_first_token(request_id, self.clock())
+            if again is None and self.listener is not None:
+                self.listener.first_token(request_id)
+            return again
 
     def cancelled(self, request_id: str) -> None:
         """The request was given up before Ray sent it anywhere."""

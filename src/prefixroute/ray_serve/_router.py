@@ -128,9 +128,15 @@ class PrefixRouteRequestRouter(RequestRouter):
     def _sent(self, request_id: str, replica: ReplicaId, accepted: bool = False) -> None:
         estimate = self.ledger.sent(request_id, replica, accepted)
         if estimate is not None:  # Ray never shows us the first token: assume it when due
-            asyncio.get_running_loop().call_later(
-                estimate.delay_s, self.ledger.prefilled, estimate.request_id, estimate.attempt
-            )
+            self._prefill_due(estimate.delay_s, estimate.request_id, estimate.attempt)
+
+    def _prefill_due(self, delay_s: float, request_id: str, attempt: int) -> None:
+        asyncio.get_running_loop().call_later(delay_s, self._prefilled, request_id, attempt)
+
+    def _prefilled(self, request_id: str, attempt: int) -> None:
+        again = self.ledger.prefilled(request_id, attempt)
+        if again is not None:  # requests ahead of it on that replica are not through
+            self._prefill_due(again, request_id, attempt)
 
     # --- Ray's lifecycle hooks ------------------------------------------------------------
     def on_request_routed(

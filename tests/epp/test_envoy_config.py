@@ -213,6 +213,14 @@ def test_the_command_prints_it_for_the_picker_s_own_settings(
     assert {limits(c)["max_requests"] for c in clusters(doc).values()} == {5000}
     assert main([*argv, "--print-envoy-config", "--envoy-max-requests", "0"]) == 2
     assert "--envoy-max-requests" in capsys.readouterr().err
+    # --envoy-admin-port: Envoy's admin interface moves (two Envoys on one host collided at
+    # 9901); out of range, one line and exit 2.
+    assert doc["admin"]["address"]["socket_address"]["port_value"] == 9901
+    assert main([*argv, "--print-envoy-config", "--envoy-admin-port", "0"]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    assert doc["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 0}
+    assert main([*argv, "--print-envoy-config", "--envoy-admin-port", "70000"]) == 2
+    assert "--envoy-admin-port" in capsys.readouterr().err
     # The pool's idle timeout is the routing setting serve's pool takes (--config).
     config = tmp_path / "gateway.toml"
     config.write_text("upstream_idle_timeout_s = 2.5\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from prefixroute.epp import PickStream
@@ -112,3 +113,31 @@ async def test_a_prompt_body_a_page_could_send_cross_site_is_refused_as_serve_do
     stream = PickStream(shared())
     await pick(stream, body, headers={"content-type": "application/json"})
     assert stream.decision is not None
+
+
+async def test_a_long_body_goes_back_in_pieces_of_at_most_62000_bytes() -> None:
+    """Full duplex hands the body back to the proxy; some data planes cap one streamed chunk at
+    64 KiB, and the reference picker sends 62,000-byte pieces. A 4 MB prompt went back as one
+    message. The pieces make the body as it came, and only the last one ends the stream."""
+    body = completion(30_000)  # about 200 kB
+    out = await pick(PickStream(shared()), body)
+    assert kinds(out)[0] == "request_headers" and picked(out)[0]
+    pieces = [r.request_body.response.body_mutation.streamed_response for r in out[1:]]
+    assert len(pieces) == -(-len(body) // 62_000) >= 3
+    assert all(0 < len(p.body) <= 62_000 for p in pieces)
+    assert b"".join(p.body for p in pieces) == body
+    assert [p.end_of_stream for p in pieces] == [False] * (len(pieces) - 1) + [True]
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "GET", "DELETE"])
+async def test_a_call_without_a_prompt_to_a_prompt_path_goes_on_to_a_replica(method: str) -> None:
+    """Only a POST carries a prompt: a browser's CORS preflight (OPTIONS) to
+    /v1/chat/completions got 400 "the request body is not valid JSON" from the picker. Like
+    the reference picker, it goes on, routed on load alone, and the replica answers it."""
+    stream = PickStream(shared())
+    headers = request_headers("/v1/chat/completions", end_of_stream=True)
+    for h in headers.request_headers.headers.headers:
+        if h.key == ":method":
+            h.raw_value = method.encode()
+    out = await stream.handle(headers)
+    assert kinds(out) == ["request_headers"] and picked(out)[0]

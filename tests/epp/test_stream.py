@@ -92,14 +92,52 @@ async def test_the_subset_hint_is_obeyed() -> None:
         assert picked(await stream.handle(request_body(completion(20))))[0] == ENDPOINTS[2]
 
 
+async def test_a_subset_entry_without_a_port_names_every_endpoint_at_that_ip() -> None:
+    """The reference picker compares a hint's IPs only; an entry without a port was refused
+    here as malformed, and a hint of pod IPs was answered 503."""
+    pool = ("10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "[fd00::7]:8000")
+    s = shared("round_robin", pool)
+    for subset, allowed in ((["10.0.0.1"], pool[:2]), (["[fd00:0::7]"], pool[3:])):
+        seen = set()
+        for _ in range(6):
+            stream = PickStream(s)
+            assert await stream.handle(request_headers(subset=subset)) == []
+            seen.add(picked(await stream.handle(request_body(completion(20))))[0])
+        assert seen == set(allowed)
+
+
 async def test_a_subset_with_nothing_eligible_is_a_503() -> None:
-    for subset in ([], ["10.9.9.9:1"], ["not an endpoint"]):
+    for subset in ([], ["10.9.9.9:1"], ["10.9.9.9"], ["not an endpoint"]):
         stream = PickStream(shared())
         await stream.handle(request_headers(subset=subset))
         out = await stream.handle(request_body(completion(20)))
         assert [r.WhichOneof("response") for r in out] == ["immediate_response"]
         assert out[0].immediate_response.status.code == 503
         assert json.loads(out[0].immediate_response.body)["error"]["code"] == "no_replica_available"
+
+
+def shed_answer(out: list[Any]) -> dict[str, Any]:
+    """The 429 of a request the picker sheds (protocol 004: 503 is for no ready endpoint)."""
+    assert [r.WhichOneof("response") for r in out] == ["immediate_response"]
+    answer = out[0].immediate_response
+    assert answer.status.code == 429
+    retry = {h.header.key.lower(): h.header.raw_value for h in answer.headers.set_headers}
+    assert retry["retry-after"] == b"1"
+    return dict(json.loads(answer.body)["error"])
+
+
+async def test_every_endpoint_at_its_in_flight_cap_is_a_429_subset_or_not() -> None:
+    """It was a 503 (serve's answer), and with a subset hint naming a replica up but full, a
+    503 saying "none of the 1 endpoints of the proxy's subset hint is eligible"."""
+    s = shared(endpoints=ENDPOINTS[:2], max_in_flight_per_replica=1, retry_after_s=1)
+    for _ in range(2):  # both endpoints take one and are full
+        assert picked(await pick(PickStream(s), completion(20)))[0]
+    assert shed_answer(await pick(PickStream(s), completion(20)))["code"] == "replicas_overloaded"
+    stream = PickStream(s)
+    await stream.handle(request_headers(subset=[ENDPOINTS[1]]))
+    assert shed_answer(await stream.handle(request_body(completion(20))))["code"] == (
+        "replicas_overloaded"
+    )
 
 
 async def test_an_unhealthy_endpoint_is_not_picked() -> None:

@@ -178,6 +178,14 @@ def _add_envoy_args(p: argparse.ArgumentParser) -> None:
         help="with --print-envoy-config: where Envoy takes requests (0.0.0.0:8081)",
     )
     e.add_argument(
+        "--envoy-admin-port",
+        type=int,
+        default=9901,
+        metavar="PORT",
+        help="with --print-envoy-config: Envoy's admin interface, on 127.0.0.1 (9901; 0: any "
+        "free port, for a second Envoy on the host)",
+    )
+    e.add_argument(
         "--envoy-max-requests",
         type=int,
         default=MAX_REQUESTS,
@@ -229,7 +237,7 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
 
 
 def envoy_config_of(
-    config: EppConfig, listen: str, max_requests: int = MAX_REQUESTS
+    config: EppConfig, listen: str, max_requests: int = MAX_REQUESTS, admin_port: int = 9901
 ) -> EnvoyConfig:
     """The Envoy in front of ``config``'s picker: its pool listed only when the picker names
     fallbacks (``override_host``; else ``ORIGINAL_DST`` follows the picker's one endpoint)."""
@@ -245,6 +253,7 @@ def envoy_config_of(
         listen=listen,
         body_mode="FULL_DUPLEX_STREAMED" if config.full_duplex else "BUFFERED",
         max_requests=max_requests,
+        admin_port=admin_port,
         upstream_idle_timeout_s=config.routing.upstream_idle_timeout_s,  # as serve's pool
         max_body_bytes=config.routing.max_body_bytes,  # BUFFERED: Envoy holds bodies that big
     )
@@ -256,7 +265,9 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     warn_ignored(args, log)
     if args.print_envoy_config:
-        envoy = envoy_config_of(config, args.envoy_listen, args.envoy_max_requests)
+        envoy = envoy_config_of(
+            config, args.envoy_listen, args.envoy_max_requests, args.envoy_admin_port
+        )
         print(envoy_bootstrap(envoy), end="")
         return 0
     pods = _pod_source(args)

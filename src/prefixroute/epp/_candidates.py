@@ -74,18 +74,36 @@ def narrow(candidates: Sequence[ReplicaId], subset: Sequence[str] | None) -> lis
     NoReplicaAvailable when the hint leaves none, as the protocol wants (503)."""
     if subset is None:
         return list(candidates)
-    allowed = set()
+    allowed, hosts = set(), set()
     for endpoint in subset:
         try:
             allowed.add(_same_address(replica_of(endpoint)))
         except PrefixrouteError:
-            continue  # a malformed entry is just not eligible
-    narrowed = [rid for rid in candidates if _same_address(rid) in allowed]
+            host = _bare_ip(endpoint)
+            if host is not None:  # an IP without a port: every endpoint at that IP, as the
+                hosts.add(host)  # reference picker matches a hint (it compares IPs only)
+            # else a malformed entry is just not eligible
+    narrowed = [
+        rid for rid in candidates
+        if _same_address(rid) in allowed or _same_address(rid)[0] in hosts
+    ]  # fmt: skip
     if not narrowed:
         raise NoReplicaAvailable(
             f"none of the {len(subset)} endpoints of the proxy's subset hint is eligible"
         )
     return narrowed
+
+
+def _bare_ip(entry: str) -> str | None:
+    """``entry`` as :func:`_same_address` writes a host, when it is an IP alone (IPv6 bare or
+    bracketed); else None."""
+    text = entry.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    try:
+        return str(ipaddress.ip_address(text)).lower()
+    except ValueError:
+        return None
 
 
 def _same_address(rid: ReplicaId) -> tuple[str, int | None]:
@@ -109,5 +127,7 @@ def eligible(
 ) -> list[ReplicaId]:
     """The registry's candidates for ``view`` within the proxy's subset hint (:func:`narrow`)
     whose context window holds it (``gateway._context_window.fitting``)."""
-    candidates = narrow(registry.candidates(view.model), subset)
+    # The hint narrows the ready replicas, before the cap: a hint whose replicas are up but
+    # full is a request to shed (Overloaded, the protocol's 429), not "none eligible" (503).
+    candidates = registry.with_room(narrow(registry.ready(view.model), subset))
     return fitting(registry, candidates, needed_tokens(view))

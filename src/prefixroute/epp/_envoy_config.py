@@ -228,6 +228,10 @@ class EnvoyConfig:
             raise ConfigError(
                 f"max_requests (--envoy-max-requests) must be at least 1, got {self.max_requests}"
             )
+        if not 0 <= self.admin_port < 65536:
+            raise ConfigError(
+                f"admin_port (--envoy-admin-port) must be 0-65535, got {self.admin_port}"
+            )
         if self.body_mode not in BODY_MODES:
             raise ConfigError(f"body mode {self.body_mode!r}: one of {', '.join(BODY_MODES)}")
         if not self.pickers and not self.endpoints:

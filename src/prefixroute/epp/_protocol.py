@@ -46,6 +46,7 @@ DESTINATION_NAMESPACE = "envoy.lb"  # dynamic metadata namespace of the pick
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"  # filter metadata namespace of the subset
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 SERVED_KEY = "x-gateway-destination-endpoint-served"  # under DESTINATION_NAMESPACE
+BODY_PIECE_BYTES = 62_000  # a request body handed back in full duplex, at most per message
 EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"  # where Envoy puts the attributes it sends
 UPSTREAM_ADDRESS = "upstream.address"  # Envoy's attribute: the upstream host's ip:port
 # The gRPC health services the protocol names (the empty name is gRPC's "whole server"), and
@@ -172,6 +173,21 @@ def request_body_response(
     return out
 
 
+def body_pieces(body: bytes, end_of_body: bool) -> list[pb.ProcessingResponse]:
+    """``body`` handed back in full duplex, in pieces of at most ``BODY_PIECE_BYTES``, the last
+    one marked ``end_of_body`` (an empty body is one empty piece). Envoy takes any size, but some
+    data planes cap a streamed chunk at 64 KiB: the reference picker hands bodies back in
+    62,000-byte pieces (``BodyByteLimit``, ``BuildChunkedBodyResponses`` in its pkg/common), and
+    a 4 MB prompt went back here as one message."""
+    n = BODY_PIECE_BYTES
+    pieces = [body[i : i + n] for i in range(0, len(body), n)] or [b""]
+    last = len(pieces) - 1
+    return [
+        request_body_response(streamed=piece, end_of_stream=end_of_body and i == last)
+        for i, piece in enumerate(pieces)
+    ]
+
+
 def pick_responses(
     headers: Mapping[str, str], endpoint: str, remove: Sequence[str], full_duplex: bool,
     headers_only: bool, body: bytes, replaced: bytes | None, end_of_body: bool,
@@ -183,10 +199,8 @@ def pick_responses(
         return [request_headers_response(headers, endpoint, remove)]
     if full_duplex:
         sent = body if replaced is None else replaced
-        return [
-            request_headers_response(headers, endpoint, remove),
-            request_body_response(streamed=sent, end_of_stream=end_of_body),
-        ]
+        picked = request_headers_response(headers, endpoint, remove)
+        return [picked, *body_pieces(sent, end_of_body)]
     return [request_body_response(headers, endpoint, remove=remove, replaced=replaced)]
 
 

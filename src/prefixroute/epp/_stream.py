@@ -51,8 +51,10 @@ from prefixroute.gateway import (
     REPLICA_HEADER,
     TURNED_AWAY,
     FirstTokenGuess,
+    Overloaded,
     PayloadTooLarge,
     RequestTracing,
+    Shed,
     Usage,
     error_response,
     guess_first_token,
@@ -217,6 +219,11 @@ class PickStream:
         return is_model_call(self._path)
 
     def _endpoint(self) -> Endpoint:
+        # Only a POST carries a prompt. A browser's CORS preflight (OPTIONS) or a GET of a
+        # prompt path was refused 400 "not valid JSON"; it goes on, routed on load alone, and
+        # the replica answers it, as the reference picker lets a body-less request through.
+        if self.headers.get(":method", "POST").upper() != "POST":
+            return Endpoint.OTHER
         return PROMPT_ENDPOINTS.get(self._path, Endpoint.OTHER)
 
     def _answer(
@@ -272,6 +279,8 @@ class PickStream:
                 self.s.sync.withdrawn(self.rid)
             self._release(None)
         self._done = True  # nothing (more) to account
+        if type(exc) is Overloaded:  # the protocol's answer to a request shed under load
+            exc = Shed(str(exc))
         answer = error_response(exc, self.s.state.config.retry_after_s, is_anthropic(self._path))
         self._end_span(answer.status)
         if self._counted:

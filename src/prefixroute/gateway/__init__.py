@@ -33,7 +33,9 @@ from prefixroute.gateway._context_window import (
     window_said,
 )
 from prefixroute.gateway._errors import (
+    Overloaded,
     PayloadTooLarge,
+    Shed,
     error_body,
     error_response,
     is_anthropic,
@@ -100,7 +102,9 @@ __all__ = [
     "ResponseOwners",
     "HFTokenizer",
     "HealthChecker",
+    "Overloaded",
     "PayloadTooLarge",
+    "Shed",
     "PromptTokenizer",
     "ReplicaRecord",
     "ReplicaRegistry",

@@ -124,6 +124,12 @@ class Overloaded(GatewayError):
     """Every candidate replica is at its in-flight cap."""
 
 
+class Shed(Overloaded):
+    """:class:`Overloaded` as the endpoint picker answers it. Protocol 004 says a request the
+    picker drops under load gets 429, 503 being for no ready endpoint (the reference picker
+    answers its InferencePoolResourceExhausted so)."""
+
+
 class ShuttingDown(GatewayError):
     """The gateway is shutting down and takes no new requests."""
 
@@ -160,6 +166,7 @@ ERROR_TABLE: dict[type[BaseException], ErrorSpec] = {
     TooManyRequests: ErrorSpec(429, "rate_limit_error", "too_many_requests", True),
     RateLimited: ErrorSpec(429, "rate_limit_error", "rate_limit_exceeded", True),
     Overloaded: ErrorSpec(503, "service_unavailable", "replicas_overloaded", True),
+    Shed: ErrorSpec(429, "rate_limit_error", "replicas_overloaded", True),
     ShuttingDown: ErrorSpec(503, "service_unavailable", "shutting_down", True),
     UpstreamError: ErrorSpec(502, "upstream_error", "bad_gateway"),
     UpstreamTimeout: ErrorSpec(504, "upstream_error", "upstream_timeout"),

@@ -220,6 +220,11 @@ class ReplicaRegistry:
         Raises ModelNotFound (no replica serves the model at all), NoReplicaAvailable (none
         healthy) or Overloaded (every healthy one at its in-flight cap).
         """
+        return self.with_room(self.ready(model, exclude))
+
+    def ready(self, model: str | None, exclude: Sequence[ReplicaId] = ()) -> list[ReplicaId]:
+        """:meth:`candidates` before the in-flight cap: healthy, not draining, serving
+        ``model``. Raises ModelNotFound or NoReplicaAvailable."""
         records = list(self._records.values())
         if model:  # None or "": no model named, so any replica (vLLM serves its default)
             records = [r for r in records if r.serves(model)]
@@ -231,6 +236,10 @@ class ReplicaRegistry:
         ready = [r.id for r in records if r.healthy and not r.draining and r.id not in exclude]
         if not ready:
             raise NoReplicaAvailable("no healthy replica available for this request")
+        return ready
+
+    def with_room(self, ready: Sequence[ReplicaId]) -> list[ReplicaId]:
+        """``ready`` below the in-flight cap; raises Overloaded when that is none of them."""
         cap = self.config.max_in_flight_per_replica
         load = self.router.replica_load
         free = [rid for rid in ready if load(rid).in_flight < cap]

@@ -271,3 +271,33 @@ def test_an_empty_queue_waits_for_nothing() -> None:
     tracker = LoadTracker()
     tracker.get(R0).speed.attention_s = ATTENTION
     assert tracker[R0].queued_prefill_s(0.0) == 0.0
+
+
+def test_the_effective_rate_is_what_the_first_tokens_measured_at_their_context() -> None:
+    """``speed.effective_prefill_tokens_per_s`` (docs/gateway.md): the rate with attention at
+    the replica's typical context, what it really prefills. Measured here from the traffic
+    itself: multi-turn-shaped prompts (2,000-3,000 tokens cached, 100-300 new) on a replica
+    with attention, its tokens over its true prefill seconds."""
+    tracker = LoadTracker(speed=SpeedConfig(decode_step_s=STEP))
+    rng = random.Random(3)
+    now, tokens, seconds = 0.0, 0.0, 0.0
+    for i in range(200):
+        cached, uncached = rng.randint(2000, 3000), rng.randint(100, 300)
+        rid = f"t{i}"
+        tracker.count_dispatch(
+            rid, R0, prompt_tokens=cached + uncached, output_tokens=10,
+            predicted_cached_tokens=cached, now=now,
+        )  # fmt: skip
+        took = true_prefill_s(cached, uncached)
+        tokens, seconds = tokens + uncached, seconds + took
+        tracker.first_token(rid, now + took)
+        tracker.complete(rid, now + took + 9 * STEP, 10)
+        now += took + 1.0
+    speed = tracker[R0].speed
+    measured = tokens / seconds  # about 7,000 tokens/s: a third of a token's cost is attention
+    assert measured < 0.8 * RATE
+    assert speed.snapshot()["effective_prefill_tokens_per_s"] == pytest.approx(measured, rel=0.05)
+    # No attention learned: the effective rate is the rate.
+    linear = serve(SpeedConfig(decode_step_s=STEP, learn_attention=False), 100, ATTENTION)
+    plain = linear[R0].speed.snapshot()
+    assert plain["effective_prefill_tokens_per_s"] == plain["prefill_tokens_per_s"]

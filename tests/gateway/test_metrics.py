@@ -72,6 +72,11 @@ def test_the_live_numbers_are_the_routers_and_the_registrys() -> None:
     speed.prefill_tokens_per_s, speed.decode_step_s = 1234.0, 0.025  # as if learned so
     assert value(m, "prefixroute_replica_prefill_tokens_per_second", replica=A) == 1234.0
     assert value(m, "prefixroute_replica_decode_step_seconds", replica=A) == 0.025
+    speed.attention_s = 0.0
+    assert value(m, "prefixroute_replica_effective_prefill_tokens_per_second", replica=A) == 1234.0
+    speed.attention_s = 1e-4  # s per token per 1k tokens of context: A's were 100 and 150 long
+    effective = value(m, "prefixroute_replica_effective_prefill_tokens_per_second", replica=A)
+    assert effective == speed.snapshot()["effective_prefill_tokens_per_s"] < 1234.0
     prior = router.replica_load(B).speed
     assert value(m, "prefixroute_replica_decode_step_seconds", replica=B) == prior.decode_step_s
     seen = "prefixroute_replica_speed_observations"

@@ -42,3 +42,14 @@ def doubling_context(rate: float, attention: float) -> float | None:
     if attention <= 0:
         return None
     return CONTEXT_UNIT / (rate * attention)
+
+
+def effective_rate(rate: float, attention: float, context_per_token: float) -> float:
+    """The prefill rate of a token at ``context_per_token`` (token-kilotokens per token: a
+    replica's typical context, from its first tokens), tokens/s: ``1 / (1/rate + attention *
+    context_per_token)``. Where most of each prompt is cached (multi-turn), the fit splits a
+    token's cost between the rate and attention with little to tell them apart: a replica
+    slowed from 20,000 to 5,000 tokens/s showed a rate of 200,000 (its bound) beside a large
+    attention term. The split is loose; their sum at the typical context is what the first
+    tokens measured, and what a reader comparing with the replica's real speed wants."""
+    return 1.0 / (1.0 / rate + max(0.0, attention) * max(0.0, context_per_token))

@@ -143,8 +143,7 @@ class ReplicaSpeed:
     ) -> float:
         """Tokens of ``queued`` (with ``context`` work) already prefilled after ``elapsed_s``
         seconds on it, tokens: each token at the queue's mean cost. Each step started spent one
-        decode step on decodes when the replica was decoding.
-        """
+        decode step on decodes when the replica was decoding."""
         if queued <= 0 or elapsed_s <= 0:
             return 0.0
         rate = self.prefill_tokens_per_s
@@ -174,6 +173,10 @@ class ReplicaSpeed:
         counting answers that came whole: module docstring)."""
         seen = len(self._prefill) - self._whole + len(self._decode) + len(self._engine)
         return self.config.learn and seen >= max(1, self.config.min_observations)
+
+    @property
+    def first_token_window(self) -> deque[Obs]:  # (reports read its typical context)
+        return self._prefill
 
     def estimates(self) -> tuple[float, float, float, float, float]:
         """(prefill rate, decode step, first-token overhead, engine overhead, attention)."""
@@ -231,8 +234,7 @@ class ReplicaSpeed:
 
     def correct_queue(self, after: int, through: int, tokens: float, context: float = 0.0) -> None:
         """The requests dispatched ``after+1``-th to ``through``-th waited behind ``tokens``
-        (and ``context`` work) more or fewer than their observations say
-        (:mod:`prefixroute.core.queue_fixes`)."""
+        (and ``context`` work) more or fewer than their observations say (core/queue_fixes.py)."""
         for o in self._prefill:
             if type(o) is QueuedObs and after < o.seq <= through:
                 o.queued = max(0.0, o.queued + tokens)
@@ -242,8 +244,7 @@ class ReplicaSpeed:
     def correct_decode(self, no: int, tokens: float, context: float = 0.0, seq: int = 0) -> None:
         """The ``no``-th first token's request (dispatched ``seq``-th) computed ``tokens`` (and
         ``context`` work) more than the decode phases it shared counted (negative: fewer;
-        core/queue_fixes.py), and than the queues it was in at a phase's end
-        (core/queue_credit.py)."""
+        core/queue_fixes.py), and than the queues it was in at a phase's end (queue_credit)."""
         for o in self._decode:
             if o.correct(no, tokens, context, seq):
                 credit(self, o)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING
 
-from prefixroute.core.context_cost import doubling_context
+from prefixroute.core.context_cost import doubling_context, effective_rate
+from prefixroute.core.speed_fit import _context_per_token as context_per_token
 
 if TYPE_CHECKING:  # the speed model imports this module
     from prefixroute.core.speed import ReplicaSpeed
@@ -36,6 +37,9 @@ def snapshot(speed: ReplicaSpeed, given: bool = False) -> dict[str, float | int 
         # context at which a token costs double (None: the cost does not grow with it).
         "attention_s": speed.attention_s,
         "attention_tokens": doubling_context(speed.prefill_tokens_per_s, speed.attention_s),
+        # The rate with attention at this replica's typical context (its first tokens'): the
+        # fit's split between the two is loose where prompts are mostly cached, their sum is not.
+        "effective_prefill_tokens_per_s": effective_prefill_rate(speed),
         "prefill_observations": speed.prefill_observations,
         "decode_observations": speed.decode_observations,
         "engine_observations": speed.engine_observations,
@@ -59,3 +63,10 @@ def _source(speed: ReplicaSpeed, given: bool) -> str:
     if speed.from_fleet:
         return "fleet"
     return "given" if given else "prior"
+
+
+def effective_prefill_rate(speed: ReplicaSpeed) -> float:
+    """``speed``'s prefill rate at its typical context (``context_cost.effective_rate``):
+    the rate itself while it has no first tokens, or no attention."""
+    kappa = context_per_token(speed.first_token_window) if speed.attention_s > 0 else 0.0
+    return effective_rate(speed.prefill_tokens_per_s, speed.attention_s, kappa)

@@ -35,7 +35,8 @@ Read live at scrape: ``prefixroute_in_flight{replica}`` (the router's own load a
 ``prefixroute_replica_cache_lost_total{replica}`` (times its whole cache was taken as lost: its
 engine restarted or refused connections, ``gateway/_health.py``), each replica's learned speed
 (``prefixroute_replica_prefill_tokens_per_second``, ``_decode_step_seconds``,
-``_first_token_overhead_seconds``, ``_prefill_attention_seconds``, ``_speed_observations``)
+``_first_token_overhead_seconds``, ``_prefill_attention_seconds``, ``_speed_observations``,
+and ``_effective_prefill_tokens_per_second``: the rate with attention at its typical context)
 and how good its TTFT
 predictions are (``prefixroute_replica_ttft_prediction_error``: the median of
 ``|predicted / measured - 1|`` over its last 64 predicted first tokens past the warm-up;
@@ -280,7 +281,8 @@ class _LiveCollector(Collector):
         )
         prefill_rate = _gauge(
             "prefixroute_replica_prefill_tokens_per_second",
-            "The replica's prefill rate as the router has learned it (the prior until then).",
+            "The replica's prefill rate as the router has learned it (until then its own "
+            "priors, the fleet's learned median, or the configured prior).",
         )
         decode_step = _gauge(
             "prefixroute_replica_decode_step_seconds",
@@ -342,6 +344,11 @@ class _LiveCollector(Collector):
             "Prefill seconds a prompt token costs per 1,000 tokens of context before it, as "
             "learned (0: the replica's cost does not grow with the context).",
         )
+        effective = _gauge(
+            "prefixroute_replica_effective_prefill_tokens_per_second",
+            "The replica's prefill rate with attention at its typical context, as learned: what "
+            "its first tokens measured (the rate alone is loose where prompts are mostly cached).",
+        )
         error = _gauge(
             "prefixroute_replica_ttft_prediction_error",
             "Median |predicted / measured - 1| of the replica's last predicted TTFTs, past "
@@ -357,10 +364,12 @@ class _LiveCollector(Collector):
             overhead.add_metric([record.url], speed.first_token_overhead_s)
             attention.add_metric([record.url], speed.attention_s)
             predictions.add_metric([record.url], speed.ttft_predictions)
-            p50 = speed.snapshot()["ttft_error_p50"]
+            seen = speed.snapshot()
+            effective.add_metric([record.url], float(seen["effective_prefill_tokens_per_s"] or 0))
+            p50 = seen["ttft_error_p50"]
             if isinstance(p50, (int, float)):
                 error.add_metric([record.url], p50)
-        yield from (overhead, attention, error, predictions)
+        yield from (overhead, attention, effective, error, predictions)
 
 
 def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:

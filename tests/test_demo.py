@@ -103,3 +103,6 @@ def test_block_size_reaches_the_large_run_and_a_bad_one_is_refused_before_the_de
     assert main(["demo", "--block-size", "0", "--plot", plot]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "--block-size must be at least 1" in captured.err
+    assert main(["demo", "--block-size", "10000000", "--plot", plot]) == 2  # over --kv-tokens
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--kv-tokens must hold at least one block" in captured.err

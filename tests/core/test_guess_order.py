@@ -159,3 +159,29 @@ def test_the_order_stays_small_behind_a_request_that_never_prefills() -> None:
     # + 8; the new one joins after.
     assert longest <= 2 * 1 + 8 + 1
     assert not load.unprefilled[0].prefilled
+
+
+def test_behind_a_first_token_that_never_comes_the_guess_backs_off() -> None:
+    """The work ahead overdue by the model (a request routed and not sent yet, another
+    instance's whose news was lost): the wait doubles from MIN_RECHECK_S at each guess put off,
+    up to MAX_RECHECK_S. It was asked again every millisecond, 30,000 times in 30 s."""
+    from prefixroute.core.plain_answers import MAX_RECHECK_S, MIN_RECHECK_S
+
+    tracker = LoadTracker(speed=SpeedConfig(decode_step_s=0.0, fleet_prior=False))
+    now = warm(tracker)
+    send(tracker, "a", 3000, 10, now)  # its first token never comes
+    tracker.count_dispatch(  # nothing of its own to compute
+        "b", R0, prompt_tokens=3000, output_tokens=10, predicted_cached_tokens=3000, now=now
+    )
+    assert tracker.first_token_due("b") is not None
+    t = now + 3000 / RATE  # a's work is done by the model's count from here on
+    waits = []
+    while t < now + 30:
+        again = tracker.guess_first_token("b", t)
+        assert again is not None  # never taken while a is ahead
+        waits.append(again)
+        t += again
+    assert waits[:3] == pytest.approx([MIN_RECHECK_S, 2 * MIN_RECHECK_S, 4 * MIN_RECHECK_S])
+    assert max(waits) == MAX_RECHECK_S and len(waits) < 30 / MAX_RECHECK_S + 20
+    tracker.first_token("a", t)  # it comes at last: the guess is taken at the next ask
+    assert tracker.guess_first_token("b", t) is None

@@ -97,7 +97,9 @@ async def test_a_subset_entry_without_a_port_names_every_endpoint_at_that_ip() -
     here as malformed, and a hint of pod IPs was answered 503."""
     pool = ("10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "[fd00::7]:8000")
     s = shared("round_robin", pool)
-    for subset, allowed in ((["10.0.0.1"], pool[:2]), (["[fd00:0::7]"], pool[3:])):
+    for subset, allowed in (
+        (["10.0.0.1"], pool[:2]), (["[fd00:0::7]"], pool[3:]), ([" 10.0.0.1:8001 "], pool[1:2])
+    ):
         seen = set()
         for _ in range(6):
             stream = PickStream(s)

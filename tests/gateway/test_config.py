@@ -238,7 +238,11 @@ def test_a_config_file_without_end_is_refused_at_a_bound(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
-    "url", ["http://h:99999", "http://:4317", "http://[::1:4317", "grpc://h:4317", "http://h:0"]
+    "url",
+    [
+        "http://h:99999", "http://:4317", "http://[::1:4317", "grpc://h:4317", "http://h:0",
+        "http://h", "http://h:", "http://h :4317",
+    ],
 )
 def test_an_otlp_endpoint_that_is_no_address_is_refused(url: str) -> None:
     """The exporter took these and failed in its own thread once spans flowed."""

@@ -74,9 +74,12 @@ def test_the_live_numbers_are_the_routers_and_the_registrys() -> None:
     assert value(m, "prefixroute_replica_decode_step_seconds", replica=A) == 0.025
     speed.attention_s = 0.0
     assert value(m, "prefixroute_replica_effective_prefill_tokens_per_second", replica=A) == 1234.0
-    speed.attention_s = 1e-4  # s per token per 1k tokens of context: A's were 100 and 150 long
+    # With attention (s per token per 1k tokens of context): A's first tokens computed 200 and
+    # 100 tokens with nothing before them, 200 x 100 / 1000 + 100 x 50 / 1000 = 25
+    # token-kilotokens of context work over 300 tokens.
+    speed.attention_s = 1e-4
     effective = value(m, "prefixroute_replica_effective_prefill_tokens_per_second", replica=A)
-    assert effective == speed.snapshot()["effective_prefill_tokens_per_s"] < 1234.0
+    assert effective == pytest.approx(1 / (1 / 1234.0 + 1e-4 * 25 / 300))
     prior = router.replica_load(B).speed
     assert value(m, "prefixroute_replica_decode_step_seconds", replica=B) == prior.decode_step_s
     seen = "prefixroute_replica_speed_observations"

@@ -129,6 +129,19 @@ def test_the_first_token_is_predicted_at_the_speed_a_replica_told() -> None:
     assert estimate.delay_s == pytest.approx(0.5, rel=0.1)
 
 
+def test_a_replica_that_told_no_prefill_rate_is_guessed_at_the_settings_rate() -> None:
+    """Its decode step alone: the guess is at ``prefill_tokens_per_s`` (2,000 here), not at
+    the policy's prior rate (10,000), which nobody gave for it (a review)."""
+    led = Ledger(RouterSettings(policy="consistent_hash").build_router(), Clock(), 2_000.0)
+    led.sync([A, B])
+    for replica in (A, B):
+        led.observe(replica, {"decode_step_s": 0.02})
+    replica = led.route("r1", KEY, [A, B]).replica
+    estimate = led.sent("r1", replica)
+    assert estimate is not None
+    assert estimate.delay_s == pytest.approx(0.5)  # 1,000 tokens at 2,000 tokens/s
+
+
 def test_a_guessed_first_token_waits_for_the_requests_sent_there_before_it() -> None:
     """Engines admit in arrival order: a guess due while a request sent to the same replica
     before it has no first token is not taken, and the ledger says when to ask again."""

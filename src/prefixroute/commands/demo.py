@@ -17,7 +17,7 @@ from prefixroute.commands._args import (
     replica_config_from,
     seed,
 )
-from prefixroute.core import DEFAULT_POLICY, ConfigError
+from prefixroute.core import DEFAULT_POLICY
 from prefixroute.sim import (
     check_plot_path,
     check_replica_count,
@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     check_plot_path(args.plot)  # before the demo runs, not once it is over
     check_workload(args.large)  # before the worked examples print (58 lines of them)
     check_replica_count(args.replicas)  # the large run's; before the examples print
-    if args.block_size is not None and args.block_size < 1:  # the large run's, as above
-        raise ConfigError(f"--block-size must be at least 1, got {args.block_size}")
+    if args.block_size is not None:  # the large run's, as above (at least 1, --kv-tokens' room)
+        replica_config_from(args, args.block_size)
     console = make_console()
     _conversation(args, console)
     _shared_prompt(args, console)

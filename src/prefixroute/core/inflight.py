@@ -52,6 +52,7 @@ class InFlight:
     dispatched_context_mark: float = 0.0  # and its ``dispatched_context``, token-kilotokens
     queue_known: bool = True  # its queue ahead at dispatch is no overcount (learn_whole)
     unseen: bool = False  # its first token will not be seen (a plain answer: first_token_due)
+    rechecks: int = 0  # its guess put off with the work ahead overdue (core/plain_answers.py)
     # Sent to a full batch: it waited for a slot as well as for the queue, a wait the speed
     # model has no term for, so its first token teaches no prefill rate (core/batch_slots.py).
     slot_wait: bool = False

@@ -44,6 +44,11 @@ if TYPE_CHECKING:  # the load view imports this module
 # The shortest wait before guessing again, seconds: when the work ahead is all cached and the
 # replica is not decoding, the prediction is zero, and asking again at once would spin.
 MIN_RECHECK_S = 0.001
+# The longest, once the work ahead is overdue by the model: the wait doubles from the shortest
+# at each guess put off, up to this. Behind a request whose first token does not come (routed
+# by Ray and not sent yet, another instance's whose news was lost) a guess was asked again
+# every millisecond until that request ended, or was taken as silent 30 s later (a review).
+MAX_RECHECK_S = 0.1
 
 
 def in_order(load: ReplicaLoad, req: InFlight) -> None:
@@ -96,7 +101,11 @@ def recheck_s(req: InFlight, now: float) -> float | None:
     work, steps, context = speed.queue_work(
         tokens, elapsed, load.decoding > 0, req.uncached_tokens, context, req.context
     )
-    return max(MIN_RECHECK_S, speed.prefill_s(work, context) + steps * speed.decode_step_s)
+    wait = speed.prefill_s(work, context) + steps * speed.decode_step_s
+    if wait >= MIN_RECHECK_S:
+        return wait
+    req.rechecks += 1  # overdue: back off (MAX_RECHECK_S)
+    return min(MAX_RECHECK_S, MIN_RECHECK_S * 2.0 ** min(req.rechecks - 1, 16))
 
 
 class PlainAnswerCalls:

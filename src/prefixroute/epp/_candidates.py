@@ -77,7 +77,7 @@ def narrow(candidates: Sequence[ReplicaId], subset: Sequence[str] | None) -> lis
     allowed, hosts = set(), set()
     for endpoint in subset:
         try:
-            allowed.add(_same_address(replica_of(endpoint)))
+            allowed.add(_same_address(replica_of(endpoint.strip())))
         except PrefixrouteError:
             host = _bare_ip(endpoint)
             if host is not None:  # an IP without a port: every endpoint at that IP, as the

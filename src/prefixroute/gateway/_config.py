@@ -146,7 +146,7 @@ class GatewayConfig:
         4096, "requests the gateway handles at once (else 429)", "--max-in-flight"
     )
     max_in_flight_per_replica: int = setting(
-        512, "requests in flight per replica (all full: 503)", "--max-in-flight-per-replica"
+        512, "in flight per replica (all full: 503; epp: 429)", "--max-in-flight-per-replica"
     )
     retry_after_s: int = setting(1, "Retry-After on 429/503, seconds")
     connect_timeout_s: float = setting(

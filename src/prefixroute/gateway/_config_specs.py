@@ -21,10 +21,10 @@ def check_otlp_endpoint(url: str | None) -> None:
         port = parts.port  # raises on a port out of range or not a number
     except ValueError as exc:
         raise ConfigError(f"{form} ({exc})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https") or not parts.hostname or " " in parts.netloc:
         raise ConfigError(form)
-    if port == 0:
-        raise ConfigError(f"{form} (port 0)")
+    if not port:  # none: the exporter dialled gRPC's default, 443, not the collector's 4317
+        raise ConfigError(f"{form} ({'port 0' if port == 0 else 'no port'})")
 
 
 def parse_kv_events(items: Iterable[str]) -> dict[str, EventEndpoint]:

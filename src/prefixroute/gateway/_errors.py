@@ -21,6 +21,7 @@ the status each class answers (core errors first; gateway errors below ``Gateway
         ├── TooManyRequests               429 over --max-in-flight (Retry-After)
         │   └── RateLimited               429 a tenant over one of its limits (names it)
         ├── Overloaded                    503 every candidate at its in-flight cap (Retry-After)
+        │   └── Shed                      429 the same, from the endpoint picker (protocol 004)
         ├── ShuttingDown                  503 the gateway is draining for shutdown (Retry-After)
         └── UpstreamError                 502 the replica failed before its response started
             └── UpstreamTimeout           504 the replica did not answer in time

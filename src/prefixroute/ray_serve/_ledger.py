@@ -130,7 +130,9 @@ class Ledger:
         self._flights: dict[str, Flight] = {}
         self._lock = threading.Lock()
         self._acceptances = False  # an attempt was accepted: Ray runs the rejection protocol
-        self._told: set[ReplicaId] = set()  # replicas whose reported speed priors were read
+        # Replicas whose reported speed priors were read: True where they gave a prefill rate
+        # that the router took (the first-token guess is then at it: ``sent``).
+        self._told: dict[ReplicaId, bool] = {}
         # Attempts are numbered across the ledger, not per request: a retry whose request's
         # record ended before it (a rejection notice first) starts a new record, and a timer
         # of the rejected attempt, numbered per request, named it too (the review, 2026-12-07).
@@ -148,7 +150,7 @@ class Ledger:
             wanted = set(replicas)
             for gone in [r for r in self.router.replicas if r not in wanted]:
                 self.router.remove_replica(gone)
-                self._told.discard(gone)
+                self._told.pop(gone, None)
             for replica in replicas:
                 self.router.add_replica(replica)
 
@@ -156,7 +158,7 @@ class Ledger:
         """Forget a replica whose actor died, and what it cached."""
         with self._lock:
             self.router.remove_replica(replica)
-            self._told.discard(replica)
+            self._told.pop(replica, None)
 
     def observe(self, replica: ReplicaId, stats: Mapping[str, object]) -> None:
         """Numbers a replica reports about itself (``record_routing_stats``), when it does:
@@ -191,9 +193,10 @@ class Ledger:
         with self._lock:
             if not self.router.has_replica(replica):
                 return  # reported before Ray's update_replicas reached us: at the next poll
-            self._told.add(replica)
+            self._told[replica] = False
             try:
-                self.router.tell_speed(replica, SpeedPrior.from_mapping(given))
+                taken = self.router.tell_speed(replica, SpeedPrior.from_mapping(given))
+                self._told[replica] = taken and "prefill_tokens_per_s" in given
             except ConfigError as exc:
                 log.warning("replica %s: speed priors %s ignored: %s", replica, given, exc)
 
@@ -255,10 +258,11 @@ class Ledger:
             rate = self.prefill_tokens_per_s
             if rate is None:
                 return None
-            # At the replica's own speed where it told it (its routing stats), as the gateway
-            # guesses a plain answer's; else at the settings' rate (module docstring).
-            due = self.router.first_token_due(request_id)
-            if due is None:
+            # At the replica's own speed where it told its rate (its routing stats), as the
+            # gateway guesses a plain answer's; else at the settings' rate (module docstring). A
+            # decode step alone was told: the model's rate was then the policy's prior, not ours.
+            due = self.router.first_token_due(request_id)  # (which also marks it unseen)
+            if due is None or not self._told.get(replica, False):
                 queued = self.router.replica_load(replica).queued_prefill_tokens  # ours too
                 due = queued / rate
             return PrefillEstimate(request_id, flight.attempt, due)

@@ -59,6 +59,31 @@ def test_with_a_secret_an_unsigned_message_is_dropped_and_counted() -> None:
     assert plain._open(payload) == payload  # no secret: believed, as before
 
 
+def test_a_live_message_under_another_secret_is_said_once_a_minute(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Instances with different secrets share nothing, and that showed only in a counter (an
+    outside audit, 2026-12-07). A live message that fails its check is logged, at most once a
+    minute; the history's (written before a secret was set, say) only counted."""
+    import prefixroute.sync._redis as redis_module
+
+    now = [1000.0]
+    monkeypatch.setattr(redis_module.time, "monotonic", lambda: now[0])
+    sync = RouteSync("redis://127.0.0.1:1/0", CHANNEL, Router(make_policy("round_robin")),
+                     CollectorRegistry(), secret=SECRET)  # fmt: skip
+    other = Signer("another secret").sign(encode_stored("i", None, "resp_1", ReplicaId("http://r:1")))
+    said = lambda: [r for r in caplog.records if "signature" in r.getMessage()]  # noqa: E731
+    with caplog.at_level(logging.WARNING, logger="prefixroute.sync._redis"):
+        assert sync._open(other) is None  # the history's: counted, not said
+        assert said() == []
+        for _ in range(3):
+            assert sync._open(other, True) is None
+        assert len(said()) == 1 and "different sync secret" in said()[0].getMessage()
+        now[0] += 61
+        assert sync._open(other, True) is None
+        assert len(said()) == 2
+
+
 @pytest.mark.parametrize(
     "message",
     [

@@ -74,6 +74,7 @@ BACKOFF_MIN_S = 0.05  # first reconnect delay, seconds
 BACKOFF_MAX_S = 2.0  # longest reconnect delay, seconds
 SOCKET_TIMEOUT_S = 2.0  # connect and command timeout, seconds
 POLL_S = 1.0  # longest wait for one subscriber message, seconds
+AUTH_SAID_EVERY_S = 60.0  # a live message's bad signature is logged at most this often
 HEARTBEAT_S = 5.0  # a subscription quiet this long is PINGed (_listen), seconds
 HISTORY = 4096  # decisions kept in Redis for instances that (re)connect later
 HISTORY_CHUNK = 256  # history entries applied between yields to the event loop
@@ -121,6 +122,7 @@ class RouteSync:
         self._connected = False
         self._unsent: list[tuple[bytes, bool]] = []  # a batch whose connection failed
         self._history_refused = False  # Redis refuses the history's writes (logged once)
+        self._auth_said = -AUTH_SAID_EVERY_S  # when a message's bad signature was last logged
 
     @property
     def connected(self) -> bool:
@@ -332,7 +334,7 @@ class RouteSync:
             now = time.monotonic()
             if message is not None:  # a PONG too
                 heard, pinged_at = now, None
-                if message.get("type") == "message" and (data := self._open(message["data"])):
+                if message.get("type") == "message" and (data := self._open(message["data"], True)):
                     self.remote.apply(data)
             elif pinged_at is not None and now - pinged_at > SOCKET_TIMEOUT_S:
                 raise RedisTimeout(f"no answer to PING in {SOCKET_TIMEOUT_S:g} s")
@@ -362,14 +364,20 @@ class RouteSync:
         if payloads:
             log.info("sync: applied %d of %d decisions from the history", applied, len(payloads))
 
-    def _open(self, message: bytes) -> bytes | None:
+    def _open(self, message: bytes, live: bool = False) -> bytes | None:
         """``message``'s payload, its signature checked under ``secret`` (_signing); None
-        (counted) when it does not match. Without a secret, ``message`` itself."""
+        (counted) when it does not match, and said once a minute of a ``live`` one: instances
+        with different secrets share nothing, and that showed only in a counter. Without a
+        secret, ``message`` itself."""
         if self._signer is None:
             return message
         payload = self._signer.open(message)
         if payload is None:
             self.metrics.errors.labels("auth").inc()
+            if live and time.monotonic() - self._auth_said >= AUTH_SAID_EVERY_S:
+                self._auth_said = time.monotonic()
+                log.warning("sync: a message on the channel failed its signature check: another "
+                            "instance with a different sync secret, or none? Not applied")
         return payload
 
 

@@ -141,3 +141,13 @@ async def test_a_call_without_a_prompt_to_a_prompt_path_goes_on_to_a_replica(met
             h.raw_value = method.encode()
     out = await stream.handle(headers)
     assert kinds(out) == ["request_headers"] and picked(out)[0]
+    # With a body that is no JSON: no prompt to read in it either, and it goes on as it came.
+    stream = PickStream(shared())
+    headers = request_headers("/v1/chat/completions")
+    for h in headers.request_headers.headers.headers:
+        if h.key == ":method":
+            h.raw_value = method.encode()
+    assert await stream.handle(headers) == []
+    out = await stream.handle(request_body(b"hello"))
+    assert kinds(out) == ["request_headers", "request_body"] and picked(out)[0]
+    assert out[1].request_body.response.body_mutation.streamed_response.body == b"hello"

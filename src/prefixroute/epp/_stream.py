@@ -181,8 +181,9 @@ class PickStream:
         self._body = []
         try:
             scope = self.admission.scope if self.admission is not None else None
+            keyed = body if self._posts else b""  # no prompt in another method's body
             key, replaced, self._usage_asked = await request_key(
-                self.s.state, self._endpoint(), body, scope, self.headers.get("content-type", ""),
+                self.s.state, self._endpoint(), keyed, scope, self.headers.get("content-type", ""),
                 ask_usage=self._editable_answer,  # the usage event can be kept back
             )  # fmt: skip
             owner, self._stored = stored_owner(self.s.state, self._path, key, body, scope)
@@ -222,9 +223,12 @@ class PickStream:
         # Only a POST carries a prompt. A browser's CORS preflight (OPTIONS) or a GET of a
         # prompt path was refused 400 "not valid JSON"; it goes on, routed on load alone, and
         # the replica answers it, as the reference picker lets a body-less request through.
-        if self.headers.get(":method", "POST").upper() != "POST":
-            return Endpoint.OTHER
-        return PROMPT_ENDPOINTS.get(self._path, Endpoint.OTHER)
+        return PROMPT_ENDPOINTS.get(self._path, Endpoint.OTHER) if self._posts else Endpoint.OTHER
+
+    @property
+    def _posts(self) -> bool:
+        """The request is a POST, the only method whose body can carry a prompt."""
+        return self.headers.get(":method", "POST").upper() == "POST"
 
     def _answer(
         self, body: bytes, replaced: bytes | None, end_of_body: bool, headers_only: bool

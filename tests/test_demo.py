@@ -55,27 +55,35 @@ def test_a_plot_format_matplotlib_cannot_write_is_refused_before_the_demo_runs(
     assert "matplotlib cannot write .txt files" in done.stderr.strip().splitlines()[-1]
 
 
+def runs_of(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """The keyword arguments of each ``compare_policies`` call the demo makes, in order (the
+    calls still run)."""
+    from prefixroute.commands import demo
+
+    calls: list[dict[str, object]] = []
+    real = demo.compare_policies
+
+    def spy(*args: object, **kwargs: object) -> object:
+        calls.append(kwargs)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(demo, "compare_policies", spy)
+    monkeypatch.setenv("NO_COLOR", "1")
+    return calls
+
+
 def test_the_seed_reaches_routing_as_in_simulate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--seed``: "seed for workloads and routing". Routing ran at seed 0 whatever it said, so
     ``demo --seed 1`` differed from ``simulate --seed 1`` on the same workload."""
     from prefixroute.cli import main
-    from prefixroute.commands import demo
 
-    seeds: list[int] = []
-    real = demo.compare_policies
-
-    def spy(*args: object, **kwargs: object) -> object:
-        seeds.append(kwargs.get("seed", 0))  # type: ignore[arg-type]
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(demo, "compare_policies", spy)
-    monkeypatch.setenv("NO_COLOR", "1")
+    runs = runs_of(monkeypatch)
     plot = str(tmp_path / "d.png")
     argv = ["demo", "--seed", "3", "--large", "seed-conversation", "--plot", plot]
     assert main(argv) == 0
-    assert seeds == [3, 3, 3]
+    assert [run.get("seed", 0) for run in runs] == [3, 3, 3]
 
 
 def test_block_size_reaches_the_large_run_and_a_bad_one_is_refused_before_the_demo(
@@ -84,21 +92,12 @@ def test_block_size_reaches_the_large_run_and_a_bad_one_is_refused_before_the_de
     """``--block-size`` ("KV block size, tokens (default: workload's)") was taken and ignored:
     every run kept its workload's. It is the large run's; the worked examples stay token-exact."""
     from prefixroute.cli import main
-    from prefixroute.commands import demo
 
-    blocks: list[int] = []
-    real = demo.compare_policies
-
-    def spy(*args: object, **kwargs: object) -> object:
-        blocks.append(kwargs["replica_config"].block_size)  # type: ignore[attr-defined]
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(demo, "compare_policies", spy)
-    monkeypatch.setenv("NO_COLOR", "1")
+    runs = runs_of(monkeypatch)
     plot = str(tmp_path / "d.png")
     argv = ["demo", "--block-size", "4", "--large", "seed-conversation", "--plot", plot]
     assert main(argv) == 0
-    assert blocks == [1, 1, 4]
+    assert [run["replica_config"].block_size for run in runs] == [1, 1, 4]  # type: ignore[attr-defined]
     assert "block 4" in capsys.readouterr().out
     assert main(["demo", "--block-size", "0", "--plot", plot]) == 2
     captured = capsys.readouterr()

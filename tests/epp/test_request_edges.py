@@ -134,20 +134,13 @@ async def test_a_call_without_a_prompt_to_a_prompt_path_goes_on_to_a_replica(met
     """Only a POST carries a prompt: a browser's CORS preflight (OPTIONS) to
     /v1/chat/completions got 400 "the request body is not valid JSON" from the picker. Like
     the reference picker, it goes on, routed on load alone, and the replica answers it."""
+    sent = {":method": method}
     stream = PickStream(shared())
-    headers = request_headers("/v1/chat/completions", end_of_stream=True)
-    for h in headers.request_headers.headers.headers:
-        if h.key == ":method":
-            h.raw_value = method.encode()
-    out = await stream.handle(headers)
+    out = await stream.handle(request_headers("/v1/chat/completions", True, extra=sent))
     assert kinds(out) == ["request_headers"] and picked(out)[0]
     # With a body that is no JSON: no prompt to read in it either, and it goes on as it came.
     stream = PickStream(shared())
-    headers = request_headers("/v1/chat/completions")
-    for h in headers.request_headers.headers.headers:
-        if h.key == ":method":
-            h.raw_value = method.encode()
-    assert await stream.handle(headers) == []
+    assert await stream.handle(request_headers("/v1/chat/completions", extra=sent)) == []
     out = await stream.handle(request_body(b"hello"))
     assert kinds(out) == ["request_headers", "request_body"] and picked(out)[0]
     assert out[1].request_body.response.body_mutation.streamed_response.body == b"hello"

@@ -132,8 +132,7 @@ def test_the_first_token_is_predicted_at_the_speed_a_replica_told() -> None:
 def test_a_replica_that_told_no_prefill_rate_is_guessed_at_the_settings_rate() -> None:
     """Its decode step alone: the guess is at ``prefill_tokens_per_s`` (2,000 here), not at
     the policy's prior rate (10,000), which nobody gave for it (a review)."""
-    led = Ledger(RouterSettings(policy="consistent_hash").build_router(), Clock(), 2_000.0)
-    led.sync([A, B])
+    led, _ = ledger(rate=2_000.0)
     for replica in (A, B):
         led.observe(replica, {"decode_step_s": 0.02})
     replica = led.route("r1", KEY, [A, B]).replica

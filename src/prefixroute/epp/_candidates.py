@@ -84,9 +84,8 @@ def narrow(candidates: Sequence[ReplicaId], subset: Sequence[str] | None) -> lis
                 hosts.add(host)  # reference picker matches a hint (it compares IPs only)
             # else a malformed entry is just not eligible
     narrowed = [
-        rid for rid in candidates
-        if _same_address(rid) in allowed or _same_address(rid)[0] in hosts
-    ]  # fmt: skip
+        rid for rid in candidates if (at := _same_address(rid)) in allowed or at[0] in hosts
+    ]
     if not narrowed:
         raise NoReplicaAvailable(
             f"none of the {len(subset)} endpoints of the proxy's subset hint is eligible"

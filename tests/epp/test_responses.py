@@ -123,3 +123,18 @@ async def test_a_fetch_teaches_the_router_nothing() -> None:
         await p.handle(response_body(body, end_of_stream=True))
     after = (s.router.usage_reports, speed.prefill_observations, speed.whole_observations)
     assert after == before
+
+
+async def test_a_home_up_but_full_is_shed_with_a_429_not_a_503() -> None:
+    """Up but at its in-flight cap, the home will have room: the protocol's 429 for a request
+    shed under load (with Retry-After), not the 503 of no ready endpoint (epp/_candidates.py)."""
+    s = shared("round_robin", max_in_flight_per_replica=1, retry_after_s=1)
+    await answered(s, "resp_a", stream=False)
+    body = responses_body("more", previous_response_id="resp_a")
+    assert picked(await pick(PickStream(s), body, "/v1/responses"))[0]  # in flight: room taken
+    out = await pick(PickStream(s), body, "/v1/responses")
+    answer = out[0].immediate_response
+    assert answer.status.code == 429, answer
+    assert json.loads(answer.body)["error"]["code"] == "replicas_overloaded"
+    headers = {h.header.key.lower(): h.header.raw_value for h in answer.headers.set_headers}
+    assert headers["retry-after"] == b"1"

@@ -150,6 +150,29 @@ async def test_a_stored_responses_replica_down_is_a_503_not_another_replica(
     assert "error" in json.loads(raw)
 
 
+
+async def test_a_stored_responses_replica_up_but_full_is_overloaded_not_unavailable(
+    make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """Up but at its in-flight cap, the owner will have room later: the answer is the cap's
+    "overloaded" 503 with Retry-After (retry), not "not available" (gateway/_responses.py)."""
+    cluster = await make_cluster(2)
+    gw = await make_gateway(cluster.urls, max_in_flight_per_replica=1, **STEADY)
+    status, _, raw = await respond(session, gw, {"input": words(50), "max_output_tokens": 1})
+    assert status == 200, raw
+    previous = json.loads(raw)["id"]
+    body = {"input": "go on", "previous_response_id": previous, "max_output_tokens": 4000,
+            "stream": True}  # fmt: skip
+    async with session.post(gw.url + "/v1/responses", json=body) as held:  # the owner's room
+        assert held.status == 200
+        await held.content.readline()
+        body = {"input": "more", "previous_response_id": previous, "max_output_tokens": 1}
+        status, headers, raw = await respond(session, gw, body)
+        assert status == 503, raw
+        assert json.loads(raw)["error"]["code"] == "replicas_overloaded"
+        assert headers["Retry-After"] == "1"
+
+
 async def test_tenants_reach_only_their_own_stored_responses(
     make_cluster: ClusterFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:

@@ -22,7 +22,7 @@ from prefixroute.core import (
     RequestView,
     Router,
 )
-from prefixroute.gateway import ReplicaRegistry, fitting, needed_tokens, normalize_url
+from prefixroute.gateway import ReplicaRegistry, fitting, needed_tokens, normalize_url, pinned
 
 
 def endpoint_of(rid: ReplicaId) -> str:
@@ -122,11 +122,16 @@ def _same_address(rid: ReplicaId) -> tuple[str, int | None]:
 
 
 def eligible(
-    registry: ReplicaRegistry, view: RequestView, subset: Sequence[str] | None
+    registry: ReplicaRegistry,
+    view: RequestView,
+    subset: Sequence[str] | None,
+    owner: ReplicaId | None = None,
 ) -> list[ReplicaId]:
     """The registry's candidates for ``view`` within the proxy's subset hint (:func:`narrow`)
-    whose context window holds it (``gateway._context_window.fitting``)."""
-    # The hint narrows the ready replicas, before the cap: a hint whose replicas are up but
-    # full is a request to shed (Overloaded, the protocol's 429), not "none eligible" (503).
-    candidates = registry.with_room(narrow(registry.ready(view.model), subset))
+    whose context window holds it (``gateway._context_window.fitting``); only ``owner``
+    where a stored response names one (``gateway.pinned``)."""
+    # The hint and the owner narrow the ready replicas, before the cap: replicas that are up
+    # but full make a request to shed (Overloaded, the protocol's 429), not "none eligible"
+    # or "not available" (503).
+    candidates = registry.with_room(pinned(owner, narrow(registry.ready(view.model), subset)))
     return fitting(registry, candidates, needed_tokens(view))

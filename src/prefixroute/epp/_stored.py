@@ -22,10 +22,9 @@ from prefixroute.gateway import (
     TenantScope,
     isolated,
     parse_body,
-    pinned,
 )
 
-__all__ = ["StoredNote", "pinned", "stored_owner"]  # pinned: the gateway's, for the picker
+__all__ = ["StoredNote", "stored_owner"]
 
 STORED_PATH = re.compile(r"\A/v1/responses/([^/]+)(?:/cancel)?\Z")  # a stored response's calls
 

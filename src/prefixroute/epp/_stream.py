@@ -43,7 +43,7 @@ from prefixroute.epp._candidates import eligible, endpoint_of, fallbacks
 from prefixroute.epp._order import misordered, split_body
 from prefixroute.epp._served import note_served
 from prefixroute.epp._shared import PickShared, count_answer, judge_answer, refused
-from prefixroute.epp._stored import StoredNote, pinned, stored_owner  # a stored response's
+from prefixroute.epp._stored import StoredNote, stored_owner  # a stored response's
 from prefixroute.gateway import (
     PREDICTED_HEADER,
     PROMPT_ENDPOINTS,
@@ -257,7 +257,7 @@ class PickStream:
         """Route ``view``: the primary's endpoint, then the fallbacks' (``started``: when its
         hashing began, ``perf_counter``; ``owner``: the one replica it may go to)."""
         s = self.s
-        candidates = pinned(owner, eligible(s.registry, view, self.subset))
+        candidates = eligible(s.registry, view, self.subset, owner)
         now = s.clock()
         span, tracing = self._span, s.state.tracing
         decision = s.router.route(view, now, candidates, explain=span is not None)

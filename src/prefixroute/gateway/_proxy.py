@@ -194,9 +194,11 @@ class Proxy:
         needed = window.needed_tokens(call.view)  # the context window it takes, tokens
         while True:
             try:
-                candidates = self.registry.candidates(call.admitted.key.model, failed)
-                candidates = window.fitting(self.registry, candidates, needed)
-                candidates = pinned(call.admitted.owner, candidates)  # a stored response's
+                # A stored response's owner is picked out before the cap: up but full is
+                # Overloaded (retry later), not "not available".
+                ready = self.registry.ready(call.admitted.key.model, failed)
+                ready = pinned(call.admitted.owner, ready)
+                candidates = window.fitting(self.registry, self.registry.with_room(ready), needed)
             except (NoReplicaAvailable, Overloaded):
                 if last is not None:  # nowhere left to retry: report the upstream failure
                     raise last from None

@@ -9,7 +9,9 @@ load would fail them; the router's prefix match cannot help either, since the re
 only its new input. So the gateway notes the replica of every Responses answer (the id of a
 whole answer, or of a stream's ``response.created``) in :class:`ResponseOwners`, and those
 calls go to that replica only (:func:`pinned`): where it is down or draining, the call fails
-as no replica available (503), since no other replica holds what it names.
+as no replica available (503), since no other replica holds what it names; where it is up but
+at its in-flight cap, as overloaded (503 with ``Retry-After``; the picker's 429), since a
+retry later will find it.
 
 Ids are kept per tenant: a tenant reaches only the responses answered to it. With tenant
 isolation on, a continuation whose id the gateway does not know is refused (404) rather than
@@ -108,7 +110,9 @@ def _not_found(response_id: str) -> str:
 
 def pinned(owner: ReplicaId | None, candidates: list[ReplicaId]) -> list[ReplicaId]:
     """``candidates``, or only ``owner`` when a request must go there; raises
-    NoReplicaAvailable when it is not among them (down, draining, or already failed)."""
+    NoReplicaAvailable when it is not among them (down, draining, or already failed). Callers
+    pass the ready replicas, before the in-flight cap, so an owner that is up but full is
+    refused by the cap as Overloaded (retry later) instead."""
     if owner is None:
         return candidates
     if owner not in candidates:

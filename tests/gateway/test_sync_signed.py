@@ -183,6 +183,32 @@ def test_the_requests_of_an_instance_no_longer_heard_leave_the_load_view(
     assert router.replica_load(r).in_flight == 0
 
 
+
+def test_a_killed_instances_requests_leave_within_ten_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/deployment.md: every instance says it is alive every second, and the requests of
+    one not heard for 10 s are dropped (it was 30 s, and a killed instance's requests held the
+    survivors' in-flight cap all that time: an outside audit, 2026-12-07)."""
+    import prefixroute.sync._remote as remote_module
+    from prefixroute.sync._remote import ALIVE_EVERY_S
+
+    from .test_sync import remote_decision
+
+    assert ALIVE_EVERY_S <= 1.0
+    clock = [1000.0]
+    monkeypatch.setattr(remote_module.time, "monotonic", lambda: clock[0])
+    router = Router(make_policy("round_robin"))
+    r = ReplicaId("http://r:1")
+    router.add_replica(r)
+    sync = RouteSync("redis://127.0.0.1:9/0", "c", router, CollectorRegistry(), instance_id="me")
+    sync.remote.apply(remote_decision("killed", "q", r))
+    for at, counted in ((1009.0, 1), (1010.5, 0)):  # nine silent heartbeats kept; then gone
+        clock[0] = at
+        sync.remote.expire(at)
+        assert router.replica_load(r).in_flight == counted, at
+
+
 async def test_every_instance_says_it_is_alive(monkeypatch: pytest.MonkeyPatch) -> None:
     import prefixroute.sync._redis as redis_module
 

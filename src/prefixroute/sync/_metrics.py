@@ -17,7 +17,7 @@ class SyncMetrics:
         self.published = counter(
             "prefixroute_sync_published",
             "Messages published to the other instances: routing decisions, their ends, and "
-            "a heartbeat every 5 s (so more than the others apply).",
+            "a heartbeat every second (so more than the others apply).",
         )
         self.applied = counter(
             "prefixroute_sync_applied",

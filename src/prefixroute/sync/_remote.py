@@ -53,8 +53,13 @@ log = logging.getLogger(__name__)
 StoredHook = Callable[[str | None, str, ReplicaId], None]
 
 REMOTE_TTL_S = 600.0  # a remote request not heard of for this long is taken as over, seconds
-ALIVE_EVERY_S = 5.0  # each instance says it is alive at least this often, seconds
-SILENT_S = 6 * ALIVE_EVERY_S  # an instance not heard for this long is gone, seconds
+# Each instance says it is alive at least this often, seconds: about 30 bytes a second to each
+# other instance, so that a killed one's requests stop taking their replicas' room (and their
+# in-flight cap) soon. It was 5 s, and a killed instance's requests held the cap for 30 s.
+ALIVE_EVERY_S = 1.0
+# An instance not heard for this long is gone, seconds: ten heartbeats missed in a row, which a
+# live instance's event loop or Redis's delivery does not fall behind by.
+SILENT_S = 10 * ALIVE_EVERY_S
 INSTANCES = 4096  # instances remembered as heard; past this the table starts over
 UNKNOWN_SAID = 16  # unknown replicas warned of, at most
 EXPIRE_EVERY_S = 1.0  # how often remote requests are checked for expiry, seconds

@@ -82,6 +82,11 @@ def test_the_live_numbers_are_the_routers_and_the_registrys() -> None:
     assert effective == pytest.approx(1 / (1 / 1234.0 + 1e-4 * 25 / 300))
     prior = router.replica_load(B).speed
     assert value(m, "prefixroute_replica_decode_step_seconds", replica=B) == prior.decode_step_s
+    # The kind of its prefill steps (core/batch_mixing.py): vLLM's until learned otherwise.
+    assert value(m, "prefixroute_replica_prefill_alone", replica=A) == 0.0
+    speed.carries_decodes = False
+    assert value(m, "prefixroute_replica_prefill_alone", replica=A) == 1.0
+    assert speed.snapshot()["prefill_steps"] == "alone"
     seen = "prefixroute_replica_speed_observations"
     assert value(m, seen, replica=A, phase="prefill") == 2
     assert value(m, seen, replica=A, phase="decode") == 1

@@ -12,7 +12,9 @@ and every completed request gives two observations of it:
   what the replica had already done of it, below) plus its own uncached tokens (the prediction,
   or the replica's own count once :meth:`Router.observe_usage` reports it); ``steps`` is the
   batch steps that prefill spans plus half the step under way, when the replica was decoding
-  (each such step also carries the decodes), else 0.
+  (each such step also carries the decodes: vLLM's), else 0. An engine whose prefill runs alone
+  (SGLang's default) waits only for the step under way: which kind a replica is, is learned
+  (:mod:`prefixroute.core.batch_mixing`).
 * **Decode phase.** From first to last token a request sees ``output_tokens - 1`` steps, each a
   decode step plus whatever prefill shared it: ``tokens`` is the uncached tokens whose first
   token came back from the same replica meanwhile.
@@ -47,14 +49,10 @@ They warm no replica up: answers of similar shapes cannot tell a slower prefill 
 decode step (a replica sent only plain answers learned 2-8x its rate from its first dozen).
 Once other observations have warmed it up, they join the fit (``whole_observations``).
 
-**Scraped engine metrics** (:meth:`ReplicaSpeed.observe_engine_prefill`). An engine that
-exports its own prefill times (vLLM's ``vllm:request_prefill_time_seconds`` beside
-``vllm:request_prefill_kv_computed_tokens``) says, per scrape interval, how long its finished
-requests took from being scheduled to their first token, and how many uncached tokens they
-computed: ``tokens / rate + requests * engine_overhead_s`` (the engine's own fixed time per
-request, no HTTP in it), free of the queue ahead and of traffic this router never saw. A third
-window in the same fit: the rate is shared, each overhead its own unknown; left out while this
-router sees a full window of first tokens (:func:`speed_fit.engine_window`).
+**Scraped engine metrics** (:meth:`ReplicaSpeed.observe_engine_prefill`): an engine's own
+prefill times per scrape interval (vLLM's ``vllm:request_prefill_time_seconds``), read as
+``tokens / rate + requests * engine_overhead_s``, free of the queue ahead and of traffic this
+router never saw: a third window in the same fit (:mod:`prefixroute.core.speed_fit`).
 
 **How queued work turns into waiting**, for a first token and at a decode phase's end, in
 :mod:`prefixroute.core.queue_credit`: the progress on the queue, credited at each refit.
@@ -74,10 +72,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixroute.core._solve import Obs, PhaseObs, QueuedObs, solve_feasible
+from prefixroute.core._solve import Obs, PhaseObs, QueuedObs
+from prefixroute.core.batch_mixing import try_the_other_kind
 from prefixroute.core.queue_credit import credit, derive, rederive
 from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
-from prefixroute.core.speed_fit import engine_window, normal_equations
+from prefixroute.core.speed_fit import fit_windows
 from prefixroute.core.speed_snapshot import snapshot
 
 __all__ = ["QueuedObs", "ReplicaSpeed", "SpeedConfig", "speed_priors_of"]
@@ -104,6 +103,9 @@ class ReplicaSpeed:
     outliers: int = 0  # observations the last refit left out
     discarded: int = 0  # observations taken back (:meth:`discard_fresh`), since registration
     from_fleet: bool = False  # not warmed up, predicting with the fleet's estimates (start_from)
+    carries_decodes: bool = True  # its prefill steps carry decodes (vLLM): core/batch_mixing.py
+    mixing_trials: int = 0  # refits since the other kind was tried (core/batch_mixing.py)
+    kind_changes: int = 0  # times it was found to be of the other kind (core/batch_mixing.py)
     _prefill: deque[Obs] = field(default_factory=deque)
     _decode: deque[PhaseObs] = field(default_factory=deque)
     _engine: deque[Obs] = field(default_factory=deque)
@@ -128,8 +130,10 @@ class ReplicaSpeed:
 
     def steps(self, tokens: float, decoding: bool) -> float:
         """Batch steps that carry decodes while ``tokens`` prefill, with half the step under
-        way (0 when the replica is not decoding)."""
-        return (-(-tokens // self.config.step_tokens) + 0.5) if decoding else 0.0
+        way (0 when the replica is not decoding; the half alone when its prefill runs alone)."""
+        if not decoding:
+            return 0.0
+        return (-(-tokens // self.config.step_tokens) + 0.5) if self.carries_decodes else 0.5
 
     def ttft_s(self, tokens: float, steps: float, context: float = 0.0) -> float:
         """Predicted time to first token of a request whose first token waits for ``tokens`` of
@@ -150,7 +154,7 @@ class ReplicaSpeed:
         if context > 0 and self.attention_s > 0:  # slower by the queue's mean context cost
             rate = queued / self.prefill_s(queued, context)
         work_s = elapsed_s
-        if decoding and self.decode_step_s > 0:
+        if decoding and self.decode_step_s > 0 and self.carries_decodes:
             step_s = self.config.step_tokens / rate + self.decode_step_s
             work_s -= math.ceil(elapsed_s / step_s) * self.decode_step_s
         return min(queued, max(0.0, work_s) * rate)
@@ -362,23 +366,19 @@ class ReplicaSpeed:
 
     def _refit(self) -> None:
         """Weighted least squares of ``seconds = tokens * b + steps * d (+ the overheads)``
-        over the windows (module docstring); then ``rate = 1 / b``, every estimate within its
-        bounds. An overhead is fitted only when there is something to fit it on: engine
-        observations for the engine's, ``learn_overhead`` for the first tokens'; attention with
-        ``learn_attention``."""
-        cfg = self.config
+        over the windows (module docstring, :func:`speed_fit.fit_windows`); then ``rate = 1 /
+        b``, every estimate within its bounds."""
         self.from_fleet = False
         rederive(self, self._prefill, self._decode)  # every queue at the current estimates
-        theta = self._theta()
-        engine = engine_window(self._prefill, self._whole, self._engine, cfg.window)
-        a, c, self.outliers = normal_equations(cfg, theta, (self._prefill, self._decode, engine))
-        free = [0, 1, 2] if engine else [0, 1]
-        if cfg.learn_overhead and self._prefill:
-            free.append(3)
-        if cfg.learn_attention:
-            free.append(4)
-        theta = solve_feasible(a, c, theta, free)
+        theta, self.outliers = self.fit()
         self._set_within_bounds(1.0 / theta[0], theta[1], theta[2], theta[3], theta[4])
+        try_the_other_kind(self, self._prefill, self._decode)  # do prefill steps carry decodes?
+
+    def fit(self) -> tuple[list[float], int]:
+        """The fit over the windows as their work stands (``_refit``): (``[1 / rate, step,
+        engine overhead, first-token overhead, attention]`` unbounded, observations left out)."""
+        windows = (self._prefill, self._decode, self._engine)
+        return fit_windows(self.config, self._theta(), windows, self._whole)
 
     def _priors(self) -> None:  # the configured estimates, as before anything is learned
         cfg = self.config

@@ -48,7 +48,7 @@ import math
 from collections.abc import Sequence
 
 from prefixroute.core import _native
-from prefixroute.core._solve import Obs, QueuedObs, add_observations
+from prefixroute.core._solve import Obs, QueuedObs, add_observations, solve_feasible
 from prefixroute.core.speed_config import SpeedConfig
 
 PRIOR_WEIGHT = 0.25  # observations a prior counts as (module docstring)
@@ -127,3 +127,22 @@ def _typical_own(window: Sequence[Obs]) -> float:
             total += o.own
             n += 1
     return total / n if n else 0.0
+
+
+def fit_windows(
+    cfg: SpeedConfig, theta: list[float], windows: tuple[Sequence[Obs], ...], whole: int
+) -> tuple[list[float], int]:
+    """The least-squares fit around ``theta`` over ``windows`` (first tokens, decode phases,
+    engine reports; ``whole``: answers that came whole among the first tokens): the unbounded
+    ``theta`` and how many observations were left out. An overhead is fitted only when there
+    is something to fit it on: engine reports for the engine's, ``learn_overhead`` for the
+    first tokens'; attention with ``learn_attention``."""
+    first, decode, engine = windows
+    engine = engine_window(first, whole, engine, cfg.window)
+    a, c, outliers = normal_equations(cfg, theta, (first, decode, engine))
+    free = [0, 1, 2] if engine else [0, 1]
+    if cfg.learn_overhead and first:
+        free.append(3)
+    if cfg.learn_attention:
+        free.append(4)
+    return solve_feasible(a, c, theta, free), outliers

@@ -45,6 +45,10 @@ def snapshot(speed: ReplicaSpeed, given: bool = False) -> dict[str, float | int 
         "engine_observations": speed.engine_observations,
         "whole_observations": speed.whole_observations,
         "ttft_predictions": speed.ttft_predictions,
+        # Its prefill steps as learned (core/batch_mixing.py): "with_decodes" (vLLM's chunked
+        # prefill) or "alone" (SGLang's default), and how often that was found to change.
+        "prefill_steps": "with_decodes" if speed.carries_decodes else "alone",
+        "prefill_steps_changes": speed.kind_changes,
         # Taken back because the engine preempted meanwhile (core/preemptions.py).
         "discarded_observations": speed.discarded,
         # "learned" (its own fit), "fleet" (its fleet's, until it warms up), "given" (priors

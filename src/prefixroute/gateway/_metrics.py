@@ -36,7 +36,8 @@ Read live at scrape: ``prefixroute_in_flight{replica}`` (the router's own load a
 engine restarted or refused connections, ``gateway/_health.py``), each replica's learned speed
 (``prefixroute_replica_prefill_tokens_per_second``, ``_decode_step_seconds``,
 ``_first_token_overhead_seconds``, ``_prefill_attention_seconds``, ``_speed_observations``,
-and ``_effective_prefill_tokens_per_second``: the rate with attention at its typical context)
+``_effective_prefill_tokens_per_second``: the rate with attention at its typical context, and
+``_prefill_alone``: 1 where its prefill runs alone, core/batch_mixing.py)
 and how good its TTFT
 predictions are (``prefixroute_replica_ttft_prediction_error``: the median of
 ``|predicted / measured - 1|`` over its last 64 predicted first tokens past the warm-up;
@@ -349,6 +350,11 @@ class _LiveCollector(Collector):
             "The replica's prefill rate with attention at its typical context, as learned: what "
             "its first tokens measured (the rate alone is loose where prompts are mostly cached).",
         )
+        alone = _gauge(
+            "prefixroute_replica_prefill_alone",
+            "1 where the replica was learned to run prefill alone while decodes wait (SGLang's "
+            "default), 0 where its prefill steps also carry the decodes (vLLM's).",
+        )
         error = _gauge(
             "prefixroute_replica_ttft_prediction_error",
             "Median |predicted / measured - 1| of the replica's last predicted TTFTs, past "
@@ -366,10 +372,11 @@ class _LiveCollector(Collector):
             predictions.add_metric([record.url], speed.ttft_predictions)
             seen = speed.snapshot()
             effective.add_metric([record.url], float(seen["effective_prefill_tokens_per_s"] or 0))
+            alone.add_metric([record.url], 0.0 if speed.carries_decodes else 1.0)
             p50 = seen["ttft_error_p50"]
             if isinstance(p50, (int, float)):
                 error.add_metric([record.url], p50)
-        yield from (overhead, attention, effective, error, predictions)
+        yield from (overhead, attention, effective, alone, error, predictions)
 
 
 def _gauge(name: str, doc: str, *labels: str) -> GaugeMetricFamily:

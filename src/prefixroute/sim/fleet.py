@@ -13,6 +13,7 @@ The text form, for ``--fleet``, is groups joined by ``+``; a group is ``COUNT`` 
     2+2:prefill=2500                      # 4 replicas, r2 and r3 prefill 4x slower
     1:prefill=20000+3:decode_ms=30,kv_tokens=65536
     4:kv_tokens=16384,preempt=1           # small caches that preempt, as vLLM's do
+    2+2:mixed=0                           # r2, r3 run prefill batches alone (SGLang's default)
 
 and ``--speed-change`` is ``REPLICA@SECONDS:KEY=VALUE,...`` with keys ``prefill`` and
 ``decode_ms`` (``r1@60:prefill=2500``). A fleet of equal replicas runs exactly as the plain
@@ -43,6 +44,7 @@ FLEET_KEYS: dict[str, tuple[str, float]] = {
     "overhead_ms": ("first_token_overhead_s", 0.001),  # fixed time before the engine queues it
     "attention": ("attention_tokens", 1.0),  # context tokens at which a prompt token costs double
     "preempt": ("preempt", 1.0),  # 1: vLLM's on-demand KV blocks, preempting when they run out
+    "mixed": ("mixed_batches", 1.0),  # 0: prefill batches run alone, as SGLang's by default
 }
 CHANGE_KEYS = ("prefill", "decode_ms")  # what a speed change may set
 # A fleet's most replicas: 10x the largest run measured (docs/scale.md). 1e8 filled memory at
@@ -153,6 +155,7 @@ class Fleet:
                     " KV tokens"
                     + (f", {overhead * 1000:g} ms before queueing" if overhead else "")
                     + (f", attention {attention:,.0f} tokens" if attention else "")
+                    + ("" if c.mixed_batches else ", prefill alone")
                 )
                 start = i
         parts += [
@@ -225,9 +228,9 @@ def parse_fleet(spec: str, base: ReplicaConfig) -> Fleet:
                     changes[name] = _whole(key, value, base.block_size) // base.block_size
                 elif name in ("step_tokens", "max_running"):
                     changes[name] = _whole(key, value, 1)
-                elif key == "preempt":
+                elif key in ("preempt", "mixed"):
                     if value not in (0, 1):
-                        raise ConfigError(f"--fleet preempt is 0 or 1, got {value:g}")
+                        raise ConfigError(f"--fleet {key} is 0 or 1, got {value:g}")
                     changes[name] = bool(value)
                 else:
                     changes[name] = value * unit

@@ -27,6 +27,9 @@ Engine rules modelled (vLLM v1 scheduler, simplified):
 * Step time = prefill tokens / prefill rate, plus ``decode_step_s`` when any request decodes;
   with ``attention_tokens`` L > 0 a chunk of c tokens after k with KV counts c*(1 + (k+c/2)/L).
   The prefill step that finishes a prompt also emits its first token.
+* With ``mixed_batches`` off, SGLang's default (no ``--enable-mixed-chunk``): a step that has
+  prefill to do runs it alone, with the whole budget, and the decoding requests wait for it;
+  they decode in the steps between. vLLM v1 always mixes them (chunked prefill).
 * With ``fast_forward``, a stretch of decode-only steps is planned as one step that lasts until
   the next request finishes; :meth:`ReplicaModel.interrupt` cuts it at the next step boundary
   when a request arrives, so the result equals stepping one by one, at a fraction of the events.
@@ -78,6 +81,9 @@ class ReplicaConfig:
     # vLLM's on-demand block allocation with preemption (module docstring); False reserves
     # prompt and output at admission and never preempts (every recorded simulation).
     preempt: bool = False
+    # Prefill chunks and decodes share each step (vLLM v1); False: a prefill batch runs alone
+    # and decodes wait (SGLang without --enable-mixed-chunk; module docstring).
+    mixed_batches: bool = True
 
     def __post_init__(self) -> None:
         if min(self.kv_capacity_blocks, self.block_size, self.step_tokens, self.max_running) < 1:
@@ -91,6 +97,9 @@ class ReplicaConfig:
             raise ConfigError("first-token overhead must be non-negative")
         if not 0 <= self.attention_tokens < math.inf:
             raise ConfigError("attention tokens must be >= 0 and finite (0: attention is free)")
+        if self.preempt and not self.mixed_batches:
+            # vLLM's preemption grows decoding requests each step: modelled with vLLM's steps.
+            raise ConfigError("preemption is modelled for mixed batches (vLLM's) only")
 
 
 class ReplicaModel(Preemption):
@@ -183,7 +192,8 @@ class ReplicaModel(Preemption):
         # vLLM admits nothing in a step that preempted: what it freed goes to the running.
         preempted = self._grow() if cfg.preempt and self._decoding else False
         decoding = len(self._decoding)
-        budget = cfg.step_tokens - decoding
+        # Unmixed, a step plans prefill alone with the whole budget (decodes wait for it).
+        budget = cfg.step_tokens - decoding if cfg.mixed_batches else cfg.step_tokens
         prefill = 0
         attention, extra = cfg.attention_tokens, 0.0  # extra: sum of chunk * context, tokens^2
         planned: list[EngineRequest] = []
@@ -208,7 +218,7 @@ class ReplicaModel(Preemption):
             planned.append(req)
             if attention:
                 extra += req._chunk * (req.computed + req._chunk / 2)
-        steps = 1 if decoding else 0
+        steps = 1 if decoding and (cfg.mixed_batches or not planned) else 0
         if self.fast_forward and decoding and not planned:
             # Nothing but decodes until the next request finishes (or an arrival interrupts).
             steps = max(1, self._finishing[0][0] - self._step_no) if self._finishing else 1
@@ -256,8 +266,10 @@ class ReplicaModel(Preemption):
                 for req in self._decoding:
                     req.generated = self._step_no - req._first_step + 1
                     result.decoded.append(req)
-        else:
+        elif self.config.mixed_batches:
             self._step_no += 1  # a prefill-only step still counts as a step
+        # (Unmixed, it does not: the decoding requests waited, and a first token's request
+        # decodes its second token in the next step counted.)
         step_no = self._step_no
         for req in self._planned:
             req.computed += req._chunk

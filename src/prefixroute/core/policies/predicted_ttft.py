@@ -147,8 +147,10 @@ class PredictedTTFT:
             ttft += max(0.0, load.slots.wait_s(in_flight, now) - load.queued_prefill_tokens / rate)
         if in_flight > prefilling:
             # Each batch step that carries our prefill also carries the decodes, and we arrive
-            # on average halfway through a step already running.
-            ttft += (-(-work // cfg.step_tokens) + 0.5) * step_s
+            # on average halfway through a step already running; on an engine whose prefill
+            # runs alone, only that half (core/batch_mixing.py).
+            carried = not cfg.learned_speeds or load.speed.carries_decodes
+            ttft += ((-(-work // cfg.step_tokens) if carried else 0) + 0.5) * step_s
         if cfg.arrivals and uncached > cfg.step_tokens:
             # A prompt longer than one step shares its later steps with requests that arrive
             # meanwhile (they are admitted into the leftover budget): at this replica's recent

@@ -162,3 +162,20 @@ def test_chars_per_token_are_the_learned_ones() -> None:
     learned = r.chars_per_token()
     assert set(learned) == {"m"}
     assert learned["m"].value == r.tokens.chars_per_token("m") != 4.0
+
+
+def test_an_engine_that_emptied_its_cache_drops_its_speculative_entries_too() -> None:
+    """vLLM sends AllBlocksCleared only when no request runs (its reset refuses otherwise), so
+    the requests behind a replica's speculative entries are over and their blocks gone: the
+    entries went on predicting them cached for the rest of their TTL (an outside audit,
+    2026-12-07). A clear for a gap or a restart (not ``emptied``) keeps them: they stand for
+    requests whose events may still come."""
+    r = precise(ttl_s=2.0)
+    r.remote_routed(A, CHAIN, 10.0)
+    r.remote_routed(B, CHAIN, 10.0)
+    spec = r.speculative
+    assert spec is not None
+    r.engine_cleared(A)  # a gap: entries kept
+    assert spec.match(CHAIN, [A, B], 10.5) == {A: 4, B: 4}
+    r.engine_cleared(A, emptied=True)
+    assert spec.match(CHAIN, [A, B], 10.5) == {B: 4}

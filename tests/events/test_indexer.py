@@ -251,3 +251,21 @@ def test_a_store_whose_tokens_are_not_whole_blocks_is_skipped() -> None:
     index, ix, _ = make()
     ix.apply(batch(stored(list(range(6)), None, [1])))
     assert index.blocks_of(R) == 0 and ix.stats.skipped_blocks == 1
+
+
+def test_only_the_engines_own_clear_drops_a_routers_speculative_entries() -> None:
+    """AllBlocksCleared says the engine emptied its cache with nothing running: the router's
+    speculative entries for that replica go (core/router.py ``engine_cleared``). A clear of
+    ours (a gap, a restart) keeps them."""
+    router = Router(make_policy("round_robin"), BlockHasher(BS), insert_on_route=False,
+                    speculative_ttl_s=5.0)  # fmt: skip
+    router.add_replica(R)
+    ix = PreciseIndexer(R, router, router.hasher)
+    chain = router.hasher.hash_tokens(list(range(8)))
+    router.remote_routed(R, chain, 1.0)
+    spec = router.speculative
+    assert spec is not None
+    ix.clear()
+    assert spec.match(chain, [R], 1.5) == {R: 2}
+    ix.apply(batch(AllBlocksCleared()))
+    assert spec.match(chain, [R], 1.5) == {}

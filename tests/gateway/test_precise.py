@@ -336,3 +336,27 @@ async def test_a_template_follows_a_replica_at_an_ipv6_address(
     )  # fmt: skip
     assert str(gw.event_streams[ReplicaId(replica.url)].endpoint) == f"connect:tcp://[::1]:{port}"
     await reset_until_live(session, [replica.url], lambda rid: [gw.event_streams[rid]])
+
+
+async def test_two_replicas_that_would_follow_one_stream_are_refused(
+    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """Two replicas on one host and a template of one port (data-parallel ranks behind their
+    own URLs, say): both streams would read rank 0's events, each replica taking the other's
+    blocks for its own, with no word (an outside audit, 2026-12-07). Refused at start, and a
+    replica that joins later onto a stream already followed is served without one."""
+    port = free_port()
+    template = f"connect:tcp://{{host}}:{port}"
+    with pytest.raises(ConfigError, match="would follow the same KV-event stream"):
+        await make_gateway(["http://127.0.0.5:8000", "http://127.0.0.5:8001"],
+                           kv_events_each=template, kv_block_size=BS,
+                           tokenizer_object=EmulatedTokenizer())  # fmt: skip
+    token = "s3cret-admin-token"
+    gw = await make_gateway(["http://127.0.0.5:8000"], kv_events_each=template, kv_block_size=BS,
+                            tokenizer_object=EmulatedTokenizer(), admin_token=token)  # fmt: skip
+    auth = {"Authorization": f"Bearer {token}"}
+    async with session.post(
+        gw.url + "/admin/replicas", json={"url": "http://127.0.0.5:8001"}, headers=auth
+    ) as resp:
+        assert resp.status == 201
+    assert set(gw.event_streams) == {ReplicaId("http://127.0.0.5:8000")}

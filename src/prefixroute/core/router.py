@@ -353,10 +353,14 @@ class Router(RouterReads, PlainAnswerCalls, PreemptionCalls):
         """``replica``'s engine evicted these blocks."""
         self.index.remove_blocks(replica, block_hashes)
 
-    def engine_cleared(self, replica: ReplicaId) -> None:
+    def engine_cleared(self, replica: ReplicaId, emptied: bool = False) -> None:
         """``replica``'s engine dropped its whole cache (or its events can no longer be
-        trusted: a gap, a restart); it stays registered."""
+        trusted: a gap, a restart); it stays registered. ``emptied``: the engine said so
+        (``AllBlocksCleared``, sent only with no request running), so its speculative entries
+        go too: their requests are over and reported, and their blocks gone."""
         self.index.clear_replica(replica)
+        if emptied and self.speculative is not None:
+            self.speculative.remove_replica(replica)
 
     def size_index(self, replica: ReplicaId, blocks: int) -> int | None:
         """``replica``'s index keeps ``blocks`` blocks from now on: its engine's KV cache

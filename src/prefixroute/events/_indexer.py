@@ -95,7 +95,7 @@ class EngineBlocks(Protocol):
 
     def engine_removed(self, replica: ReplicaId, block_hashes: Iterable[BlockHash]) -> None: ...
 
-    def engine_cleared(self, replica: ReplicaId) -> None: ...
+    def engine_cleared(self, replica: ReplicaId, emptied: bool = False) -> None: ...
 
 
 class IndexTarget:
@@ -113,7 +113,7 @@ class IndexTarget:
     def engine_removed(self, replica: ReplicaId, block_hashes: Iterable[BlockHash]) -> None:
         self.index.remove_blocks(replica, block_hashes)
 
-    def engine_cleared(self, replica: ReplicaId) -> None:
+    def engine_cleared(self, replica: ReplicaId, emptied: bool = False) -> None:
         self.index.clear_replica(replica)
 
 
@@ -156,7 +156,7 @@ class PreciseIndexer:
         if remember:
             self._before.update(self._ours)
         self._ours.clear()
-        self.target.engine_cleared(self.replica)
+        self.target.engine_cleared(self.replica, emptied=not remember)
 
     def __len__(self) -> int:
         """Engine blocks currently mapped."""

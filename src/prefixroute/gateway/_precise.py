@@ -100,6 +100,17 @@ class PreciseMode:
     def _follow(
         self, replica: ReplicaId, endpoint: EventEndpoint, context: zmq.asyncio.Context
     ) -> None:
+        """Start ``replica``'s stream; ConfigError when another replica's stream already reads
+        that address: each would take the other's blocks for its own (an outside audit: two
+        data-parallel ranks on one host, one template, both read rank 0's stream, since vLLM
+        publishes each rank on the port plus the rank)."""
+        for other, subscriber in self.subscribers.items():
+            if subscriber.endpoint.address == endpoint.address and other != replica:
+                raise ConfigError(
+                    f"{replica} and {other} would follow the same KV-event stream "
+                    f"({endpoint.address}); give each its own --kv-events (vLLM publishes a "
+                    "data-parallel rank on its endpoint's port plus the rank)"
+                )
         indexer = PreciseIndexer(replica, self.router, self.router.hasher)
         subscriber = EventSubscriber(endpoint, indexer, context)
         subscriber.open()

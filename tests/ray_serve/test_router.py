@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -151,11 +152,29 @@ async def test_replica_routing_stats_reach_the_load_view() -> None:
     assert (load.num_waiting, load.kv_usage) == (7, 0.9)
 
 
-async def test_kwargs_are_checked_when_ray_initializes_the_router() -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [({"polcy": "predicted_ttft"}, "valid: "), ({"policy": "no_such_policy"}, "no_such_policy"),
+     ({"block_chars": 0}, "block"), ({"policy_params": {"bogus": 1}}, "bogus")],
+)  # fmt: skip
+async def test_bad_kwargs_fail_every_call_with_the_reason(
+    kwargs: dict[str, Any], said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ray calls ``initialize_state`` from its long-poll callback, which only logs what it
+    raises: the router was never built and every call waited for ever (an outside audit,
+    2026-12-07). Now each call fails at once with the reason, logged once at error level."""
     from prefixroute.core import ConfigError
 
-    with pytest.raises(ConfigError, match="valid"):
-        make_router(polcy="predicted_ttft")
+    router = make_router(**kwargs)
+    assert [r.levelname for r in caplog.records if "refused" in r.getMessage()] == ["ERROR"]
+    pool = replicas(2)
+    router.update_replicas(pool)
+    for _ in range(2):
+        pr = pending(chat("hello"))
+        await router.choose_replicas(pool, pr)
+        assert isinstance(pr.future.exception(), ConfigError)
+        assert said in str(pr.future.exception())
+    assert router.ledger.pending == 0
 
 
 async def test_a_failure_of_ours_fails_the_request_instead_of_hanging_it() -> None:
@@ -212,3 +231,61 @@ async def test_a_request_cancelled_meanwhile_is_not_routed_again() -> None:
     pr.future.cancel()  # the caller gave up while Ray's backoff loop still asks
     await router.choose_replicas(pool, pr)
     assert all(router.ledger.router.loads.get(ReplicaId(r.name)).in_flight == 0 for r in pool)
+
+
+def same_id(request: Any, like: Any) -> Any:
+    """A pending request under ``like``'s internal request id: a second handle call made while
+    serving one request (Ray's handle calls inherit it; module docstring of ray_serve/_router)."""
+    pr = pending(request)
+    pr.metadata = like.metadata
+    return pr
+
+
+async def test_calls_fanned_out_under_one_request_id_are_all_routed() -> None:
+    """An ingress that gathers several calls: Ray's base router gave every replica found to
+    the first pending request under the shared id, and the others waited for ever while their
+    routing tasks spun (an outside audit, 2026-12-07). Driven through Ray's own routing
+    tasks (``_choose_replica_for_request``)."""
+    router = make_router()
+    pool = replicas(3)
+    router.update_replicas(pool)
+    first = pending(chat("question zero " * 40))
+    calls = [first] + [same_id(chat(f"question {i} " * 40), first) for i in (1, 2, 3)]
+    chosen = await asyncio.wait_for(
+        asyncio.gather(*(router._choose_replica_for_request(pr) for pr in calls)), timeout=10
+    )
+    assert all(c in pool for c in chosen)
+    for pr, c in zip(calls, chosen, strict=True):
+        assert pr.future.done() and pr.future.result() is c
+    await settle()
+    assert router.ledger.pending == 4  # four requests, each its own in the ledger
+
+
+async def test_a_second_call_under_one_request_id_is_routed_on_its_own_prompt() -> None:
+    """Before, an open record under the same internal id was taken for a retry: the second
+    call was routed on the first one's prompt, and the first's completion notice ended it."""
+    router = make_router()
+    pool = replicas(4)
+    router.update_replicas(pool)
+    other, system = "another conversation entirely, " * 30, "Another assistant. " * 30
+    pr, other_home = await send(router, pool, chat(other, system=system))
+    router.on_request_completed(other_home.replica_id, pr.metadata.internal_request_id)
+    first = pending(chat("the first call's conversation " * 30))
+    await router.choose_replicas(pool, first)
+    home = next(r for r in pool if r is not other_home)  # Ray sent it elsewhere: it may
+    first.future.set_result(home)
+    router.on_request_routed(first, home.replica_id, None)
+    await settle()
+    second = same_id(chat(other, "an answer", "and a follow-up", system=system), first)
+    ranks = await router.choose_replicas(pool, second)
+    assert ranks[0][0] is other_home  # its own prompt's prefix, not the first call's
+    second.future.set_result(other_home)
+    router.on_request_routed(second, other_home.replica_id, None)
+    await settle()
+    in_flight = router.ledger.in_flight
+    assert (in_flight(ReplicaId(home.name)), in_flight(ReplicaId(other_home.name))) == (1, 1)
+    # The notice names the shared id and a replica: it ends the call sent there.
+    router.on_request_completed(home.replica_id, first.metadata.internal_request_id)
+    assert (in_flight(ReplicaId(home.name)), in_flight(ReplicaId(other_home.name))) == (0, 1)
+    router.on_request_completed(other_home.replica_id, first.metadata.internal_request_id)
+    assert in_flight(ReplicaId(other_home.name)) == 0 and router.ledger.pending == 0

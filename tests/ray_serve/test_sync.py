@@ -17,6 +17,7 @@ from polling import until
 
 from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.ray_serve import PrefixRouteRequestRouter
+from prefixroute.ray_serve._router import OWN_ID
 
 from .fakes import FakeReplica, chat, make_router, pending, send, settle
 from .support import MARKS
@@ -94,7 +95,7 @@ async def test_a_decision_at_one_router_is_load_at_the_other_until_it_ends(
 
     a.sync.route_sync.completed = completed
     done = await asyncio.to_thread(
-        a.ledger.completed, str(pr.metadata.internal_request_id), ReplicaId(chosen.name)
+        a.ledger.completed, getattr(pr, OWN_ID), ReplicaId(chosen.name)
     )
     assert done
     await until(lambda: in_flight(b, chosen) == 0)

@@ -314,6 +314,11 @@ class Ledger:
             self.listener.completed(request_id)
 
     # --- introspection --------------------------------------------------------------------
+    def follows(self, request_id: str) -> bool:
+        """``request_id`` is routed and not yet completed or cancelled."""
+        with self._lock:
+            return request_id in self._flights
+
     @property
     def pending(self) -> int:
         """Requests routed and not yet completed or cancelled."""

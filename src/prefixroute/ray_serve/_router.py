@@ -23,13 +23,31 @@ deployment share decisions and load through Redis (``_sync``). Replicas' own
 ``record_routing_stats`` (keys ``num_running``, ``num_waiting``, ``kv_usage``) reach the load
 view, as the gateway's metrics scrape does; the policies that read those numbers see work sent
 by other handles too.
+
+**Calls that share Ray's request id.** Every handle call a replica makes while serving one
+request inherits that request's ``internal_request_id`` (Ray says so: "an internal request ID
+can be shared by dependent handle calls"), so an ingress that fans out (``asyncio.gather`` of
+several calls) or calls again makes several requests under one id. Each gets its own id in our
+ledger (the internal id and a number, kept on the ``PendingRequest``, which a retry reuses), and
+a completion notice, which names only the internal id, ends the oldest of them sent to that
+replica. Ray's base router hands a replica found for a request to the pending request
+registered under its id, the first of them, and the others waited for ever while their routing
+tasks spun (an outside audit, 2026-12-07): here a replica goes to the request whose routing
+task found it (:meth:`PrefixRouteRequestRouter._fulfill_next_pending_request`).
+
+**Bad settings.** ``initialize_state`` runs in Ray's long-poll callback, where an exception is
+only logged, and every call then waited for a router that was never built. A bad setting is
+kept instead and fails each call with it, and is logged once at error level.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
+import threading
+import weakref
 from typing import Any
 
 from ray.serve.request_router import (
@@ -39,7 +57,7 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from prefixroute.core import ReplicaId
+from prefixroute.core import ConfigError, ReplicaId
 from prefixroute.ray_serve._errors import UnroutableRequest
 from prefixroute.ray_serve._key import route_key
 from prefixroute.ray_serve._ledger import Ledger
@@ -47,6 +65,8 @@ from prefixroute.ray_serve._settings import RouterSettings
 from prefixroute.ray_serve._sync import RouterSync
 
 log = logging.getLogger(__name__)
+
+OWN_ID = "_prefixroute_id"  # our ledger id of a PendingRequest, kept on it (module docstring)
 
 
 def replica_name(replica_id: ReplicaID) -> ReplicaId:
@@ -64,12 +84,25 @@ class PrefixRouteRequestRouter(RequestRouter):
     # same one between polls, so it is read once per poll, not once per request (a full batch
     # seen 8 times is learned as the batch size: one poll read by 8 requests taught it).
     _stats_read: dict[str, object]
+    _bad_settings: ConfigError | None = None  # kept to fail each call with (module docstring)
 
     def initialize_state(self, **kwargs: Any) -> None:
         """Ray passes ``request_router_kwargs`` here, once, before routing anything."""
-        self.settings = RouterSettings.from_kwargs(kwargs)
-        self.ledger = self.settings.build_ledger()
         self._stats_read = {}
+        self._numbers = itertools.count()
+        self._ids: dict[str, list[str]] = {}  # Ray's internal id -> our ids, oldest first
+        self._ids_lock = threading.Lock()  # the futures' callbacks may run in other threads
+        self._routing: weakref.WeakKeyDictionary[asyncio.Task[Any], PendingRequest]
+        self._routing = weakref.WeakKeyDictionary()  # a routing task -> the request it routes
+        try:
+            self.settings = RouterSettings.from_kwargs(kwargs)
+            self.ledger = self.settings.build_ledger()  # (the policy and its params checked)
+        except (ConfigError, TypeError, ValueError) as exc:
+            # The defaults keep the hooks working; every call fails with the reason.
+            self._bad_settings = exc if isinstance(exc, ConfigError) else ConfigError(str(exc))
+            self.settings = RouterSettings()
+            self.ledger = self.settings.build_ledger()
+            log.error("prefixroute: request_router_kwargs refused, every call fails: %s", exc)
         s = self.settings
         if s.sync_redis is not None:
             self.sync = RouterSync(self.ledger, s.sync_redis, s.sync_channel, s.sync_history)
@@ -86,12 +119,17 @@ class PrefixRouteRequestRouter(RequestRouter):
         if pending_request.future.done():  # cancelled meanwhile: Ray's backoff still asks
             return [list(candidate_replicas)]
         try:
+            if self._bad_settings is not None:
+                raise self._bad_settings
+            task = asyncio.current_task()
+            if task is not None:  # the request this routing task routes (module docstring)
+                self._routing[task] = pending_request
             return self._rank(candidate_replicas, pending_request)
         except Exception as exc:
             # Fail this request's caller now, with the reason (UnroutableRequest, or a bug of
             # ours). Returning no replica would make Ray retry forever, and raising would only
             # be logged by Ray's routing task, which then retries the same request.
-            if not isinstance(exc, UnroutableRequest):
+            if not isinstance(exc, UnroutableRequest | ConfigError):
                 log.exception("prefixroute: routing failed")
             if not pending_request.future.done():
                 pending_request.future.set_exception(exc)
@@ -107,12 +145,48 @@ class PrefixRouteRequestRouter(RequestRouter):
             if stats and self._stats_read.get(name) is not stats:  # a new poll's
                 self._stats_read[name] = stats
                 self.ledger.observe(name, stats)
-        request_id = str(pending_request.metadata.internal_request_id)
+        request_id = self._own_id(pending_request)
         decision = self.ledger.route(request_id, key, list(by_name))
         self._follow(request_id, pending_request.future)
         chosen = by_name[decision.replica]
         rest = [r for r in candidates if r is not chosen]
         return [[chosen], rest] if rest else [[chosen]]
+
+    def _own_id(self, pending_request: PendingRequest) -> str:
+        """Our ledger id of ``pending_request``: its internal id and a number, the same for
+        its retries (Ray reuses the object; module docstring)."""
+        own = getattr(pending_request, OWN_ID, None)
+        if own is None:
+            internal = str(pending_request.metadata.internal_request_id)
+            own = f"{internal}#{next(self._numbers)}"
+            setattr(pending_request, OWN_ID, own)
+            with self._ids_lock:
+                self._ids.setdefault(internal, []).append(own)
+        return str(own)
+
+    def _forget_ended(self, internal: str) -> None:
+        """Drop the ids under ``internal`` whose requests the ledger no longer follows."""
+        with self._ids_lock:
+            kept = [own for own in self._ids.get(internal, ()) if self.ledger.follows(own)]
+            if kept:
+                self._ids[internal] = kept
+            else:
+                self._ids.pop(internal, None)
+
+    def _fulfill_next_pending_request(
+        self, replica: RunningReplica, request_metadata: Any = None
+    ) -> None:
+        """Ray's call when a routing task found ``replica``: give it to the request that task
+        routes, as ranked; Ray's own lookup by internal id otherwise (module docstring)."""
+        task = asyncio.current_task()
+        routed = self._routing.pop(task, None) if task is not None else None
+        if routed is None or routed.future.done():
+            super()._fulfill_next_pending_request(replica, request_metadata)
+            return
+        self._record_queue_wait_time(routed)
+        routed.future.set_result(replica)
+        if self._pending_requests_by_id.get(routed.metadata.internal_request_id) is routed:
+            self._remove_pending_request_from_indices(routed)
 
     def _follow(self, request_id: str, future: asyncio.Future[Any]) -> None:
         """Learn where Ray sent the request, or that it gave up, from the request's future."""
@@ -122,6 +196,7 @@ class PrefixRouteRequestRouter(RequestRouter):
     def _on_future_done(self, request_id: str, future: asyncio.Future[Any]) -> None:
         if future.cancelled() or future.exception() is not None:
             self.ledger.cancelled(request_id)
+            self._forget_ended(request_id.rpartition("#")[0])
             return
         self._sent(request_id, replica_name(future.result().replica_id))
 
@@ -144,12 +219,20 @@ class PrefixRouteRequestRouter(RequestRouter):
     ) -> None:
         """The replica accepted the request (Ray's rejection protocol): an attempt whose
         completion comes without this was rejected (``Ledger``)."""
-        request_id = str(pending_request.metadata.internal_request_id)
-        self._sent(request_id, replica_name(replica_id), accepted=True)
+        own = getattr(pending_request, OWN_ID, None)
+        if own is not None:
+            self._sent(str(own), replica_name(replica_id), accepted=True)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        """Fired once per attempt Ray sent, however it ended, on Ray's router loop."""
-        self.ledger.completed(str(internal_request_id), replica_name(replica_id))
+        """Fired once per attempt Ray sent, however it ended, on Ray's router loop; it names
+        Ray's internal id only, so it ends the oldest of ours under it sent to that replica."""
+        internal, name = str(internal_request_id), replica_name(replica_id)
+        with self._ids_lock:
+            ours = list(self._ids.get(internal, ()))
+        for own in ours:
+            if self.ledger.completed(own, name):
+                break
+        self._forget_ended(internal)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)

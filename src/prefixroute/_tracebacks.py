@@ -1,4 +1,5 @@
-"""Tracebacks of our own bugs, at most one per kind this often (:class:`TracebackLimiter`)."""
+"""Tracebacks of our own bugs, at most one per kind this often (:class:`TracebackLimiter`), and
+warnings that a peer can repeat at will, likewise (:class:`WarningLimiter`)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,36 @@ class TracebackLimiter:
         if suppressed:
             msg += f" ({suppressed} more like it since the last one, not shown)"
         self.logger.error(msg, *args, exc_info=exc)
+
+
+class WarningLimiter:
+    """Logs a warning at most once per ``every_s`` per kind; the ones between are counted, and
+    the count rides on the next one logged. For what a peer can send at will: 3,000 bad
+    messages to a KV-event address wrote 3,000 lines (an outside audit, 2026-12-07); the
+    metrics count every one."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger, self.every_s, self.clock = logger, every_s, clock
+        self._said: dict[str, tuple[float, int]] = {}  # kind -> (last logged, s; held since)
+
+    def warning(self, kind: str, msg: str, *args: object) -> None:
+        """``logger.warning(msg, *args)``, unless a warning of ``kind`` was logged lately."""
+        now = self.clock()
+        said_at, held = self._said.get(kind, (-math.inf, 0))
+        if now - said_at < self.every_s:
+            self._said[kind] = (said_at, held + 1)
+            return
+        if len(self._said) >= _LIMITER_KEYS:
+            self._said.clear()
+        self._said[kind] = (now, 0)
+        if held:
+            msg += f" ({held} more like it since the last one, not shown)"
+        self.logger.warning(msg, *args)
 
 
 def _place(exc: BaseException) -> tuple[str, int]:

@@ -192,8 +192,10 @@ async def test_every_counter_counts_every_time(context: zmq.asyncio.Context) -> 
 
 
 async def test_decode_errors_are_counted_one_by_one_on_the_socket(
-    context: zmq.asyncio.Context,
+    context: zmq.asyncio.Context, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Each one counted; logged once a minute (a peer that sent 3,000 wrote 3,000 warnings:
+    an outside audit, 2026-12-07)."""
     index = indexed()
     sub = make_subscriber(context, BIND_ANY, index)
     assert sub.address is None  # until started
@@ -214,6 +216,8 @@ async def test_decode_errors_are_counted_one_by_one_on_the_socket(
             assert time.monotonic() < deadline, sub.stats
             await asyncio.sleep(0.005)
         assert sub.stats.decode_errors - before == 2
+        warned = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and "KV events of" in warned[0].getMessage(), warned
         task = sub._task
         await sub.stop()
         assert task is not None and task.done()  # stopped means the reader is gone

@@ -14,6 +14,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from prefixroute.core import BlockHasher, PrefixIndex, ReplicaId
 from prefixroute.events import (
+    BlockRemoved,
     BlockStored,
     EventEndpoint,
     EventSubscriber,
@@ -99,3 +100,30 @@ async def test_a_replica_removed_and_added_again_continues_its_counters() -> Non
     assert sample(registry, "prefixroute_kv_event_batches_total") == 4  # continued
     assert sample(registry, "prefixroute_kv_event_blocks_total", kind="stored") == 32
     assert sample(registry, live, state="live") == 1.0
+
+
+async def test_blocks_of_another_size_and_unknown_removals_have_their_own_series() -> None:
+    """An engine whose block size is not the gateway's was counted only as ``skipped`` (which
+    also counts salted, multimodal and CPU-tier blocks), and removals of blocks never heard of
+    only in the indexer (an outside audit, 2026-12-07)."""
+    context = zmq.asyncio.Context()
+    index = PrefixIndex()
+    index.add_replica(R)
+    sub = EventSubscriber(
+        EventEndpoint("tcp://127.0.0.1:1", False), PreciseIndexer(R, index, BlockHasher(4)),
+        context,
+    )  # fmt: skip
+    precise: Any = SimpleNamespace(
+        router=SimpleNamespace(speculative_entries=lambda: None), subscribers={R: sub}, retired={}
+    )
+    registry = CollectorRegistry()
+    registry.register(EventCollector(precise))
+    eight = BlockStored([1, 2], None, list(range(16)), 8, None, "GPU", None)  # 8-token blocks
+    gone = BlockRemoved([77, 78, 79], "GPU")
+    try:
+        await sub.receive(list(pack_frames(b"", 0, encode_batch(KVEventBatch(0.0, [eight, gone])))))
+    finally:
+        context.term()
+    assert sample(registry, "prefixroute_kv_event_blocks_total", kind="wrong_size") == 2
+    assert sample(registry, "prefixroute_kv_event_blocks_total", kind="skipped") == 2
+    assert sample(registry, "prefixroute_kv_event_blocks_total", kind="unknown_removed") == 3

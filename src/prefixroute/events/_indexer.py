@@ -80,6 +80,7 @@ class IndexerStats:
     removed_blocks: int = 0  # blocks dropped on BlockRemoved
     orphan_blocks: int = 0  # stored blocks whose parent we never saw: not indexed
     skipped_blocks: int = 0  # stored blocks tokens do not identify (medium, keys, size)
+    wrong_size_blocks: int = 0  # of the skipped, those in blocks of another size than ours
     adapter_blocks: int = 0  # of the stored blocks, those indexed under a LoRA adapter's key
     unknown_removals: int = 0  # BlockRemoved for a hash we do not hold
     recalled_blocks: int = 0  # blocks brought back from before a clear by a store under them
@@ -253,6 +254,7 @@ class PreciseIndexer:
         if not _indexed(event):
             return False
         if event.block_size != self.hasher.block_size:
+            self.stats.wrong_size_blocks += len(event.block_hashes)
             self._warn_block_size(event.block_size)
             return False
         lora = event.lora_name

@@ -48,6 +48,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from prefixroute._tasks import cancel_and_wait
+from prefixroute._tracebacks import WarningLimiter
 from prefixroute.core import ReplicaId
 from prefixroute.events._decode import read_batch
 from prefixroute.events._endpoint import EventEndpoint, is_ipv6
@@ -127,6 +128,7 @@ class EventSubscriber:
         self._watching: zmq.asyncio.Socket | None = None  # from this monitor socket
         self._rejoin = False  # a peer went away: the next batch starts a new stream
         self.publishers = 0  # engines connected to our bound address (bind mode only)
+        self._said = WarningLimiter(log)  # a peer's repeated bad messages: once a minute a kind
 
     @property
     def replica(self) -> ReplicaId:
@@ -206,7 +208,7 @@ class EventSubscriber:
                 await self.receive(frames)
             except EventDecodeError as exc:
                 self.stats.decode_errors += 1
-                log.warning("KV events of %s: %s", self.replica, exc)
+                self._said.warning("decode", "KV events of %s: %s", self.replica, exc)
             except Exception as exc:  # noqa: BLE001 - one message must not end the stream
                 # A message we did not foresee: its batch may be half applied, so the entries
                 # are cleared (cause "error") and the next message is read as usual.
@@ -271,7 +273,8 @@ class EventSubscriber:
         self.indexer.clear()
         self.stats.resyncs[cause] = self.stats.resyncs.get(cause, 0) + 1
         self.state = StreamState.RESYNCING
-        log.warning("KV events of %s: %s; entries cleared, resyncing", self.replica, why)
+        said = "KV events of %s: %s; entries cleared, resyncing"
+        self._said.warning(cause, said, self.replica, why)
 
     async def _replay(self, missing: range) -> bool:
         """Fetch and apply the ``missing`` batches; False if the replay did not close the gap."""

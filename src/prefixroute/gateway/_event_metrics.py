@@ -82,9 +82,11 @@ class EventCollector(Collector):
             for cause in RESYNC_CAUSES:
                 cleared = sum(st.resyncs.get(cause, 0) for st, _ in parts)
                 resyncs.add_metric([replica, cause], cleared)
-            for kind in ("stored", "removed", "orphan", "skipped", "recalled"):
+            for kind in ("stored", "removed", "orphan", "skipped", "wrong_size", "recalled"):
                 done = sum(getattr(ix, f"{kind}_blocks") for _, ix in parts)
                 blocks.add_metric([replica, kind], done)
+            unknown = sum(ix.unknown_removals for _, ix in parts)
+            blocks.add_metric([replica, "unknown_removed"], unknown)
             if sub is None:
                 continue  # gone: its gauges go with it
             if sub.stats.last_batch_at is not None:

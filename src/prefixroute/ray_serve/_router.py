@@ -88,6 +88,7 @@ class PrefixRouteRequestRouter(RequestRouter):
 
     def initialize_state(self, **kwargs: Any) -> None:
         """Ray passes ``request_router_kwargs`` here, once, before routing anything."""
+        self._bad_settings = None
         self._stats_read = {}
         self._numbers = itertools.count()
         self._ids: dict[str, list[str]] = {}  # Ray's internal id -> our ids, oldest first

@@ -269,3 +269,22 @@ def test_only_the_engines_own_clear_drops_a_routers_speculative_entries() -> Non
     assert spec.match(chain, [R], 1.5) == {R: 2}
     ix.apply(batch(AllBlocksCleared()))
     assert spec.match(chain, [R], 1.5) == {}
+
+
+def test_a_full_report_brings_back_a_prefix_whose_first_report_was_lost() -> None:
+    """vLLM reports only newly cached blocks; with ``kv_cache_report_mode: full``
+    (gateway/_kv_report.py) it reports a request's cached prefix again from its root. Lost
+    first, the prefix and everything later stored under it were unknown (orphans); reported
+    again, it is indexed, and a report of blocks already held changes nothing."""
+    index, ix, hasher = make()
+    prompt = list(range(12))
+    ix.apply(batch(stored(prompt[8:], 2, [3])))  # its parents' batch was lost: an orphan
+    assert index.blocks_of(R) == 0 and ix.stats.orphan_blocks == 1
+    ix.apply(batch(stored(prompt, None, [1, 2, 3])))  # the full report, from the root
+    assert index.match(hasher.hash_tokens(prompt)) == {R: 3}
+    stored_before = ix.stats.stored_blocks
+    ix.apply(batch(stored(prompt, None, [1, 2, 3])))  # again: held, nothing to do
+    assert ix.stats.repeated_blocks == 3 and ix.stats.stored_blocks == stored_before
+    assert index.match(hasher.hash_tokens(prompt)) == {R: 3}
+    ix.apply(batch(stored(prompt[4:8], 3, [2])))  # the same hash under another parent
+    assert ix.stats.stored_blocks == stored_before + 1  # not "held": mapped anew

@@ -120,6 +120,7 @@ async def request_key(
     if endpoint is Endpoint.OTHER:
         return key, None, False
     asked = ask_usage and state.ask_stream_usage(endpoint, obj)
-    if isolated(scope) or asked:
+    full = state.ask_full_kv_report(endpoint, obj)  # precise mode, a stream lost (gateway's)
+    if isolated(scope) or asked or full:
         return key, encode_body(obj), asked  # cache_salt or stream_options: the replica reads it
     return key, None, False

@@ -84,6 +84,7 @@ class IndexerStats:
     adapter_blocks: int = 0  # of the stored blocks, those indexed under a LoRA adapter's key
     unknown_removals: int = 0  # BlockRemoved for a hash we do not hold
     recalled_blocks: int = 0  # blocks brought back from before a clear by a store under them
+    repeated_blocks: int = 0  # stored blocks already held: reported again, nothing changed
 
 
 class EngineBlocks(Protocol):
@@ -175,6 +176,9 @@ class PreciseIndexer:
         n = len(event.block_hashes)
         if not n:  # stores nothing (vLLM never sends one; its parents list below would not fit)
             return
+        if self._held(event):  # a report again (gateway/_kv_report.py): nothing to hash
+            stats.repeated_blocks += n
+            return
         hasher = self._hasher_of(event)
         if hasher is None:
             stats.skipped_blocks += n
@@ -200,6 +204,16 @@ class PreciseIndexer:
         stats.stored_blocks += n
         if event.lora_name is not None:
             stats.adapter_blocks += n
+
+    def _held(self, event: BlockStored) -> bool:
+        """Every block of ``event`` is mapped already, under the same parents."""
+        parent, ours = event.parent_block_hash, self._ours
+        for engine_hash in event.block_hashes:
+            mapped = ours.get(engine_hash)
+            if mapped is None or mapped[1] != parent:
+                return False
+            parent = engine_hash
+        return True
 
     def _removed(self, event: BlockRemoved) -> None:
         stats = self.stats

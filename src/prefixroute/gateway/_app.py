@@ -298,6 +298,7 @@ async def _admit(
     asked = False
     if obj is not None:  # what the replica reads is what we parsed (see _requests)
         asked = state.ask_stream_usage(endpoint, obj)  # the usage every stream's learning needs
+        state.ask_full_kv_report(endpoint, obj)  # precise mode, a stream lost: _kv_report
         if asked:  # a compressed stream cannot be read event by event to hide that usage
             headers["Accept-Encoding"] = "identity"
         body = encode_body(obj)

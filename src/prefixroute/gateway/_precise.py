@@ -72,6 +72,11 @@ class PreciseMode:
             counts[subscriber.state] += 1
         return {str(state): n for state, n in counts.items()}
 
+    def recovering(self) -> bool:
+        """A followed stream is ``resyncing``: some of its replica's cached blocks may be
+        unknown until reported again (``_kv_report``)."""
+        return any(s.state is StreamState.RESYNCING for s in self.subscribers.values())
+
     def state_of(self, replica: ReplicaId) -> str | None:
         """The state of ``replica``'s stream; None: it has none."""
         subscriber = self.subscribers.get(replica)

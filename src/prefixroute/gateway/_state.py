@@ -19,6 +19,7 @@ from aiohttp import web
 from prefixroute.core import Endpoint, RouteKey, Router
 from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._health import HealthChecker
+from prefixroute.gateway._kv_report import ask_full_report
 from prefixroute.gateway._limits import Limits
 from prefixroute.gateway._metrics import GatewayMetrics
 from prefixroute.gateway._precise import PreciseMode
@@ -98,6 +99,14 @@ class GatewayState:
         if endpoint in _OWN_USAGE or not self.asks_stream_usage:
             return False
         return ask_for_stream_usage(obj)
+
+    def ask_full_kv_report(self, endpoint: Endpoint, obj: object) -> bool:
+        """In precise mode, while a replica's KV-event stream is ``resyncing``, ask the engine
+        to report the request's cached prefix again (``_kv_report``); returns whether it did.
+        Both front ends call this."""
+        if self.precise is None or not self.precise.recovering():
+            return False
+        return ask_full_report(endpoint, obj)
 
     def stream_usage_taken(self, replica: str) -> None:
         """``replica`` answered 200 to a stream whose usage we asked for."""

@@ -96,7 +96,8 @@ def test_the_fleet_flag_and_what_it_refuses() -> None:
     assert parse_fleet("1:mixed=1", ReplicaConfig()).configs[0].mixed_batches
     with pytest.raises(ConfigError, match="mixed is 0 or 1"):
         parse_fleet("1:mixed=2", ReplicaConfig())
-    with pytest.raises(ConfigError, match="mixed batches"):
+    refused = r"\Apreemption is modelled for mixed batches \(vLLM's\) only\Z"
+    with pytest.raises(ConfigError, match=refused):
         parse_fleet("1:mixed=0,preempt=1", ReplicaConfig())
 
 

@@ -64,6 +64,7 @@ from prefixroute.events._wire import (
 )
 
 log = logging.getLogger(__name__)
+RESYNC_SAID = "KV events of %s: %s; entries cleared, resyncing"  # pragma: no mutate (a log line)
 
 REPLAY_TIMEOUT_S = 1.0  # seconds to wait for each replayed batch before giving up
 REPLAY_DEADLINE_S = 10.0  # seconds for a whole replay, however its replies come
@@ -273,8 +274,7 @@ class EventSubscriber:
         self.indexer.clear()
         self.stats.resyncs[cause] = self.stats.resyncs.get(cause, 0) + 1
         self.state = StreamState.RESYNCING
-        said = "KV events of %s: %s; entries cleared, resyncing"
-        self._said.warning(cause, said, self.replica, why)
+        self._said.warning(cause, RESYNC_SAID, self.replica, why)
 
     async def _replay(self, missing: range) -> bool:
         """Fetch and apply the ``missing`` batches; False if the replay did not close the gap."""

@@ -6,10 +6,36 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 TRACEBACK_EVERY_S = 10.0  # at most one traceback per (exception type, place) this often, s
 _LIMITER_KEYS = 1024  # places remembered; past this the table starts over (bounded memory)
+
+
+class _Repeats:
+    """Which repeats of a message of one key may be logged: at most one per ``every_s``; the
+    ones between are counted, and the count goes with the next one logged."""
+
+    def __init__(self, every_s: float, clock: Callable[[], float]) -> None:
+        self.every_s = every_s  # seconds between two messages of one key
+        self.clock = clock
+        self._seen: dict[Hashable, tuple[float, int]] = {}  # key -> (last logged, s; held since)
+
+    def due(self, key: Hashable) -> int | None:
+        """None: hold this one back (counted); else log it, this many having been held."""
+        now = self.clock()
+        logged_at, held = self._seen.get(key, (-math.inf, 0))
+        if now - logged_at < self.every_s:
+            self._seen[key] = (logged_at, held + 1)
+            return None
+        if len(self._seen) >= _LIMITER_KEYS:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        return held
+
+
+def _with_held(msg: str, held: int) -> str:
+    return msg + f" ({held} more like it since the last one, not shown)" if held else msg
 
 
 class TracebackLimiter:
@@ -27,25 +53,13 @@ class TracebackLimiter:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.logger = logger
-        self.every_s = every_s  # seconds between two tracebacks of one kind
-        self.clock = clock
-        # (type, file, line) -> (when its last traceback was logged, s; how many since, not shown)
-        self._seen: dict[tuple[type[BaseException], str, int], tuple[float, int]] = {}
+        self._repeats = _Repeats(every_s, clock)  # keyed by (type, file, line)
 
     def exception(self, exc: BaseException, msg: str, *args: object) -> None:
         """``logger.exception(msg, *args)`` for ``exc``, unless one like it was logged lately."""
-        key = (type(exc), *_place(exc))
-        now = self.clock()
-        logged_at, suppressed = self._seen.get(key, (-math.inf, 0))
-        if now - logged_at < self.every_s:
-            self._seen[key] = (logged_at, suppressed + 1)
-            return
-        if len(self._seen) >= _LIMITER_KEYS:
-            self._seen.clear()
-        self._seen[key] = (now, 0)
-        if suppressed:
-            msg += f" ({suppressed} more like it since the last one, not shown)"
-        self.logger.error(msg, *args, exc_info=exc)
+        held = self._repeats.due((type(exc), *_place(exc)))
+        if held is not None:
+            self.logger.error(_with_held(msg, held), *args, exc_info=exc)
 
 
 class WarningLimiter:
@@ -60,22 +74,14 @@ class WarningLimiter:
         every_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.logger, self.every_s, self.clock = logger, every_s, clock
-        self._said: dict[str, tuple[float, int]] = {}  # kind -> (last logged, s; held since)
+        self.logger = logger
+        self._repeats = _Repeats(every_s, clock)  # keyed by kind
 
     def warning(self, kind: str, msg: str, *args: object) -> None:
         """``logger.warning(msg, *args)``, unless a warning of ``kind`` was logged lately."""
-        now = self.clock()
-        said_at, held = self._said.get(kind, (-math.inf, 0))
-        if now - said_at < self.every_s:
-            self._said[kind] = (said_at, held + 1)
-            return
-        if len(self._said) >= _LIMITER_KEYS:
-            self._said.clear()
-        self._said[kind] = (now, 0)
-        if held:
-            msg += f" ({held} more like it since the last one, not shown)"
-        self.logger.warning(msg, *args)
+        held = self._repeats.due(kind)
+        if held is not None:
+            self.logger.warning(_with_held(msg, held), *args)
 
 
 def _place(exc: BaseException) -> tuple[str, int]:

@@ -145,7 +145,7 @@ def fitted(floor: bool) -> tuple[float, float]:
         else:
             speed.observe_decode(2_000.0 / RATE + STEP, 1, 800.0)
     assert all(type(o) is QueuedObs for o in speed._prefill)
-    windows, theta = (speed._prefill, speed._decode, speed._engine), speed._theta()
+    windows, theta = (speed._prefill, speed._decode, speed._engine), speed.theta()
     typical = speed_fit._typical_own
     try:
         if not floor:

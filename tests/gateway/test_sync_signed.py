@@ -151,18 +151,12 @@ async def test_a_forged_stored_message_reaches_only_the_instance_without_a_secre
         client.close()
 
 
-def test_the_requests_of_an_instance_no_longer_heard_leave_the_load_view(
+def on_a_clock(
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """An instance killed outright sends no ends: its requests left the others' load views
-    only after REMOTE_TTL_S (ten minutes), pushing traffic off the replicas they named (an
-    outside audit, 2026-12-06). Now an instance not heard for SILENT_S is gone; one that says
-    it is alive (an empty progress message, every ALIVE_EVERY_S) keeps its requests."""
+) -> tuple[list[float], Router, ReplicaId, RouteSync]:
+    """A sync that hears no Redis, in front of one replica, its remote requests' clock at
+    1,000 s (``clock[0]``, for the test to move): (clock, router, replica, sync)."""
     import prefixroute.sync._remote as remote_module
-    from prefixroute.sync._remote import ALIVE_EVERY_S, REMOTE_TTL_S, SILENT_S
-    from prefixroute.sync._wire import encode_progress
-
-    from .test_sync import remote_decision
 
     clock = [1000.0]
     monkeypatch.setattr(remote_module.time, "monotonic", lambda: clock[0])
@@ -170,6 +164,22 @@ def test_the_requests_of_an_instance_no_longer_heard_leave_the_load_view(
     r = ReplicaId("http://r:1")
     router.add_replica(r)
     sync = RouteSync("redis://127.0.0.1:9/0", "c", router, CollectorRegistry(), instance_id="me")
+    return clock, router, r, sync
+
+
+def test_the_requests_of_an_instance_no_longer_heard_leave_the_load_view(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An instance killed outright sends no ends: its requests left the others' load views
+    only after REMOTE_TTL_S (ten minutes), pushing traffic off the replicas they named (an
+    outside audit, 2026-12-06). Now an instance not heard for SILENT_S is gone; one that says
+    it is alive (an empty progress message, every ALIVE_EVERY_S) keeps its requests."""
+    from prefixroute.sync._remote import ALIVE_EVERY_S, REMOTE_TTL_S, SILENT_S
+    from prefixroute.sync._wire import encode_progress
+
+    from .test_sync import remote_decision
+
+    clock, router, r, sync = on_a_clock(monkeypatch)
     sync.remote.apply(remote_decision("alive", "q1", r))
     sync.remote.apply(remote_decision("killed", "q2", r))
     assert router.replica_load(r).in_flight == 2
@@ -183,25 +193,18 @@ def test_the_requests_of_an_instance_no_longer_heard_leave_the_load_view(
     assert router.replica_load(r).in_flight == 0
 
 
-
 def test_a_killed_instances_requests_leave_within_ten_seconds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """docs/deployment.md: every instance says it is alive every second, and the requests of
     one not heard for 10 s are dropped (it was 30 s, and a killed instance's requests held the
     survivors' in-flight cap all that time: an outside audit, 2026-12-07)."""
-    import prefixroute.sync._remote as remote_module
     from prefixroute.sync._remote import ALIVE_EVERY_S
 
     from .test_sync import remote_decision
 
     assert ALIVE_EVERY_S <= 1.0
-    clock = [1000.0]
-    monkeypatch.setattr(remote_module.time, "monotonic", lambda: clock[0])
-    router = Router(make_policy("round_robin"))
-    r = ReplicaId("http://r:1")
-    router.add_replica(r)
-    sync = RouteSync("redis://127.0.0.1:9/0", "c", router, CollectorRegistry(), instance_id="me")
+    clock, router, r, sync = on_a_clock(monkeypatch)
     sync.remote.apply(remote_decision("killed", "q", r))
     for at, counted in ((1009.9, 1), (1010.1, 0)):  # 9.9 s unheard: kept; 10.1 s: gone
         clock[0] = at

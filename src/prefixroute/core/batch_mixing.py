@@ -57,8 +57,7 @@ def try_the_other_kind(
     if speed.mixing_trials < EVERY or len(first_tokens) < LEAST:
         return
     speed.mixing_trials = 0
-    now = error(_theta(speed.prefill_tokens_per_s, speed.decode_step_s, speed.engine_overhead_s,
-                       speed.first_token_overhead_s, speed.attention_s), first_tokens)  # fmt: skip
+    now = error(speed.theta(), first_tokens)
     queued = [o for o in first_tokens if type(o) is QueuedObs]
     kept = [(o, o.x, o.basis) for o in queued]
     kept_phases = [(p, p.x, p.credit, p.basis) for p in phases]
@@ -70,10 +69,9 @@ def try_the_other_kind(
             credit(speed, p)
     theta, outliers = speed.fit()
     bounded = speed.config.within_bounds(1.0 / theta[0], theta[1], theta[2], theta[3], theta[4])
-    if error(_theta(*bounded), first_tokens) < MARGIN * now:
-        speed.prefill_tokens_per_s, speed.decode_step_s = bounded[0], bounded[1]
-        speed.engine_overhead_s, speed.first_token_overhead_s = bounded[2], bounded[3]
-        speed.attention_s, speed.outliers = bounded[4], outliers
+    if error([1.0 / bounded[0], *bounded[1:]], first_tokens) < MARGIN * now:
+        speed.set_within_bounds(*bounded)
+        speed.outliers = outliers
         speed.kind_changes += 1
         return
     speed.carries_decodes = not speed.carries_decodes  # as it was
@@ -81,8 +79,3 @@ def try_the_other_kind(
         o.x, o.basis = x, basis
     for p, x, done, basis in kept_phases:
         p.x, p.credit, p.basis = x, done, basis
-
-
-def _theta(rate: float, step: float, engine: float, first: float, attention: float) -> list[float]:
-    """The fit's unknowns (``speed_fit``'s theta) from these estimates."""
-    return [1.0 / rate, step, engine, first, attention]

@@ -197,7 +197,7 @@ class ReplicaSpeed:
         rate, step, first, engine, attention = fleet
         # A learned overhead (or attention) only where this replica would learn one: otherwise
         # its predictions would carry a term its own fit then drops.
-        self._set_within_bounds(
+        self.set_within_bounds(
             rate, step, engine, first if cfg.learn_overhead else cfg.first_token_overhead_s,
             attention if cfg.learn_attention else cfg.attention_s,
         )
@@ -360,7 +360,7 @@ class ReplicaSpeed:
             self._refit()
 
     # --- the fit --------------------------------------------------------------------------
-    def _theta(self) -> list[float]:
+    def theta(self) -> list[float]:  # the fit's unknowns at the estimates (speed_fit)
         return [1.0 / self.prefill_tokens_per_s, self.decode_step_s, self.engine_overhead_s,
                 self.first_token_overhead_s, self.attention_s]  # fmt: skip
 
@@ -371,14 +371,14 @@ class ReplicaSpeed:
         self.from_fleet = False
         rederive(self, self._prefill, self._decode)  # every queue at the current estimates
         theta, self.outliers = self.fit()
-        self._set_within_bounds(1.0 / theta[0], theta[1], theta[2], theta[3], theta[4])
+        self.set_within_bounds(1.0 / theta[0], theta[1], theta[2], theta[3], theta[4])
         try_the_other_kind(self, self._prefill, self._decode)  # do prefill steps carry decodes?
 
     def fit(self) -> tuple[list[float], int]:
         """The fit over the windows as their work stands (``_refit``): (``[1 / rate, step,
         engine overhead, first-token overhead, attention]`` unbounded, observations left out)."""
         windows = (self._prefill, self._decode, self._engine)
-        return fit_windows(self.config, self._theta(), windows, self._whole)
+        return fit_windows(self.config, self.theta(), windows, self._whole)
 
     def _priors(self) -> None:  # the configured estimates, as before anything is learned
         cfg = self.config
@@ -386,7 +386,7 @@ class ReplicaSpeed:
         self.first_token_overhead_s, self.engine_overhead_s = cfg.first_token_overhead_s, 0.0
         self.attention_s = cfg.attention_s
 
-    def _set_within_bounds(
+    def set_within_bounds(
         self, rate: float, step: float, engine: float, first: float, attention: float
     ) -> None:
         """Take these estimates, each within its bounds (:meth:`SpeedConfig.within_bounds`)."""

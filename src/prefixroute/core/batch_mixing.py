@@ -47,6 +47,24 @@ def error(theta: Sequence[float], first_tokens: Sequence[Obs]) -> float:
     return total / n if n else 0.0
 
 
+def flip(
+    speed: ReplicaSpeed, first_tokens: Sequence[Obs], phases: Sequence[PhaseObs],
+    carries_decodes: bool | None = None,
+) -> None:
+    """Make ``speed`` the other kind (or the kind ``carries_decodes`` says, where it is not
+    already) and take every queue of ``first_tokens`` and ``phases`` again with its steps (a
+    first token without a queue keeps the steps it was given)."""
+    if carries_decodes == speed.carries_decodes:
+        return
+    speed.carries_decodes = not speed.carries_decodes
+    for o in first_tokens:
+        if type(o) is QueuedObs:
+            derive(speed, o)
+    for p in phases:
+        if p.queued:
+            credit(speed, p)
+
+
 def try_the_other_kind(
     speed: ReplicaSpeed, first_tokens: Sequence[Obs], phases: Sequence[PhaseObs]
 ) -> None:
@@ -61,12 +79,7 @@ def try_the_other_kind(
     queued = [o for o in first_tokens if type(o) is QueuedObs]
     kept = [(o, o.x, o.basis) for o in queued]
     kept_phases = [(p, p.x, p.credit, p.basis) for p in phases]
-    speed.carries_decodes = not speed.carries_decodes
-    for o in queued:
-        derive(speed, o)
-    for p in phases:
-        if p.queued:
-            credit(speed, p)
+    flip(speed, queued, phases)
     theta, outliers = speed.fit()
     bounded = speed.config.within_bounds(1.0 / theta[0], theta[1], theta[2], theta[3], theta[4])
     if error([1.0 / bounded[0], *bounded[1:]], first_tokens) < MARGIN * now:

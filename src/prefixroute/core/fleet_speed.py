@@ -10,14 +10,20 @@ was sent nothing; one joining a fleet 3x slower looked 3x faster and was flooded
 
 from __future__ import annotations
 
-from prefixroute.core.speed import ReplicaSpeed
+from prefixroute.core.speed import Estimates, ReplicaSpeed
 
 
-def fleet_median(speeds: list[ReplicaSpeed]) -> tuple[float, float, float, float, float]:
-    """The estimates of the median replica of ``speeds`` (non-empty), ranked by how long one
-    full batch step of prefill takes at each: one replica's own estimates, so they fit
-    together (a median of each separately could pair one replica's rate with another's
-    overhead)."""
+def fleet_median_speed(speeds: list[ReplicaSpeed]) -> ReplicaSpeed:
+    """The median replica of ``speeds`` (non-empty), ranked by how long one full batch step of
+    prefill takes at each: one replica's own estimates, so they fit together (a median of each
+    separately could pair one replica's rate with another's overhead), and its kind of step
+    with them, which they were fitted with (core/batch_mixing.py: a fleet of engines whose
+    prefill runs alone starts its fresh replicas as such)."""
     cfg = speeds[0].config
     ranked = sorted(speeds, key=lambda s: s.ttft_s(cfg.step_tokens, 1.0))
-    return ranked[(len(ranked) - 1) // 2].estimates()
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def fleet_median(speeds: list[ReplicaSpeed]) -> Estimates:
+    """The estimates of :func:`fleet_median_speed`."""
+    return fleet_median_speed(speeds).estimates()

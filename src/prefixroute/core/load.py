@@ -39,13 +39,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prefixroute.core.context_cost import context_work
-from prefixroute.core.fleet_speed import fleet_median
+from prefixroute.core.fleet_speed import fleet_median_speed
 from prefixroute.core.inflight import InFlight
 from prefixroute.core.plain_answers import in_order, passed_unseen, recheck_s
 from prefixroute.core.preemptions import clean
 from prefixroute.core.preemptions import observe as preemptions_seen
 from prefixroute.core.replica_load import ReplicaLoad
-from prefixroute.core.speed import REFIT_EVERY, ReplicaSpeed, SpeedConfig
+from prefixroute.core.speed import REFIT_EVERY, Estimates, ReplicaSpeed, SpeedConfig
 from prefixroute.core.speed_config import SpeedPrior
 from prefixroute.core.types import Decision, ReplicaId, RequestView
 
@@ -59,7 +59,8 @@ class LoadTracker:
     _loads: dict[ReplicaId, ReplicaLoad] = field(default_factory=dict)
     _requests: dict[str, InFlight] = field(default_factory=dict)
     _cold: dict[ReplicaId, ReplicaLoad] = field(default_factory=dict)  # not warmed up yet
-    _fleet: tuple[float, float, float, float, float] | None = None  # the fleet's median estimates
+    _fleet: Estimates | None = None  # the fleet's median estimates
+    _fleet_kind: bool = True  # its median replica's prefill steps carry decodes (batch_mixing)
     _learned: int = 0  # requests learned from since the fleet's estimates were last taken
 
     def add_replica(self, replica: ReplicaId, prior: SpeedPrior | None = None) -> None:
@@ -101,10 +102,10 @@ class LoadTracker:
             if self.speed.learn and self.speed.fleet_prior and speeds is None:
                 self._cold[replica] = load
                 if self._fleet is not None:
-                    load.speed.start_from(self._fleet)
+                    load.speed.start_from(self._fleet, self._fleet_kind)
         return load
 
-    def fleet_estimates(self) -> tuple[float, float, float, float, float] | None:
+    def fleet_estimates(self) -> Estimates | None:
         """What a cold replica starts from (:meth:`ReplicaSpeed.estimates`' order): the median
         replica's estimates as last taken (None before one warmed up while another was cold)."""
         return self._fleet
@@ -122,9 +123,10 @@ class LoadTracker:
         warm = [load.speed for load in self._loads.values() if load.speed.warmed_up]
         if not warm or not self._cold:
             return
-        self._fleet = fleet_median(warm)
+        median = fleet_median_speed(warm)
+        self._fleet, self._fleet_kind = median.estimates(), median.carries_decodes
         for load in self._cold.values():
-            load.speed.start_from(self._fleet)
+            load.speed.start_from(self._fleet, self._fleet_kind)
 
     @property
     def replicas(self) -> list[ReplicaId]:

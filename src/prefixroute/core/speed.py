@@ -54,15 +54,13 @@ prefill times per scrape interval (vLLM's ``vllm:request_prefill_time_seconds``)
 ``tokens / rate + requests * engine_overhead_s``, free of the queue ahead and of traffic this
 router never saw: a third window in the same fit (:mod:`prefixroute.core.speed_fit`).
 
-**How queued work turns into waiting**, for a first token and at a decode phase's end, in
-:mod:`prefixroute.core.queue_credit`: the progress on the queue, credited at each refit.
-
-Elsewhere: **noise and outliers, priors and bounds, decode phases' weights** in
-:mod:`prefixroute.core.speed_fit`; **a fresh replica in a running fleet** in :mod:`fleet_speed`;
-**a replica that preempts** in :mod:`preemptions`; **how good the predictions are** in
-:mod:`speed_snapshot`. Pure and clock-free (times come in as arguments). A refit (a pass over
-the windows, a sort of each, a solve of two to five unknowns) runs per observation until the
-windows fill, then every ``REFIT_EVERY``.
+Elsewhere: **how queued work turns into waiting** (the progress on the queue, credited at each
+refit) in :mod:`queue_credit`; **noise and outliers, priors and bounds, decode phases' weights**
+in :mod:`speed_fit`; **a fresh replica in a running fleet** in :mod:`fleet_speed`; **a replica
+that preempts** in :mod:`preemptions`; **how good the predictions are** in :mod:`speed_snapshot`.
+Pure and clock-free (times come in as arguments). A refit (a pass over the windows, a sort of
+each, a solve of two to five unknowns) runs per observation until the windows fill, then every
+``REFIT_EVERY``.
 """
 
 from __future__ import annotations
@@ -73,7 +71,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixroute.core._solve import Obs, PhaseObs, QueuedObs
-from prefixroute.core.batch_mixing import try_the_other_kind
+from prefixroute.core.batch_mixing import flip, try_the_other_kind
 from prefixroute.core.queue_credit import credit, derive, rederive
 from prefixroute.core.speed_config import SpeedConfig, speed_priors_of
 from prefixroute.core.speed_fit import fit_windows
@@ -81,6 +79,7 @@ from prefixroute.core.speed_snapshot import snapshot
 
 __all__ = ["QueuedObs", "ReplicaSpeed", "SpeedConfig", "speed_priors_of"]
 
+Estimates = tuple[float, float, float, float, float]  # rate, step, overheads, attention
 REFIT_EVERY = 8  # observations between refits once a window is full (a refit is O(window))
 CORRECTION_REFITS = 8  # at most this many refits settle a corrected observation (warm-up only)
 
@@ -182,15 +181,15 @@ class ReplicaSpeed:
     def first_token_window(self) -> deque[Obs]:  # (reports read its typical context)
         return self._prefill
 
-    def estimates(self) -> tuple[float, float, float, float, float]:
+    def estimates(self) -> Estimates:
         """(prefill rate, decode step, first-token overhead, engine overhead, attention)."""
         return (self.prefill_tokens_per_s, self.decode_step_s, self.first_token_overhead_s,
                 self.engine_overhead_s, self.attention_s)  # fmt: skip
 
-    def start_from(self, fleet: tuple[float, float, float, float, float]) -> None:
-        """Predict with ``fleet``'s estimates (as :meth:`estimates` orders them: learned on
-        its peers) while this replica has not warmed up, each within its bounds; once it has,
-        its own fit replaces them and this does nothing (core/fleet_speed.py)."""
+    def start_from(self, fleet: Estimates, carries_decodes: bool = True) -> None:
+        """Predict with ``fleet``'s estimates (:meth:`estimates`' order: learned on its peers)
+        and kind of step (``carries_decodes``: batch_mixing) until warmed up, each within its
+        bounds; once warmed up its own fit replaces them and this does nothing (fleet_speed)."""
         cfg = self.config
         if self.warmed_up or not cfg.learn or not cfg.fleet_prior:
             return
@@ -202,6 +201,7 @@ class ReplicaSpeed:
             attention if cfg.learn_attention else cfg.attention_s,
         )
         self.from_fleet = True
+        flip(self, self._prefill, self._decode, carries_decodes)  # the estimates' kind of step
 
     def ttft_ratios(self) -> list[float]:
         """``predicted / measured`` of the last ``window`` TTFTs predicted past the warm-up."""

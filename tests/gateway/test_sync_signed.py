@@ -20,7 +20,7 @@ import redis
 from polling import until
 from prometheus_client.registry import CollectorRegistry
 
-from prefixroute.core import ConfigError, ReplicaId, Router, make_policy
+from prefixroute.core import BlockHash, ConfigError, ReplicaId, Router, make_policy
 from prefixroute.gateway import GatewayConfig, TenancyConfig
 from prefixroute.gateway._state import STATE
 from prefixroute.sync._redis import RouteSync
@@ -225,7 +225,10 @@ async def test_every_instance_says_it_is_alive(monkeypatch: pytest.MonkeyPatch) 
     finally:
         sync._tasks[0].cancel()
     message = decode(payload)
-    assert message == Progress("me", "", False) and not keep
+    assert isinstance(message, Progress) and not keep
+    assert (message.instance, message.request_id, message.done) == ("me", "", False)
+    assert message.seq == 1 and message.open == 0  # the first; nothing of ours in flight
+    assert abs(message.sent_at - time.time()) < 5
 
 
 def test_a_decision_for_a_replica_named_otherwise_is_counted_and_said_once(
@@ -280,7 +283,7 @@ def test_a_signed_decision_sent_again_after_its_end_is_not_load_again(
     assert router.replica_load(r).in_flight == 1
     sync.remote.apply(encode_progress("other", "q1", True))
     assert router.replica_load(r).in_flight == 0
-    assert not sync.remote.apply(decision)  # the same message again: its request is over
+    sync.remote.apply(decision)  # the same message again: its request is over
     assert router.replica_load(r).in_flight == 0
     skipped = {"reason": "replayed"}
     assert registry.get_sample_value("prefixroute_sync_skipped_total", skipped) == 1
@@ -309,21 +312,30 @@ def test_a_retry_decided_after_its_first_attempt_ended_is_load(
     assert sync.remote.apply(retry)
     assert router.replica_load(r).in_flight == 1
     sync.remote.apply(encode_progress("other", "q1", True))
-    assert not sync.remote.apply(first) and not sync.remote.apply(retry)  # replays: nothing
+    sync.remote.apply(first)
+    sync.remote.apply(retry)  # replays: no load
     assert router.replica_load(r).in_flight == 0
 
 
 @pytest.mark.parametrize("offset", [-61.0, 61.0])
 def test_a_signed_decision_sent_more_than_a_minute_from_now_is_not_load(
-    monkeypatch: pytest.MonkeyPatch, offset: float
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, offset: float
 ) -> None:
+    """Not load, but still a decision: its index entry is applied. Dropped whole, a clock
+    more than a minute off turned every shared prefix off between the instances, unsaid (an
+    outside audit, 2026-12-07): so it is also said, once per instance."""
     from .test_sync import remote_decision
 
     sent = time.time()
     decision = remote_decision("other", "q1", ReplicaId("http://r:1"))  # sent_at: now
     sync, router, r = _signed_sync(monkeypatch, sent - offset)
-    assert not sync.remote.apply(decision)
+    with caplog.at_level(logging.WARNING, logger="prefixroute.sync._remote"):
+        assert sync.remote.apply(decision)
+        sync.remote.apply(remote_decision("other", "q2", r))
     assert router.replica_load(r).in_flight == 0
+    assert router.index.match([BlockHash(7), BlockHash(8)]) == {r: 2}
+    said = [m for m in caplog.messages if "from this instance's clock" in m]
+    assert len(said) == 1 and "other" in said[0]
 
 
 @pytest.mark.parametrize("offset", [-59.0, 59.0])
@@ -377,3 +389,101 @@ def test_ended_requests_are_forgotten_once_no_replay_of_them_could_count(
     assert list(sync.remote._ended) == ["other/q1", "other/q2"]
     sync.remote.expire(1001.0 + FRESH_S)  # q1 exactly FRESH_S ago: kept
     assert list(sync.remote._ended) == ["other/q1", "other/q2"]
+
+
+def test_a_heartbeat_drops_the_requests_its_instance_no_longer_has_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each heartbeat says how many of its instance's counted requests have not ended: one
+    that never heard their ends (it subscribed later, and recorded decisions were sent
+    again; or an end was lost) counted them for REMOTE_TTL_S, keeping their replica out of
+    its routing (an outside audit, 2026-12-07). The excess goes, oldest sent first, and the
+    same decisions sent again count no more."""
+    import prefixroute.sync._wire as wire_module
+    from prefixroute.sync._wire import encode_alive
+
+    from .test_sync import remote_decision
+
+    wall = time.time()
+    registry = CollectorRegistry()
+    sync, router, r = _signed_sync(monkeypatch, wall, registry)
+    monkeypatch.setattr(wire_module.time, "time", lambda: wall - 2.0)
+    old = remote_decision("other", "q1", r)
+    monkeypatch.setattr(wire_module.time, "time", lambda: wall - 1.0)
+    young = remote_decision("other", "q2", r)
+    monkeypatch.setattr(wire_module.time, "time", lambda: wall)
+    sync.remote.apply(young)  # heard out of order: the sending time decides, not arrival
+    sync.remote.apply(old)
+    sync.remote.apply(remote_decision("third", "q3", r))  # another instance's: its own count
+    assert router.replica_load(r).in_flight == 3
+    sync.remote.apply(encode_alive("other", 1, 2))  # as many as we hold: nothing goes
+    assert router.replica_load(r).in_flight == 3
+    sync.remote.apply(encode_alive("other", 2, 1))
+    assert router.replica_load(r).in_flight == 2
+    assert "other/q1" not in sync.remote._remote and "other/q2" in sync.remote._remote
+    assert registry.get_sample_value("prefixroute_sync_expired_total") == 1
+    sync.remote.apply(old)  # sent again: taken as ended
+    assert router.replica_load(r).in_flight == 2
+    sync.remote.apply(encode_alive("other", 3, 0))
+    assert router.replica_load(r).in_flight == 1  # the third instance's is left alone
+
+
+def test_a_heartbeat_sent_again_is_no_sign_of_life(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A killed instance's recorded heartbeat, sent again every half second, kept its
+    requests counted for as long as it was repeated (an outside audit, 2026-12-07). With
+    signed messages an instance that numbers its heartbeats is heard only from one numbered
+    past the last and sent within FRESH_S; its decisions and ends are no sign of life."""
+    import prefixroute.sync._remote as remote_module
+    import prefixroute.sync._wire as wire_module
+    from prefixroute.sync._remote import FRESH_S
+    from prefixroute.sync._wire import encode_alive
+
+    from .test_sync import remote_decision
+
+    wall = time.time()
+    sync, _, r = _signed_sync(monkeypatch, wall)
+    clock = [1000.0]
+    monkeypatch.setattr(remote_module.time, "monotonic", lambda: clock[0])
+    heard = sync.remote._heard
+    beat = encode_alive("other", 7, 1)
+    sync.remote.apply(beat)
+    assert heard["other"] == 1000.0
+    clock[0] = 1005.0
+    sync.remote.apply(beat)  # the same one again
+    sync.remote.apply(encode_alive("other", 6, 1))  # an older one
+    sync.remote.apply(remote_decision("other", "q9", r))
+    assert heard["other"] == 1000.0
+    monkeypatch.setattr(wire_module.time, "time", lambda: wall - FRESH_S - 1)
+    stale = encode_alive("other", 8, 1)  # numbered past the last, but sent long ago
+    sync.remote.apply(stale)
+    assert heard["other"] == 1000.0
+    monkeypatch.setattr(wire_module.time, "time", lambda: wall)
+    sync.remote.apply(encode_alive("other", 9, 1))
+    assert heard["other"] == 1005.0
+    # An instance that predates the numbers is heard from any live message, as before.
+    sync.remote.apply(remote_decision("legacy", "q1", r))
+    assert heard["legacy"] == 1005.0
+
+
+async def test_stop_sends_what_is_queued_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graceful stop cancelled the publisher with the drained requests' ends still queued:
+    the others counted those requests for SILENT_S more (an outside audit, 2026-12-07).
+    Now what is queued goes out first, a heartbeat last, for up to FLUSH_S."""
+    router = Router(make_policy("round_robin"))
+    sync = RouteSync("redis://127.0.0.1:9/0", "c", router, CollectorRegistry(), instance_id="me")
+    sent: list[bytes] = []
+
+    async def publisher() -> None:  # stands for _publish_some: takes the queue at its pace
+        while True:
+            sync._unsent = [await sync._queue.get()]  # until Redis took it, as there
+            await asyncio.sleep(0.01)
+            sent.append(sync._unsent[0][0])
+            sync._unsent = []
+
+    sync._tasks = [asyncio.create_task(publisher())]
+    sync.completed("q1")
+    await sync.stop()
+    kinds = [decode(p) for p in sent]
+    assert [(m.request_id, m.done) for m in kinds if isinstance(m, Progress)] == [
+        ("q1", True), ("", False)
+    ]

@@ -39,7 +39,7 @@ class SyncMetrics:
             "Other instances' decisions not applied: unknown_replica (a replica this instance "
             "does not route to, or names otherwise: instances must name replicas alike), replayed "
             "(with sync_secret: a decision sent more than 60 s from now, or again after its "
-            "request's end).",
+            "request's end; its index entry is applied, not its load).",
             "reason",
         )
         self.replayed = counter(
@@ -56,5 +56,6 @@ class SyncMetrics:
         )
         self.expired = counter(
             "prefixroute_sync_expired",
-            "Other instances' requests dropped from the load view without hearing their end.",
+            "Other instances' requests dropped from the load view without hearing their end "
+            "(their instance silent, or saying fewer are open, or ten minutes passed).",
         )

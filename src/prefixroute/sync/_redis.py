@@ -20,14 +20,10 @@ applied twice, which only refreshes it), oldest first, so recency in the index c
 was, and without the decisions a withdrawal followed (their replicas computed none of it).
 Precise mode keeps no history: the engines' events are its index.
 
-The same sync serves the endpoint picker (``prefixroute.epp``) and the Ray Serve router
-(``prefixroute.ray_serve``), which call the same three methods: gateways and pickers share one
-channel and format. It needs only a ``Router`` and a Prometheus registry, and runs on the loop
-that calls :meth:`RouteSync.start`.
-
-The replica of each stored Responses API answer (``gateway/_responses.py``) travels the same
-way, in the history too, so that a conversation continued by id at any instance goes where its
-response is stored (:meth:`RouteSync.stored`, ``on_stored``).
+The same sync serves the endpoint picker and the Ray Serve router: one channel and format. It
+needs a ``Router`` and a Prometheus registry, and runs on the loop that calls ``start``. The
+replica of each stored Responses API answer travels the same way, in the history too, so that a
+conversation continued by id at any instance goes where its response is stored (``stored``).
 
 Nothing here is on the request path. :meth:`RouteSync.routed` (and its ``first_token`` and
 ``completed``) puts the message in a bounded queue and returns; a full queue (Redis slow or
@@ -56,15 +52,16 @@ from redis.exceptions import TimeoutError as RedisTimeout
 from prefixroute._tasks import cancel_and_wait
 from prefixroute.core import Decision, ReplicaId, RequestView, Router
 from prefixroute.sync._metrics import SyncMetrics
-from prefixroute.sync._remote import (
-    ALIVE_EVERY_S,
-    RemoteRequests,
-    StoredHook,
-    without_withdrawn,
-)
+from prefixroute.sync._remote import ALIVE_EVERY_S, RemoteRequests, StoredHook, without_withdrawn
 from prefixroute.sync._signing import Signer
 from prefixroute.sync._url import redacted
-from prefixroute.sync._wire import encode, encode_progress, encode_stored, encode_withdrawn
+from prefixroute.sync._wire import (
+    encode,
+    encode_alive,
+    encode_progress,
+    encode_stored,
+    encode_withdrawn,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +75,7 @@ AUTH_SAID_EVERY_S = 60.0  # a live message's bad signature is logged at most thi
 HEARTBEAT_S = 5.0  # a subscription quiet this long is PINGed (_listen), seconds
 HISTORY = 4096  # decisions kept in Redis for instances that (re)connect later
 HISTORY_CHUNK = 256  # history entries applied between yields to the event loop
+FLUSH_S = 1.0  # longest wait at stop for the queue to go out (the drained requests' ends)
 
 
 # One connection's work: runs until Redis fails; calls its argument once the link is up.
@@ -123,6 +121,8 @@ class RouteSync:
         self._unsent: list[tuple[bytes, bool]] = []  # a batch whose connection failed
         self._history_refused = False  # Redis refuses the history's writes (logged once)
         self._auth_said = -AUTH_SAID_EVERY_S  # when a message's bad signature was last logged
+        self._open_ids: set[str] = set()  # our counted requests whose ends are not sent yet
+        self._alive_seq = 0  # heartbeats sent
 
     @property
     def connected(self) -> bool:
@@ -130,8 +130,7 @@ class RouteSync:
         return self._connected
 
     def status(self) -> dict[str, bool | int]:
-        """For /health: subscribed or not, and how many other instances are heard (each
-        says it is alive every ``ALIVE_EVERY_S``)."""
+        """For /health: subscribed or not, and how many other instances are heard."""
         return {"connected": self._connected, "instances": self.remote.instances()}
 
     def _set_connected(self, up: bool) -> None:
@@ -143,17 +142,19 @@ class RouteSync:
         """A request was routed: share the index entry and count it in the others' loads."""
         payload = encode(self.instance_id, decision.replica, view.block_hashes, view, decision)
         self._put(payload, keep=self.router.insert_on_route)  # precise mode keeps no history
+        if self._tasks and view.request_id:
+            self._open_ids.add(view.request_id)
 
     def first_token(self, request_id: str) -> None:
         self._put(encode_progress(self.instance_id, request_id, False), keep=False)
 
     def completed(self, request_id: str) -> None:
         self._put(encode_progress(self.instance_id, request_id, True), keep=False)
+        self._open_ids.discard(request_id)
 
     def withdrawn(self, request_id: str) -> None:
         """The replica turned the request away: the others take back the blocks its decision
-        added to their indexes too. Kept in the history beside the decision, so that an
-        instance replaying it leaves the decision out (``_remote.without_withdrawn``)."""
+        added too. Kept in the history beside the decision (``_remote.without_withdrawn``)."""
         payload = encode_withdrawn(self.instance_id, request_id)
         self._put(payload, keep=self.router.insert_on_route)  # as its decision was
 
@@ -176,10 +177,9 @@ class RouteSync:
         if not self._tasks:
             return
         if len(self._unsent) + self._queue.qsize() >= QUEUE_SIZE:
-            # Redis slow or down: the oldest message is the least useful. The batch Redis did
-            # not take is older than the queue: dropping from the queue first kept a decision
-            # while its end went, and the others counted that request in flight for
-            # REMOTE_TTL_S; oldest first, a decision goes before its own progress messages.
+            # Redis slow or down: the oldest message is the least useful, and the batch Redis
+            # did not take is older than the queue (dropped first, the queue lost ends whose
+            # decisions went out); oldest first, a decision goes before its progress messages.
             if self._unsent:
                 self._unsent.pop(0)
             else:
@@ -198,14 +198,26 @@ class RouteSync:
 
     async def _alive(self) -> None:
         """Say this instance is alive every ``ALIVE_EVERY_S``: the others drop the requests of
-        one they stop hearing (``_remote``), as when it dies without sending their ends."""
+        one they stop hearing (``_remote``), as when it dies without sending their ends, and
+        those beyond the count of ours still open that each heartbeat carries."""
         while True:
             await asyncio.sleep(ALIVE_EVERY_S)
-            self._put(encode_progress(self.instance_id, "", False), keep=False)
+            self._say_alive()
+
+    def _say_alive(self) -> None:
+        self._alive_seq += 1
+        self._put(encode_alive(self.instance_id, self._alive_seq, len(self._open_ids)), keep=False)
 
     async def stop(self) -> None:
         """End both tasks; returns once they have ended (:func:`cancel_and_wait`, which also
-        outlasts a cancellation lost inside the client)."""
+        outlasts a cancellation lost inside the client). First, for up to ``FLUSH_S``, what is
+        queued goes out, a heartbeat last: the ends of the requests drained before (cancelled
+        unsent, they left the others counting those requests until we fell silent)."""
+        if self._tasks:
+            self._say_alive()
+            deadline = time.monotonic() + FLUSH_S
+            while (not self._queue.empty() or self._unsent) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
         tasks, self._tasks = self._tasks, []
         # return_exceptions: a task that had failed must not keep the other running
         await asyncio.gather(*map(cancel_and_wait, tasks), return_exceptions=True)
@@ -290,8 +302,8 @@ class RouteSync:
             self.metrics.published.inc(len(batch))
 
     def _history_written(self, results: list[Any]) -> None:
-        """Count and log (once per spell) the history's refused writes: a Redis at maxmemory
-        or a key of another type. Sharing goes on; instances that (re)connect start colder."""
+        """Count and log (once per spell) the history's refused writes (a Redis at maxmemory, a
+        key of another type). Sharing goes on; instances that (re)connect start colder."""
         if not results:
             return  # a batch with nothing for the history (first tokens, ends) tells nothing
         refused = next((r for r in results if isinstance(r, Exception)), None)

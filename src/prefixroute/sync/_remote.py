@@ -28,6 +28,15 @@ its long-finished request for ``REMOTE_TTL_S``. Instances' clocks must then agre
 secret its counted decisions are skipped (``prefixroute_sync_skipped_total{reason="replayed"}``)
 until it is upgraded too.
 
+Each heartbeat also says how many of its instance's counted requests have not ended, and the
+requests we count of it beyond that are dropped, those sent longest ago first: its messages come
+in order, so only lost ends, or decisions sent again after their ends to an instance that never
+heard the ends, leave more. With signed messages a heartbeat is numbered and timed: one sent
+again, or sent more than ``FRESH_S`` from our clock, is no sign of life (nor are decisions and
+ends, which can be sent again), so a dead instance's recorded heartbeats cannot keep its
+requests counted (an outside audit, 2026-12-07). A decision not counted for a replay still
+enters the index: dropped whole, a clock a minute off lost every shared prefix, unsaid.
+
 A router that other threads also call (Ray Serve's, whose hooks come from more than one thread)
 passes the lock that guards it: every call into the router here is made holding it.
 """
@@ -45,7 +54,7 @@ import msgspec
 
 from prefixroute.core import ReplicaId, Router
 from prefixroute.sync._metrics import SyncMetrics
-from prefixroute.sync._wire import Progress, Routed, Stored, Withdrawn, decode
+from prefixroute.sync._wire import Message, Progress, Routed, Stored, Withdrawn, decode
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +111,8 @@ class RemoteRequests:
         self._sent_at: dict[str, float] = {}  # a counted request's decision's sent_at
         self._expired_at = 0.0  # last expiry pass, time.monotonic()
         self._heard: dict[str, float] = {}  # instance -> last message from it, monotonic
+        self._seq: dict[str, int] = {}  # instance -> its last heartbeat's number heard
+        self._clock_said: set[str] = set()  # instances whose decisions came from far off
         self._unknown_said: set[str] = set()  # replicas named by others we do not know
         metrics.remote_in_flight.set_function(lambda: len(self._remote))
 
@@ -127,13 +138,12 @@ class RemoteRequests:
             return False
         if msg.instance == self.instance_id:
             return False  # our own: in the index and the load view already
-        if live:
-            if len(self._heard) >= INSTANCES and msg.instance not in self._heard:
-                self._heard.clear()  # bounded; the live ones are heard again within seconds
-            self._heard[msg.instance] = time.monotonic()
+        heard = live and self._hear(msg)
         if isinstance(msg, Progress):
-            if live:
+            if live and msg.request_id:
                 self._progress(f"{msg.instance}/{msg.request_id}", msg.done)
+            elif heard and msg.open >= 0 and msg.seq > 0:  # a heartbeat that counts its own
+                self._reconcile(msg.instance, msg.open)
             return False  # not a decision
         if isinstance(msg, Withdrawn):
             if live:
@@ -159,8 +169,11 @@ class RemoteRequests:
             # take them back (uncounted, no end would ever forget them).
             key = f"{msg.instance}/{msg.request_id}" if counted else None
             if key is not None and self._replayed(msg, key):
+                # Its index entry is still news (a decision is one, replayed or not); its load
+                # is not. Dropped whole, a clock 60 s off lost every shared prefix unsaid.
                 self.metrics.skipped.labels("replayed").inc()
-                return False
+                self._clock_off(msg)
+                key = None
             self.router.remote_routed(replica, hashes, now, live=live, request_id=key)
             if key is not None:
                 self._count(msg, key, replica, now)
@@ -179,6 +192,56 @@ class RemoteRequests:
                 "sync: instance %s routes to %s, which this instance does not know: its "
                 "decisions there are not applied (name replicas alike at every instance)",
                 instance[:64], replica[:256],
+            )  # fmt: skip
+
+    def _hear(self, msg: Message) -> bool:
+        """Note that ``msg.instance`` is alive; False where that is not to be believed. With
+        signed messages, an instance that numbers its heartbeats is heard from those alone,
+        each numbered past the last and sent within ``FRESH_S``: a recorded heartbeat sent
+        again kept a killed instance's requests counted as long as it was repeated (an outside
+        audit, 2026-12-07). An instance that predates the numbers, from any live message."""
+        instance, last = msg.instance, self._seq.get(msg.instance, 0)
+        beat = msg if isinstance(msg, Progress) and not msg.request_id and msg.seq else None
+        seq = beat.seq if beat is not None else 0
+        if beat is not None and (
+            seq <= last or self.fresh_only and abs(_wall_clock() - beat.sent_at) > FRESH_S
+        ):
+            return False
+        if self.fresh_only and last and not seq:
+            return False  # a decision or an end, perhaps sent again: not proof of life
+        if len(self._heard) >= INSTANCES and instance not in self._heard:
+            self._heard.clear()  # bounded; the live ones are heard again within seconds
+            self._seq.clear()
+        self._heard[instance] = time.monotonic()
+        if seq:
+            self._seq[instance] = seq
+        return True
+
+    def _reconcile(self, instance: str, open_requests: int) -> None:
+        """``instance`` says ``open_requests`` of its counted requests have not ended: drop
+        those we count beyond that, sent longest ago first. Its messages come in order, so we
+        hold no more than it said unless their ends were lost (a full queue), or their
+        decisions sent again after their ends (replayed to an instance that never heard the
+        ends: they counted for ``REMOTE_TTL_S``, an outside audit, 2026-12-07)."""
+        prefix = instance + "/"
+        held = [key for key in self._remote if key.startswith(prefix)]
+        if len(held) <= open_requests:
+            return
+        held.sort(key=lambda key: self._sent_at.get(key, 0.0))  # else stays oldest first
+        self._drop(held[: len(held) - open_requests], time.monotonic(), ended=True)
+
+    def _clock_off(self, msg: Routed) -> None:
+        """Say once per instance (a few) that its decisions were sent more than ``FRESH_S``
+        from our clock: clocks apart, or decisions sent again."""
+        off = _wall_clock() - msg.sent_at
+        if abs(off) <= FRESH_S or len(self._clock_said) >= UNKNOWN_SAID:
+            return
+        if msg.instance not in self._clock_said:
+            self._clock_said.add(msg.instance)
+            log.warning(
+                "sync: instance %s sent decisions %.0f s from this instance's clock: they are "
+                "shared, but count no load here (keep the instances' clocks within %g s: NTP)",
+                msg.instance[:64], off, FRESH_S,
             )  # fmt: skip
 
     def _replayed(self, msg: Routed, key: str) -> bool:
@@ -254,12 +317,21 @@ class RemoteRequests:
             stale += [k for k in self._remote if k.partition("/")[0] in gone and k not in stale]
             for instance in gone:
                 del self._heard[instance]
+                self._seq.pop(instance, None)
+        self._drop(stale, now)
+
+    def _drop(self, keys: list[str], now: float, ended: bool = False) -> None:
+        """Drop these remote requests from the load view, their ends never heard (``ended``:
+        taken as heard, so that their decisions sent again count no more)."""
         with self.lock:
-            for key in stale:
+            for key in keys:
                 del self._remote[key]
-                self._sent_at.pop(key, None)
+                sent_at = self._sent_at.pop(key, math.inf)
                 self.router.complete(key, now)
-        self.metrics.expired.inc(len(stale))
+                if ended and self.fresh_only:
+                    self._ended.pop(key, None)
+                    self._ended[key] = (now, sent_at)
+        self.metrics.expired.inc(len(keys))
 
     def forget(self) -> None:
         """Drop every remote request from the load view (their ends can no longer be heard)."""

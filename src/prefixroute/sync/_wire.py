@@ -56,8 +56,29 @@ class Routed(msgspec.Struct, array_like=True, frozen=True, tag=0):
         return [BlockHash(h) for h in packed]
 
 
+Count = Annotated[int, msgspec.Meta(ge=-1, le=2**24)]  # requests (-1: not told)
+Number = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+
+
 class Progress(msgspec.Struct, array_like=True, frozen=True, tag=1):
-    """A routed request's first token (``done`` false) or end (``done`` true)."""
+    """A routed request's first token (``done`` false) or end (``done`` true); with no
+    ``request_id``, the instance's heartbeat (``_remote``), which also carries its number
+    (from 1), when it was sent and how many of its counted requests have not ended yet (their
+    decisions sent, their ends not). An instance that predates them sends a heartbeat without
+    them, and reads one that has them as before (msgpack arrays: the fields it does not know
+    come last, and are ignored)."""
+
+    instance: Name
+    request_id: Name
+    done: bool
+    seq: Number = 0  # a heartbeat's number, from 1 (0: not told)
+    sent_at: float = 0.0  # a heartbeat's time, seconds since the epoch
+    open: Count = -1  # a heartbeat's count of the instance's requests not ended
+
+
+class _Step(msgspec.Struct, array_like=True, frozen=True, tag=1):
+    """A first token or an end as sent: a :class:`Progress` without a heartbeat's fields (the
+    encoder writes every field, defaults too, and these go out twice a request)."""
 
     instance: Name
     request_id: Name
@@ -118,7 +139,12 @@ def encode(
 
 
 def encode_progress(instance: str, request_id: str, done: bool) -> bytes:
-    return _encoder.encode(Progress(instance, request_id, done))
+    return _encoder.encode(_Step(instance, request_id, done))
+
+
+def encode_alive(instance: str, seq: int, open_requests: int) -> bytes:
+    """A heartbeat: the ``seq``-th, sent now, with ``open_requests`` counted and not ended."""
+    return _encoder.encode(Progress(instance, "", False, seq, time.time(), open_requests))
 
 
 def encode_withdrawn(instance: str, request_id: str) -> bytes:

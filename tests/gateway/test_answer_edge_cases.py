@@ -88,16 +88,18 @@ async def _error_event(request: web.Request) -> web.StreamResponse:
 async def test_a_stream_that_reports_an_error_teaches_no_first_token_and_is_no_success(
     make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
-    fake = await make_fake(handler=_error_event)
-    gw = await make_gateway([fake.url])
+    # Two replicas: a request that could go nowhere else is judged by nothing (_verdict).
+    fakes = [await make_fake(handler=_error_event) for _ in range(2)]
+    gw = await make_gateway([f.url for f in fakes], policy="round_robin")
     for _ in range(3):
         body = {"model": "emulated", "prompt": "hello " * 200, "stream": True}
         async with session.post(gw.url + "/v1/completions", json=body) as resp:
             assert resp.status == 200 and '"engine failed"' in await resp.text()  # as it came
     state = gw.app[STATE]
-    record = next(iter(state.registry))
-    assert state.router.replica_load(record.id).speed.prefill_observations == 0
-    assert record.outcomes and not any(ok for _, ok in record.outcomes)
+    for record in state.registry:
+        assert state.router.replica_load(record.id).speed.prefill_observations == 0
+    outcomes = [ok for record in state.registry for _, ok in record.outcomes]
+    assert len(outcomes) == 3 and not any(outcomes)
     text = await metrics(session, gw.url)
     assert metric(text, "prefixroute_upstream_failures_total", kind="error_event") == 3
     assert metric(text, "prefixroute_usage_missing_total") == 0  # an error is no usage missing
@@ -105,17 +107,21 @@ async def test_a_stream_that_reports_an_error_teaches_no_first_token_and_is_no_s
 
 # --- 3 -------------------------------------------------------------------------------------
 async def test_a_connection_reset_is_a_broken_connection(
-    make_gateway: GatewayFactory, session: aiohttp.ClientSession
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
     fake = ClosingReplica(reset=True, every_post=True, delay_s=0.05)  # RST, not FIN
     await fake.start()
+    good = await make_fake()
     try:
-        gw = await make_gateway([fake.url], failure_threshold=1, eject_s=30)
+        # Beside a replica that answers, whose success convicts it (_verdict).
+        gw = await make_gateway([fake.url, good.url], failure_threshold=1, eject_s=30,
+                                policy="round_robin")  # fmt: skip
         registry = gw.app[STATE].registry
-        await until(lambda: len(registry.candidates(None)) == 1)
-        async with session.post(gw.url + "/v1/completions", json={"prompt": "hi"}) as resp:
-            assert resp.status == 502
-        record = next(iter(registry))
+        await until(lambda: len(registry.candidates(None)) == 2)
+        for _ in range(2):  # one of them starts on the replica that resets
+            async with session.post(gw.url + "/v1/completions", json={"prompt": "hi"}) as resp:
+                assert resp.status == 200  # retried onto the good one
+        record = registry.find(fake.url)
         assert record.total_failures == 1 and not record.healthy  # as a close (FIN) is
     finally:
         await fake.stop()

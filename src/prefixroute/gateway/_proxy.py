@@ -208,6 +208,7 @@ class Proxy:
             if call.can_move != (len(candidates) > 1):  # (rarely: a copy only then)
                 call = dataclasses.replace(call, can_move=len(candidates) > 1)
             larger = window.larger_window(self.registry, decision.replica, candidates)
+            verdict.alone = not call.can_move  # no other replica could judge a failure here
             can_retry = attempt + 1 < MAX_ATTEMPTS and call.can_move
             release = Release(self.router, self.listener, call.rid, not call.admitted.key.stream)
             try:

@@ -5,9 +5,15 @@ upstream failures the same way): a refused connection is the replica's, at once 
 never reached it). Any other failure before the first byte is *suspected* until the retry tells:
 if the same request fails the same way on the second replica, or the second replica refuses it as
 a bad request (4xx), the request is at fault and neither replica is marked; if the retry does not
-fail the same way, the first replica is marked. A failure with no retry to judge it marks the
-replica when it is a timeout, a broken connection or a gateway status (502, 503, 504); any other
-5xx only counts in the replica's error rate (``ReplicaRegistry.record_error``). A stream that
+fail the same way, the first replica is marked (a retry that was only told "busy", or whose
+client left, shows nothing and marks no one). A failure on the last attempt marks the replica
+when it is a timeout, a broken connection or a gateway status (502, 503, 504); any other 5xx
+only counts in the replica's error rate (``ReplicaRegistry.record_error``). A request that could
+go *nowhere else* (``alone``: a stored response's owner, the only replica serving its model or
+with room) is judged by nothing but a refused connection: request content can cause every other
+failure, and a few pinned requests that took a replica 10 s to prefill (or that it answered
+with a 5xx) took it out, and with it every request it served (an outside audit, 2026-12-07);
+the requests that can move, and the health checks, still judge it. A stream that
 breaks after it started is its replica's (only a replica can do that). A stream that reports an
 error in-band (``_sse``) is judged by the code it reports: a 5xx counts in the error rate, as a
 5xx answer does (SGLang reports some bad requests so too, so one request cannot take a replica
@@ -62,6 +68,7 @@ class Verdict:
     suspect: ReplicaId | None = None  # failed first, not yet judged
     kind: str | None = None  # how it failed
     marked: bool = False  # a replica was already marked for this request
+    alone: bool = False  # the attempt under way could go to no other replica (docstring)
 
     def repeats(self, kind: str) -> bool:
         """The suspect failed the same way: the request fails alike everywhere."""
@@ -84,6 +91,8 @@ class Verdict:
             self._blame(replica, kind, force=True)
         elif can_retry:
             self.suspect, self.kind = replica, kind
+        elif self.alone:
+            pass  # nobody to judge it by (module docstring)
         elif kind in REPLICA_KINDS:
             self._blame(replica, kind)
         else:
@@ -100,14 +109,20 @@ class Verdict:
             self._blame(replica, result.failure)
         elif result.busy:  # full, not broken (_upstream_answers): relayed, nowhere else to go
             self.metrics.upstream_failures.labels(replica, "busy").inc()
+            return  # nor does it tell about the suspect
         elif result.error_status is not None:
-            judge_error_event(self.metrics, self.registry, replica, result.error_status, now)
+            if self.alone:
+                self.metrics.upstream_failures.labels(replica, "error_event").inc()
+            else:
+                judge_error_event(self.metrics, self.registry, replica, result.error_status, now)
             if result.error_status < 500 and self.suspect is not None:
                 self._request_fault()  # as a relayed 4xx: the retry says the request is bad
         elif result.status >= 500:
             self.metrics.upstream_failures.labels(replica, "status").inc()
             if self.repeats("status"):
                 self._request_fault()
+            elif self.alone:
+                pass  # nobody to judge it by (module docstring)
             elif result.status in GATEWAY_STATUSES:
                 self._blame(replica, f"status {result.status}")
             else:
@@ -116,6 +131,8 @@ class Verdict:
             self._request_fault()  # the retry says the request is bad
         elif not result.client_gone and result.cut is None:
             self.registry.record_success(replica, now)
+        elif self.suspect is not None:  # its client left: the retry showed nothing either way
+            return
         if self.suspect is not None:  # the retry did not fail the same way: the first did
             self._blame(self.suspect, self.kind or "error")
 

@@ -1,0 +1,105 @@
+"""Failures nobody can judge, and retries that show nothing (gateway/_verdict.py's docstring).
+
+From the docstring: a request that could go to no other replica (here: the only replica serving
+its model) is judged by nothing but a refused connection, since request content can cause every
+other failure; a retry answered "busy" shows nothing, so it convicts no one. An outside audit
+(2026-12-07) took replicas out with three such requests each: prompts slow enough to pass the
+first-byte deadline on the only replica that could serve them, and poison answered 500 on the
+first replica and "busy" on the second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from prefixroute.gateway import Gateway
+
+from .fakes import FakeReplica, completion_body, one_event_stream
+from .helpers import FakeFactory, GatewayFactory
+
+SOLO = "solo"  # a model one replica serves alone
+
+
+async def _solo(request: web.Request) -> web.StreamResponse:
+    """Slow past the first-byte deadline on SLOW, 502 on POISON, a dropped connection on DROP;
+    else a one-event stream."""
+    body = await request.read()
+    if b"SLOW" in body:
+        await asyncio.sleep(1.0)
+    if b"POISON" in body:
+        return web.json_response({"error": {"message": "engine failed"}}, status=502)
+    if b"DROP" in body and request.transport is not None:
+        request.transport.close()
+        await asyncio.sleep(0.1)
+    return await one_event_stream(request)
+
+
+@pytest.fixture
+async def solo(
+    make_fake: FakeFactory, make_gateway: GatewayFactory
+) -> tuple[FakeReplica, Gateway]:
+    """A replica serving SOLO alone beside one serving the default model, and a gateway with a
+    short first-byte deadline (0.3 s)."""
+    other = await make_fake()
+    alone = await make_fake(handler=_solo, models=(SOLO,))
+    gw = await make_gateway([other.url, alone.url], first_byte_floor_s=0.3, first_byte_cap_s=0.3)
+    return alone, gw
+
+
+async def _chat(session: aiohttp.ClientSession, gw: Gateway, text: str) -> int:
+    body = {"model": SOLO, "messages": [{"role": "user", "content": text}], "stream": True}
+    async with session.post(gw.url + "/v1/chat/completions", json=body) as resp:
+        await resp.read()
+        return resp.status
+
+
+@pytest.mark.parametrize("poison", ["SLOW", "POISON", "DROP"])
+async def test_a_request_that_can_go_nowhere_else_marks_no_replica(
+    solo: tuple[FakeReplica, Gateway], session: aiohttp.ClientSession, poison: str
+) -> None:
+    alone, gw = solo
+    record = gw.registry.find(alone.url)
+    for i in range(5):
+        assert await _chat(session, gw, f"{poison} {i}") >= 500
+    assert record.total_failures == 0
+    assert await _chat(session, gw, "canary") == 200
+
+
+async def test_a_refused_connection_still_marks_the_only_replica(
+    solo: tuple[FakeReplica, Gateway], session: aiohttp.ClientSession
+) -> None:
+    alone, gw = solo
+    record = gw.registry.find(alone.url)
+    await alone.stop()
+    assert await _chat(session, gw, "anyone there?") >= 500
+    assert record.total_failures >= 1
+
+
+async def _poison_else_ok(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    if b"POISON" in body:
+        return web.json_response({"error": {"message": "engine crashed"}}, status=500)
+    return web.Response(body=completion_body(), content_type="application/json")
+
+
+async def _full(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"object": "error", "message": "busy", "code": 429}, status=429)
+
+
+async def test_a_retry_answered_busy_convicts_no_one(
+    make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
+) -> None:
+    """The only replica with room fails a poison request (500); its retry goes to a full one
+    (429): that shows nothing about the first, which stays unmarked."""
+    works = await make_fake(handler=_poison_else_ok)
+    full = await make_fake(handler=_full)
+    gw = await make_gateway([works.url, full.url], policy="round_robin", health_interval_s=60)
+    for i in range(6):
+        body = {"prompt": f"POISON {i}", "max_tokens": 1}
+        async with session.post(gw.url + "/v1/completions", json=body) as resp:
+            await resp.read()
+    assert gw.registry.find(works.url).total_failures == 0

@@ -197,6 +197,15 @@ _BAD_INPUT = {
         ["epp", "--endpoint", "127.0.0.1:9", "--grpc-port", "70000", "--http-port", "0"],
         "grpc_port out of range (0-65535): 70000",
     ),
+    "epp one port twice": (  # "address already in use", with nothing else on it (2026-12-07)
+        ["epp", "--endpoint", "127.0.0.1:9", "--grpc-port", "43951", "--http-port", "43951"],
+        "grpc_port and http_port are both 43951: one each",
+    ),
+    "serve admin on its own port": (  # the same: the user gave one port twice
+        ["serve", "--replica", "http://127.0.0.1:9", "--port", "43950", "--admin-port", "43950",
+         "--admin-token-file", "{tok}"],
+        "admin_port is port (43950) on one host: give it another",
+    ),
     "emulate NaN time scale": (
         ["emulate", "--port", "0", "--time-scale", "nan"],
         "time scale must be positive and finite, got nan",
@@ -314,9 +323,11 @@ def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
     binary.write_bytes(b"\xff\xfe10.0.0.1:8000\n")
     ctl = tmp_path / "key"
     ctl.write_bytes(b"abcdefgh\x01ij\n")
+    token = tmp_path / "token"
+    token.write_text("an-admin-token\n")
     argv, message = _BAD_INPUT[case]
     done = subprocess.run(
-        [str(EXE), *(a.format(bin=binary, ctl=ctl) for a in argv)],
+        [str(EXE), *(a.format(bin=binary, ctl=ctl, tok=token) for a in argv)],
         capture_output=True, text=True, timeout=60, env=dict(os.environ, NO_COLOR="1"),
     )  # fmt: skip
     assert "Traceback" not in done.stderr

@@ -39,6 +39,24 @@ def test_demo_prints_the_articles_numbers_and_writes_its_plot(tmp_path: Path) ->
     # The closing hint repeats the command as it was run: `make demo` runs the venv's script,
     # which a newcomer does not have on PATH.
     assert f"Next: `{exe} simulate --list`" in out
+    told = "Prefill runs at 10,000 tokens/s, so 1,700 tokens cost 170 ms and 300 new tokens 30 ms"
+    assert told in out
+
+
+def test_the_narration_follows_the_prefill_rate_given(tmp_path: Path) -> None:
+    """It said 10,000 tokens/s and 170 ms whatever --prefill-rate was, above a table that
+    showed 85 ms (an outside review, 2026-12-07)."""
+    exe = Path(sys.executable).with_name("prefixroute")
+    done = subprocess.run(
+        [str(exe), "demo", "--prefill-rate", "20000", "--large", "seed-conversation",
+         "--plot", str(tmp_path / "d.png")],
+        cwd=tmp_path, env=dict(os.environ, COLUMNS="240", NO_COLOR="1"), capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())
+    told = "Prefill runs at 20,000 tokens/s, so 1,700 tokens cost 85 ms and 300 new tokens 15 ms"
+    assert told in out
 
 
 def test_a_plot_format_matplotlib_cannot_write_is_refused_before_the_demo_runs(

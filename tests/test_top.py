@@ -220,3 +220,16 @@ async def test_live_into_a_pipe_prints_a_frame_per_poll_and_ends_with_its_reader
     assert proc.returncode == 0, err.decode()
     assert not err, err.decode()
     assert text.count(urls[0].partition("://")[2]) >= 2  # more than one frame came
+
+
+async def test_a_replica_s_url_is_told_apart_from_a_gateway_s() -> None:
+    """``top --url`` at a replica, or at a path, was told it needed an admin token or a
+    loopback address, though it had both (an outside review, 2026-12-07): the 404 now says to
+    point --url at a gateway's base URL."""
+    cluster = await start_replicas(1, FAST_REPLICA)
+    try:
+        with pytest.raises(ConfigError, match="prefixroute gateway's base URL") as caught:
+            await asyncio.to_thread(fetch_state, cluster.urls[0], None, 5.0)
+        assert "not a replica" in str(caught.value)
+    finally:
+        await cluster.stop()

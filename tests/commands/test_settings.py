@@ -185,6 +185,34 @@ def test_bench_bad_policy_params_fail_before_anything_starts(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-p", "nope"], "--policy"),  # even a name no policy has went unnoticed
+        (["-p", "cache_aware"], "--policy"),
+        (["-n", "3"], "--emulate"),
+        (["--fleet", "2"], "--fleet"),
+    ],
+)
+def test_bench_url_refuses_what_only_emulated_runs_use(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --url the live gateway routes by its own policy: a --policy or --emulate given
+    beside it was ignored, exit 0, and the row looked like a measure of that policy (an
+    outside review, 2026-12-07). Now it is a one-line error, before anything starts."""
+    assert main(["bench", "--url", "http://127.0.0.1:9", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "omit --url" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/v1", "http://127.0.0.1:9/proxy/v1/"])
+def test_bench_url_ending_in_v1_says_to_drop_it(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--url", url]) == 2
+    assert "without /v1" in capsys.readouterr().err
+
+
 def test_flag_names_follow_the_rule_serve_help_states() -> None:
     """``serve --help`` tells how to get from a flag to its TOML key; keep that true."""
     for f in FLAGGED:

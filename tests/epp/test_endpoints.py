@@ -88,6 +88,17 @@ def test_a_file_missing_at_start_is_a_config_error(tmp_path: Path) -> None:
         watcher.start()
 
 
+def test_a_file_over_16_mib_is_a_config_error(tmp_path: Path) -> None:
+    """Read whole, ``--endpoints-file /dev/zero`` grew to 6.8 GB without a word (an outside
+    review, 2026-12-07)."""
+    with pytest.raises(ConfigError, match="^the endpoints file /dev/zero is over 16 MiB"):
+        read_endpoints_file("/dev/zero")
+    big = tmp_path / "endpoints"
+    big.write_bytes(b"# " + b"x" * (16 << 20) + b"\n10.0.0.1:8000\n")
+    with pytest.raises(ConfigError, match="over 16 MiB"):
+        read_endpoints_file(big)
+
+
 def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
     # It was a UnicodeDecodeError: a traceback at start instead of the CLI's one-line error.
     path = tmp_path / "endpoints"

@@ -98,3 +98,15 @@ def test_hash_key_with_stdin_closed_is_one_line() -> None:
     assert (
         out.stderr.startswith("prefixroute: error: stdin is closed") and out.stderr.count("\n") == 1
     ), out.stderr
+
+
+def test_hash_key_reads_a_bounded_first_line() -> None:
+    """``hash-key < /dev/zero`` read without end (a MemoryError traceback under a memory
+    limit: an outside review, 2026-12-07); a line longer than any key is one line of error."""
+    with open("/dev/zero", "rb") as zeros:
+        out = subprocess.run(
+            [sys.executable, "-m", "prefixroute.cli", "hash-key"],
+            stdin=zeros, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert out.returncode == 2 and "over 4096 characters" in out.stderr
+    assert out.stderr.count("\n") == 1

@@ -17,6 +17,7 @@ import math
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -55,6 +56,8 @@ from prefixroute.sim import (
 )
 
 PROBE_TIMEOUT_S = 10.0  # a --url that does not answer within this is reported dead, seconds
+EMULATED_POLICIES = f"round_robin,cache_aware,{DEFAULT_POLICY}"  # compared without --url
+EMULATED = 4  # emulated replicas without --url
 SCALE_NOTED = 0.01  # replicas' tokens per workload token this far from 1 are said under the table
 URL_KV_BLOCK = 16  # a live fleet's KV block size when not told, tokens (vLLM's default)
 
@@ -76,14 +79,17 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument("--seed", type=seed, default=0, help="seed for the workload")
     p.add_argument(
-        "--policy", "-p", default=f"round_robin,cache_aware,{DEFAULT_POLICY}",
-        help="policies to compare on emulated replicas (comma list)",
+        "--policy", "-p",
+        help=f"policies to compare on emulated replicas (comma list; default "
+        f"{EMULATED_POLICIES}; a --url gateway runs its own)",
     )  # fmt: skip
     p.add_argument(
         "--policy-param", action="append", default=[], metavar="POLICY.KEY=VALUE",
         help=POLICY_PARAM_HELP + "; emulated replicas only",
     )  # fmt: skip
-    p.add_argument("--emulate", "-n", type=int, default=4, help="emulated replicas (no --url)")
+    p.add_argument(
+        "--emulate", "-n", type=int, help=f"emulated replicas (default {EMULATED}; no --url)"
+    )
     p.add_argument(
         "--fleet", metavar="SPEC",
         help=FLEET_HELP.replace("--replicas", "--emulate") + "; emulated replicas only",
@@ -258,16 +264,24 @@ def _check(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     check_slo(args)
     if args.plot:  # else a format matplotlib lacks fails once the whole replay is over
         check_plot_path(args.plot)
-    check_emulated(args.emulate, "--emulate")
     if args.block_size is not None and args.block_size < 1:
         raise ConfigError(f"--block-size must be at least 1, got {args.block_size}")
-    if args.url is not None:  # one row, whatever the live gateway runs: --policy is not used
+    if args.url is not None:  # one row, whatever the live gateway runs
         check_http_url(args.url, "--url")  # (an empty one ran emulated replicas instead)
-        if args.policy_param:
-            raise ConfigError("--policy-param sets the emulated gateways' policies: omit --url")
-        if args.fleet is not None or args.speed_change:
-            raise ConfigError("--fleet and --speed-change set emulated replicas: omit --url")
+        if urlsplit(args.url).path.rstrip("/").endswith("/v1"):
+            raise ConfigError(f"--url is the base URL, without /v1 (bench adds /v1/...): "
+                              f"{args.url!r}")  # fmt: skip
+        # Silently unused, these made a run look like a comparison it was not.
+        if args.policy is not None or args.policy_param:
+            raise ConfigError("--policy and --policy-param set the emulated gateways' policies: "
+                              "omit --url (a live gateway routes by its own; --label names it)")
+        if args.emulate is not None or args.fleet is not None or args.speed_change:
+            raise ConfigError("--emulate, --fleet and --speed-change set emulated replicas: "
+                              "omit --url")  # fmt: skip
         return {}
+    args.policy = EMULATED_POLICIES if args.policy is None else args.policy
+    args.emulate = EMULATED if args.emulate is None else args.emulate
+    check_emulated(args.emulate, "--emulate")
     return checked_policy_params(args.policy_param, parse_policy_list(args.policy))
 
 

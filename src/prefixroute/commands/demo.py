@@ -66,18 +66,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _conversation(args: argparse.Namespace, console: Any) -> None:
+    conv = make_workload("seed-conversation", args.seed)
+    cfg = replica_config_from(args, conv.block_size)
+    rate = cfg.prefill_tokens_per_s  # --prefill-rate's (the article's 10,000 by default)
     _say(
         console,
-        "1. One five-turn conversation, five replicas",
-        """
+        "1. One five-turn conversation, five replicas (the article's; --replicas sizes part 3)",
+        f"""
 Each turn resends the whole history: 400, 700, 1,000, 1,400, then 1,700 prompt tokens.
 Round-robin sends every turn to a different replica, which recomputes the whole prompt.
 The prefix-aware default policy keeps the conversation where its history is cached.
-Prefill runs at 10,000 tokens/s, so 1,700 tokens cost 170 ms and 300 new tokens 30 ms.
+Prefill runs at {rate:,.0f} tokens/s, so 1,700 tokens cost {1700 / rate * 1e3:,.0f} ms and 300 new \
+tokens {300 / rate * 1e3:,.0f} ms.
 """,
     )
-    conv = make_workload("seed-conversation", args.seed)
-    cfg = replica_config_from(args, conv.block_size)
     cmp = compare_policies(conv, ["round_robin", DEFAULT_POLICY], replicas=5, replica_config=cfg,
                            seed=args.seed)  # fmt: skip
     print_report(cmp.metrics, "seed-conversation (token-exact, block size 1)", console)

@@ -93,8 +93,9 @@ def fetch_state(url: str, token: str | None, timeout_s: float) -> dict[str, Any]
             ) from None
         if exc.code == 404:
             raise ConfigError(
-                f"{url} serves no dashboard: it needs an admin token, or a loopback address "
-                "(with --admin-port, point --url at the admin listener)"
+                f"{url} has no {STATE_PATH}: point --url at a prefixroute gateway's base URL "
+                "(not a replica, no path); a gateway serves it with an admin token or on a "
+                "loopback address, and with --admin-port on the admin listener"
             ) from None
         raise ConfigError(f"{url} answered HTTP {exc.code} for {STATE_PATH}") from None
     except (urllib.error.URLError, OSError) as exc:

@@ -20,7 +20,6 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 
 from prefixroute._tasks import cancel_and_wait, every
 from prefixroute.core import ConfigError, ReplicaId, SpeedPrior
@@ -65,6 +64,9 @@ class EndpointSet:
         return added, removed
 
 
+MAX_ENDPOINTS_BYTES = 16 << 20  # 16 MiB: hundreds of thousands of endpoints
+
+
 def read_endpoints_file(path: str | os.PathLike[str]) -> list[str]:
     """The endpoints listed in ``path``: one per line, blank lines and ``#`` comments skipped.
 
@@ -73,7 +75,11 @@ def read_endpoints_file(path: str | os.PathLike[str]) -> list[str]:
     last good list (a UnicodeDecodeError used to end the watch for good).
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:  # bounded: a path may be a device (/dev/zero) or huge
+            data = f.read(MAX_ENDPOINTS_BYTES + 1)
+        if len(data) > MAX_ENDPOINTS_BYTES:
+            raise ConfigError(f"the endpoints file {path} is over {MAX_ENDPOINTS_BYTES >> 20} MiB")
+        text = data.decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read the endpoints file {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:

@@ -107,11 +107,8 @@ class EppConfig:
     http_port: int | None = 9090  # None: no HTTP listener; 0: any free port
     endpoints_file: str | None = None  # one ip:port per line, re-read when it changes
     full_duplex: bool = True  # body mode assumed when Envoy does not send its protocol_config
-    # Endpoints named after the primary (the protocol's fallback list), for a proxy that goes
-    # down the list on failure; 0: one endpoint, all plain Envoy's ORIGINAL_DST cluster reads.
-    fallbacks: int = 0
-    # Active-passive (module docstring): ready only while leading, which ``lead`` says.
-    leader_election: bool = False
+    fallbacks: int = 0  # endpoints after the primary (the protocol's list); 0: ORIGINAL_DST's one
+    leader_election: bool = False  # active-passive (docstring): ready only while leading
     # gRPC health on a port of its own too, plaintext (the reference picker's 9003, which its
     # chart's probes ask); None: on grpc_port only; 0: any free port.
     grpc_health_port: int | None = None
@@ -127,6 +124,8 @@ class EppConfig:
         for name, port in ports.items():  # gRPC binds port % 65536: 70000 listened on 4464
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{name} out of range (0-65535): {port}")
+        if self.grpc_port == self.http_port != 0 and self.grpc_host == self.http_host:
+            raise ConfigError(f"grpc_port and http_port are both {self.grpc_port}: one each")
 
 
 class _Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]

@@ -341,6 +341,8 @@ class GatewayConfig:
             raise ConfigError(f"sync_history must be 0 or more, got {self.sync_history}")
         if self.admin_port is not None and not 0 <= self.admin_port < 65536:
             raise ConfigError(f"admin port out of range: {self.admin_port}")
+        if self.admin_port == self.port != 0 and (self.admin_host or self.host) == self.host:
+            raise ConfigError(f"admin_port is port ({self.port}) on one host: give it another")
         if self.admin_host is not None and self.admin_port is None:
             raise ConfigError("admin_host needs admin_port (a separate admin listener)")
         if self.admin_port is not None and self.admin_token is None:
@@ -374,10 +376,8 @@ class GatewayConfig:
         if bad:
             raise ConfigError(f"gateway settings must be positive and finite: {', '.join(bad)}")
         if self.health_interval_s < MIN_HEALTH_INTERVAL_S:  # a probe loop that never rests
-            raise ConfigError(
-                f"health_interval_s must be at least {MIN_HEALTH_INTERVAL_S} s, "
-                f"got {self.health_interval_s:g}"
-            )
+            raise ConfigError(f"health_interval_s must be at least {MIN_HEALTH_INTERVAL_S} s, "
+                              f"got {self.health_interval_s:g}")  # fmt: skip
         if self.first_byte_cap_s < self.first_byte_floor_s:
             raise ConfigError("first_byte_cap_s must not be below first_byte_floor_s")
         if self.index_capacity_blocks is not None and self.index_capacity_blocks < 1:

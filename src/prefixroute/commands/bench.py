@@ -87,9 +87,7 @@ def add_parser(sub: Any) -> None:
         "--policy-param", action="append", default=[], metavar="POLICY.KEY=VALUE",
         help=POLICY_PARAM_HELP + "; emulated replicas only",
     )  # fmt: skip
-    p.add_argument(
-        "--emulate", "-n", type=int, help=f"emulated replicas (default {EMULATED}; no --url)"
-    )
+    p.add_argument("--emulate", "-n", type=int, help=f"emulated replicas ({EMULATED}; no --url)")
     p.add_argument(
         "--fleet", metavar="SPEC",
         help=FLEET_HELP.replace("--replicas", "--emulate") + "; emulated replicas only",

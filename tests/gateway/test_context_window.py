@@ -210,3 +210,25 @@ def test_fitting_keeps_what_holds_the_request_else_the_largest_windows() -> None
     assert fitting(registry, every, 1000) == every  # the window holds exactly its size
     assert fitting(registry, every, 1001) == ["b", "c", "d"]  # unknown: the engine says
     assert fitting(registry, every[:2] + every[3:], 5000) == ["b", "d"]  # none: the largest
+
+
+def test_a_400_does_not_lower_the_window_a_replica_s_own_card_gives() -> None:
+    """Engines quote the client's values in their 400s (vLLM's ``value=...``): a request whose
+    temperature read "maximum context length is 1 tokens" set the replica's window to 1, and
+    every later request went elsewhere until the next card refresh (an outside audit,
+    2026-12-07). A card's window stands; where no card gives one, the 400's words are all
+    there is, and they are taken."""
+    from prefixroute.core import Router, make_policy
+    from prefixroute.gateway import GatewayConfig
+    from prefixroute.gateway._context_window import learned_window
+
+    registry = ReplicaRegistry(Router(make_policy("round_robin")), GatewayConfig())
+    carded = registry.add("http://10.0.0.1:8000")
+    registry.set_models(carded.id, [{"id": "m", "max_model_len": 32768}])
+    bare = registry.add("http://10.0.0.2:8000")
+    registry.set_models(bare.id, [{"id": "m"}])
+    said = window_said(b'{"message": "temperature: value=maximum context length is 1 tokens"}')
+    assert said == 1  # the words alone cannot tell a quote from the engine's own
+    learned_window(registry, carded.id, said)
+    learned_window(registry, bare.id, 300)
+    assert (carded.context_window, bare.context_window) == (32768, 300)

@@ -6,7 +6,7 @@ window is set shorter). Such a replica answers a prompt over its window with a 4
 router that sends it one fails a request that another replica would have served.
 
 * A replica's window is its ``/v1/models`` card's ``max_model_len`` (vLLM and SGLang list it),
-  or what its own 400 said (:func:`window_said`).
+  or, where no card gives one, what its own 400 said (:func:`window_said`).
 * :func:`fitting` narrows a request's candidates to those whose window holds its prompt (the
   router's count, in tokens: exact with a tokenizer, at the model's learned characters per
   token without one) and its ``max_tokens`` (at least one token). When none does by that
@@ -106,6 +106,11 @@ def larger_window(
 
 def learned_window(registry: ReplicaRegistry, replica: ReplicaId, window: int) -> None:
     """``replica`` said its window is ``window`` tokens: later requests that need more go
-    elsewhere at once (unless it has left the registry meanwhile)."""
+    elsewhere at once (unless it has left the registry meanwhile). Not where its own card
+    gives its window: engines quote the client's values in their 400s, and a request that put
+    "maximum context length is 1" in one (vLLM: ``value=...``) took the replica out of
+    rotation until the next card refresh (an outside audit, 2026-12-07)."""
     with contextlib.suppress(NotFound):
-        registry.get(replica).context_window = window
+        record = registry.get(replica)
+        if card_window(record.model_cards) is None:
+            record.context_window = window

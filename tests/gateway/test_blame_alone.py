@@ -25,9 +25,16 @@ SOLO = "solo"  # a model one replica serves alone
 
 
 async def _solo(request: web.Request) -> web.StreamResponse:
-    """Slow past the first-byte deadline on SLOW, 502 on POISON, a dropped connection on DROP;
-    else a one-event stream."""
+    """Slow past the first-byte deadline on SLOW, 502 on POISON, a dropped connection on DROP,
+    an in-band 500 on INBAND; else a one-event stream."""
     body = await request.read()
+    if b"INBAND" in body:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await out.write(b'data: {"error":{"object":"error","message":"engine failed",'
+                        b'"type":"InternalServerError","code":500}}\n\ndata: [DONE]\n\n')
+        await out.write_eof()
+        return out
     if b"SLOW" in body:
         await asyncio.sleep(1.0)
     if b"POISON" in body:
@@ -57,15 +64,21 @@ async def _chat(session: aiohttp.ClientSession, gw: Gateway, text: str) -> int:
         return resp.status
 
 
-@pytest.mark.parametrize("poison", ["SLOW", "POISON", "DROP"])
+@pytest.mark.parametrize("poison", ["SLOW", "POISON", "DROP", "INBAND"])
 async def test_a_request_that_can_go_nowhere_else_marks_no_replica(
     solo: tuple[FakeReplica, Gateway], session: aiohttp.ClientSession, poison: str
 ) -> None:
+    """Nor does it count in the replica's error rate; its failures are still counted by kind."""
     alone, gw = solo
     record = gw.registry.find(alone.url)
     for i in range(5):
-        assert await _chat(session, gw, f"{poison} {i}") >= 500
-    assert record.total_failures == 0
+        status = await _chat(session, gw, f"{poison} {i}")
+        assert status >= 500 or poison == "INBAND"  # (an in-band error comes in a 200)
+    assert record.total_failures == 0 and not record.outcomes
+    kind = {"SLOW": "timeout", "POISON": "status", "DROP": "disconnect", "INBAND": "error_event"}
+    metrics = await (await session.get(gw.url + "/metrics")).text()
+    counted = f'prefixroute_upstream_failures_total{{kind="{kind[poison]}",replica="{alone.url}"}}'
+    assert f"{counted} 5.0" in metrics
     assert await _chat(session, gw, "canary") == 200
 
 

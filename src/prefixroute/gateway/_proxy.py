@@ -77,9 +77,9 @@ from prefixroute.gateway._relay import (
     RelayResult,
     StreamControl,
     is_event_stream,
-    relay_plain,
     relay_stream,
 )
+from prefixroute.gateway._relay_plain import relay_plain
 from prefixroute.gateway._requests import Admitted, Endpoint, payload_of
 from prefixroute.gateway._responses import ResponseOwners, pinned
 from prefixroute.gateway._tracing import RequestTracing, attempt_headers
@@ -356,7 +356,8 @@ class Proxy:
                                     self.responses.recorder(admitted, replica), call.can_move,
                                 )  # fmt: skip
                                 return await relay_stream(request, resp, extra, ctl)
-                            return await relay_plain(request, resp, extra, cfg.client_buffer_bytes)
+                            return await relay_plain(request, resp, extra, cfg.client_buffer_bytes,
+                                                     cfg.client_write_timeout_s)  # fmt: skip
                 finally:
                     disarm()
         except (aiohttp.ClientError, TimeoutError) as exc:

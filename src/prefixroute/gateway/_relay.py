@@ -3,7 +3,8 @@
 * Headers go both ways untouched (Authorization included) except hop-by-hop headers, which
   belong to one connection, and ``Content-Length``, which aiohttp sets for what it sends.
 * A plain response is read whole and sent as one body (a JSON completion is small, and reading
-  it whole lets a failure mid-body still be retried: nothing has reached the client).
+  it whole lets a failure mid-body still be retried: nothing has reached the client), within
+  bounds (``_relay_plain``).
 * An event stream is written out chunk by chunk as it arrives (cut at event boundaries, see
   ``_sse``). The client's response starts with the first complete event, so a replica that dies
   before sending any event can still be retried. After that, an upstream failure ends the stream
@@ -117,7 +118,7 @@ class StreamControl:
     can_move: bool = False  # another replica may take it: a busy replica's stream goes there
 
 
-class _SlowClient(Exception):
+class SlowClient(Exception):
     """The client did not make room for our writes in time."""
 
 
@@ -146,7 +147,7 @@ def is_event_stream(resp: aiohttp.ClientResponse) -> bool:
 WATCH_S = 1.0  # seconds between looks at an upstream connection while its answer is read
 
 
-class _Watch:
+class Watch:
     """aiohttp's C parser, given a malformed chunk by a replica, drops the connection without
     ending the body's reader: a read then waited forever, past the read timeout, holding the
     client and its in-flight slot. Every ``WATCH_S`` while an answer is read, a connection
@@ -166,25 +167,11 @@ class _Watch:
             return
         self.handle = asyncio.get_running_loop().call_later(WATCH_S, self._look)
 
-    def __enter__(self) -> _Watch:
+    def __enter__(self) -> Watch:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.handle.cancel()
-
-
-async def relay_plain(
-    request: web.Request, resp: aiohttp.ClientResponse, extra: Mapping[str, str], buffer_bytes: int
-) -> RelayResult:
-    """Read the whole body, then answer with it (errors while reading propagate). The body is
-    left to the transport's buffer, so no task waits on a client that reads it slowly."""
-    with _Watch(resp):
-        body = await resp.read()
-    _hold_for_client(request, max(buffer_bytes, len(body)))
-    out = web.Response(status=resp.status, body=body, headers=response_headers(resp.headers, extra))
-    plain = resp.status == 200 and "Content-Encoding" not in resp.headers
-    busy = busy_answer(resp.status, body)  # (a 2xx is not: its body is not searched)
-    return RelayResult(out, resp.status, None, body=body if plain else None, busy=busy)
 
 
 async def relay_stream(
@@ -197,14 +184,14 @@ async def relay_stream(
     relay = _StreamRelay(request, resp, extra, ctl)
     failure: str | None = None
     try:
-        with _Watch(resp):
+        with Watch(resp):
             failure = await relay.pump()
         await relay.end(failure)
     except ConnectionResetError:  # the client went away (aiohttp's reset error subclasses it)
         return RelayResult(relay.started(), resp.status, None, failure, client_gone=True)
-    except _SlowClient:
+    except SlowClient:
         out = relay.started()
-        _abort(request)
+        abort(request)
         return RelayResult(out, resp.status, None, failure, client_gone=True, cut="slow_client")
     except asyncio.CancelledError:
         if relay.out is None or not ctl.is_cutting():
@@ -287,7 +274,7 @@ class _StreamRelay:
                 status=self.resp.status, headers=response_headers(self.resp.headers, self.extra)
             )
             await self.out.prepare(self.request)
-            _hold_for_client(self.request, self.ctl.buffer_bytes)
+            hold_for_client(self.request, self.ctl.buffer_bytes)
             self.ctl.on_started()
         if ready:
             if self._id_untold and scanner is not None and scanner.response_id is not None:
@@ -297,7 +284,7 @@ class _StreamRelay:
             if self._waiting_first and (scanner is None or scanner.saw_data):
                 self._waiting_first = False
                 self.ctl.on_first_data()
-            await _write(self.started(), ready, self.ctl.write_timeout_s)
+            await write(self.started(), ready, self.ctl.write_timeout_s)
 
     async def end(self, failure: str | None) -> None:
         """The replica is done: release its slot, then end the client's stream (with an SSE
@@ -309,13 +296,13 @@ class _StreamRelay:
             message = f"replica {ctl.replica} failed mid-stream ({failure})"
             await self._end_in_error(message, 502, "upstream_error", ctl.write_timeout_s)
         else:
-            await _write_eof(self.started(), ctl.write_timeout_s)
+            await write_eof(self.started(), ctl.write_timeout_s)
 
     async def end_at_shutdown(self) -> None:
         """The drain bound passed: release the slot, and tell the client the stream was cut."""
         self.ctl.on_upstream_end(None)
         message, timeout_s = "the gateway shut down mid-stream", min(self.ctl.write_timeout_s, 1.0)
-        with contextlib.suppress(_SlowClient):
+        with contextlib.suppress(SlowClient):
             await self._end_in_error(message, 503, "service_unavailable", timeout_s)
 
     async def _end_in_error(self, message: str, status: int, kind: str, timeout_s: float) -> None:
@@ -323,7 +310,7 @@ class _StreamRelay:
         fingerprint that will not come (``_sse``)."""
         out = self.started()
         if self.scanner is not None and (held := self.scanner.release()):
-            await _write(out, held, timeout_s)
+            await write(out, held, timeout_s)
         body = error_body(message, kind, status)
         await _end_with_error(out, body, timeout_s, self._anthropic(message, status))
 
@@ -334,25 +321,25 @@ class _StreamRelay:
         return anthropic_error_body(message, status)
 
 
-def _hold_for_client(request: web.Request, buffer_bytes: int) -> None:
+def hold_for_client(request: web.Request, buffer_bytes: int) -> None:
     """Let the transport buffer up to ``buffer_bytes`` before writes wait for the client."""
     transport = request.transport
     if transport is not None:
         transport.set_write_buffer_limits(high=buffer_bytes)
 
 
-def _abort(request: web.Request) -> None:
+def abort(request: web.Request) -> None:
     transport = request.transport
     if transport is not None:
         transport.abort()
 
 
-async def _write(out: web.StreamResponse, data: bytes, timeout_s: float) -> None:
+async def write(out: web.StreamResponse, data: bytes, timeout_s: float) -> None:
     try:
         async with asyncio.timeout(timeout_s):
             await out.write(data)
     except TimeoutError:
-        raise _SlowClient from None
+        raise SlowClient from None
 
 
 async def _end_with_error(
@@ -368,16 +355,16 @@ async def _end_with_error(
         body = json.dumps(error, separators=(",", ":"))
         event = f"data: {body}\n\ndata: [DONE]\n\n"
     try:
-        await _write(out, event.encode(), timeout_s)
+        await write(out, event.encode(), timeout_s)
     except ConnectionResetError:
         return
-    await _write_eof(out, timeout_s)
+    await write_eof(out, timeout_s)
 
 
-async def _write_eof(out: web.StreamResponse, timeout_s: float) -> None:
+async def write_eof(out: web.StreamResponse, timeout_s: float) -> None:
     with contextlib.suppress(ConnectionResetError):
         try:
             async with asyncio.timeout(timeout_s):
                 await out.write_eof()
         except TimeoutError:
-            raise _SlowClient from None
+            raise SlowClient from None

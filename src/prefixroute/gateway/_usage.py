@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+import msgspec
+
 from prefixroute._usage_counts import Usage, usage_of
 from prefixroute.core.prompt_key import lax_bool
 from prefixroute.gateway._requests import encode_body
@@ -83,14 +85,54 @@ def is_usage_only(obj: object) -> bool:
     )
 
 
+class _Top(msgspec.Struct):
+    """The top-level fields of an answer that :func:`usage_of` and a stored response's id are
+    read from, each kept raw (parsed only if present); every other field is skipped unparsed."""
+
+    usage: msgspec.Raw = msgspec.Raw()
+    meta_info: msgspec.Raw = msgspec.Raw()
+    response: msgspec.Raw = msgspec.Raw()
+    type: msgspec.Raw = msgspec.Raw()
+    message: msgspec.Raw = msgspec.Raw()
+    id: msgspec.Raw = msgspec.Raw()
+    object: msgspec.Raw = msgspec.Raw()
+
+
+_top = msgspec.json.Decoder(_Top)
+WHOLE_PARSE_BYTES = 1 << 20  # a body msgspec refuses is parsed whole by json up to this size
+
+
+def _top_fields(body: bytes) -> dict[str, object] | None:
+    """The fields of :class:`_Top` that ``body`` has, parsed; None when it is not a JSON
+    object. An answer of tens of megabytes (vLLM's ``echo`` with ``logprobs``) took 1.5 s of
+    the event loop in ``json.loads`` to read its usage (an outside audit, 2026-12-07); its
+    choices are now skipped unparsed. What msgspec refuses and json reads (``NaN``) is read
+    whole below ``WHOLE_PARSE_BYTES``."""
+    try:
+        top = _top.decode(body)
+    except msgspec.ValidationError:  # valid JSON, not an object (a batch's list)
+        return None
+    except msgspec.DecodeError:
+        if len(body) > WHOLE_PARSE_BYTES:
+            return None
+        try:
+            obj = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return obj if isinstance(obj, dict) else None
+    fields = {}
+    for name in _Top.__struct_fields__:
+        raw = getattr(top, name)
+        if len(raw):  # (empty: absent)
+            fields[name] = json.loads(bytes(raw))
+    return fields
+
+
 def usage_in_body(body: bytes) -> Usage | None:
     """The usage in a whole JSON response body (None when absent or not JSON)."""
     if b'"usage"' not in body and b'"meta_info"' not in body:  # most skip the parse
         return None
-    try:
-        return usage_of(json.loads(body))
-    except (ValueError, UnicodeDecodeError):
-        return None
+    return usage_of(_top_fields(body))
 
 
 def answer_in_body(body: bytes) -> tuple[Usage | None, str | None]:
@@ -98,11 +140,10 @@ def answer_in_body(body: bytes) -> tuple[Usage | None, str | None]:
     id, from one parse; (None, None) for a body that mentions neither or is not JSON."""
     if b'"usage"' not in body and b'"meta_info"' not in body and b'"response"' not in body:
         return None, None
-    try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    obj = _top_fields(body)
+    if obj is None:
         return None, None
-    stored = obj.get("id") if isinstance(obj, dict) and obj.get("object") == "response" else None
+    stored = obj.get("id") if obj.get("object") == "response" else None
     return usage_of(obj), stored if isinstance(stored, str) else None
 
 

@@ -39,7 +39,8 @@ class SyncMetrics:
             "Other instances' decisions not applied: unknown_replica (a replica this instance "
             "does not route to, or names otherwise: instances must name replicas alike), replayed "
             "(with sync_secret: a decision sent more than 60 s from now, or again after its "
-            "request's end; its index entry is applied, not its load).",
+            "request's end; its index entry is applied, not its load), other_hashing (an "
+            "instance whose heartbeat says it hashes prompts otherwise: block size, seed).",
             "reason",
         )
         self.replayed = counter(

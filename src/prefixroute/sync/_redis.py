@@ -206,7 +206,8 @@ class RouteSync:
 
     def _say_alive(self) -> None:
         self._alive_seq += 1
-        self._put(encode_alive(self.instance_id, self._alive_seq, len(self._open_ids)), keep=False)
+        keys, seq = self.remote.keys, self._alive_seq
+        self._put(encode_alive(self.instance_id, seq, len(self._open_ids), keys), keep=False)
 
     async def stop(self) -> None:
         """End both tasks; returns once they have ended (:func:`cancel_and_wait`, which also

@@ -52,7 +52,7 @@ from typing import Any
 
 import msgspec
 
-from prefixroute.core import ReplicaId, Router
+from prefixroute.core import BlockHasher, ReplicaId, Router
 from prefixroute.sync._metrics import SyncMetrics
 from prefixroute.sync._wire import Message, Progress, Routed, Stored, Withdrawn, decode
 
@@ -76,6 +76,13 @@ EXPIRE_EVERY_S = 1.0  # how often remote requests are checked for expiry, second
 # either way, seconds: far above Redis's delivery time and NTP-synced clocks' skew, far below
 # REMOTE_TTL_S, for which a replayed decision would otherwise hold its replica's load up.
 FRESH_S = 60.0
+
+
+def hashing_keys(hasher: BlockHasher) -> str:
+    """How ``hasher`` cuts and hashes prompts, in a few characters: its block size and its
+    hash of a fixed probe (the seed and the function). Two instances that differ here share
+    no block hash, so each one's decisions are of no use to the other."""
+    return f"{hasher.block_size}:{hasher.hash_fn(b'prefixroute sync', hasher.seed):016x}"
 
 
 def _wall_clock() -> float:  # the clock decisions' sent_at is read against (tests set it)
@@ -113,6 +120,8 @@ class RemoteRequests:
         self._heard: dict[str, float] = {}  # instance -> last message from it, monotonic
         self._seq: dict[str, int] = {}  # instance -> its last heartbeat's number heard
         self._clock_said: set[str] = set()  # instances whose decisions came from far off
+        self.keys = hashing_keys(router.hasher)  # how we hash prompts, told in our heartbeats
+        self._other_keys: dict[str, str] = {}  # instances that hash otherwise: their keys
         self._unknown_said: set[str] = set()  # replicas named by others we do not know
         metrics.remote_in_flight.set_function(lambda: len(self._remote))
 
@@ -142,8 +151,10 @@ class RemoteRequests:
         if isinstance(msg, Progress):
             if live and msg.request_id:
                 self._progress(f"{msg.instance}/{msg.request_id}", msg.done)
-            elif heard and msg.open >= 0 and msg.seq > 0:  # a heartbeat that counts its own
-                self._reconcile(msg.instance, msg.open)
+            elif heard and msg.seq > 0:  # a heartbeat that counts its own, and says how it
+                self._hashes_as(msg.instance, msg.keys)  # hashes prompts
+                if msg.open >= 0:
+                    self._reconcile(msg.instance, msg.open)
             return False  # not a decision
         if isinstance(msg, Withdrawn):
             if live:
@@ -158,6 +169,9 @@ class RemoteRequests:
         except ValueError:
             self.metrics.errors.labels("decode").inc()
             return False
+        if msg.instance in self._other_keys:
+            self.metrics.skipped.labels("other_hashing").inc()
+            return False  # hashes that never match ours: nothing in them for our index
         replica = ReplicaId(msg.replica)
         with self.lock:
             if not self.router.has_replica(replica):
@@ -229,6 +243,24 @@ class RemoteRequests:
             return
         held.sort(key=lambda key: self._sent_at.get(key, 0.0))  # else stays oldest first
         self._drop(held[: len(held) - open_requests], time.monotonic(), ended=True)
+
+    def _hashes_as(self, instance: str, keys: str) -> None:
+        """``instance`` hashes prompts as ``keys`` says ("": an instance that predates it):
+        unlike us, its decisions are skipped, and said once per instance (a few). Instances
+        given different block sizes (``--block-chars``) shared nothing, unsaid, while each
+        counted the other as heard (an outside audit, 2026-12-07)."""
+        if not keys or keys == self.keys:
+            self._other_keys.pop(instance, None)
+            return
+        if instance not in self._other_keys and len(self._other_keys) < INSTANCES:
+            self._other_keys[instance] = keys
+            if len(self._other_keys) <= UNKNOWN_SAID:
+                log.warning(
+                    "sync: instance %s hashes prompts otherwise (block size and hash %s, here "
+                    "%s): its decisions are skipped; give every instance the same block size "
+                    "(--block-chars, or --kv-block-size with --tokenizer) and hash seed",
+                    instance[:64], keys[:64], self.keys,
+                )  # fmt: skip
 
     def _clock_off(self, msg: Routed) -> None:
         """Say once per instance (a few) that its decisions were sent more than ``FRESH_S``

@@ -74,6 +74,7 @@ class Progress(msgspec.Struct, array_like=True, frozen=True, tag=1):
     seq: Number = 0  # a heartbeat's number, from 1 (0: not told)
     sent_at: float = 0.0  # a heartbeat's time, seconds since the epoch
     open: Count = -1  # a heartbeat's count of the instance's requests not ended
+    keys: Name = ""  # a heartbeat's prompt hashing (``_remote.hashing_keys``; "": not told)
 
 
 class _Step(msgspec.Struct, array_like=True, frozen=True, tag=1):
@@ -142,9 +143,10 @@ def encode_progress(instance: str, request_id: str, done: bool) -> bytes:
     return _encoder.encode(_Step(instance, request_id, done))
 
 
-def encode_alive(instance: str, seq: int, open_requests: int) -> bytes:
-    """A heartbeat: the ``seq``-th, sent now, with ``open_requests`` counted and not ended."""
-    return _encoder.encode(Progress(instance, "", False, seq, time.time(), open_requests))
+def encode_alive(instance: str, seq: int, open_requests: int, keys: str = "") -> bytes:
+    """A heartbeat: the ``seq``-th, sent now, with ``open_requests`` counted and not ended,
+    from an instance that hashes prompts as ``keys`` says."""
+    return _encoder.encode(Progress(instance, "", False, seq, time.time(), open_requests, keys))
 
 
 def encode_withdrawn(instance: str, request_id: str) -> bytes:

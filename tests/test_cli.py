@@ -206,6 +206,10 @@ _BAD_INPUT = {
          "--admin-token-file", "{tok}"],
         "admin_port is port (43950) on one host: give it another",
     ),
+    "simulate --plot under a file": (  # found only after the run, as "File exists"
+        ["simulate", "-w", "seed-conversation", "--plot", "{bin}/x.png"],
+        "--plot {bin}/x.png: {bin} is a file, not a folder",
+    ),
     "emulate NaN time scale": (
         ["emulate", "--port", "0", "--time-scale", "nan"],
         "time scale must be positive and finite, got nan",

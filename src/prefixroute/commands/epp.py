@@ -216,6 +216,9 @@ def config_from_args(args: argparse.Namespace) -> EppConfig:
     if args.k8s_selector and args.k8s_target_port is None:
         raise ConfigError("--k8s-selector needs --k8s-target-port (the pool's target port)")
     if not (args.endpoints_file or args.k8s_selector or args.pool_name):  # none can join later
+        if not routing.replicas:  # it started with "0 endpoints", and no word why
+            log.warning("no endpoint: none given (--endpoint) and nowhere to find any "
+                        "(--endpoints-file, --k8s-selector, --pool-name): every pick fails")
         # Priors for an address that is not listed are a typo when the list is all there will
         # be: refused, as serve refuses them.
         by_replica(

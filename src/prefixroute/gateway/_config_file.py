@@ -20,7 +20,8 @@ from prefixroute.gateway._tenant_config import tenancy_from_toml
 
 CONFIG_HELP = """\
 config file (--config FILE, TOML): every GatewayConfig field by name, the replica list and
-the policy's parameters. Flags given on the command line override the file.
+the policy's parameters. Flags given on the command line override the file, except --replica,
+whose replicas join the file's.
 
     # gateway.toml -- prefixroute serve --config gateway.toml
     host = "0.0.0.0"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -271,6 +272,12 @@ def check_plot_path(path: Path) -> None:
 
     if not path.name or path.is_dir():  # --plot '' failed once the run was over
         raise ConfigError(f"--plot {str(path)!r}: give a file name, not a folder")
+    # Where it will go (missing folders are made): a file in the way, or a folder we cannot
+    # write, failed only once the run was over, as "File exists".
+    held = next(p for p in (path.parent.absolute(), *path.parent.absolute().parents) if p.exists())
+    if not held.is_dir() or not os.access(held, os.W_OK | os.X_OK):
+        why = "is a file, not a folder" if not held.is_dir() else "cannot be written"
+        raise ConfigError(f"--plot {path}: {held} {why}")
     kind = path.suffix.removeprefix(".").lower()
     formats = FigureCanvasBase.get_supported_filetypes()
     if kind and kind not in formats:

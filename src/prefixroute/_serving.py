@@ -332,11 +332,16 @@ async def listen(
 async def wait_for_signal() -> None:
     """Return on SIGINT or SIGTERM."""
     stop = asyncio.Event()
+    on_signal(stop.set)
+    await stop.wait()
+
+
+def on_signal(handler: Callable[[], object]) -> None:
+    """Call ``handler`` on the running loop at SIGINT or SIGTERM, from now on."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+            loop.add_signal_handler(sig, handler)
 
 
 def _bind_error(exc: OSError) -> str:

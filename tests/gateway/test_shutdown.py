@@ -191,6 +191,45 @@ async def test_serve_exits_by_the_bound_after_sigterm(tmp_path: Path) -> None:
     assert f"waiting up to {BOUND_S:g} s" in log and "cut 1 requests" in log, log
 
 
+async def test_a_second_sigint_cuts_the_drain_short(tmp_path: Path) -> None:
+    """A second Ctrl-C during the drain was ignored without a word: the process waited out
+    the whole bound (an outside review, 2026-12-07). Now the first says a second cuts what
+    still runs, and the second does, long before the bound."""
+    config = tmp_path / "gateway.toml"
+    config.write_text("shutdown_timeout_s = 60\n")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "prefixroute.cli", "serve", "--port", "0", "--emulate", "1",
+        "--config", str(config), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    seen: list[str] = []
+    try:
+        async with asyncio.timeout(30):
+            url = (await read_until(proc.stderr, r"gateway serving (http://\S+)", seen)).group(1)
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(url + "/v1/completions", json={**LONG, "stream": True}) as resp,
+            ):
+                await resp.content.readuntil(b"\n\n")
+                proc.send_signal(signal.SIGINT)
+                await read_until(proc.stderr, r"Ctrl-C again", seen)
+                sent = time.monotonic()
+                proc.send_signal(signal.SIGINT)
+                rest = (await resp.content.read()).decode()
+            code = await proc.wait()
+            took = time.monotonic() - sent
+            log = "".join(seen) + (await proc.stderr.read()).decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert code == 0, log
+    assert took < SLACK_S + 1.0, (took, log)  # not the 60 s bound
+    events, done = parse_stream(rest)
+    assert done and any("error" in e for e in events), rest[-500:]
+    assert "cut 1 requests still running when told to stop again" in log, log
+
+
 async def test_a_connection_made_as_the_gateway_stops_is_answered_or_ended(
     make_cluster: ClusterFactory, make_gateway: GatewayFactory
 ) -> None:

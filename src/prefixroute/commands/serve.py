@@ -15,7 +15,7 @@ import logging
 import os
 from typing import Any
 
-from prefixroute._serving import run_on_uvloop, wait_for_signal
+from prefixroute._serving import on_signal, run_on_uvloop, wait_for_signal
 from prefixroute.commands._args import check_emulated, parse_pairs, policy_value
 from prefixroute.commands._settings import add_setting_flags, file_only_help, setting_values
 from prefixroute.core import DEFAULT_POLICY, ConfigError
@@ -137,6 +137,8 @@ async def _serve(config: GatewayConfig, emulate: int, time_scale: float) -> None
         if config.admin_port is not None:
             log.info("admin API on its own listener: %s", gateway.admin_url)
         await wait_for_signal()
+        on_signal(gateway.hurry)  # a second Ctrl-C cuts the drain short
+        log.info("stopping: Ctrl-C again to cut the requests still running at once")
     finally:
         await gateway.stop()  # drains up to shutdown_timeout_s, then cuts; logs both
         if cluster is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -59,6 +60,7 @@ class Gateway(Served):
         self._url: str | None = None
         self._admin_runner: web.AppRunner | None = None
         self._admin_url: str | None = None
+        self._hurry = asyncio.Event()  # cut what still runs now, not at the drain bound
 
     @property
     def admin_url(self) -> str:
@@ -119,15 +121,29 @@ class Gateway(Served):
         if runner is not None:
             await runner.cleanup()
 
+    def hurry(self) -> None:
+        """Cut what still runs now rather than at the drain bound (``serve``: a second Ctrl-C,
+        which was ignored without a word, the drain waiting on)."""
+        self._hurry.set()
+
     async def _drain(self) -> None:
         limits = self.app[STATE].limits
         bound = self.config.shutdown_timeout_s
         limits.draining = True
         started = time.monotonic()
         log.info("draining: %d requests in flight, waiting up to %g s", limits.in_flight, bound)
-        if await limits.wait_idle(bound):
+        idle = asyncio.ensure_future(limits.wait_idle(bound))
+        hurried = asyncio.ensure_future(self._hurry.wait())
+        try:
+            await asyncio.wait({idle, hurried}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hurried.cancel()
+        if idle.done() and idle.result():
             log.info("drained in %.1f s", time.monotonic() - started)
             return
+        idle.cancel()
         cut = limits.cut()
-        log.warning("cut %d requests still running at the %g s drain bound", cut, bound)
+        told = self._hurry.is_set()
+        when = "when told to stop again" if told else f"at the {bound:g} s drain bound"
+        log.warning("cut %d requests still running %s", cut, when)
         await limits.wait_cut(CUT_GRACE_S)

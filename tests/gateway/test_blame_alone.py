@@ -116,3 +116,33 @@ async def test_a_retry_answered_busy_convicts_no_one(
         async with session.post(gw.url + "/v1/completions", json=body) as resp:
             await resp.read()
     assert gw.registry.find(works.url).total_failures == 0
+
+
+@pytest.mark.parametrize(
+    ("retry", "convicted"),
+    [
+        ({}, True),  # the retry was served: the first replica failed where another did not
+        ({"client_gone": True}, False),  # its client left: it showed nothing
+        ({"client_gone": True, "cut": "slow_client"}, False),
+        ({"busy": True}, False),  # told "busy": nothing either
+    ],
+)
+def test_only_a_retry_that_was_served_convicts_the_first_replica(
+    retry: dict[str, object], convicted: bool
+) -> None:
+    from prefixroute.core import ReplicaId, Router, make_policy
+    from prefixroute.gateway import GatewayConfig, ReplicaRegistry
+    from prefixroute.gateway._metrics import GatewayMetrics
+    from prefixroute.gateway._relay import RelayResult
+    from prefixroute.gateway._verdict import Verdict
+
+    a, b = ReplicaId("http://a:1"), ReplicaId("http://b:2")
+    router = Router(make_policy("round_robin"))
+    registry = ReplicaRegistry(router, GatewayConfig())
+    registry.add(a)
+    registry.add(b)
+    verdict = Verdict(registry, GatewayMetrics(router, registry))
+    assert not verdict.failed(a, "timeout", can_retry=True)
+    verdict.answered(b, RelayResult(web.Response(), 200, None, **retry))  # type: ignore[arg-type]
+    assert registry.get(a).total_failures == (1 if convicted else 0)
+    assert registry.get(b).total_failures == 0

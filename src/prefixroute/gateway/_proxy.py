@@ -356,8 +356,7 @@ class Proxy:
                                     self.responses.recorder(admitted, replica), call.can_move,
                                 )  # fmt: skip
                                 return await relay_stream(request, resp, extra, ctl)
-                            return await relay_plain(request, resp, extra, cfg.client_buffer_bytes,
-                                                     cfg.client_write_timeout_s)  # fmt: skip
+                            return await relay_plain(request, resp, extra, cfg)
                 finally:
                     disarm()
         except (aiohttp.ClientError, TimeoutError) as exc:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import aiohttp
 from aiohttp import web
 
+from prefixroute.gateway._config import GatewayConfig
 from prefixroute.gateway._errors import error_body
 from prefixroute.gateway._relay import (
     RelayResult,
@@ -31,15 +32,17 @@ MAX_PLAIN_BYTES = 128 << 20  # a plain answer held for one request at most, byte
 
 async def relay_plain(
     request: web.Request, resp: aiohttp.ClientResponse, extra: Mapping[str, str],
-    buffer_bytes: int, write_timeout_s: float,
+    config: GatewayConfig,
 ) -> RelayResult:  # fmt: skip
     """Read the whole body, then answer with it (errors while reading propagate). A body that
-    fits ``buffer_bytes`` is left to the transport's buffer, so no task waits on a client that
-    reads it slowly; a larger one is written here, and a client that makes no room for it in
-    ``write_timeout_s`` is cut, as a stream's is. Left whole in the buffer, a 130 MB answer
-    stayed in memory for as long as its client did not read (an outside audit, 2026-12-07).
+    fits ``client_buffer_bytes`` is left to the transport's buffer, so no task waits on a
+    client that reads it slowly; a larger one is written here, and a client that makes no room
+    for it in ``client_write_timeout_s`` is cut, as a stream's is. Left whole in the buffer, a
+    130 MB answer stayed in memory for as long as its client did not read (an outside audit,
+    2026-12-07).
     One over ``MAX_PLAIN_BYTES`` is not read: the client gets a 502 saying so, and no one is
     blamed (its request asked for it)."""
+    buffer_bytes, write_timeout_s = config.client_buffer_bytes, config.client_write_timeout_s
     with Watch(resp):
         body = await _read_bounded(resp, MAX_PLAIN_BYTES)
     if body is None:

@@ -23,7 +23,10 @@ of an unknown id are 404 here, since nothing says which replica to ask. With ``-
 the instances share the map: each answer's replica is published (``publish``) and the others'
 recorded, the latest few thousand replayed to an instance that starts later. The map keeps the
 latest ``OWNERS_KEPT`` ids (a few tens of MB at most); an older one is forgotten as an unknown
-one.
+one. Past that, a tenant that holds more than its share (``OWNERS_KEPT`` over the tenants
+holding ids) makes room by forgetting its own oldest, not the oldest of all: one tenant's flood
+of answers would otherwise push every other tenant's ids out, and under isolation their
+continuations would be refused as unknown.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class ResponseOwners:
     def __init__(self, capacity: int = OWNERS_KEPT) -> None:
         self.capacity = capacity
         self._owners: OrderedDict[tuple[str | None, str], ReplicaId] = OrderedDict()
+        # Each tenant's ids, oldest first (beside ``_owners``' order of all): whose to forget.
+        self._of: dict[str | None, OrderedDict[str, None]] = {}
         # Tells the other instances of each answer here (``RouteSync.stored``), if any.
         self.publish: Callable[[str | None, str, ReplicaId], None] | None = None
 
@@ -63,8 +68,18 @@ class ResponseOwners:
         key = (tenant, response_id)
         self._owners[key] = replica
         self._owners.move_to_end(key)
+        mine = self._of.setdefault(tenant, OrderedDict())
+        mine[response_id] = None
+        mine.move_to_end(response_id)
         while len(self._owners) > self.capacity:
-            self._owners.popitem(last=False)
+            share = max(1, self.capacity // len(self._of))
+            # Over its share, a tenant forgets its own oldest; else the oldest of all goes.
+            gone = (tenant, next(iter(mine))) if len(mine) > share else next(iter(self._owners))
+            del self._owners[gone]
+            of = self._of[gone[0]]
+            del of[gone[1]]
+            if not of:
+                del self._of[gone[0]]
 
     def owner(self, tenant: str | None, response_id: str) -> ReplicaId | None:
         """The replica that answered ``tenant``'s ``response_id`` (None: not known here)."""

@@ -87,6 +87,7 @@ def fetch_state(url: str, token: str | None, timeout_s: float) -> dict[str, Any]
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             doc: dict[str, Any] = json.load(response)
     except urllib.error.HTTPError as exc:
+        exc.close()  # it holds the answer's socket open: the status is all that is read
         if exc.code == 401:
             raise ConfigError(
                 f"{url} wants a valid admin token (--admin-token-file or ${TOKEN_ENV})"

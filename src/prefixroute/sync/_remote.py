@@ -85,6 +85,15 @@ def hashing_keys(hasher: BlockHasher) -> str:
     return f"{hasher.block_size}:{hasher.hash_fn(b'prefixroute sync', hasher.seed):016x}"
 
 
+def _first_of(said: set[str], key: str) -> bool:
+    """True the first time ``key`` is to be said, while ``said`` holds fewer than
+    ``UNKNOWN_SAID`` (a peer may name new ones at will): a warning once per key, a few."""
+    if key in said or len(said) >= UNKNOWN_SAID:
+        return False
+    said.add(key)
+    return True
+
+
 def _wall_clock() -> float:  # the clock decisions' sent_at is read against (tests set it)
     return time.time()
 
@@ -200,8 +209,7 @@ class RemoteRequests:
         (a few): sharing between instances that name one replica two ways (``localhost``
         and ``127.0.0.1``) was off without a word (an outside audit, 2026-12-06)."""
         self.metrics.skipped.labels("unknown_replica").inc()
-        if len(self._unknown_said) < UNKNOWN_SAID and replica not in self._unknown_said:
-            self._unknown_said.add(replica)
+        if _first_of(self._unknown_said, replica):
             log.warning(
                 "sync: instance %s routes to %s, which this instance does not know: its "
                 "decisions there are not applied (name replicas alike at every instance)",
@@ -266,10 +274,7 @@ class RemoteRequests:
         """Say once per instance (a few) that its decisions were sent more than ``FRESH_S``
         from our clock: clocks apart, or decisions sent again."""
         off = _wall_clock() - msg.sent_at
-        if abs(off) <= FRESH_S or len(self._clock_said) >= UNKNOWN_SAID:
-            return
-        if msg.instance not in self._clock_said:
-            self._clock_said.add(msg.instance)
+        if abs(off) > FRESH_S and _first_of(self._clock_said, msg.instance):
             log.warning(
                 "sync: instance %s sent decisions %.0f s from this instance's clock: they are "
                 "shared, but count no load here (keep the instances' clocks within %g s: NTP)",
@@ -315,11 +320,7 @@ class RemoteRequests:
         now = time.monotonic()
         with self.lock:
             if done:
-                del self._remote[key]
-                self.router.complete(key, now)
-                if self.fresh_only:
-                    self._ended.pop(key, None)  # (to the young end)
-                    self._ended[key] = (now, self._sent_at.pop(key, math.inf))
+                self._end(key, now, heard=True)
             else:
                 # Heard through Redis, late by the message's trip: not a measured first token.
                 self.router.first_token(key, now, measured=False)
@@ -357,13 +358,18 @@ class RemoteRequests:
         taken as heard, so that their decisions sent again count no more)."""
         with self.lock:
             for key in keys:
-                del self._remote[key]
-                sent_at = self._sent_at.pop(key, math.inf)
-                self.router.complete(key, now)
-                if ended and self.fresh_only:
-                    self._ended.pop(key, None)
-                    self._ended[key] = (now, sent_at)
+                self._end(key, now, heard=ended)
         self.metrics.expired.inc(len(keys))
+
+    def _end(self, key: str, now: float, heard: bool) -> None:
+        """``key`` leaves the load view (the lock held); ``heard``: its end is taken as heard,
+        so that its decision sent again (signed) counts no more."""
+        del self._remote[key]
+        sent_at = self._sent_at.pop(key, math.inf)
+        self.router.complete(key, now)
+        if heard and self.fresh_only:
+            self._ended.pop(key, None)  # (to the young end)
+            self._ended[key] = (now, sent_at)
 
     def forget(self) -> None:
         """Drop every remote request from the load view (their ends can no longer be heard)."""

@@ -381,7 +381,7 @@ def test_the_history_replays_no_decision_that_a_withdrawal_followed() -> None:
     first; a withdrawal removes itself and its request's latest decision before it, not a
     decision routed after it (a retry elsewhere), nor another instance's request of the same id,
     nor a decision without an id; what cannot be decoded passes for ``apply`` to count."""
-    from prefixroute.sync._remote import without_withdrawn
+    from prefixroute.sync._history import without_withdrawn
     from prefixroute.sync._wire import encode, encode_progress, encode_withdrawn
 
     first = remote_decision("a", "q1", "http://r:1")

@@ -51,8 +51,9 @@ from redis.exceptions import TimeoutError as RedisTimeout
 
 from prefixroute._tasks import cancel_and_wait
 from prefixroute.core import Decision, ReplicaId, RequestView, Router
+from prefixroute.sync._history import without_withdrawn
 from prefixroute.sync._metrics import SyncMetrics
-from prefixroute.sync._remote import ALIVE_EVERY_S, RemoteRequests, StoredHook, without_withdrawn
+from prefixroute.sync._remote import ALIVE_EVERY_S, RemoteRequests, StoredHook
 from prefixroute.sync._signing import Signer
 from prefixroute.sync._url import redacted
 from prefixroute.sync._wire import (
@@ -154,7 +155,7 @@ class RouteSync:
 
     def withdrawn(self, request_id: str) -> None:
         """The replica turned the request away: the others take back the blocks its decision
-        added too. Kept in the history beside the decision (``_remote.without_withdrawn``)."""
+        added too. Kept in the history beside the decision (``_history.without_withdrawn``)."""
         payload = encode_withdrawn(self.instance_id, request_id)
         self._put(payload, keep=self.router.insert_on_route)  # as its decision was
 
@@ -211,9 +212,8 @@ class RouteSync:
 
     async def stop(self) -> None:
         """End both tasks; returns once they have ended (:func:`cancel_and_wait`, which also
-        outlasts a cancellation lost inside the client). First, for up to ``FLUSH_S``, what is
-        queued goes out, a heartbeat last: the ends of the requests drained before (cancelled
-        unsent, they left the others counting those requests until we fell silent)."""
+        outlasts a cancellation lost inside the client). First, for up to ``FLUSH_S``, the queue
+        goes out, a heartbeat last: cancelled unsent, the drained requests' ends were lost."""
         if self._tasks:
             self._say_alive()
             deadline = time.monotonic() + FLUSH_S

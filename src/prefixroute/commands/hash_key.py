@@ -14,10 +14,9 @@ import sys
 from typing import Any
 
 from prefixroute.core import ConfigError
-from prefixroute.gateway import generate_api_key, hash_api_key
+from prefixroute.gateway import MAX_SECRET_CHARS, generate_api_key, hash_api_key
 
 MIN_KEY_CHARS = 20  # shorter keys could be searched for from their unsalted digest
-MAX_KEY_CHARS = 4096  # longer is no API key (a header of that size is refused anyway)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -65,10 +64,10 @@ def _read_key() -> str:
     if sys.stdin.isatty():  # else a blank cursor waits, and the key is echoed as typed
         print("API key (Enter to end; it is shown as typed):", file=sys.stderr, flush=True)
     try:
-        line = sys.stdin.readline(MAX_KEY_CHARS + 2)  # bounded: stdin may be /dev/zero
+        line = sys.stdin.readline(MAX_SECRET_CHARS + 2)  # bounded: stdin may be /dev/zero
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the API key from stdin: {exc}") from None
     key = line.rstrip("\r\n")
-    if len(key) > MAX_KEY_CHARS:
-        raise ConfigError(f"the API key's first line is over {MAX_KEY_CHARS} characters")
+    if len(key) > MAX_SECRET_CHARS:
+        raise ConfigError(f"the API key's first line is over {MAX_SECRET_CHARS} characters")
     return key

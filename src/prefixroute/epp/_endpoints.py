@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from prefixroute._tasks import cancel_and_wait, every
 from prefixroute.core import ConfigError, ReplicaId, SpeedPrior
 from prefixroute.epp._candidates import replica_of
-from prefixroute.gateway import ReplicaRecord, ReplicaRegistry
+from prefixroute.gateway import ReplicaRecord, ReplicaRegistry, read_bounded
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +75,7 @@ def read_endpoints_file(path: str | os.PathLike[str]) -> list[str]:
     last good list (a UnicodeDecodeError used to end the watch for good).
     """
     try:
-        with open(path, "rb") as f:  # bounded: a path may be a device (/dev/zero) or huge
-            data = f.read(MAX_ENDPOINTS_BYTES + 1)
-        if len(data) > MAX_ENDPOINTS_BYTES:
-            raise ConfigError(f"the endpoints file {path} is over {MAX_ENDPOINTS_BYTES >> 20} MiB")
-        text = data.decode("utf-8")
+        text = read_bounded(path, MAX_ENDPOINTS_BYTES, "the endpoints file").decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read the endpoints file {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:

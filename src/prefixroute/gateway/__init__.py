@@ -25,7 +25,14 @@ from prefixroute.gateway._config import (
     Setting,
     config_fields,
 )
-from prefixroute.gateway._config_file import CONFIG_HELP, build_config, load_toml, read_secret
+from prefixroute.gateway._config_file import (
+    CONFIG_HELP,
+    MAX_SECRET_CHARS,
+    build_config,
+    load_toml,
+    read_bounded,
+    read_secret,
+)
 from prefixroute.gateway._context_window import (
     fitting,
     learned_window,
@@ -84,6 +91,7 @@ __all__ = [
     "ADMIN_TOKEN_ENV",
     "API_KEY_HEADER",
     "CONFIG_HELP",
+    "MAX_SECRET_CHARS",
     "GATEWAY_STATUSES",
     "PREDICTED_HEADER",
     "PROMPT_ENDPOINTS",
@@ -149,6 +157,7 @@ __all__ = [
     "isolated",
     "parse_body",
     "pinned",
+    "read_bounded",
     "read_secret",
     "refuses_stream_options",
     "run_on_uvloop",

@@ -7,6 +7,7 @@ The keys are :class:`GatewayConfig`'s field names, plus ``<secret>_file`` for ea
 
 from __future__ import annotations
 
+import os
 import tomllib
 import types
 import typing
@@ -109,14 +110,21 @@ def read_secret(path: str | Path, what: str) -> str:
 MAX_CONFIG_BYTES = 16 << 20
 
 
+def read_bounded(path: str | os.PathLike[str], limit: int, what: str) -> bytes:
+    """File ``path``'s bytes; ConfigError ("``what`` ``path`` is over N MiB") past ``limit``,
+    read no further: a path may be a device (/dev/zero) or a log given by mistake. OSError
+    propagates, for the caller's own words."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ConfigError(f"{what} {path} is over {limit >> 20} MiB")
+    return data
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Settings from a TOML file, as keyword arguments of :class:`GatewayConfig`."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"config file {path} is over {MAX_CONFIG_BYTES >> 20} MiB")
-        raw = tomllib.loads(data.decode())
+        raw = tomllib.loads(read_bounded(path, MAX_CONFIG_BYTES, "config file").decode())
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:

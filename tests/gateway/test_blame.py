@@ -386,11 +386,15 @@ def _big_stream(events: int, size: int, ended: asyncio.Event | None = None) -> o
 
 
 @contextlib.asynccontextmanager
-async def _slow_reader(url: str) -> AsyncIterator[asyncio.StreamReader]:
-    """A client that sends a streaming request and then reads only what the test reads."""
+async def _slow_reader(
+    url: str, request: dict[str, object] | None = None
+) -> AsyncIterator[asyncio.StreamReader]:
+    """A client that sends a completion request (by default a stream) and then reads only what
+    the test reads."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    body = json.dumps({"prompt": "x", "max_tokens": 1, "stream": True}).encode()
+    sent = {"prompt": "x", "max_tokens": 1, "stream": True} if request is None else request
+    body = json.dumps(sent).encode()
     writer.write(
         b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()

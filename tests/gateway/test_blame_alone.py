@@ -20,6 +20,7 @@ from prefixroute.gateway import Gateway
 
 from .fakes import FakeReplica, completion_body, one_event_stream
 from .helpers import FakeFactory, GatewayFactory
+from .test_answer_edge_cases import _error_event
 
 SOLO = "solo"  # a model one replica serves alone
 
@@ -29,12 +30,7 @@ async def _solo(request: web.Request) -> web.StreamResponse:
     an in-band 500 on INBAND; else a one-event stream."""
     body = await request.read()
     if b"INBAND" in body:
-        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await out.prepare(request)
-        await out.write(b'data: {"error":{"object":"error","message":"engine failed",'
-                        b'"type":"InternalServerError","code":500}}\n\ndata: [DONE]\n\n')
-        await out.write_eof()
-        return out
+        return await _error_event(request)
     if b"SLOW" in body:
         await asyncio.sleep(1.0)
     if b"POISON" in body:

@@ -10,9 +10,7 @@ outside audit (2026-12-07) held 2.9 GB for four clients that never read 200 MiB 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -21,6 +19,7 @@ from aiohttp import web
 from prefixroute.gateway import _relay_plain
 
 from .helpers import FakeFactory, GatewayFactory
+from .test_blame import _slow_reader
 
 BIG_TEXT = 4 << 20  # characters of completion text: a 4 MiB answer
 
@@ -82,25 +81,6 @@ async def test_a_large_answer_arrives_whole_and_its_usage_is_read(
     assert line.endswith(" 7.0")
 
 
-@contextlib.asynccontextmanager
-async def _reads_nothing(url: str) -> AsyncIterator[None]:
-    """A client that asks for a plain answer, then never reads."""
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    body = json.dumps({"prompt": "plain", "max_tokens": 1}).encode()
-    writer.write(
-        b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-    )
-    try:
-        await writer.drain()
-        yield
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-
-
 async def test_a_client_that_never_reads_a_large_answer_is_cut(
     make_fake: FakeFactory, make_gateway: GatewayFactory, session: aiohttp.ClientSession
 ) -> None:
@@ -108,7 +88,7 @@ async def test_a_client_that_never_reads_a_large_answer_is_cut(
     stayed, with no timeout."""
     fake = await make_fake(handler=_big)
     gw = await make_gateway([fake.url], client_buffer_bytes=64 * 1024, client_write_timeout_s=0.3)
-    async with _reads_nothing(gw.url):
+    async with _slow_reader(gw.url, {"prompt": "plain", "max_tokens": 1}):  # reads nothing
         async with asyncio.timeout(10.0):
             while True:
                 metrics = await (await session.get(gw.url + "/metrics")).text()

@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -153,11 +154,17 @@ async def test_idle_gateway_stops_at_once(
     assert time.monotonic() - started < 2.0
 
 
-async def test_serve_exits_by_the_bound_after_sigterm(tmp_path: Path) -> None:
-    """The real command: SIGTERM during a long stream; the process exits within the bound plus
-    the slack, the stream ends with an error event, and the log says what happened."""
+Stop = Callable[[asyncio.subprocess.Process, list[str]], Awaitable[None]]
+
+
+async def _stopped_mid_stream(
+    tmp_path: Path, bound_s: float, stop: Stop
+) -> tuple[int, float, str, str]:
+    """``prefixroute serve`` (drain bound ``bound_s``) with one long stream under way, stopped
+    by ``stop`` once the stream's first event came: (exit code, seconds from ``stop``'s return
+    to the exit, the rest of the stream, the log)."""
     config = tmp_path / "gateway.toml"
-    config.write_text(f"shutdown_timeout_s = {BOUND_S}\n")
+    config.write_text(f"shutdown_timeout_s = {bound_s}\n")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "prefixroute.cli", "serve", "--port", "0", "--emulate", "1",
         "--config", str(config), stderr=asyncio.subprocess.PIPE,
@@ -174,7 +181,7 @@ async def test_serve_exits_by_the_bound_after_sigterm(tmp_path: Path) -> None:
                 assert resp.status == 200
                 first = await resp.content.readuntil(b"\n\n")
                 assert first.startswith(b"data: {")
-                proc.send_signal(signal.SIGTERM)
+                await stop(proc, seen)
                 sent = time.monotonic()
                 rest = (await resp.content.read()).decode()
             code = await proc.wait()
@@ -184,6 +191,17 @@ async def test_serve_exits_by_the_bound_after_sigterm(tmp_path: Path) -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+    return code, took, rest, log
+
+
+async def test_serve_exits_by_the_bound_after_sigterm(tmp_path: Path) -> None:
+    """The real command: SIGTERM during a long stream; the process exits within the bound plus
+    the slack, the stream ends with an error event, and the log says what happened."""
+
+    async def sigterm(proc: asyncio.subprocess.Process, seen: list[str]) -> None:
+        proc.send_signal(signal.SIGTERM)
+
+    code, took, rest, log = await _stopped_mid_stream(tmp_path, BOUND_S, sigterm)
     assert code == 0, log
     assert took < BOUND_S + SLACK_S, (took, log)
     events, done = parse_stream(rest)
@@ -195,34 +213,14 @@ async def test_a_second_sigint_cuts_the_drain_short(tmp_path: Path) -> None:
     """A second Ctrl-C during the drain was ignored without a word: the process waited out
     the whole bound (an outside review, 2026-12-07). Now the first says a second cuts what
     still runs, and the second does, long before the bound."""
-    config = tmp_path / "gateway.toml"
-    config.write_text("shutdown_timeout_s = 60\n")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prefixroute.cli", "serve", "--port", "0", "--emulate", "1",
-        "--config", str(config), stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    seen: list[str] = []
-    try:
-        async with asyncio.timeout(30):
-            url = (await read_until(proc.stderr, r"gateway serving (http://\S+)", seen)).group(1)
-            async with (
-                aiohttp.ClientSession() as session,
-                session.post(url + "/v1/completions", json={**LONG, "stream": True}) as resp,
-            ):
-                await resp.content.readuntil(b"\n\n")
-                proc.send_signal(signal.SIGINT)
-                await read_until(proc.stderr, r"Ctrl-C again", seen)
-                sent = time.monotonic()
-                proc.send_signal(signal.SIGINT)
-                rest = (await resp.content.read()).decode()
-            code = await proc.wait()
-            took = time.monotonic() - sent
-            log = "".join(seen) + (await proc.stderr.read()).decode()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+
+    async def twice(proc: asyncio.subprocess.Process, seen: list[str]) -> None:
+        assert proc.stderr is not None
+        proc.send_signal(signal.SIGINT)
+        await read_until(proc.stderr, r"Ctrl-C again", seen)
+        proc.send_signal(signal.SIGINT)
+
+    code, took, rest, log = await _stopped_mid_stream(tmp_path, 60.0, twice)
     assert code == 0, log
     assert took < SLACK_S + 1.0, (took, log)  # not the 60 s bound
     events, done = parse_stream(rest)
